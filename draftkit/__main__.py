@@ -1,0 +1,3 @@
+from draftkit.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,50 @@
+"""Turning user prompts into token ids, the same way in every stage.
+
+Prompts go through the target's chat template (a system prompt, the user turn, and the
+assistant header), so the draft is trained and evaluated on exactly what serving sends.
+``raw=True`` skips the template and tokenizes the text as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from draftkit.errors import DraftkitError
+
+Prompt = str | list[dict[str, str]]  # plain text, or OpenAI-style messages
+
+
+def as_messages(prompt: Prompt) -> list[dict[str, str]]:
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    if isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m and "content" in m
+                                        for m in prompt):
+        return prompt
+    raise DraftkitError("a prompt must be text or a list of {\"role\", \"content\"} messages")
+
+
+def render_prompt(tokenizer: Any, prompt: Prompt, raw: bool = False) -> str:
+    """The text the target sees, with the assistant header appended for generation."""
+    if raw:
+        if not isinstance(prompt, str):
+            raise DraftkitError("--raw takes plain text prompts, not chat messages")
+        return prompt
+    if not getattr(tokenizer, "chat_template", None):
+        if isinstance(prompt, str):
+            return prompt  # base models without a template take the text as it is
+        raise DraftkitError("the target's tokenizer has no chat template; pass plain-text "
+                            "prompts with --raw")
+    return tokenizer.apply_chat_template(as_messages(prompt), tokenize=False,
+                                         add_generation_prompt=True)
+
+
+def encode_prompt(tokenizer: Any, prompt: Prompt, raw: bool = False) -> list[int]:
+    """Token ids of a prompt; an empty prompt is an error."""
+    if (isinstance(prompt, str) and not prompt.strip()) or (isinstance(prompt, list) and not prompt):
+        raise DraftkitError("empty prompt; give some text")
+    text = render_prompt(tokenizer, prompt, raw)
+    # The template already holds any special tokens; raw text gets the tokenizer's defaults.
+    ids = tokenizer(text, add_special_tokens=raw)["input_ids"]
+    if not ids:
+        raise DraftkitError("the prompt encodes to no tokens; give some text")
+    return list(ids)

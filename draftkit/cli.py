@@ -1,0 +1,75 @@
+"""The one ``draftkit`` command. Each subcommand is a plain function taking a typed dataclass.
+
+A subcommand is registered below as (name, module, dataclass, function). The module must keep
+heavy imports (torch, transformers, wandb) inside its functions so ``draftkit --help`` is fast;
+its dataclass is the single source for the flags and their help. A subcommand is listed here
+only once it works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from draftkit import __version__
+
+# name, module, args dataclass, function, one-line help
+COMMANDS: list[tuple[str, str, str, str, str]] = [
+    ("quickstart", "draftkit.quickstart", "QuickstartArgs", "quickstart",
+     "run the whole loop on the embedded default target"),
+    ("derive", "draftkit.models.derive", "DeriveArgs", "derive",
+     "derive a draft from a target (copy layers or shrink it)"),
+    ("distill", "draftkit.distill.command", "DistillArgs", "distill",
+     "distill a draft against the target's logits from a YAML recipe"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from draftkit.config import add_arguments
+
+    parser = argparse.ArgumentParser(
+        prog="draftkit", description="Train, evaluate, export and serve draft models for "
+                                     "speculative decoding.")
+    parser.add_argument("--version", action="version", version=f"draftkit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module, cls_name, _, help_text in COMMANDS:
+        cls = getattr(importlib.import_module(module), cls_name)
+        p = sub.add_parser(name, help=help_text, description=(cls.__doc__ or help_text).strip())
+        add_arguments(p, cls)
+    return parser
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from draftkit.config import from_namespace
+    from draftkit.errors import DraftkitError
+
+    _quiet_libraries()
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if not ns.command:
+        parser.print_help()
+        return 2
+    entry = next(c for c in COMMANDS if c[0] == ns.command)
+    module = importlib.import_module(entry[1])
+    try:
+        args = from_namespace(getattr(module, entry[2]), ns)
+        getattr(module, entry[3])(args)
+    except DraftkitError as e:
+        print(f"draftkit {ns.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"draftkit {ns.command}: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

