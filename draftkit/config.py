@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import types
 import typing
 from pathlib import Path
@@ -24,6 +25,23 @@ import yaml
 from draftkit.errors import ConfigError
 
 _MISSING = dataclasses.MISSING
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML follows YAML 1.1, where ``1e-4`` is a string; recipes mean a float."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                             |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                             |\.[0-9_]+(?:[eE][-+][0-9]+)?
+                             |[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def _yaml_load(text: str):
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
 def option(default: Any = _MISSING, *, help: str, choices: tuple | None = None,
@@ -209,7 +227,7 @@ def apply_overrides(data: dict, overrides: list[str], source: str = "command lin
         key, raw = item.split("=", 1)
         key = key.strip()
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = _yaml_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
         node = data
@@ -229,7 +247,7 @@ def load_recipe(cls: type, path: str | Path, overrides: list[str] | None = None)
         raise ConfigError(f"recipe {path} does not exist; pass a YAML file "
                           f"(see the recipes/ folder for examples)")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = _yaml_load(path.read_text()) or {}
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

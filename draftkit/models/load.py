@@ -32,6 +32,13 @@ def parse_dtype(name: str | None, device: str) -> "torch.dtype":
     return table[name]
 
 
+def _quiet_transformers() -> None:
+    """Per-load progress bars ("Loading weights") drown the CLI's own output."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+
+
 def load_tokenizer(model: str | ResolvedModel, role: Role = "target") -> "PreTrainedTokenizerBase":
     from transformers import AutoTokenizer
 
@@ -46,18 +53,46 @@ def load_tokenizer(model: str | ResolvedModel, role: Role = "target") -> "PreTra
 
 def load_model(model: str | ResolvedModel, role: Role = "target", device: str | None = None,
                dtype: str | None = "auto") -> "PreTrainedModel":
-    """A causal LM in eval mode on ``device``."""
-    from transformers import AutoModelForCausalLM
-
+    """A causal LM in eval mode on ``device`` (a LoRA adapter folder comes back merged)."""
     resolved = model if isinstance(model, ResolvedModel) else resolve_model(model, role)
     device = device or default_device()
+    _quiet_transformers()
+    lm, _ = load_causal_lm(resolved.path, parse_dtype(dtype, device), role)
+    return lm.to(device).eval()
+
+
+def load_causal_lm(path, dtype: "torch.dtype", role: Role = "target"):
+    """``(model, lora_merged)`` from a folder, refusing weights that do not match the config.
+
+    transformers only warns about missing or unexpected weight keys and fills the gaps with
+    random values; for a draft that silently ruins acceptance, so here it is an error.
+    """
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
     try:
-        lm = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=parse_dtype(dtype, device))
+        if (path / "adapter_config.json").is_file():
+            from peft import AutoPeftModelForCausalLM
+
+            # Serving engines take plain weights, not adapters: merge LoRA at load time.
+            lm = AutoPeftModelForCausalLM.from_pretrained(path, dtype=dtype)
+            return lm.merge_and_unload().eval(), True
+        lm, info = AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
+                                                        output_loading_info=True)
     except Exception as e:
-        raise ModelError(f"cannot load the {role} model from {resolved.path} "
+        raise ModelError(f"cannot load the {role} model from {path} "
                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                          f"it must be a causal LM directory with config.json and weights") from None
-    return lm.to(device).eval()
+    bad = {k: v for k, v in info.items() if v and k in (
+        "missing_keys", "unexpected_keys", "mismatched_keys")}
+    if bad:
+        kind, keys = next(iter(bad.items()))
+        raise ModelError(f"{role} model {path} has {kind.replace('_', ' ')} "
+                         f"({sorted(map(str, keys))[:3]}): its weights do not match its "
+                         f"config.json; re-save it with save_pretrained")
+    return lm.eval(), False
 
 
 class ModelPair:

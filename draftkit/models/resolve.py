@@ -45,7 +45,7 @@ def resolve_model(spec: str, role: Role = "target") -> ResolvedModel:
     if path.is_dir():
         if (path / "draftkit.json").is_file():
             return _resolve_bundle(spec, path, role)
-        if (path / "config.json").is_file():
+        if (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
             return ResolvedModel(spec, path.resolve(), "local", path.resolve().name)
         raise ModelError(f"{path} is a directory but holds no config.json or draftkit.json; "
                          f"pass a Hugging Face model directory or a draftkit bundle")

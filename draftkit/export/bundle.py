@@ -1,0 +1,313 @@
+"""Export and check draftkit bundles.
+
+A bundle is a folder that serving systems take as it is::
+
+    BUNDLE/
+      draft/            plain HF model folder: safetensors, config.json, the target's tokenizer,
+                        generation_config.json with num_assistant_tokens = recommended K
+      serving/          vllm.json + vllm.sh, sglang.sh, hf_transformers.py
+      draftkit.json     target reference, measured figures, recipe, versions, sha256 of each file
+
+Export validates before it writes (tokenizer and special tokens equal to the target's,
+max_position_embeddings not below the target's, every weight key known, LoRA merged), writes
+to a temporary folder, reloads the written draft and compares its logits with the in-memory
+one, and only then renames the folder into place.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from draftkit.config import option
+from draftkit.errors import DraftkitError, ModelError
+
+MANIFEST = "draftkit.json"
+FORMAT = 1
+DEFAULT_K = 3
+
+
+@dataclass
+class ExportArgs:
+    """Export a draft with its target reference and serving configs as a bundle."""
+
+    out: str = option(help="bundle directory to create")
+    draft: str = option(help="draft model: HF folder (a LoRA adapter folder is merged), bundle")
+    target: str = option("embedded", help="target model the draft serves")
+    report: str | None = option(None, help="eval report.json: per-domain figures and the "
+                                           "recommended K go into the bundle")
+    k: int | None = option(None, help="recommended K (num_speculative_tokens); default: the "
+                                      "report's, else 3")
+    recipe: str | None = option(None, help="the distillation recipe (resolved config.yaml) that "
+                                           "trained the draft, recorded in the bundle")
+    force: bool = option(False, help="replace an existing bundle directory")
+
+    def validate(self) -> None:
+        from draftkit.errors import ConfigError
+
+        if self.k is not None and self.k < 0:
+            raise ConfigError(f"--k must be >= 0, got {self.k}")
+
+
+@dataclass
+class CheckArgs:
+    """Verify a bundle: every file's hash, the draft's config, and the pairing with its target."""
+
+    bundle: str = option(help="bundle directory", positional=True)
+
+
+# --- hashing ------------------------------------------------------------------------------------
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _bundle_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def target_reference(ref) -> dict:
+    """Name, local path and an identity for the target: the hub revision or a content hash."""
+    entry: dict[str, Any] = {"name": ref.name, "path": str(ref.path), "kind": ref.kind}
+    parts = Path(ref.path).parts
+    if "snapshots" in parts and parts.index("snapshots") + 1 < len(parts):
+        entry["revision"] = parts[parts.index("snapshots") + 1]
+    h = hashlib.sha256()
+    for f in sorted(Path(ref.path).glob("config.json")) + sorted(
+            Path(ref.path).glob("*.safetensors")):
+        h.update(f.name.encode())
+        h.update(sha256_file(f).encode())
+    entry["sha256"] = h.hexdigest()
+    return entry
+
+
+def _probe_ids(vocab_size: int):
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, vocab_size, (2, 16), generator=g)
+
+
+# --- export -------------------------------------------------------------------------------------
+
+def export_bundle(target: str, draft: str, out: str | Path, report: str | Path | None = None,
+                  k: int | None = None, recipe: str | Path | None = None,
+                  force: bool = False) -> Path:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    from draftkit.io import atomic_dir
+    from draftkit.models import check_compatible, load_tokenizer, resolve_model
+    from draftkit.models.compat import _vocab_size
+    from draftkit.models.load import load_causal_lm
+
+    out = Path(out)
+    if out.exists() and not force:
+        raise DraftkitError(f"{out} already exists; pass --force to replace it or choose "
+                            f"another --out")
+    report_data = _read_report(report) if report else None
+    k, k_source = _recommended_k(k, report_data)
+    target_ref = resolve_model(target, "target")
+    draft_ref = resolve_model(draft, "draft")
+    target_tok = load_tokenizer(target_ref, "target")
+    target_cfg = AutoConfig.from_pretrained(target_ref.path)
+
+    draft_model, merged = load_causal_lm(draft_ref.path, torch.float32, "draft")
+    draft_tok = target_tok
+    if any(Path(draft_ref.path).glob("tokenizer*")):
+        draft_tok = load_tokenizer(draft_ref, "draft")
+    check_compatible(target_tok, draft_tok, target_cfg, draft_model.config)
+    if _vocab_size(draft_model.config) != _vocab_size(target_cfg):
+        raise ModelError("draft vocab_size differs from the target's")
+    t_max = getattr(target_cfg.get_text_config(), "max_position_embeddings", None)
+    d_max = getattr(draft_model.config.get_text_config(), "max_position_embeddings", None)
+    if t_max and d_max and d_max < t_max:
+        raise ModelError(f"draft max_position_embeddings {d_max} is below the target's {t_max}; "
+                         f"serving would cut contexts short. Set it to {t_max} in the draft's "
+                         f"config.json (and check its RoPE settings) before exporting")
+
+    recipe_data = _read_recipe(recipe) if recipe else None
+    with atomic_dir(out, overwrite=force) as tmp:
+        draft_dir = tmp / "draft"
+        draft_model.save_pretrained(draft_dir, safe_serialization=True)
+        target_tok.save_pretrained(draft_dir)  # the target's tokenizer files, exactly
+        gen = GenerationConfig.from_model_config(draft_model.config)
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            value = getattr(target_tok, key, None)
+            if value is not None and getattr(gen, key, None) is None:
+                setattr(gen, key, value)
+        gen.num_assistant_tokens = max(k, 1)
+        gen.num_assistant_tokens_schedule = "constant"
+        gen.assistant_confidence_threshold = 0.0
+        gen.save_pretrained(draft_dir)
+
+        # Load what was written and compare with the in-memory draft.
+        written = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
+        ids = _probe_ids(_vocab_size(target_cfg))
+        with torch.no_grad():
+            diff = (written(ids).logits - draft_model(ids).logits).abs().max().item()
+        if diff > 1e-4:
+            raise ModelError(f"the written draft's logits differ from the in-memory draft's by "
+                             f"{diff:.2e}; export aborted, nothing written")
+
+        final_draft = str(out.resolve() / "draft")
+        target_for_serving = str(target_ref.path) if target_ref.kind != "hub" else target_ref.spec
+        from draftkit.export.serving import write_serving
+
+        write_serving(tmp / "serving", target_for_serving, final_draft, k)
+        manifest = {
+            "format": FORMAT,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "target": target_reference(target_ref),
+            "draft": {"name": draft_ref.name, "source": str(draft_ref.path),
+                      "lora_merged": merged,
+                      "num_parameters": sum(p.numel() for p in draft_model.parameters()),
+                      "num_hidden_layers": draft_model.config.get_text_config().num_hidden_layers},
+            "num_speculative_tokens": k,
+            "k_source": k_source,
+            **_figures(report_data),
+            "recipe": recipe_data,
+            "versions": _versions(),
+        }
+        manifest["files"] = {str(p.relative_to(tmp)): sha256_file(p) for p in _bundle_files(tmp)}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return out
+
+
+def _read_report(path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise DraftkitError(f"report {path} does not exist; run `draftkit eval ... --out DIR` and "
+                            f"pass DIR/report.json") from None
+    except json.JSONDecodeError as e:
+        raise DraftkitError(f"report {path} is not valid JSON (line {e.lineno}); re-run the "
+                            f"evaluation") from None
+
+
+def _read_recipe(path) -> dict:
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise DraftkitError(f"recipe {path} does not exist") from None
+    except yaml.YAMLError:
+        raise DraftkitError(f"recipe {path} is not valid YAML") from None
+    return {"path": str(path), "config": data}
+
+
+def _recommended_k(k: int | None, report: dict | None) -> tuple[int, str]:
+    if k is not None:
+        return k, "flag"
+    overall = (report or {}).get("overall") or {}
+    if isinstance(overall.get("k"), int):
+        return overall["k"], "report"
+    return DEFAULT_K, "default"
+
+
+def _figures(report: dict | None) -> dict:
+    """The report's per-domain figures that serving decisions need."""
+    if not report:
+        return {"domains": {}, "break_even_batch": None, "measured": False}
+    keys = ("alpha", "tau", "c", "k", "speedup_measured", "speedup_predicted", "verdict")
+    domains = {name: {key: row.get(key) for key in keys}
+               for name, row in (report.get("domains") or {}).items()}
+    break_even = (report.get("break_even") or {}).get("batch_size")
+    return {"domains": domains, "break_even_batch": break_even, "measured": True,
+            "report": {key: report.get(key) for key in ("device", "dtype", "temperature",
+                                                           "created")}}
+
+
+def _versions() -> dict:
+    import importlib.metadata as md
+
+    out = {}
+    for name in ("draftkit", "torch", "transformers", "peft", "safetensors", "tokenizers"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def export(args: ExportArgs) -> Path:
+    """``draftkit export``."""
+    out = export_bundle(args.target, args.draft, args.out, args.report, args.k, args.recipe,
+                        args.force)
+    manifest = json.loads((out / MANIFEST).read_text())
+    from draftkit.tracking import Tracker
+
+    with Tracker("export", {"target": args.target, "draft": args.draft, "k": args.k}) as t:
+        t.log_artifact(out, name=f"bundle-{out.name}", type="model",
+                       metadata={"num_speculative_tokens": manifest["num_speculative_tokens"]})
+    print(f"wrote bundle {out}: K={manifest['num_speculative_tokens']} "
+          f"({manifest['k_source']}), {len(manifest['files'])} files hashed")
+    print(f"  vLLM:   bash {out / 'serving' / 'vllm.sh'}")
+    print(f"  SGLang: bash {out / 'serving' / 'sglang.sh'}")
+    print(f"  HF:     python {out / 'serving' / 'hf_transformers.py'}")
+    return out
+
+
+# --- check --------------------------------------------------------------------------------------
+
+def check_bundle(bundle: str | Path, check_target: bool = True) -> dict:
+    """Verify every file's sha256 and the draft/target pairing; return the manifest."""
+    from transformers import AutoConfig
+
+    root = Path(bundle)
+    manifest_path = root / MANIFEST
+    if not manifest_path.is_file():
+        raise ModelError(f"{root} is not a draftkit bundle (no {MANIFEST}); pass the folder "
+                         f"`draftkit export` wrote")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelError(f"{manifest_path} is corrupt (invalid JSON at line {e.lineno}); "
+                         f"re-export the bundle") from None
+    files = manifest.get("files") or {}
+    for rel, digest in files.items():
+        path = root / rel
+        if not path.is_file():
+            raise ModelError(f"bundle file {rel} is missing; re-export the bundle")
+        if sha256_file(path) != digest:
+            raise ModelError(f"bundle file {rel} does not match its sha256 (modified or "
+                             f"truncated); re-export the bundle")
+    extra = [str(p.relative_to(root)) for p in _bundle_files(root) if
+             str(p.relative_to(root)) not in files]
+    if extra:
+        raise ModelError(f"bundle holds a file its manifest does not list: {extra[0]}; remove it "
+                         f"or re-export the bundle")
+    try:
+        draft_cfg = AutoConfig.from_pretrained(root / "draft")
+    except Exception as e:
+        raise ModelError(f"bundle draft/config.json does not load ({type(e).__name__}); "
+                         f"re-export the bundle") from None
+    if check_target:
+        from draftkit.models import check_compatible, load_tokenizer, resolve_model
+
+        target_ref = resolve_model(str(root), "target")
+        check_compatible(load_tokenizer(target_ref, "target"),
+                         load_tokenizer(resolve_model(str(root), "draft"), "draft"),
+                         AutoConfig.from_pretrained(target_ref.path), draft_cfg)
+        recorded = (manifest.get("target") or {}).get("sha256")
+        if recorded and target_reference(target_ref)["sha256"] != recorded:
+            raise ModelError(f"the target at {target_ref.path} is not the one this bundle was "
+                             f"exported for (content hash differs); pass the right target")
+    return manifest
+
+
+def check(args: CheckArgs) -> dict:
+    """``draftkit check BUNDLE``."""
+    manifest = check_bundle(args.bundle)
+    print(f"bundle {args.bundle} OK: {len(manifest['files'])} files verified, target "
+          f"{manifest['target']['name']}, K={manifest['num_speculative_tokens']}")
+    return manifest

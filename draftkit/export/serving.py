@@ -1,0 +1,59 @@
+"""Serving configs written into a bundle: the same draft for vLLM, SGLang and HF transformers.
+
+The flag names follow each project's documented conventions (REFERENCE.md section 4):
+vLLM's ``speculative_config`` with ``method: draft_model``; SGLang's STANDALONE speculative
+algorithm; HF's ``assistant_model`` with a constant ``num_assistant_tokens``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+
+def vllm_speculative_config(draft_dir: str, k: int) -> dict:
+    return {"method": "draft_model", "model": draft_dir, "num_speculative_tokens": k}
+
+
+def sglang_flags(draft_dir: str, k: int) -> list[str]:
+    # SGLang counts the verified tokens including the bonus one: K drafted + 1.
+    return ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", draft_dir,
+            "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", str(k + 1)]
+
+
+def hf_snippet(target: str, draft_dir: str) -> str:
+    return f'''"""Speculative decoding with HF transformers and this bundle's draft.
+
+The draft's generation_config.json already sets num_assistant_tokens (K), a constant
+schedule and confidence threshold 0, so generate() uses exactly the recommended K.
+"""
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+target = AutoModelForCausalLM.from_pretrained({target!r})
+draft = AutoModelForCausalLM.from_pretrained({draft_dir!r})
+tokenizer = AutoTokenizer.from_pretrained({draft_dir!r})
+
+messages = [{{"role": "user", "content": "Write a Python function that reverses a string."}}]
+ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                    return_dict=True)["input_ids"]
+out = target.generate(ids, assistant_model=draft, max_new_tokens=128, do_sample=False)
+print(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+'''
+
+
+def write_serving(folder: Path, target: str, draft_dir: str, k: int) -> None:
+    """``folder``/vllm.json, vllm.sh, sglang.sh and hf_transformers.py for this target and K."""
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = vllm_speculative_config(draft_dir, k)
+    (folder / "vllm.json").write_text(json.dumps(spec, indent=2) + "\n")
+    (folder / "vllm.sh").write_text(
+        "#!/usr/bin/env bash\n# Serve the target with this bundle's draft in vLLM.\n"
+        f"vllm serve {shlex.quote(target)} --speculative-config "
+        f"{shlex.quote(json.dumps(spec))} \"$@\"\n")
+    (folder / "sglang.sh").write_text(
+        "#!/usr/bin/env bash\n# Serve the target with this bundle's draft in SGLang.\n"
+        f"python -m sglang.launch_server --model-path {shlex.quote(target)} "
+        f"{' '.join(shlex.quote(a) for a in sglang_flags(draft_dir, k))} \"$@\"\n")
+    (folder / "hf_transformers.py").write_text(hf_snippet(target, draft_dir))

@@ -1,0 +1,108 @@
+import json
+
+import pytest
+import torch
+
+from draftkit.errors import DraftkitError, ModelError
+from draftkit.export import check_bundle, export_bundle
+from tests.tiny import make_llama, make_tokenizer, save_model
+
+
+def test_export_check_and_hf_assisted_generation(tiny_dirs, tmp_path):
+    target_dir, draft_dir = tiny_dirs
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({
+        "overall": {"k": 4}, "device": "cpu", "dtype": "float32",
+        "domains": {"code": {"alpha": 0.6, "tau": 2.1, "c": 0.2, "k": 4, "verdict": "speculate"}},
+        "break_even": {"batch_size": 8}}))
+    out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "bundle", report=report)
+    manifest = check_bundle(out)
+    assert manifest["num_speculative_tokens"] == 4 and manifest["k_source"] == "report"
+    assert manifest["domains"]["code"]["alpha"] == 0.6 and manifest["break_even_batch"] == 8
+    assert manifest["target"]["path"] == str(target_dir.resolve())
+    assert len(manifest["target"]["sha256"]) == 64
+    assert {"draft/model.safetensors", "draft/config.json", "draft/tokenizer.json",
+            "draft/generation_config.json", "serving/vllm.json"} <= set(manifest["files"])
+    gen = json.loads((out / "draft" / "generation_config.json").read_text())
+    assert gen["num_assistant_tokens"] == 4 and gen["num_assistant_tokens_schedule"] == "constant"
+    assert gen["assistant_confidence_threshold"] == 0.0
+    vllm = json.loads((out / "serving" / "vllm.json").read_text())
+    assert vllm == {"method": "draft_model", "model": str((out / "draft").resolve()),
+                    "num_speculative_tokens": 4}
+    assert "--speculative-num-draft-tokens 5" in (out / "serving" / "sglang.sh").read_text()
+
+    # HF assisted generation with the bundle's draft equals the target's greedy output.
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    draft = AutoModelForCausalLM.from_pretrained(out / "draft").eval()
+    ids = torch.tensor([[1, 40, 41, 42, 43]])
+    plain = target.generate(ids, max_new_tokens=20, do_sample=False)
+    assisted = target.generate(ids, max_new_tokens=20, do_sample=False, assistant_model=draft)
+    assert torch.equal(plain, assisted)
+
+
+def test_check_names_tampered_and_truncated_files(tiny_dirs, tmp_path):
+    target_dir, draft_dir = tiny_dirs
+    out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "b", k=2)
+    cfg = out / "draft" / "config.json"
+    cfg.write_text(cfg.read_text().replace('"num_hidden_layers": 1', '"num_hidden_layers": 2'))
+    with pytest.raises(ModelError, match=r"draft/config.json does not match its sha256"):
+        check_bundle(out)
+    out2 = export_bundle(str(target_dir), str(draft_dir), tmp_path / "b2", k=2)
+    weights = out2 / "draft" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ModelError, match=r"draft/model.safetensors does not match"):
+        check_bundle(out2)
+    (out2 / "draft" / "model.safetensors").unlink()
+    with pytest.raises(ModelError, match=r"draft/model.safetensors is missing"):
+        check_bundle(out2)
+
+
+def test_export_refuses_bad_drafts_and_existing_dir(tiny_dirs, tmp_path):
+    target_dir, draft_dir = tiny_dirs
+    out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "b", k=2)
+    with pytest.raises(DraftkitError, match="already exists.*--force"):
+        export_bundle(str(target_dir), str(draft_dir), out, k=2)
+    assert export_bundle(str(target_dir), str(draft_dir), out, k=3, force=True) == out
+    assert json.loads((out / "draftkit.json").read_text())["num_speculative_tokens"] == 3
+
+    tok = make_tokenizer()
+    short = make_llama(len(tok), num_layers=1)
+    short.config.max_position_embeddings = 64
+    short_dir = save_model(short, tok, tmp_path / "short")
+    with pytest.raises(ModelError, match="max_position_embeddings 64 is below the target's 256"):
+        export_bundle(str(target_dir), str(short_dir), tmp_path / "x", k=2)
+    assert not (tmp_path / "x").exists()
+
+    other = make_tokenizer(extra_words=("zebra",))
+    mismatched = save_model(make_llama(len(other), num_layers=1), other, tmp_path / "mm")
+    with pytest.raises(ModelError, match="vocab_size"):
+        export_bundle(str(target_dir), str(mismatched), tmp_path / "y", k=2)
+
+
+def test_lora_draft_is_merged(tiny_dirs, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    target_dir, draft_dir = tiny_dirs
+    base = AutoModelForCausalLM.from_pretrained(draft_dir)
+    lora = get_peft_model(base, LoraConfig(task_type="CAUSAL_LM", r=4,
+                                           target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)  # a non-trivial adapter, so merging changes the logits
+    ids = torch.tensor([[1, 40, 41, 42]])
+    with torch.no_grad():
+        expected = lora(ids).logits
+    adapter_dir = tmp_path / "adapter"
+    lora.save_pretrained(adapter_dir)
+    make_tokenizer().save_pretrained(adapter_dir)
+    out = export_bundle(str(target_dir), str(adapter_dir), tmp_path / "b", k=2)
+    manifest = check_bundle(out)
+    assert manifest["draft"]["lora_merged"] is True
+    assert not (out / "draft" / "adapter_config.json").exists()
+    merged = AutoModelForCausalLM.from_pretrained(out / "draft")
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, expected, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,130 @@
+import json
+
+import pytest
+import torch
+
+from draftkit.errors import DraftkitError, ModelError
+from draftkit.models import check_compatible, load_model, load_pair, load_tokenizer, resolve_model
+from draftkit.models.derive import derive_by_layers, derive_random, save_draft
+from tests.tiny import make_llama, make_tokenizer, save_model
+
+
+def test_resolve_local_dir_and_missing(tiny_dirs, tmp_path):
+    target_dir, _ = tiny_dirs
+    ref = resolve_model(str(target_dir))
+    assert ref.kind == "local" and ref.path == target_dir.resolve()
+    with pytest.raises(ModelError, match="not found: no such directory"):
+        resolve_model(str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelError, match="holds no config.json"):
+        resolve_model(str(tmp_path / "empty"))
+
+
+def test_hub_id_offline_is_clear(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(ModelError, match="HF_HUB_OFFLINE is set"):
+        resolve_model("SomeOrg/some-model-that-is-not-cached", "draft")
+
+
+def test_bad_gguf_is_clear(monkeypatch, tmp_path):
+    monkeypatch.setenv("DRAFTKIT_CACHE", str(tmp_path / "cache"))
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 64)
+    with pytest.raises(ModelError, match="could not parse GGUF"):
+        resolve_model(str(bad))
+    # Nothing half-written is left in the cache.
+    assert not any(p.name.endswith("config.json")
+                   for p in (tmp_path / "cache").rglob("*"))
+
+
+def test_bundle_resolution(tiny_dirs, tmp_path):
+    target_dir, draft_dir = tiny_dirs
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "draft").symlink_to(draft_dir, target_is_directory=True)
+    (bundle / "draftkit.json").write_text(json.dumps(
+        {"target": {"name": "tiny", "path": str(target_dir)}}))
+    assert resolve_model(str(bundle), "draft").path == draft_dir.resolve()
+    assert resolve_model(str(bundle), "target").path == target_dir.resolve()
+
+
+def test_derive_layers_equals_hand_built(tmp_path):
+    tok = make_tokenizer()
+    target = make_llama(len(tok), num_layers=4, seed=3)
+    draft = derive_by_layers(target, [0, 3])
+    # The same model built by hand: a 2-layer config and the chosen layers' weights copied.
+    hand = make_llama(len(tok), num_layers=2, seed=99)
+    hand.model.embed_tokens.load_state_dict(target.model.embed_tokens.state_dict())
+    hand.model.norm.load_state_dict(target.model.norm.state_dict())
+    hand.model.layers[0].load_state_dict(target.model.layers[0].state_dict())
+    hand.model.layers[1].load_state_dict(target.model.layers[3].state_dict())
+    ids = torch.tensor([[5, 9, 17, 33, 2, 64]])
+    with torch.no_grad():
+        torch.testing.assert_close(draft(ids).logits, hand(ids).logits, rtol=0, atol=0)
+    # It saves as a plain HF directory that AutoModelForCausalLM loads back unchanged.
+    out = save_draft(draft, tok, tmp_path / "draft")
+    from transformers import AutoModelForCausalLM
+
+    again = AutoModelForCausalLM.from_pretrained(out)
+    assert again.config.num_hidden_layers == 2
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, hand(ids).logits)
+    assert load_tokenizer(str(out)).get_vocab() == tok.get_vocab()
+    with pytest.raises(DraftkitError, match="already exists"):
+        save_draft(draft, tok, out)
+
+
+def test_derive_layers_out_of_range():
+    tok = make_tokenizer()
+    with pytest.raises(DraftkitError, match="layers 0..3"):
+        derive_by_layers(make_llama(len(tok), num_layers=4), [0, 4])
+
+
+def test_derive_random_shapes(tmp_path):
+    tok = make_tokenizer()
+    target = make_llama(len(tok), num_layers=4, hidden_size=32)
+    narrow = derive_random(target, num_layers=1, hidden_size=16, intermediate_size=24)
+    assert narrow.config.num_hidden_layers == 1 and narrow.config.hidden_size == 16
+    assert narrow.config.vocab_size == target.config.vocab_size
+    ids = torch.tensor([[5, 6, 7]])
+    assert narrow(ids).logits.shape == (1, 3, len(tok))
+    same_width = derive_random(target, num_layers=2, hidden_size=None, intermediate_size=None)
+    assert torch.equal(same_width.model.embed_tokens.weight, target.model.embed_tokens.weight)
+    with pytest.raises(DraftkitError, match="multiple of the head size"):
+        derive_random(target, 1, 20, None)
+
+
+def test_compat_errors_name_the_difference(tmp_path):
+    tok = make_tokenizer()
+    other = make_tokenizer(extra_words=("zebra",))
+    with pytest.raises(ModelError, match="1 tokens only in the draft .*'zebra'"):
+        check_compatible(tok, other)
+    eos = make_tokenizer()
+    eos.eos_token = "<pad>"
+    with pytest.raises(ModelError, match="draft eos_token_id is 3 but the target's is 2"):
+        check_compatible(tok, eos)
+    templ = make_tokenizer()
+    templ.chat_template = "{{ messages }}"
+    with pytest.raises(ModelError, match="chat templates differ"):
+        check_compatible(tok, templ)
+    check_compatible(tok, make_tokenizer())  # identical: no error
+
+
+def test_load_pair_refuses_mismatched_draft(tmp_path):
+    tok = make_tokenizer()
+    target = save_model(make_llama(len(tok)), tok, tmp_path / "t")
+    bigger = make_tokenizer(extra_words=("zebra", "lion"))
+    draft = save_model(make_llama(len(bigger)), bigger, tmp_path / "d")
+    with pytest.raises(ModelError, match="vocab_size 140 differs from the target's 138"):
+        load_pair(str(target), str(draft), device="cpu")
+    pair = load_pair(str(target), str(target), device="cpu")
+    assert pair.draft is not None and pair.target_ref.kind == "local"
+
+
+def test_load_model_dtype(tiny_dirs):
+    target_dir, _ = tiny_dirs
+    model = load_model(str(target_dir), device="cpu", dtype="bfloat16")
+    assert next(model.parameters()).dtype == torch.bfloat16 and not model.training
+    with pytest.raises(ModelError, match="unknown dtype"):
+        load_model(str(target_dir), device="cpu", dtype="int3")
