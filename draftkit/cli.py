@@ -23,6 +23,8 @@ COMMANDS: list[tuple[str, str, str, str, str]] = [
      "derive a draft from a target (copy layers or shrink it)"),
     ("distill", "draftkit.distill.command", "DistillArgs", "distill",
      "distill a draft against the target's logits from a YAML recipe"),
+    ("eval", "draftkit.evaluate.command", "EvalArgs", "evaluate",
+     "measure alpha, tau, c and speedup per domain and write a report"),
     ("export", "draftkit.export.bundle", "ExportArgs", "export",
      "export a draft as a bundle that HF, vLLM and SGLang take as it is"),
     ("check", "draftkit.export.bundle", "CheckArgs", "check",

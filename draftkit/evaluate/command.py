@@ -1,0 +1,173 @@
+"""``draftkit eval``: alpha, tau, c, predicted and measured speedup per domain.
+
+    draftkit eval --target embedded --draft runs/quickstart/bundle --out runs/eval
+    draftkit eval --target embedded --draft D --baseline-draft D0 --limit 10 --k 3
+
+Writes ``report.json``, ``report.md``, ``report.html`` and PNG plots to ``--out`` and the
+same tables and plots to W&B (offline by default).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from draftkit.config import option
+from draftkit.errors import ConfigError
+
+
+@dataclass
+class EvalArgs:
+    """Measure a draft against its target on domain suites and write a report."""
+
+    draft: str = option(help="draft model: HF folder, bundle, hub id")
+    target: str = option("embedded", help="target model: HF folder, bundle, hub id, 'embedded'")
+    suite: str = option("builtin", help="JSONL suite file or folder of them; 'builtin' = the "
+                                        "shipped eval/suites")
+    out: str = option("runs/eval", help="output directory for the report")
+    baseline_draft: str | None = option(None, help="a second draft (e.g. before distillation): "
+                                                   "its alpha on the same continuations is "
+                                                   "reported as alpha_before")
+    k: str = option("auto", help="K drafted tokens per round, or 'auto' (the K policy)")
+    k_max: int = option(8, help="largest K for 'auto' and the K sweep")
+    temperature: float = option(0.0, help="sampling temperature (0 = greedy)")
+    top_p: float = option(1.0, help="nucleus sampling mass")
+    max_new_tokens: int = option(128, help="new tokens per prompt")
+    batch_sizes: list[int] = option([1, 2, 4, 8, 16], help="batch sizes of the batch sweep "
+                                                           "(empty to skip)")
+    k_sweep: list[int] = option([1, 2, 4, 6], help="K values measured in the K sweep (empty "
+                                                   "to skip; predictions cover 1..k_max)")
+    limit: int | None = option(None, help="at most N prompts per domain")
+    domains: list[str] | None = option(None, help="only these domains")
+    repeats: int = option(1, help="timing repeats (medians reported)")
+    seed: int = option(0, help="sampling seed")
+    dtype: str = option("auto", help="auto, float32, bfloat16 or float16")
+    device: str | None = option(None, help="cpu or cuda (default: cuda if available)")
+
+    def validate(self) -> None:
+        if self.k != "auto":
+            try:
+                k = int(self.k)
+            except ValueError:
+                raise ConfigError(f"--k must be an integer >= 0 or 'auto', got {self.k!r}") \
+                    from None
+            if k < 0:
+                raise ConfigError(f"--k must be >= 0 or 'auto', got {k}")
+        if self.temperature < 0:
+            raise ConfigError(f"--temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"--top-p must lie in (0, 1], got {self.top_p}")
+        for name in ("max_new_tokens", "repeats", "k_max"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError("--limit must be >= 1")
+        if any(b < 1 for b in self.batch_sizes) or any(k < 1 for k in self.k_sweep):
+            raise ConfigError("--batch-sizes and --k-sweep take positive integers")
+
+
+def run_eval(args: EvalArgs, tracker=None, extra_drafts: dict[str, Any] | None = None) -> dict:
+    """Measure and return the report dict (``evaluate`` also writes it)."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from draftkit.chat import encode_prompt
+    from draftkit.evaluate import runner
+    from draftkit.evaluate.suite import builtin_suites_dir, by_domain, load_suite
+    from draftkit.models import load_model, load_pair, resolve_model
+
+    suite = builtin_suites_dir() if args.suite == "builtin" else Path(args.suite)
+    rows = load_suite(suite, limit=args.limit, domains=args.domains)
+    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
+    settings = runner.EvalSettings(
+        k=args.k if args.k == "auto" else int(args.k), k_max=args.k_max,
+        temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+        repeats=args.repeats, seed=args.seed, k_sweep=[k for k in args.k_sweep if
+                                                        k <= args.k_max],
+        batch_sizes=args.batch_sizes)
+    baselines = dict(extra_drafts or {})
+    if args.baseline_draft:
+        ref = resolve_model(args.baseline_draft, "draft")
+        baselines["alpha_before"] = load_model(ref, "draft", device=args.device,
+                                               dtype=args.dtype)
+    groups = by_domain(rows)
+    prompts = {name: [encode_prompt(pair.tokenizer, r.prompt) for r in group]
+               for name, group in groups.items()}
+    total = sum(2 * len(p) * settings.repeats for p in prompts.values())
+    if settings.k_sweep:
+        total += sum(min(len(p), settings.k_sweep_prompts) * (1 + len(settings.k_sweep))
+                     for p in prompts.values())
+    total += len(settings.batch_sizes)
+    torch.manual_seed(args.seed)
+    ev = None
+    domains: dict[str, dict] = {}
+    runs: dict[str, runner.DomainRun] = {}
+    k_rows: list[dict] = []
+    with tqdm(total=total, desc="eval", unit="run", dynamic_ncols=True) as bar:
+        ev = runner.Evaluator(pair.target, pair.draft, settings,
+                              progress=lambda n=1: bar.update(n))
+        for name, ids in prompts.items():
+            bar.set_postfix_str(name)
+            run = ev.run_domain(ids)
+            fig = runner.domain_figures(run, len(ids), settings)
+            tf = ev.teacher_forced(run.sequences, baselines)
+            fig["target_entropy"] = tf.pop("target_entropy")
+            fig.update(tf)
+            fig["verdict"] = runner.verdict(fig, settings.k_max)
+            domains[name] = fig
+            runs[name] = run
+            measured = ev.k_sweep(ids) if settings.k_sweep else []
+            k_rows += runner.k_sweep_rows(name, fig, measured, settings.k_max)
+            bar.set_postfix_str(f"{name} alpha={fig['alpha']:.2f} "
+                                f"S={fig['speedup_measured']:.2f}x")
+        overall = runner.aggregate(domains, runs, settings)
+        batch_rows = []
+        if settings.batch_sizes:
+            all_prompts = [p for ids in prompts.values() for p in ids]
+            # Interleave domains so every batch size mixes them.
+            mixed = [ids[i] for i in range(max(map(len, prompts.values())))
+                     for ids in prompts.values() if i < len(ids)]
+            bar.set_postfix_str("batch sweep")
+            batch_rows = ev.batch_sweep(mixed or all_prompts, max(overall["k"], 1))
+    report = {
+        "target": pair.target_ref.name, "draft": pair.draft_ref.name if pair.draft_ref else None,
+        "device": str(ev.device), "dtype": str(next(pair.target.parameters()).dtype).replace(
+            "torch.", ""), "temperature": args.temperature, "k": args.k, "created": runner.now(),
+        "domains": domains, "overall": overall, "k_sweep": k_rows, "batch_sweep": batch_rows,
+        "break_even": break_even(batch_rows, domains, settings),
+    }
+    return report
+
+
+def break_even(batch_rows: list[dict], domains: dict[str, dict], settings) -> dict:
+    """First measured batch size where speculation no longer pays, and the predicted one per
+    domain from the measured c(B), v(B) and that domain's alpha_i."""
+    from draftkit import metrics
+
+    measured = metrics.crossover_index([r["speedup_measured"] for r in batch_rows])
+    per_domain = {}
+    for name, fig in domains.items():
+        alpha = fig["alpha_per_position"] or fig["alpha"]
+        timed = [r for r in batch_rows if r["c"] is not None and r["v"] is not None]
+        idx = metrics.crossover_index([metrics.speedup(alpha, r["c"], r["k"], r["v"])
+                                       for r in timed])
+        per_domain[name] = timed[idx]["batch_size"] if idx is not None else None
+    return {"batch_size": batch_rows[measured]["batch_size"] if measured is not None else None,
+            "per_domain": per_domain}
+
+
+def evaluate(args: EvalArgs) -> dict:
+    """``draftkit eval``: measure, write the report and print the per-domain table."""
+    from draftkit.config import to_dict
+    from draftkit.evaluate.report import domain_table, format_text_table, write_report
+    from draftkit.tracking import Tracker
+
+    with Tracker("eval", to_dict(args), out_dir=args.out) as tracker:
+        report = run_eval(args, tracker)
+        files = write_report(report, args.out, tracker)
+    print(format_text_table(*domain_table(report)))
+    be = report["break_even"]["batch_size"]
+    print(f"\nbreak-even batch size: {be if be is not None else 'beyond the sweep'}")
+    print(f"report: {files['md']} (also {files['html'].name}, {files['json'].name}, plots)")
+    return report

@@ -1,0 +1,212 @@
+"""Writing an evaluation report: JSON for machines, Markdown and HTML for people, PNG plots.
+
+The report dict follows the schema of ``draftkit eval`` (see ``REPORT_KEYS``). Writers take
+whatever sections are present: a quick run without sweeps still renders, only without those
+plots. The Markdown and HTML lead with the per-domain table, then the plots.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from pathlib import Path
+from typing import Any
+
+from draftkit.io import atomic_write_json, atomic_write_text
+
+DOMAIN_KEYS = ("n_prompts", "new_tokens", "alpha", "alpha_tv", "alpha_per_position", "tau", "c",
+               "v", "k", "speedup_predicted", "speedup_measured", "plain_tokens_per_s",
+               "spec_tokens_per_s", "target_entropy", "overhead_per_round_ms", "verdict")
+REPORT_KEYS = ("target", "draft", "device", "dtype", "temperature", "k", "created", "domains",
+               "overall", "k_sweep", "batch_sweep", "break_even")
+
+# (column title, key, format) of the per-domain table.
+TABLE = [("domain", None, "{}"), ("prompts", "n_prompts", "{}"), ("alpha before", "alpha_before",
+         "{:.3f}"), ("alpha", "alpha", "{:.3f}"), ("tau", "tau", "{:.2f}"), ("c", "c", "{:.3f}"),
+         ("v", "v", "{:.2f}"), ("K", "k", "{}"), ("speedup measured", "speedup_measured",
+         "{:.2f}x"), ("speedup predicted", "speedup_predicted", "{:.2f}x"),
+         ("plain tok/s", "plain_tokens_per_s", "{:.1f}"), ("spec tok/s", "spec_tokens_per_s",
+         "{:.1f}"), ("verdict", "verdict", "{}")]
+
+
+def _fmt(value: Any, pattern: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    try:
+        return pattern.format(value)
+    except (ValueError, TypeError):
+        return str(value)
+
+
+def domain_table(report: dict) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the per-domain table (plus an ``overall`` row)."""
+    rows_src = list((report.get("domains") or {}).items())
+    if report.get("overall"):
+        rows_src.append(("overall", report["overall"]))
+    has_before = any("alpha_before" in row for _, row in rows_src)
+    columns = [c for c in TABLE if c[1] != "alpha_before" or has_before]
+    header = [c[0] for c in columns]
+    rows = [[name if key is None else _fmt(row.get(key), fmt) for _, key, fmt in columns]
+            for name, row in rows_src]
+    return header, rows
+
+
+def format_text_table(header: list[str], rows: list[list[str]]) -> str:
+    """A fixed-width table for the terminal."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+# --- plots --------------------------------------------------------------------------------------
+
+def write_plots(report: dict, out_dir: Path) -> dict[str, Path]:
+    """PNG plots for the sections present; returns {title: path}."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots: dict[str, Path] = {}
+    domains = report.get("domains") or {}
+
+    def save(fig, name: str, title: str) -> None:
+        path = out_dir / name
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        plots[title] = path
+
+    if report.get("k_sweep"):
+        fig, ax = plt.subplots(figsize=(6.4, 4))
+        by_domain: dict[str, list[dict]] = {}
+        for row in report["k_sweep"]:
+            by_domain.setdefault(row["domain"], []).append(row)
+        for i, (name, rows) in enumerate(by_domain.items()):
+            rows = sorted(rows, key=lambda r: r["k"])
+            color = f"C{i % 10}"
+            ks = [r["k"] for r in rows]
+            if any(r.get("speedup_measured") is not None for r in rows):
+                ax.plot(ks, [r.get("speedup_measured") for r in rows], "o-", color=color,
+                        label=f"{name} measured")
+            ax.plot(ks, [r.get("speedup_predicted") for r in rows], "--", color=color, alpha=0.7,
+                    label=f"{name} predicted")
+        ax.axhline(1.0, color="gray", lw=1)
+        ax.set_xlabel("K (drafted tokens per round)")
+        ax.set_ylabel("speedup over plain decoding")
+        ax.legend(fontsize=7, ncol=2)
+        save(fig, "speedup_vs_k.png", "Speedup against K")
+
+    if report.get("batch_sweep"):
+        rows = sorted(report["batch_sweep"], key=lambda r: r["batch_size"])
+        fig, ax = plt.subplots(figsize=(6.4, 4))
+        bs = [r["batch_size"] for r in rows]
+        if any(r.get("speedup_measured") is not None for r in rows):
+            ax.plot(bs, [r.get("speedup_measured") for r in rows], "o-", label="measured")
+        ax.plot(bs, [r.get("speedup_predicted") for r in rows], "s--", label="predicted")
+        ax.axhline(1.0, color="gray", lw=1)
+        be = (report.get("break_even") or {}).get("batch_size")
+        if be is not None:
+            ax.axvline(be, color="red", ls=":", label=f"break-even batch {be}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("speedup over plain decoding")
+        ax.legend(fontsize=8)
+        save(fig, "speedup_vs_batch.png", "Speedup against batch size")
+
+    per_pos = {n: d["alpha_per_position"] for n, d in domains.items()
+               if d.get("alpha_per_position")}
+    if per_pos:
+        fig, ax = plt.subplots(figsize=(6.4, 4))
+        for name, values in per_pos.items():
+            ax.plot(range(1, len(values) + 1), values, "o-", label=name)
+        ax.set_xlabel("draft position i")
+        ax.set_ylabel("conditional alpha_i")
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=8)
+        save(fig, "alpha_per_position.png", "Acceptance per draft position")
+
+    if domains:
+        names = list(domains)
+        fig, ax = plt.subplots(figsize=(6.4, 4))
+        x = range(len(names))
+        before = [domains[n].get("alpha_before") for n in names]
+        if any(b is not None for b in before):
+            ax.bar([i - 0.2 for i in x], [b or 0 for b in before], width=0.4, label="before")
+            ax.bar([i + 0.2 for i in x], [domains[n].get("alpha") or 0 for n in names],
+                   width=0.4, label="after")
+            ax.legend(fontsize=8)
+        else:
+            ax.bar(list(x), [domains[n].get("alpha") or 0 for n in names])
+        ax.set_xticks(list(x), names, rotation=20)
+        ax.set_ylabel("alpha")
+        ax.set_ylim(0, 1)
+        save(fig, "alpha_per_domain.png", "Acceptance per domain")
+    return plots
+
+
+# --- documents ----------------------------------------------------------------------------------
+
+def _summary_lines(report: dict) -> list[str]:
+    lines = [f"target `{report.get('target')}`, draft `{report.get('draft')}`, device "
+             f"{report.get('device')}, dtype {report.get('dtype')}, temperature "
+             f"{report.get('temperature')}, K {report.get('k')}"]
+    be = report.get("break_even") or {}
+    if be.get("batch_size") is not None:
+        lines.append(f"speculation stops paying at batch size {be['batch_size']}")
+    return lines
+
+
+def render_markdown(report: dict, plots: dict[str, Path]) -> str:
+    header, rows = domain_table(report)
+    out = ["# draftkit evaluation report", ""] + _summary_lines(report) + [""]
+    out.append("| " + " | ".join(header) + " |")
+    out.append("|" + "|".join("---" for _ in header) + "|")
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    out.append("")
+    for title, path in plots.items():
+        out += [f"## {title}", "", f"![{title}]({path.name})", ""]
+    return "\n".join(out)
+
+
+def render_html(report: dict, plots: dict[str, Path]) -> str:
+    header, rows = domain_table(report)
+    esc = html.escape
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>draftkit report</title>",
+             "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}"
+             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;"
+             "text-align:right}td:first-child,th:first-child,td:last-child{text-align:left}"
+             "</style></head><body><h1>draftkit evaluation report</h1>"]
+    parts += [f"<p>{esc(line).replace('`', '')}</p>" for line in _summary_lines(report)]
+    parts.append("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>")
+    parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows]
+    parts.append("</table>")
+    for title, path in plots.items():
+        data = base64.b64encode(path.read_bytes()).decode()  # self-contained: one file to share
+        parts.append(f"<h2>{esc(title)}</h2><img alt='{esc(title)}' "
+                     f"src='data:image/png;base64,{data}'>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(report: dict, out_dir: str | Path, tracker=None) -> dict[str, Path]:
+    """Write report.json, report.md, report.html and the plots; log them to ``tracker``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = write_plots(report, out_dir)
+    atomic_write_json(out_dir / "report.json", report)
+    atomic_write_text(out_dir / "report.md", render_markdown(report, plots))
+    atomic_write_text(out_dir / "report.html", render_html(report, plots))
+    if tracker is not None:
+        header, rows = domain_table(report)
+        tracker.log_table("eval/domains", header, rows)
+        for title, path in plots.items():
+            tracker.log_image(f"eval/{path.stem}", path)
+        if report.get("overall"):
+            tracker.summary({f"eval/{k}": v for k, v in report["overall"].items()
+                             if isinstance(v, (int, float))})
+    return {"json": out_dir / "report.json", "md": out_dir / "report.md",
+            "html": out_dir / "report.html", **{p.stem: p for p in plots.values()}}

@@ -1,0 +1,340 @@
+"""Measuring a draft against its target on domain suites: the figures behind ``draftkit eval``.
+
+For each domain, every prompt is decoded by the same engine with K = 0 (plain decoding, the
+baseline) and with speculation, interleaved prompt by prompt and repeated; tokens per second
+are medians over repeats. Acceptance (alpha, alpha_i, tau), the draft cost c and the verify
+inflation v come from the engine's per-round statistics; the predicted speedup comes from
+those through :mod:`draftkit.metrics`, so the gap between predicted and measured is the
+per-round overhead the model does not explain, which the report states.
+
+Two sweeps show where speculation stops paying: K (predicted from the measured alpha_i for
+every K, measured on a few prompts per domain for the K listed) and batch size (measured c(B),
+v(B) and speedup at each B, with the break-even batch where speedup drops to 1).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from draftkit import metrics
+from draftkit.errors import DraftkitError
+
+
+@dataclass
+class EvalSettings:
+    k: int | str = "auto"  # an int >= 0 or "auto"
+    k_max: int = 8
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 128
+    repeats: int = 1
+    seed: int = 0
+    k_sweep: list[int] = field(default_factory=lambda: [1, 2, 4, 6])
+    k_sweep_prompts: int = 2
+    k_sweep_tokens: int = 48
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    batch_tokens: int = 32
+
+
+@dataclass
+class DomainRun:
+    """Raw measurements of one domain at batch size 1."""
+
+    plain_seconds: list[float]  # per repeat, all prompts
+    spec_seconds: list[float]
+    tokens: int  # new tokens per repeat (K = 0 and speculation agree under greedy)
+    spec_tokens: int
+    stats: Any  # DecodeStats of the speculative runs
+    plain_stats: Any  # DecodeStats of the K = 0 runs
+    sequences: list[tuple[list[int], list[int]]]  # (prompt ids, new ids) of the last spec run
+
+
+def _timed(fn: Callable[[], Any], device) -> tuple[Any, float]:
+    from draftkit.decode.engine import synchronize
+
+    synchronize(device)
+    t = time.perf_counter()
+    out = fn()
+    synchronize(device)
+    return out, time.perf_counter() - t
+
+
+class Evaluator:
+    """Runs the measurements; one instance per (target, draft) pair."""
+
+    def __init__(self, target_model, draft_model, settings: EvalSettings, progress=None):
+        from draftkit.decode.engine import SpeculativeEngine
+
+        self.target_model, self.draft_model, self.s = target_model, draft_model, settings
+        self.engine = SpeculativeEngine(target_model, draft_model)
+        self.device = self.engine.device
+        self.progress = progress or (lambda n=1: None)
+        if isinstance(settings.k, int) and settings.k < 0:
+            raise DraftkitError(f"--k must be >= 0 or 'auto', got {settings.k}")
+
+    def _decode(self, prompts: list[list[int]], k, max_new_tokens: int, stats, seed: int):
+        s = self.s
+        return _timed(lambda: self.engine.generate(
+            prompts, k=k, max_new_tokens=max_new_tokens, temperature=s.temperature,
+            top_k=s.top_k, top_p=s.top_p, seed=seed, k_max=s.k_max, stats=stats), self.device)
+
+    # --- batch size 1, per domain -------------------------------------------------------------
+
+    def run_domain(self, prompts: list[list[int]]) -> DomainRun:
+        from draftkit.decode.stats import DecodeStats
+
+        spec_stats, plain_stats = DecodeStats(), DecodeStats()
+        plain_secs, spec_secs, sequences = [], [], []
+        tokens = spec_tokens = 0
+        for rep in range(self.s.repeats):
+            t_plain = t_spec = 0.0
+            n_plain = n_spec = 0
+            sequences = []
+            for i, ids in enumerate(prompts):
+                seed = self.s.seed + i
+                # Interleave K = 0 and speculation prompt by prompt, alternating which goes
+                # first, so drifts in machine speed hit both alike.
+                order = ("plain", "spec") if (i + rep) % 2 == 0 else ("spec", "plain")
+                for mode in order:
+                    if mode == "plain":
+                        (res,), secs = self._decode([ids], 0, self.s.max_new_tokens,
+                                                    plain_stats, seed)
+                        t_plain += secs
+                        n_plain += len(res.tokens)
+                    else:
+                        (res,), secs = self._decode([ids], self.s.k, self.s.max_new_tokens,
+                                                    spec_stats, seed)
+                        t_spec += secs
+                        n_spec += len(res.tokens)
+                        sequences.append((ids, res.tokens))
+                    self.progress(1)
+            plain_secs.append(t_plain)
+            spec_secs.append(t_spec)
+            tokens, spec_tokens = n_plain, n_spec
+        return DomainRun(plain_secs, spec_secs, tokens, spec_tokens, spec_stats, plain_stats,
+                         sequences)
+
+    # --- teacher-forced figures on the decoded continuations ----------------------------------
+
+    def teacher_forced(self, sequences, drafts: dict[str, Any]) -> dict[str, float]:
+        """Target entropy and, for each extra draft, its acceptance on the same continuations.
+
+        Acceptance here is teacher-forced: at each continuation position, greedy decoding
+        accepts when the draft's argmax equals the target's; sampling accepts with
+        probability sum_x min(p, q) = 1 - TV (Leviathan et al., arXiv 2211.17192, section 3).
+        """
+        import torch
+
+        from draftkit.decode.sampling import SamplingParams, probabilities
+
+        params = SamplingParams(self.s.temperature or 1.0, self.s.top_k, self.s.top_p)
+        ent_sum, count = 0.0, 0
+        acc = {name: 0.0 for name in drafts}
+        with torch.inference_mode():
+            for prompt, new in sequences:
+                if not new:
+                    continue
+                seq = torch.tensor([prompt + new], device=self.device)
+                span = slice(len(prompt) - 1, len(prompt) + len(new) - 1)
+                p_logits = self.target_model(seq).logits[0, span].float()  # (T, V)
+                p = probabilities(p_logits, params)
+                ent_sum += float(-(p * p.clamp_min(1e-12).log()).sum(-1).sum())
+                count += len(new)
+                for name, model in drafts.items():
+                    q_logits = model(seq).logits[0, span].float()
+                    if self.s.temperature == 0:
+                        acc[name] += float((q_logits.argmax(-1) == p_logits.argmax(-1)).sum())
+                    else:
+                        q = probabilities(q_logits, params)
+                        acc[name] += float(torch.minimum(p, q).sum())
+        out = {"target_entropy": ent_sum / count if count else None}
+        out.update({name: (v / count if count else None) for name, v in acc.items()})
+        return out
+
+    # --- sweeps -------------------------------------------------------------------------------
+
+    def k_sweep(self, prompts: list[list[int]]) -> list[dict]:
+        """Measured speedup at each K in the sweep list, on a few prompts."""
+        from draftkit.decode.stats import DecodeStats
+
+        rows = []
+        subset = prompts[: self.s.k_sweep_prompts]
+        if not subset:
+            return rows
+        plain_secs, plain_tok = 0.0, 0
+        for i, ids in enumerate(subset):
+            (res,), secs = self._decode([ids], 0, self.s.k_sweep_tokens, DecodeStats(),
+                                        self.s.seed + i)
+            plain_secs += secs
+            plain_tok += len(res.tokens)
+            self.progress(1)
+        plain_tps = plain_tok / plain_secs if plain_secs else None
+        for k in self.s.k_sweep:
+            stats = DecodeStats()
+            secs_sum, tok = 0.0, 0
+            for i, ids in enumerate(subset):
+                (res,), secs = self._decode([ids], k, self.s.k_sweep_tokens, stats,
+                                            self.s.seed + i)
+                secs_sum += secs
+                tok += len(res.tokens)
+                self.progress(1)
+            tps = tok / secs_sum if secs_sum else None
+            rows.append({"k": k, "tau": stats.tau(),
+                         "speedup_measured": (tps / plain_tps) if (tps and plain_tps) else None})
+        return rows
+
+    def batch_sweep(self, prompts: list[list[int]], k: int) -> list[dict]:
+        """At each batch size: K = 0 and speculation at K on the same B prompts."""
+        from draftkit.decode.stats import DecodeStats
+
+        rows = []
+        for bsz in self.s.batch_sizes:
+            batch = [prompts[i % len(prompts)] for i in range(bsz)]
+            plain_stats, spec_stats = DecodeStats(), DecodeStats()
+            res_p, t_p = self._decode(batch, 0, self.s.batch_tokens, plain_stats, self.s.seed)
+            res_s, t_s = self._decode(batch, k, self.s.batch_tokens, spec_stats, self.s.seed)
+            self.progress(1)
+            tps_p = sum(len(r.tokens) for r in res_p) / t_p
+            tps_s = sum(len(r.tokens) for r in res_s) / t_s
+            step = plain_stats.target_step_seconds(1)
+            alphas = spec_stats.alphas()
+            c = spec_stats.c(step)
+            v = spec_stats.v(k, step)
+            predicted = (metrics.speedup(alphas or spec_stats.alpha(), c, k, v)
+                         if (c is not None and v is not None and k > 0) else None)
+            rows.append({"batch_size": bsz, "alpha": spec_stats.alpha(), "c": c, "v": v,
+                         "k": k, "plain_tokens_per_s": tps_p, "spec_tokens_per_s": tps_s,
+                         "speedup_predicted": predicted, "speedup_measured": tps_s / tps_p})
+        return rows
+
+
+# --- turning measurements into report rows ---------------------------------------------------
+
+def _k_used(stats) -> int:
+    """The K the run used most (auto may vary it per round)."""
+    calls = {t - 1: n for t, n in stats.target_calls_by_tokens.items()}
+    if not calls:
+        return 0
+    return max(calls, key=lambda k: (calls[k], k))
+
+
+def domain_figures(run: DomainRun, n_prompts: int, settings: EvalSettings) -> dict:
+    """The report's per-domain fields from one domain's measurements."""
+    stats = run.stats
+    step = run.plain_stats.target_step_seconds(1)
+    k = _k_used(stats)
+    plain_tps = statistics.median(run.tokens / s for s in run.plain_seconds if s > 0)
+    spec_tps = statistics.median(run.spec_tokens / s for s in run.spec_seconds if s > 0)
+    alphas = stats.alphas()
+    c = stats.c(step)
+    v = stats.v(k, step) if k else None
+    predicted = None
+    if k and c is not None and v is not None:
+        predicted = metrics.speedup(alphas or stats.alpha(), c, k, v)
+    rounds = stats.rounds or 1
+    # Round time the model does not explain: measured decode time per round minus the draft
+    # and verify forwards it accounts for.
+    overhead_ms = 1000 * stats.seconds_other / rounds
+    return {
+        "n_prompts": n_prompts, "new_tokens": run.spec_tokens, "alpha": stats.alpha(),
+        "alpha_tv": stats.alpha_tv() if settings.temperature > 0 else None,
+        "alpha_per_position": alphas, "tau": stats.tau(), "c": c, "v": v, "k": k,
+        "speedup_predicted": predicted, "speedup_measured": spec_tps / plain_tps,
+        "plain_tokens_per_s": plain_tps, "spec_tokens_per_s": spec_tps,
+        "target_entropy": None, "overhead_per_round_ms": overhead_ms, "verdict": None,
+    }
+
+
+def verdict(fig: dict, k_max: int) -> str:
+    """Speculate with which K, or do not, and why, from measured figures."""
+    measured, alpha, c, v = fig["speedup_measured"], fig["alpha"], fig["c"], fig["v"]
+    best_k, best_s = (None, None)
+    if c is not None:
+        best_k, best_s = metrics.optimal_k(fig["alpha_per_position"] or alpha, c, k_max,
+                                           v if v is not None else 1.0)
+    if measured is not None and measured > 1.0:
+        return f"speculate with K={fig['k']} (measured {measured:.2f}x)"
+    if c is not None and c >= alpha:
+        return f"do not speculate: draft too slow (c={c:.2f} >= alpha={alpha:.2f})"
+    if c is not None:
+        be = metrics.break_even_alpha_any_k(c, k_max, v if v is not None else 1.0)
+        if alpha < be:
+            return (f"do not speculate: alpha {alpha:.2f} is below the break-even "
+                    f"{be:.2f} for c={c:.2f}")
+    if best_k == 0 or (best_s is not None and best_s <= 1.0):
+        return "do not speculate: no K pays at this alpha and c"
+    return (f"do not speculate: predicted {best_s:.2f}x at K={best_k} but measured "
+            f"{measured:.2f}x; per-round overhead {fig['overhead_per_round_ms']:.1f} ms "
+            f"eats the gain")
+
+
+def k_sweep_rows(domain: str, fig: dict, measured: list[dict], k_max: int) -> list[dict]:
+    """Predicted speedup for K = 1..k_max from the measured alpha_i, c, v, with measured
+    figures where the sweep ran that K."""
+    by_k = {r["k"]: r for r in measured}
+    rows = []
+    alpha = fig["alpha_per_position"] or fig["alpha"]
+    for k in range(1, k_max + 1):
+        pred = tau = None
+        if fig["c"] is not None:
+            # v was measured at the run's K only; the closest estimate for other K is that v.
+            pred = metrics.speedup(alpha, fig["c"], k, fig["v"] or 1.0)
+        tau = metrics.tau(alpha, k)
+        m = by_k.get(k)
+        rows.append({"domain": domain, "k": k, "tau": m["tau"] if m else tau,
+                     "speedup_predicted": pred,
+                     "speedup_measured": m["speedup_measured"] if m else None})
+    return rows
+
+
+def aggregate(domains: dict[str, dict], runs: dict[str, DomainRun], settings) -> dict:
+    """The ``overall`` row: token-weighted over all domains' runs."""
+    from draftkit.decode.stats import DecodeStats
+
+    total, plain = DecodeStats(), DecodeStats()
+    for run in runs.values():
+        _merge(total, run.stats)
+        _merge(plain, run.plain_stats)
+    merged = DomainRun(
+        [sum(r.plain_seconds[i] for r in runs.values()) for i in range(settings.repeats)],
+        [sum(r.spec_seconds[i] for r in runs.values()) for i in range(settings.repeats)],
+        sum(r.tokens for r in runs.values()), sum(r.spec_tokens for r in runs.values()),
+        total, plain, [])
+    fig = domain_figures(merged, sum(d["n_prompts"] for d in domains.values()), settings)
+    ents = [(d["target_entropy"], d["new_tokens"]) for d in domains.values()
+            if d.get("target_entropy") is not None]
+    if ents:
+        fig["target_entropy"] = sum(e * n for e, n in ents) / max(1, sum(n for _, n in ents))
+    before = [(d["alpha_before"], d["new_tokens"]) for d in domains.values()
+              if d.get("alpha_before") is not None]
+    if before:
+        fig["alpha_before"] = sum(a * n for a, n in before) / max(1, sum(n for _, n in before))
+    fig["verdict"] = verdict(fig, settings.k_max)
+    return fig
+
+
+def _merge(into, other) -> None:
+    """Add one DecodeStats into another (counts, times and per-position lists)."""
+    for name, value in vars(other).items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            setattr(into, name, getattr(into, name) + value)
+        elif isinstance(value, list):
+            mine = getattr(into, name)
+            for i, x in enumerate(value):
+                if i < len(mine):
+                    mine[i] += x
+                else:
+                    mine.append(x)
+        elif isinstance(value, dict):
+            mine = getattr(into, name)
+            for key, x in value.items():
+                mine[key] = mine.get(key, 0) + x
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
