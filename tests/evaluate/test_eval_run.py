@@ -1,0 +1,90 @@
+"""``draftkit eval`` end to end on tiny random models: the report's schema and its arithmetic."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from draftkit import metrics
+from draftkit.evaluate.command import EvalArgs, evaluate, run_eval
+from draftkit.evaluate.report import DOMAIN_KEYS, REPORT_KEYS
+
+
+@pytest.fixture
+def suite(tmp_path):
+    rows = [{"domain": "code", "prompt": "write python code for the sum"},
+            {"domain": "code", "prompt": "def x return y"},
+            {"domain": "chat", "prompt": "what is the answer"},
+            {"domain": "chat", "messages": [{"role": "user", "content": "hello world"}]}]
+    path = tmp_path / "suite.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def tiny_args(target, draft, suite, out, **kw):
+    base = dict(target=str(target), draft=str(draft), suite=str(suite), out=str(out), k="2",
+                max_new_tokens=10, batch_sizes=[1, 2], k_sweep=[1, 2], k_max=3, repeats=2)
+    base.update(kw)
+    return EvalArgs(**base)
+
+
+def test_report_schema_and_consistency(tiny_dirs, suite, tmp_path):
+    target, draft = tiny_dirs
+    report = evaluate(tiny_args(target, draft, suite, tmp_path / "out",
+                                baseline_draft=str(target)))
+    on_disk = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert on_disk == json.loads(json.dumps(report))
+    assert set(REPORT_KEYS) <= set(report)
+    assert list(report["domains"]) == ["code", "chat"]
+    for name, fig in [*report["domains"].items(), ("overall", report["overall"])]:
+        assert set(DOMAIN_KEYS) <= set(fig), name
+        assert fig["k"] == 2 and 0 <= fig["alpha"] <= 1
+        # Tokens per target call predicted from the measured per-position alpha_i equals the
+        # measured tau: the accounting behind every prediction is consistent.
+        assert math.isclose(metrics.tau(fig["alpha_per_position"], 2), fig["tau"],
+                            rel_tol=1e-9), name
+        assert fig["speedup_predicted"] == pytest.approx(
+            metrics.speedup(fig["alpha_per_position"], fig["c"], 2, fig["v"]))
+        assert fig["speedup_measured"] == pytest.approx(
+            fig["spec_tokens_per_s"] / fig["plain_tokens_per_s"])
+        assert fig["verdict"].startswith("speculate" if fig["speedup_measured"] > 1
+                                         else "do not speculate")
+        # The baseline here is the target itself: it agrees with the target everywhere.
+        assert fig["alpha_before"] == pytest.approx(1.0)
+        assert fig["target_entropy"] > 0
+    assert {r["k"] for r in report["k_sweep"]} == {1, 2, 3}
+    measured_k = {r["k"] for r in report["k_sweep"] if r["speedup_measured"] is not None}
+    assert measured_k == {1, 2}
+    assert [r["batch_size"] for r in report["batch_sweep"]] == [1, 2]
+    for row in report["batch_sweep"]:
+        assert {"batch_size", "alpha", "c", "v", "speedup_predicted",
+                "speedup_measured"} <= set(row)
+    assert set(report["break_even"]) == {"batch_size", "per_domain"}
+    assert set(report["break_even"]["per_domain"]) == {"code", "chat"}
+    for name in ("report.md", "report.html", "speedup_vs_k.png", "speedup_vs_batch.png",
+                 "alpha_per_position.png", "alpha_per_domain.png"):
+        assert (tmp_path / "out" / name).is_file(), name
+
+
+def test_greedy_identity_draft_accepts_everything(tiny_dirs, suite, tmp_path):
+    target, _ = tiny_dirs
+    report = run_eval(tiny_args(target, target, suite, tmp_path / "o", batch_sizes=[],
+                                k_sweep=[], repeats=1))
+    assert report["overall"]["alpha"] == pytest.approx(1.0)
+    assert report["batch_sweep"] == [] and report["break_even"]["batch_size"] is None
+
+
+def test_bad_suite_and_flags_are_one_line(tiny_dirs, tmp_path):
+    target, draft = tiny_dirs
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"domain": "code", "prompt": "ok"}\n{"prompt": "no domain"}\n')
+    proc = subprocess.run([sys.executable, "-m", "draftkit", "eval", "--target", str(target),
+                           "--draft", str(draft), "--suite", str(bad), "--out",
+                           str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"{bad}:2" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "draftkit", "eval", "--draft", str(draft),
+                           "--k", "-1"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "--k must be >= 0" in proc.stderr
