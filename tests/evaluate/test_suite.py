@@ -50,9 +50,12 @@ def test_shipped_prompts_have_no_duplicates(folder):
         seen[_key(row)] = row.source
 
 
-def test_train_prompts_share_no_prompt_with_the_suites():
+@pytest.mark.parametrize("training", [builtin_train_prompts_dir,
+                                      lambda: builtin_suites_dir().parent.parent / "recipes" /
+                                      "data"])
+def test_training_prompts_share_no_prompt_with_the_suites(training):
     suites = {_key(r): r.source for r in load_suite(builtin_suites_dir())}
-    shared = [f"{r.source} = {suites[_key(r)]}" for r in load_suite(builtin_train_prompts_dir())
+    shared = [f"{r.source} = {suites[_key(r)]}" for r in load_suite(training())
               if _key(r) in suites]
     assert not shared, shared
 

@@ -1,0 +1,84 @@
+"""Training data for distillation: rows -> examples -> (generated responses) -> packed rows.
+
+- :mod:`draftkit.data.sources`: files / hub datasets through ``datasets``, with a domain;
+- :mod:`draftkit.data.generate`: the target's responses to prompts, cached and resumable;
+- :mod:`draftkit.data.pack`: chat-template rendering, response-only masks, packing.
+
+:func:`build_rows` ties them together for a recipe's ``data`` section.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, Callable
+
+from draftkit.data.pack import Rows, Tokenized, pack, tokenize_example
+from draftkit.data.sources import Example, load_examples
+from draftkit.errors import DraftkitError
+
+__all__ = ["Example", "Rows", "Tokenized", "build_rows", "load_examples", "pack",
+           "split_heldout", "tokenize_example"]
+
+
+def split_heldout(by_domain: dict[str, list[Example]], per_domain: int,
+                  seed: int) -> tuple[list[Example], list[Example]]:
+    """(train, heldout): ``per_domain`` examples of every domain held out, chosen by ``seed``."""
+    train, heldout = [], []
+    for domain, examples in by_domain.items():
+        if len(examples) <= per_domain:
+            raise DraftkitError(f"domain '{domain}' has {len(examples)} rows, not enough to "
+                                f"hold out data.heldout_per_domain={per_domain} and train on "
+                                f"the rest; add rows or lower data.heldout_per_domain")
+        order = list(range(len(examples)))
+        random.Random(f"{seed}:{domain}").shuffle(order)
+        heldout += [examples[i] for i in order[:per_domain]]
+        train += [examples[i] for i in order[per_domain:]]
+    return train, heldout
+
+
+def build_rows(data: Any, tokenizer: Any, seed: int, generate: Callable | None = None,
+               ) -> tuple[Rows, Rows]:
+    """Packed (train, heldout) rows for a recipe's ``data`` section.
+
+    ``generate(prompts_ids) -> response_ids`` answers prompts with the target (regimes
+    'target' and 'on_policy'); it is only called when the recipe asks for it.
+    """
+    by_domain = load_examples(data.sources)
+    domains = list(by_domain)
+    train, heldout = split_heldout(by_domain, data.heldout_per_domain, seed)
+    examples = train + heldout
+    responses: list[list[int] | None] = [None] * len(examples)
+    prompts: dict[int, list[int]] = {}
+    if data.regime in ("target", "on_policy"):
+        from draftkit.chat import encode_prompt
+
+        prompts = {i: encode_prompt(tokenizer, ex.messages) for i, ex in enumerate(examples)
+                   if ex.messages is not None}
+        if not prompts:
+            raise DraftkitError(f"data.regime: {data.regime} needs prompts ('prompt' or "
+                                f"'messages' rows); the sources hold only text")
+        if generate is None:
+            raise DraftkitError("target-generated data needs the target model")
+        answers = generate(list(prompts.values()))
+        for i, ans in zip(prompts, answers):
+            responses[i] = ans
+    tokens = [tokenize_example(tokenizer, ex, data.response_only, responses[i])
+              for i, ex in enumerate(examples)]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else \
+        tokenizer.eos_token_id
+    n = len(train)
+    train_rows = pack(tokens[:n], data.seq_len, pad_id, domains, data.pack, data.truncate)
+    train_rows.prompts = [prompts[i] for i in sorted(prompts) if i < n]
+    train_rows.prompt_domains = [domains.index(examples[i].domain) for i in sorted(prompts)
+                                 if i < n]
+    # Held-out rows are never packed together: alpha is a mean over whole examples.
+    heldout_rows = pack(tokens[n:], data.seq_len, pad_id, domains, False, data.truncate)
+    return train_rows, heldout_rows
+
+
+def default_generation_dir() -> Path:
+    """Generated answers are keyed by target, settings and prompt, so runs share them."""
+    from draftkit.models.embedded import cache_root
+
+    return cache_root() / "generated"

@@ -1,0 +1,143 @@
+"""Token ids with response-only loss masks, packed into fixed-length rows per domain.
+
+A chat example is rendered with the target's chat template, exactly as serving will send it;
+only the response tokens are trained (the draft never has to predict the user's prompt). A
+text example trains on every token. Rows are packed per domain, so each row belongs to one
+domain and held-out alpha can be reported per domain.
+
+Masks are stored already shifted: ``loss_mask[t]`` says whether the prediction made at
+position t (of token t + 1) counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from draftkit.data.sources import Example
+from draftkit.errors import DraftkitError
+
+
+@dataclass
+class Tokenized:
+    ids: list[int]
+    target: list[bool]  # target[i]: token i is one the draft is trained to predict
+    domain: str
+    origin: str
+    splittable: bool = False  # plain text may be cut into seq_len pieces; a chat may not
+
+
+@dataclass
+class Rows:
+    """Fixed-length rows: input_ids (N, T), loss_mask (N, T), domain_ids (N,)."""
+
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    domain_ids: torch.Tensor
+    domains: list[str]
+    # The training prompts (chat-rendered ids) and their domain index, for on-policy steps.
+    prompts: list[list[int]] | None = None
+    prompt_domains: list[int] | None = None
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def tokenize_example(tokenizer: Any, ex: Example, response_only: bool = True,
+                     response_ids: list[int] | None = None) -> Tokenized:
+    """Ids and target flags of one example.
+
+    ``response_ids`` (from a generation cache) are appended to the rendered prompt as they
+    are, so the draft learns exactly the tokens the target produced.
+    """
+    from draftkit.chat import encode_prompt
+
+    if ex.text is not None:
+        ids = tokenizer(ex.text)["input_ids"]
+        return Tokenized(list(ids), [True] * len(ids), ex.domain, ex.origin, splittable=True)
+    prompt = encode_prompt(tokenizer, ex.messages)
+    if response_ids is not None:
+        ids = prompt + list(response_ids)
+        start = len(prompt)
+    elif ex.response is not None:
+        full = ex.messages + [{"role": "assistant", "content": ex.response}]
+        if getattr(tokenizer, "chat_template", None):
+            text = tokenizer.apply_chat_template(full, tokenize=False)
+            ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        else:
+            ids = prompt + list(tokenizer(ex.response, add_special_tokens=False)["input_ids"])
+        # Templates may rewrite earlier turns once a response follows: the response starts
+        # where the two renderings diverge.
+        start = _common_prefix(prompt, ids)
+    else:
+        raise DraftkitError(f"{ex.origin}: a prompt without a response; use data.regime: "
+                            f"target to have the target answer it")
+    target = [(not response_only) or i >= start for i in range(len(ids))]
+    return Tokenized(ids, target, ex.domain, ex.origin)
+
+
+def pack(examples: list[Tokenized], seq_len: int, pad_id: int, domains: list[str],
+         pack: bool = True, truncate: bool = False) -> Rows:
+    """Greedy packing of whole examples into rows of ``seq_len``, one domain per row.
+
+    Plain text longer than ``seq_len`` is cut into ``seq_len`` pieces, as in language-model
+    pretraining. A chat example longer than ``seq_len`` is an error unless ``truncate``
+    (cutting it would drop the response the loss is on). Examples are never split across
+    rows, so every row starts at an example boundary.
+    """
+    pieces = []
+    for ex in examples:
+        if ex.splittable and len(ex.ids) > seq_len:
+            pieces += [Tokenized(ex.ids[i:i + seq_len], ex.target[i:i + seq_len], ex.domain,
+                                 ex.origin, True) for i in range(0, len(ex.ids), seq_len)]
+        else:
+            pieces.append(ex)
+    examples = pieces
+    rows_ids: list[list[int]] = []
+    rows_tgt: list[list[bool]] = []
+    rows_dom: list[int] = []
+    open_row: dict[str, int] = {}  # domain -> index of the row being filled
+    for ex in examples:
+        ids, tgt = ex.ids, ex.target
+        if len(ids) > seq_len:
+            if not truncate:
+                raise DraftkitError(f"{ex.origin}: {len(ids)} tokens is longer than "
+                                    f"data.seq_len={seq_len}; raise data.seq_len (within the "
+                                    f"target's context), shorten the row, or set "
+                                    f"data.truncate=true")
+            ids, tgt = ids[:seq_len], tgt[:seq_len]
+        r = open_row.get(ex.domain)
+        if not pack or r is None or len(rows_ids[r]) + len(ids) > seq_len:
+            rows_ids.append([])
+            rows_tgt.append([])
+            rows_dom.append(domains.index(ex.domain))
+            r = open_row[ex.domain] = len(rows_ids) - 1
+        # The first token of each packed example has no in-example context to be predicted
+        # from, so it is never a target.
+        rows_ids[r].extend(ids)
+        rows_tgt[r].extend([False] + list(tgt[1:]))
+    if not rows_ids:
+        raise DraftkitError("no rows to pack; the dataset is empty")
+    n = len(rows_ids)
+    input_ids = torch.full((n, seq_len), pad_id, dtype=torch.long)
+    loss_mask = torch.zeros((n, seq_len), dtype=torch.bool)
+    for i, (ids, tgt) in enumerate(zip(rows_ids, rows_tgt)):
+        input_ids[i, :len(ids)] = torch.tensor(ids)
+        # shift: the logits at t predict token t + 1
+        loss_mask[i, :len(ids) - 1] = torch.tensor(tgt[1:], dtype=torch.bool)
+    return Rows(input_ids, loss_mask, torch.tensor(rows_dom), list(domains))

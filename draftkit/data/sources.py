@@ -1,0 +1,104 @@
+"""Reading training rows through ``datasets``: local JSONL / Parquet / text files or the hub.
+
+Each row becomes an :class:`Example` of one domain, in one of three shapes:
+
+- ``messages``: an OpenAI-style chat; a final assistant turn is the response;
+- ``prompt`` (and optionally ``response``): a user prompt and the answer to it;
+- ``text``: plain text, every token trained.
+
+The domain comes from the source (``domain: code``) or from the row's ``domain`` column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from draftkit.errors import DraftkitError
+
+_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text",
+            ".text": "text"}
+
+
+@dataclass
+class Example:
+    domain: str
+    messages: list[dict[str, str]] | None = None  # chat up to (not including) the response
+    response: str | None = None  # the assistant's answer, if the row has one
+    text: str | None = None  # plain text rows
+    origin: str = ""  # "file:row" for error messages
+
+
+def _format_of(src: Any) -> str:
+    if src.format != "auto":
+        return src.format
+    name = Path(src.path).name
+    for ext in (".gz", ".bz2", ".xz", ".zst"):
+        name = name.removesuffix(ext)
+    fmt = _FORMATS.get(Path(name).suffix)
+    if fmt is None:
+        raise DraftkitError(f"cannot tell the format of {src.path}; name it .jsonl, .parquet "
+                            f"or .txt, or set format: json | parquet | text in the source")
+    return fmt
+
+
+def load_rows(src: Any) -> list[dict]:
+    """The raw rows of one source (a ``DataSource`` from the recipe)."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    fmt = _format_of(src)
+    try:
+        if fmt == "hub":
+            ds = datasets.load_dataset(src.path, split=src.split)
+        else:
+            ds = datasets.load_dataset(fmt, data_files=src.path, split="train")
+    except Exception as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        where = "the hub is not reachable or the dataset does not exist" if fmt == "hub" \
+            else "check the file"
+        raise DraftkitError(f"cannot read {src.path} as {fmt} ({msg}); {where}") from None
+    if src.max_rows is not None:
+        ds = ds.select(range(min(src.max_rows, len(ds))))
+    return list(ds)
+
+
+def to_example(row: dict, domain: str | None, origin: str) -> Example:
+    """One raw row as an Example; rows of no known shape are an error naming the row."""
+    domain = domain or row.get("domain")
+    if not domain:
+        raise DraftkitError(f"{origin}: the row has no 'domain' column and its source sets no "
+                            f"domain; add domain: NAME to the source")
+    if row.get("messages"):
+        messages = [{"role": m["role"], "content": m["content"]} for m in row["messages"]]
+        response = None
+        if messages[-1]["role"] == "assistant":
+            response = messages[-1]["content"]
+            messages = messages[:-1]
+        if not messages:
+            raise DraftkitError(f"{origin}: the chat has only an assistant turn")
+        return Example(str(domain), messages=messages, response=response, origin=origin)
+    if row.get("prompt"):
+        return Example(str(domain), messages=[{"role": "user", "content": row["prompt"]}],
+                       response=row.get("response") or None, origin=origin)
+    if row.get("text"):
+        return Example(str(domain), text=row["text"], origin=origin)
+    raise DraftkitError(f"{origin}: the row has no non-empty 'messages', 'prompt' or 'text' "
+                        f"column (columns: {', '.join(row) or 'none'})")
+
+
+def load_examples(sources: list) -> dict[str, list[Example]]:
+    """All sources, grouped by domain in first-seen order. Empty inputs are errors."""
+    by_domain: dict[str, list[Example]] = {}
+    for src in sources:
+        rows = load_rows(src)
+        if not rows:
+            raise DraftkitError(f"{src.path} has no rows; give a non-empty data file")
+        name = Path(src.path).name
+        for i, row in enumerate(rows):
+            ex = to_example(row, src.domain, f"{name}:{i + 1}")
+            by_domain.setdefault(ex.domain, []).append(ex)
+    if not by_domain:
+        raise DraftkitError("the dataset is empty; list data files under data.sources")
+    return by_domain

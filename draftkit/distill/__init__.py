@@ -1,0 +1,6 @@
+"""Distillation: train a draft against the target's distribution.
+
+The pipeline, one module each: ``config`` (the recipe) -> ``draftkit.data`` (rows, packing,
+masks) -> ``teacher`` (online or top-k cache) -> ``losses`` (divergences) -> ``trainer`` (the
+loop, with ``schedule``, ``checkpoint`` and ``evaluate``) -> ``out_dir/best``.
+"""

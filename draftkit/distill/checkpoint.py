@@ -1,0 +1,152 @@
+"""Checkpoints that a kill cannot corrupt, and an exact resume from them.
+
+A checkpoint is ``out_dir/checkpoints/step-NNNNNNN/`` holding ``state.pt`` (the trainable
+weights, the optimizer and scheduler, the data position, every RNG and the best alpha so far)
+and ``manifest.json`` (its size and sha256). It is written in a temporary folder and renamed
+into place, so a run killed at any moment leaves the previous checkpoint whole and loses at
+most the steps since it. On resume, a checkpoint whose bytes do not match its manifest is an
+error: it was damaged after it was written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftkit.errors import DraftkitError
+from draftkit.io import atomic_dir, atomic_write_json
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def trainable_state(model: Any) -> dict[str, torch.Tensor]:
+    """Only what training changes: frozen weights are rebuilt identically at resume."""
+    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    return {k: v.detach().clone() for k, v in model.state_dict().items() if k in names}
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler: Any,
+                    extra: dict, keep: int) -> Path:
+    """Write checkpoint ``step`` atomically, then drop all but the newest ``keep``."""
+    root = Path(root)
+    path = root / f"step-{step:07d}"
+    state = {"step": step, "model": trainable_state(model), "optimizer": optimizer.state_dict(),
+             "scheduler": scheduler.state_dict(), "rng": rng_state(), **extra}
+    with atomic_dir(path, overwrite=True) as tmp:
+        torch.save(state, tmp / "state.pt")
+        atomic_write_json(tmp / "manifest.json", {
+            "step": step, "bytes": (tmp / "state.pt").stat().st_size,
+            "sha256": _sha256(tmp / "state.pt")})
+    for old in list_checkpoints(root)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Finished checkpoints, oldest first (temporary folders of a killed write are skipped)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.glob("step-*") if p.is_dir() and (p / "manifest.json").is_file()]
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def load_checkpoint(path: Path) -> dict:
+    """The state of a checkpoint, checked against its manifest."""
+    path = Path(path)
+    fix = (f"delete {path} to resume from the checkpoint before it, or set resume=false "
+           f"to start over")
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+        state_file = path / "state.pt"
+        if state_file.stat().st_size != manifest["bytes"] or \
+                _sha256(state_file) != manifest["sha256"]:
+            raise DraftkitError(f"checkpoint {path} is corrupted (its bytes do not match "
+                                f"manifest.json); {fix}")
+        return torch.load(state_file, map_location="cpu", weights_only=True)
+    except DraftkitError:
+        raise
+    except Exception as e:
+        raise DraftkitError(f"checkpoint {path} cannot be read ({type(e).__name__}); "
+                            f"{fix}") from None
+
+
+def restore(state: dict, model: Any, optimizer: Any, scheduler: Any) -> None:
+    """Put weights, optimizer, scheduler and RNG back exactly as they were saved."""
+    missing = set(trainable_state(model)) - set(state["model"])
+    if missing:
+        raise DraftkitError(f"the checkpoint does not match this draft (missing "
+                            f"{sorted(missing)[0]}); the recipe's draft or freeze list "
+                            f"changed since it was written; use another out_dir")
+    model.load_state_dict(state["model"], strict=False)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+
+
+# --- DeepSpeed: every rank writes its shard; rank 0 renames the finished folder into place -----
+
+def save_deepspeed_checkpoint(engine: Any, root: Path, step: int, extra: dict, keep: int,
+                              rank: int) -> Path:
+    """Collective: all ranks call it. ZeRO partitions the optimizer, so DeepSpeed writes it."""
+    import os
+
+    import torch.distributed as td
+
+    root = Path(root)
+    final = root / f"step-{step:07d}"
+    tmp = root / f".step-{step:07d}.tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    td.barrier()
+    engine.save_checkpoint(str(tmp), tag="state", client_state={"step": step, **extra})
+    torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
+    td.barrier()
+    if rank == 0:
+        atomic_write_json(tmp / "manifest.json", {"step": step, "kind": "deepspeed"})
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for old in list_checkpoints(root)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    td.barrier()
+    return final
+
+
+def load_deepspeed_checkpoint(engine: Any, path: Path, rank: int) -> dict:
+    try:
+        _, client = engine.load_checkpoint(str(path), tag="state")
+        set_rng_state(torch.load(Path(path) / f"rng-rank{rank}.pt", weights_only=False))
+    except Exception as e:
+        raise DraftkitError(f"DeepSpeed checkpoint {path} cannot be read ({type(e).__name__}); "
+                            f"delete it to resume from the one before, or set resume=false") \
+            from None
+    if client is None:
+        raise DraftkitError(f"DeepSpeed checkpoint {path} is incomplete; delete it")
+    return client

@@ -1,0 +1,157 @@
+"""``draftkit distill RECIPE.yaml [key=value ...] [--dry-run]``
+
+Examples::
+
+    draftkit distill recipes/smollm2-135m_to_4l/quickstart_fkl.yaml
+    draftkit distill recipes/smollm2-135m_to_4l/quickstart_fkl.yaml max_steps=10 out_dir=runs/x
+    draftkit distill recipes/llama3.1-8b_to_llama3.2-1b/fkl_zero2.yaml --dry-run
+
+``--dry-run`` parses and type-checks the recipe, checks that the files it names exist and
+that model specs resolve where that is cheap (local folders, the embedded model; hub ids are
+checked for form only), and trains nothing.
+
+Relative paths in a recipe are looked up in the current directory first, then next to the
+recipe file, so a recipe runs from the repository root or from anywhere else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftkit.config import load_recipe, option
+from draftkit.distill.config import DistillConfig
+from draftkit.errors import ConfigError
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+_FILE_EXT = (".jsonl", ".json", ".parquet", ".txt", ".text", ".gz")
+
+
+@dataclass
+class DistillArgs:
+    """Distil a draft against the target's distribution from a YAML recipe."""
+
+    recipe: str = option(help="YAML recipe (see recipes/)", positional=True)
+    overrides: list[str] = option([], help="key=value overrides, dotted for sections "
+                                           "(train.lr=1e-4)", positional=True, nargs="*",
+                                  metavar="KEY=VALUE")
+    dry_run: bool = option(False, help="validate the recipe and exit without training")
+
+
+def load_config(recipe: str | Path, overrides: list[str] | None = None) -> DistillConfig:
+    """Parse a recipe with overrides and make its relative paths absolute."""
+    cfg = load_recipe(DistillConfig, recipe, overrides or [])
+    return resolve_paths(cfg, Path(recipe).resolve().parent, str(recipe))
+
+
+def _local(path: str, recipe_dir: Path) -> Path | None:
+    """A relative path from the current directory, else from the recipe's folder."""
+    p = Path(path).expanduser()
+    candidates = [p] if p.is_absolute() else [Path.cwd() / p, recipe_dir / p]
+    for c in candidates:
+        if c.exists() or glob.glob(str(c)):
+            return c.resolve() if c.exists() else c
+    return None
+
+
+def is_hub_id(path: str) -> bool:
+    return bool(_HUB_ID.match(path)) and not path.endswith(_FILE_EXT)
+
+
+def resolve_paths(cfg: DistillConfig, recipe_dir: Path, source: str) -> DistillConfig:
+    """Return ``cfg`` with data files, DeepSpeed config and local model folders made absolute.
+
+    A file that must exist and does not is a ConfigError naming the key and the recipe.
+    """
+    sources = []
+    for i, src in enumerate(cfg.data.sources):
+        if src.format == "hub" or (src.format == "auto" and is_hub_id(src.path)
+                                   and _local(src.path, recipe_dir) is None):
+            sources.append(dataclasses.replace(src, format="hub"))
+            continue
+        found = _local(src.path, recipe_dir)
+        if found is None:
+            raise ConfigError(f"{source}: data.sources[{i}].path '{src.path}' does not exist "
+                              f"(looked in {Path.cwd()} and {recipe_dir})")
+        sources.append(dataclasses.replace(src, path=str(found)))
+    data = dataclasses.replace(cfg.data, sources=sources)
+    train = cfg.train
+    if train.deepspeed:
+        found = _local(train.deepspeed, recipe_dir)
+        if found is None:
+            raise ConfigError(f"{source}: train.deepspeed '{train.deepspeed}' does not exist")
+        train = dataclasses.replace(train, deepspeed=str(found))
+    draft = cfg.draft
+    if draft.model and not _looks_remote(draft.model):
+        found = _local(draft.model, recipe_dir)
+        if found is None:
+            raise ConfigError(f"{source}: draft.model '{draft.model}' does not exist")
+        draft = dataclasses.replace(draft, model=str(found))
+    target = cfg.target
+    if not _looks_remote(target):
+        found = _local(target, recipe_dir)
+        if found is None:
+            raise ConfigError(f"{source}: target '{target}' does not exist; pass a model "
+                              f"folder, a hub id (org/name) or 'embedded'")
+        target = str(found)
+    return dataclasses.replace(cfg, data=data, train=train, draft=draft, target=target)
+
+
+def _looks_remote(spec: str) -> bool:
+    """'embedded' and hub ids are resolved by draftkit.models, not as paths."""
+    return spec == "embedded" or (bool(_HUB_ID.match(spec)) and not Path(spec).exists())
+
+
+def check_config(cfg: DistillConfig, source: str) -> list[str]:
+    """The cheap checks of ``--dry-run``; returns notes on what was not checked."""
+    from draftkit.distill.distributed import check_deepspeed_json
+    from draftkit.errors import ModelError
+
+    notes = []
+    if cfg.train.deepspeed:
+        check_deepspeed_json(cfg.train.deepspeed)
+    for role, spec in (("target", cfg.target), ("draft", cfg.draft.model)):
+        if spec is None:
+            continue
+        if spec == "embedded":
+            from draftkit.models.embedded import embedded_gguf_path
+
+            try:
+                embedded_gguf_path()
+            except ModelError as e:
+                raise ConfigError(f"{source}: {role}: {e}") from None
+        elif _HUB_ID.match(spec) and not Path(spec).exists():
+            notes.append(f"{role} '{spec}' is a hub id: resolved when the run starts")
+        else:
+            from draftkit.models import resolve_model
+
+            try:
+                resolve_model(spec, role)
+            except ModelError as e:
+                raise ConfigError(f"{source}: {role}: {e}") from None
+    for src in cfg.data.sources:
+        if src.format == "hub":
+            notes.append(f"dataset '{src.path}' is a hub id: loaded when the run starts")
+    return notes
+
+
+def distill(args: DistillArgs):
+    """``draftkit distill``: validate the recipe, then train (unless ``--dry-run``)."""
+    cfg = load_config(args.recipe, args.overrides)
+    notes = check_config(cfg, args.recipe)
+    if args.dry_run:
+        sources = ", ".join(f"{Path(s.path).name}" + (f" ({s.domain})" if s.domain else "")
+                            for s in cfg.data.sources)
+        print(f"recipe {args.recipe} is valid: target {cfg.target}, {cfg.max_steps} steps of "
+              f"{cfg.train.batch_size}x{cfg.train.grad_accum}x{cfg.data.seq_len} tokens, "
+              f"{cfg.loss.divergence} at temperature {cfg.loss.temperature}, teacher "
+              f"{cfg.teacher.mode}, data {cfg.data.regime}: {sources}")
+        for note in notes:
+            print(f"  note: {note}")
+        return None
+    from draftkit.distill.trainer import train
+
+    return train(cfg)

@@ -1,0 +1,280 @@
+"""The distillation recipe: one typed dataclass, read from YAML with ``key=value`` overrides.
+
+A recipe file is a view of :class:`DistillConfig`; every key below is documented where it is
+declared, and an unknown or mistyped key is an error naming the key and the file. Sections:
+
+- top level: ``out_dir``, ``max_steps``, ``max_minutes``, ``seed``, ``target``, ``resume``
+- ``draft``: the model to train (a path/spec, or derived from the target), frozen parts, LoRA
+- ``data``: sources (files or hub datasets with a ``domain``), regime, packing, held-out split
+- ``loss``: divergence (fkl / rkl / jsd / tvd), ``temperature``, ``beta``
+- ``teacher``: online target forward each step, or an offline top-k cache on disk
+- ``train``: AdamW, warmup + cosine, accumulation, precision, clipping, checkpoints, DeepSpeed
+- ``eval``: held-out alpha per domain every N steps (the best draft is chosen by alpha)
+- ``wandb``: project / name / group (offline unless ``WANDB_MODE`` says otherwise)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from draftkit.config import option
+from draftkit.errors import ConfigError
+
+
+def section(cls: type, help: str, **defaults):
+    """A nested section field; each config gets its own instance (dataclasses are mutable)."""
+    return dataclasses.field(default_factory=lambda: cls(**defaults),
+                             metadata={"help": help, "choices": None, "positional": False,
+                                       "metavar": None, "short": None, "nargs": None})
+
+
+@dataclass
+class LoraSection:
+    """LoRA adapters on the draft through peft; merged into the weights when ``best/`` is
+    written."""
+
+    enabled: bool = option(False, help="train LoRA adapters instead of the full draft")
+    r: int = option(16, help="LoRA rank")
+    alpha: int = option(32, help="LoRA scaling numerator (peft's lora_alpha)")
+    dropout: float = option(0.0, help="dropout on the LoRA path")
+    target_modules: list[str] = option(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                        "up_proj", "down_proj"],
+                                       help="module names that get adapters")
+
+    def validate(self) -> None:
+        if self.enabled and self.r <= 0:
+            raise ConfigError(f"draft.lora.r must be positive, got {self.r}")
+
+
+@dataclass
+class DraftSection:
+    """The draft model: an existing model, or one derived from the target at the start."""
+
+    model: str | None = option(None, help="draft model: HF directory, hub id or bundle; null to "
+                                          "derive it from the target (derive_layers / num_layers)")
+    derive_layers: list[int] | None = option(None, help="copy these target layers into the "
+                                                        "draft, e.g. [0, 1, 2, 29]")
+    num_layers: int | None = option(None, help="random-init draft with this many layers "
+                                               "(the target's embeddings are copied)")
+    hidden_size: int | None = option(None, help="random-init draft with this hidden size")
+    intermediate_size: int | None = option(None, help="random-init draft with this MLP size")
+    freeze: list[str] = option([], help="parts kept frozen: 'embeddings', 'head', 'norm', or any "
+                                        "parameter-name substring such as 'layers.0.'")
+    lora: LoraSection = section(LoraSection, "LoRA adapters through peft")
+
+    def validate(self) -> None:
+        ways = [self.model is not None, self.derive_layers is not None,
+                self.num_layers is not None]
+        if sum(ways) != 1:
+            raise ConfigError("draft: give exactly one of draft.model (a path or spec), "
+                              "draft.derive_layers (copy target layers) or draft.num_layers "
+                              "(random init)")
+        if (self.hidden_size or self.intermediate_size) and self.num_layers is None:
+            raise ConfigError("draft.hidden_size / draft.intermediate_size need draft.num_layers")
+
+
+@dataclass
+class DataSource:
+    """One data file set or hub dataset; each row becomes one example of one domain."""
+
+    path: str = option(help="a local .jsonl/.json/.parquet/.txt file (globs allowed), or a hub "
+                            "dataset id where the hub is reachable")
+    domain: str | None = option(None, help="domain of every row; null to read the rows' "
+                                           "'domain' column")
+    format: Literal["auto", "json", "parquet", "text", "hub"] = option(
+        "auto", help="loader: auto picks it from the file extension")
+    split: str = option("train", help="dataset split to read")
+    max_rows: int | None = option(None, help="read at most this many rows")
+
+    def validate(self) -> None:
+        if not self.path.strip():
+            raise ConfigError("data.sources: a source has an empty path")
+        if self.max_rows is not None and self.max_rows <= 0:
+            raise ConfigError(f"data.sources: max_rows must be positive, got {self.max_rows}")
+
+
+@dataclass
+class GenerateSection:
+    """Target-generated responses (regime 'target') and draft generations (on-policy)."""
+
+    max_new_tokens: int = option(128, help="tokens generated per prompt")
+    batch_size: int = option(16, help="prompts per generate call")
+    temperature: float = option(0.0, help="sampling temperature; 0 is greedy")
+    cache_dir: str | None = option(None, help="where generated responses are cached "
+                                              "(resumable); null: the draftkit cache, shared "
+                                              "by runs with the same target and settings")
+
+    def validate(self) -> None:
+        if self.max_new_tokens <= 0 or self.batch_size <= 0:
+            raise ConfigError("data.generate: max_new_tokens and batch_size must be positive")
+        if self.temperature < 0:
+            raise ConfigError("data.generate.temperature must be >= 0")
+
+
+@dataclass
+class DataSection:
+    """Where the token sequences come from and how they are cut into fixed-length rows."""
+
+    sources: list[DataSource] = option([], help="data sources; each row has text, messages, or "
+                                                "prompt (+ response) columns")
+    regime: Literal["fixed", "target", "on_policy"] = option(
+        "fixed", help="fixed: the rows' own text; target: responses generated by the target "
+                      "for the rows' prompts (cached); on_policy: as 'target', plus draft "
+                      "generations scored by the target with probability lmbda per step")
+    lmbda: float = option(0.0, help="on-policy fraction of steps (DistillSpec's lambda)")
+    seq_len: int = option(256, help="tokens per packed row; must fit the target's context")
+    pack: bool = option(True, help="pack several examples into each row (per domain)")
+    response_only: bool = option(True, help="loss only on response tokens of chat rows")
+    truncate: bool = option(False, help="cut examples longer than seq_len instead of failing")
+    heldout_per_domain: int = option(8, help="examples per domain held out for evaluation")
+    generate: GenerateSection = section(GenerateSection, "generation settings")
+
+    def validate(self) -> None:
+        if not self.sources:
+            raise ConfigError("data.sources is empty; list at least one data file")
+        if self.seq_len < 8:
+            raise ConfigError(f"data.seq_len must be at least 8, got {self.seq_len}")
+        if not 0.0 <= self.lmbda <= 1.0:
+            raise ConfigError(f"data.lmbda must be in [0, 1], got {self.lmbda}")
+        if self.lmbda > 0 and self.regime != "on_policy":
+            raise ConfigError("data.lmbda > 0 needs data.regime: on_policy")
+        if self.heldout_per_domain < 1:
+            raise ConfigError("data.heldout_per_domain must be at least 1 (alpha picks the "
+                              "best checkpoint)")
+
+
+@dataclass
+class LossSection:
+    """The divergence between the target p and the draft q, both at ``temperature``."""
+
+    divergence: Literal["fkl", "rkl", "jsd", "tvd", "ce"] = option(
+        "fkl", help="fkl: KL(p||q); rkl: KL(q||p); jsd: generalised JSD(beta); tvd: TV(p, q); "
+                    "ce: cross-entropy on the same tokens without the teacher (the control)")
+    temperature: float = option(1.0, help="softmax temperature applied to both models' logits")
+    beta: float = option(0.5, help="JSD interpolation weight, strictly between 0 and 1")
+
+    def validate(self) -> None:
+        if self.temperature <= 0:
+            raise ConfigError(f"loss.temperature must be positive, got {self.temperature}")
+        if self.divergence == "jsd" and not 0.0 < self.beta < 1.0:
+            raise ConfigError(f"loss.beta must be strictly between 0 and 1 for jsd, "
+                              f"got {self.beta}")
+
+
+@dataclass
+class TeacherSection:
+    """Where the target's distribution comes from at each step."""
+
+    mode: Literal["online", "cache"] = option(
+        "online", help="online: a target forward each step; cache: top-k logits written once "
+                       "to disk and reused across epochs and runs")
+    top_k: int = option(64, help="teacher tokens kept per position in the cache (the rest of "
+                                 "the mass goes to a tail bucket)")
+    cache_dir: str | None = option(None, help="cache location; null: the draftkit cache "
+                                              "(shared by runs with the same target and data)")
+    dtype: str = option("auto", help="target dtype: auto, float32 or bfloat16")
+
+    def validate(self) -> None:
+        if self.top_k < 1:
+            raise ConfigError(f"teacher.top_k must be positive, got {self.top_k}")
+
+
+@dataclass
+class TrainSection:
+    """The optimisation loop."""
+
+    batch_size: int = option(8, help="rows per micro-batch (per process)")
+    grad_accum: int = option(1, help="micro-batches per optimizer step")
+    lr: float = option(3e-4, help="peak learning rate (AdamW)")
+    weight_decay: float = option(0.0, help="AdamW weight decay")
+    betas: list[float] = option([0.9, 0.95], help="AdamW betas")
+    warmup_steps: int = option(10, help="linear warmup steps")
+    min_lr_ratio: float = option(0.1, help="cosine decay floor as a fraction of lr")
+    max_grad_norm: float = option(1.0, help="gradient clipping norm; 0 disables clipping")
+    precision: Literal["fp32", "bf16"] = option("fp32", help="fp32, or bf16 autocast with fp32 "
+                                                             "master weights")
+    device: str = option("auto", help="auto (cuda if available), cpu or cuda")
+    checkpoint_every: int = option(50, help="write a checkpoint every N optimizer steps")
+    keep_checkpoints: int = option(2, help="checkpoints kept on disk (oldest removed)")
+    deepspeed: str | None = option(None, help="DeepSpeed JSON config (recipes/deepspeed/"
+                                              "zero2.json); null trains without DeepSpeed")
+    log_every: int = option(1, help="log loss and tokens/s every N steps")
+
+    def validate(self) -> None:
+        for name in ("batch_size", "grad_accum", "checkpoint_every", "keep_checkpoints",
+                     "log_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name} must be at least 1, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ConfigError(f"train.lr must be positive, got {self.lr}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"train.betas must be two numbers in [0, 1), got {self.betas}")
+        if self.warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError("train.warmup_steps must be >= 0 and train.min_lr_ratio in [0, 1]")
+        if self.max_grad_norm < 0:
+            raise ConfigError("train.max_grad_norm must be >= 0")
+
+
+@dataclass
+class EvalSection:
+    """Held-out acceptance: alpha = mean(1 - TV(p, q)) over response tokens, per domain."""
+
+    every: int = option(50, help="evaluate every N optimizer steps (and at the start and end)")
+    batch_size: int = option(8, help="rows per evaluation forward")
+    temperature: float = option(1.0, help="temperature at which alpha is measured (the "
+                                          "serving temperature; greedy serving is not covered)")
+
+    def validate(self) -> None:
+        if self.every < 1 or self.batch_size < 1:
+            raise ConfigError("eval.every and eval.batch_size must be at least 1")
+        if self.temperature <= 0:
+            raise ConfigError("eval.temperature must be positive")
+
+
+@dataclass
+class WandbSection:
+    """W&B logging (rank 0, offline unless WANDB_MODE=online)."""
+
+    project: str | None = option(None, help="W&B project (default: draftkit)")
+    name: str | None = option(None, help="run name (default: W&B's)")
+    group: str | None = option(None, help="run group")
+
+
+@dataclass
+class DistillConfig:
+    """Distil a draft model against a target's distribution."""
+
+    out_dir: str = option("runs/distill", help="run folder: config, checkpoints, metrics.jsonl "
+                                               "and best/")
+    max_steps: int = option(100, help="optimizer steps to train")
+    max_minutes: float | None = option(None, help="time budget for the whole distill stage "
+                                                  "(data and teacher cache included); when it "
+                                                  "runs out the run evaluates, checkpoints and "
+                                                  "stops early")
+    seed: int = option(0, help="seed for init, data order and sampling")
+    target: str = option("embedded", help="target model: HF directory, hub id, bundle or "
+                                          "'embedded'")
+    resume: bool = option(True, help="continue from the latest checkpoint in out_dir if any")
+    draft: DraftSection = section(DraftSection, "the draft model", derive_layers=[0])
+    data: DataSection = section(DataSection, "training data")
+    loss: LossSection = section(LossSection, "divergence")
+    teacher: TeacherSection = section(TeacherSection, "teacher logits")
+    train: TrainSection = section(TrainSection, "optimisation")
+    eval: EvalSection = section(EvalSection, "held-out evaluation")
+    wandb: WandbSection = section(WandbSection, "W&B logging")
+
+    def validate(self) -> None:
+        # Sections left out of the YAML keep their defaults and were not checked on the way in.
+        for part in (self.draft, self.draft.lora, self.data, self.data.generate, self.loss,
+                     self.teacher, self.train, self.eval):
+            part.validate()
+        if self.max_minutes is not None and self.max_minutes <= 0:
+            raise ConfigError(f"max_minutes must be positive, got {self.max_minutes}")
+        if self.max_steps < 1:
+            raise ConfigError(f"max_steps must be at least 1, got {self.max_steps}")
+        if not self.out_dir.strip():
+            raise ConfigError("out_dir is empty; give a run folder")
+        if self.draft.lora.enabled and self.train.deepspeed and "zero3" in self.train.deepspeed:
+            raise ConfigError("LoRA with ZeRO-3 is not supported here; use zero2.json")

@@ -1,0 +1,124 @@
+"""Multi-process training: torchrun (DDP) and DeepSpeed ZeRO, both over gloo on CPU.
+
+Launch commands (from the repository root)::
+
+    torchrun --nproc_per_node 2 -m draftkit distill RECIPE.yaml
+    deepspeed --num_gpus 8 --module draftkit distill RECIPE.yaml \
+        train.deepspeed=recipes/deepspeed/zero2.json
+
+The launcher sets RANK / WORLD_SIZE / LOCAL_RANK; a single process leaves them unset and
+nothing here is used. ``deepspeed`` is imported only when a recipe names a DeepSpeed config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from draftkit.errors import ConfigError
+
+# Keys DeepSpeed needs to size the batch and pick the ZeRO stage. "auto" is filled from train.*.
+REQUIRED_DS_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                    "zero_optimization")
+
+
+def check_deepspeed_json(path: str | Path) -> dict:
+    """Read a DeepSpeed JSON config and check the keys draftkit relies on; return it."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"DeepSpeed config {path} does not exist; use one of "
+                          f"recipes/deepspeed/zero1.json, zero2.json, zero3.json")
+    try:
+        ds = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    if not isinstance(ds, dict):
+        raise ConfigError(f"{path}: a DeepSpeed config must be a JSON object")
+    missing = [k for k in REQUIRED_DS_KEYS if k not in ds]
+    if missing:
+        raise ConfigError(f"{path}: missing DeepSpeed key '{missing[0]}'")
+    zero = ds["zero_optimization"]
+    if not isinstance(zero, dict) or zero.get("stage") not in (0, 1, 2, 3):
+        raise ConfigError(f"{path}: zero_optimization.stage must be 0, 1, 2 or 3")
+    for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+        if ds[key] != "auto" and not (isinstance(ds[key], int) and ds[key] > 0):
+            raise ConfigError(f"{path}: {key} must be a positive integer or \"auto\"")
+    return ds
+
+
+@dataclass
+class Dist:
+    """Where this process sits: rank 0 of 1 when not launched by torchrun/deepspeed."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device: str) -> Dist:
+    """Join the process group the launcher describes (gloo on CPU, nccl on CUDA)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist()
+    import torch.distributed as td
+
+    if not td.is_initialized():
+        td.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    return Dist(td.get_rank(), td.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def barrier(dist: Dist) -> None:
+    if dist.world_size > 1:
+        import torch.distributed as td
+
+        td.barrier()
+
+
+def all_reduce_mean(value: float, dist: Dist) -> float:
+    if dist.world_size == 1:
+        return value
+    import torch
+    import torch.distributed as td
+
+    t = torch.tensor([value], dtype=torch.float64)
+    td.all_reduce(t)
+    return float(t.item()) / dist.world_size
+
+
+def deepspeed_engine(model: Any, params: list, path: str, train: Any, total_steps: int,
+                     warmup: int, min_lr_ratio: float):
+    """Wrap the draft in a DeepSpeed engine; ``auto`` values come from ``train``."""
+    import deepspeed
+
+    ds = check_deepspeed_json(path)
+    if ds["zero_optimization"]["stage"] == 3:
+        # Evaluation and best/ export read the draft's full weights, which ZeRO-3 partitions.
+        from draftkit.errors import DraftkitError
+
+        raise DraftkitError(f"{path}: ZeRO-3 is not supported by the distill loop yet (it "
+                            f"partitions the weights that evaluation reads); use zero2.json")
+    fill = {"train_micro_batch_size_per_gpu": train.batch_size,
+            "gradient_accumulation_steps": train.grad_accum,
+            "gradient_clipping": train.max_grad_norm}
+    for key, value in fill.items():
+        if ds.get(key, "auto") == "auto":
+            ds[key] = value
+    ds.pop("train_batch_size", None)  # derived by DeepSpeed from the two above
+    ds.setdefault("bf16", {})["enabled"] = train.precision == "bf16"
+    import torch
+
+    from draftkit.distill.schedule import warmup_cosine
+
+    optimizer = torch.optim.AdamW(params, lr=train.lr, betas=tuple(train.betas),
+                                  weight_decay=train.weight_decay)
+    scheduler = warmup_cosine(optimizer, warmup, total_steps, min_lr_ratio)
+    engine, optimizer, _, scheduler = deepspeed.initialize(
+        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds)
+    return engine, optimizer, scheduler

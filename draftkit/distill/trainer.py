@@ -1,0 +1,433 @@
+"""The distillation loop: draft q is trained to match target p on packed rows.
+
+    draftkit distill recipes/smollm2-135m-instruct_to_4layer/quickstart_tvd_topk.yaml
+    torchrun --nproc_per_node 2 -m draftkit distill RECIPE.yaml      # DDP over gloo on CPU
+
+One step: ``grad_accum`` micro-batches of whole rows, the chosen divergence on response
+positions, AdamW with warmup + cosine, clipping. Every ``eval.every`` steps held-out alpha
+per domain goes to ``metrics.jsonl`` and W&B, and a new best alpha rewrites ``best/`` (a plain
+HF model folder; LoRA merged). Every ``train.checkpoint_every`` steps an atomic checkpoint;
+a rerun of the same command resumes from the newest one exactly. A NaN or inf loss stops the
+run before anything is written, so the last good checkpoint stays the newest.
+
+The public entry point is :func:`train` (``train(cfg) -> Path`` of ``best/``). tokens/s in
+the progress bar and W&B counts trained (response) tokens per second, all processes together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftkit.data import Rows
+from draftkit.distill.config import DistillConfig
+from draftkit.distill.losses import dense_logprobs, divergence, next_token_ce, sparse_logprobs
+from draftkit.errors import DraftkitError
+
+
+# --- the draft ----------------------------------------------------------------------------------
+
+def build_draft(cfg: DistillConfig, target: Any, tokenizer: Any, target_ref: Any) -> Any:
+    """The draft named by the recipe, or derived from the target; in float32 for training."""
+    from draftkit.models import check_compatible, load_model, load_tokenizer, resolve_model
+    from draftkit.models.derive import derive_by_layers, derive_random
+
+    d = cfg.draft
+    if d.model is not None:
+        ref = resolve_model(d.model, "draft")
+        from transformers import AutoConfig
+
+        # A vocabulary or special-token mismatch is caught here, before any training.
+        check_compatible(tokenizer, load_tokenizer(ref, "draft"),
+                         AutoConfig.from_pretrained(target_ref.path),
+                         AutoConfig.from_pretrained(ref.path), check_chat_template=False)
+        draft = load_model(ref, "draft", device="cpu", dtype="float32")
+    elif d.derive_layers is not None:
+        draft = derive_by_layers(target, d.derive_layers)
+    else:
+        draft = derive_random(target, d.num_layers, d.hidden_size, d.intermediate_size, cfg.seed)
+    draft = draft.float()
+    apply_freeze(draft, d.freeze)
+    if d.lora.enabled:
+        from peft import LoraConfig, get_peft_model
+
+        draft = get_peft_model(draft, LoraConfig(
+            task_type="CAUSAL_LM", r=d.lora.r, lora_alpha=d.lora.alpha,
+            lora_dropout=d.lora.dropout, target_modules=list(d.lora.target_modules)))
+    return draft
+
+
+def apply_freeze(model: Any, parts: list[str]) -> None:
+    """Freeze named parts; a name that matches nothing is an error (a typo trains everything)."""
+    for part in parts:
+        if part == "embeddings":
+            params = [model.get_input_embeddings().weight]
+        elif part == "head":
+            params = [model.get_output_embeddings().weight]
+        elif part == "norm":
+            params = [p for n, p in model.named_parameters()
+                      if n.endswith("norm.weight") and ".layers." not in n]
+        else:
+            params = [p for n, p in model.named_parameters() if part in n]
+        if not params:
+            raise DraftkitError(f"draft.freeze: '{part}' matches no parameter of the draft; "
+                                f"use embeddings, head, norm or a parameter-name substring")
+        for p in params:
+            p.requires_grad_(False)
+
+
+def export_draft(draft: Any, tokenizer: Any, path: Path) -> Path:
+    """Write ``path`` as a plain HF model folder; LoRA adapters are merged first."""
+    import copy
+
+    from draftkit.models.derive import save_draft
+
+    model = draft
+    if hasattr(draft, "merge_and_unload"):  # a peft model: serving engines take no adapters
+        model = copy.deepcopy(draft).merge_and_unload()
+    return save_draft(model, tokenizer, path, force=True)
+
+
+# --- data order ---------------------------------------------------------------------------------
+
+def batch_rows(micro_step: int, n_rows: int, batch_size: int, seed: int, rank: int = 0,
+               world_size: int = 1) -> torch.Tensor:
+    """Row indices of micro-batch ``micro_step`` for this rank.
+
+    The rows form an endless stream of per-epoch permutations (seeded by epoch), so the data
+    position is the micro-step alone: resuming needs nothing else. Each global batch is
+    ``batch_size * world_size`` consecutive stream entries, split by rank.
+    """
+    width = batch_size * world_size
+    start = micro_step * width + rank * batch_size
+    out = []
+    for flat in range(start, start + batch_size):
+        epoch, offset = divmod(flat, n_rows)
+        perm = torch.randperm(n_rows, generator=torch.Generator().manual_seed(seed * 100003 +
+                                                                              epoch))
+        out.append(int(perm[offset]))
+    return torch.tensor(out, dtype=torch.long)
+
+
+# --- one step -----------------------------------------------------------------------------------
+
+def micro_loss(student: Any, teacher: Any, rows: Rows, idx: torch.Tensor, cfg: DistillConfig,
+               autocast: Any) -> tuple[torch.Tensor, int]:
+    """Divergence over the response positions of rows ``idx``; (loss, positions)."""
+    ids = rows.input_ids[idx]  # (B, T)
+    mask = rows.loss_mask[idx]  # (B, T)
+    device = next(student.parameters()).device
+    ids, mask = ids.to(device), mask.to(device)
+    if cfg.loss.divergence == "ce":  # the control: the same tokens, no teacher distribution
+        with autocast():
+            logits = student(ids, mask)  # (N, V)
+        labels = ids.roll(-1, dims=1)[mask]  # (N,) the next token at each trained position
+        return next_token_ce(logits, labels), int(mask.sum())
+    teacher_out, teacher_ids = teacher(idx, ids, mask)  # (N, V) or (N, k) + (N, k)
+    with autocast():
+        logits = student(ids, mask)  # (N, V)
+    t = cfg.loss.temperature
+    if teacher_ids is None:
+        p_logp, q_logp = teacher_out.to(device), dense_logprobs(logits, t)
+    else:
+        p_logp, q_logp = sparse_logprobs(logits, teacher_out.to(device), teacher_ids.to(device), t)
+    per_token = divergence(cfg.loss.divergence, p_logp, q_logp, cfg.loss.beta)  # (N,)
+    return per_token.mean() if per_token.numel() else logits.sum() * 0.0, int(mask.sum())
+
+
+# --- the loop -----------------------------------------------------------------------------------
+
+def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = True) -> Path:
+    """Run a recipe; returns the ``best/`` folder. ``stop_after`` ends early as a kill would."""
+    from draftkit.config import dump_yaml
+    from draftkit.distill import checkpoint as ckpt
+    from draftkit.distill.distributed import all_reduce_mean, barrier, init_distributed
+    from draftkit.distill.evaluate import heldout_alpha
+    from draftkit.distill.onpolicy import draft_rows, is_on_policy
+    from draftkit.distill.schedule import warmup_cosine
+    from draftkit.distill.teacher import MaskedLM, OnlineTeacher, cache_key
+    from draftkit.io import append_jsonl, atomic_write_json
+    from draftkit.models import default_device, load_model, load_tokenizer, resolve_model
+    from draftkit.tracking import Tracker
+
+    started = time.perf_counter()
+    device = default_device() if cfg.train.device == "auto" else cfg.train.device
+    dist = init_distributed(device)
+    if device.startswith("cuda") and dist.world_size > 1:
+        device = f"cuda:{dist.local_rank}"
+    out = Path(cfg.out_dir)
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    if dist.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        dump_yaml(cfg, out / "config.yaml")  # the resolved config, overrides applied
+
+    target_ref = resolve_model(cfg.target, "target")
+    tokenizer = load_tokenizer(target_ref, "target")
+    target = load_model(target_ref, "target", device=device, dtype=cfg.teacher.dtype)
+    context = getattr(target.config.get_text_config(), "max_position_embeddings", None)
+    if context and cfg.data.seq_len > context:
+        raise DraftkitError(f"data.seq_len={cfg.data.seq_len} is longer than the target's "
+                            f"context window ({context}); lower data.seq_len")
+    draft = build_draft(cfg, target, tokenizer, target_ref).to(device)
+
+    train_rows, heldout = _rows(cfg, tokenizer, target, target_ref, dist, progress)
+    teacher = _teacher(cfg, target, target_ref, train_rows, dist, progress)
+
+    online = OnlineTeacher(target, cfg.loss.temperature)  # on-policy rows need it
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else \
+        tokenizer.eos_token_id
+    student: Any = MaskedLM(draft)
+    if dist.world_size > 1 and not cfg.train.deepspeed:
+        student = torch.nn.parallel.DistributedDataParallel(student)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    if not params:
+        raise DraftkitError("every draft parameter is frozen; shorten draft.freeze")
+    engine = None
+    if cfg.train.deepspeed:
+        from draftkit.distill.distributed import deepspeed_engine
+
+        # The engine owns accumulation, clipping, bf16 and the schedule's stepping.
+        engine, optimizer, scheduler = deepspeed_engine(
+            student, params, cfg.train.deepspeed, cfg.train, cfg.max_steps,
+            cfg.train.warmup_steps, cfg.train.min_lr_ratio)
+        student = engine
+    else:
+        optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, betas=tuple(cfg.train.betas),
+                                      weight_decay=cfg.train.weight_decay)
+        scheduler = warmup_cosine(optimizer, cfg.train.warmup_steps, cfg.max_steps,
+                                  cfg.train.min_lr_ratio)
+
+    step, best_alpha, last_alpha = 0, -1.0, None
+    data_key = cache_key("rows", train_rows, 0, 0.0)  # the data position only means these rows
+    ckpt_dir = out / "checkpoints"
+    found = ckpt.list_checkpoints(ckpt_dir) if cfg.resume else []
+    if found:
+        if engine is not None:
+            state = ckpt.load_deepspeed_checkpoint(engine, found[-1], dist.rank)
+        else:
+            state = ckpt.load_checkpoint(found[-1])
+            ckpt.restore(state, draft, optimizer, scheduler)
+        if state.get("data_key") not in (None, data_key):
+            raise DraftkitError(f"{found[-1]} was trained on other rows (the data, seq_len or "
+                                f"seed changed); resuming would not be exact: use another "
+                                f"out_dir or set resume=false")
+        step, best_alpha = state["step"], state["best_alpha"]
+        last_alpha = state.get("last_alpha")
+        if dist.is_main:
+            _truncate_metrics(out / "metrics.jsonl", step)
+            print(f"resuming from {found[-1]} (step {step})", flush=True)
+            if step >= cfg.max_steps:
+                print(f"step {step} already reaches max_steps={cfg.max_steps}: nothing to "
+                      f"train; raise max_steps to continue", flush=True)
+
+    autocast = (lambda: torch.autocast(device.split(":")[0], dtype=torch.bfloat16)) \
+        if cfg.train.precision == "bf16" else contextlib.nullcontext
+
+    def draft_logits(ids):  # (B, T) -> (B, T, V), for evaluation
+        with autocast():
+            return draft(input_ids=ids.to(device)).logits.float()
+
+    def target_logits(ids):
+        return target(input_ids=ids.to(device)).logits.float()
+
+    def evaluate(loss_value: float | None) -> dict:
+        nonlocal best_alpha, last_alpha
+        draft.eval()
+        metrics = heldout_alpha(draft_logits, target_logits, heldout, cfg.eval.batch_size,
+                                cfg.eval.temperature)
+        draft.train()
+        last_alpha = metrics["alpha"]
+        row = {"step": step, "loss": loss_value, **metrics}
+        if dist.is_main:
+            append_jsonl(out / "metrics.jsonl", row)
+            tracker.log(metrics, step=step)
+            if metrics["alpha"] > best_alpha:
+                best_alpha = metrics["alpha"]
+                export_draft(draft, tokenizer, out / "best")
+                atomic_write_json(out / "best.json", row)
+        return row
+
+    tracker = Tracker("distill", cfg, name=cfg.wandb.name, group=cfg.wandb.group,
+                      out_dir=out, project=cfg.wandb.project) if dist.is_main else _NoTracker()
+    cache_bytes = getattr(teacher, "bytes_per_token", None)
+    if dist.is_main and cache_bytes is not None:
+        tracker.summary({"teacher_cache/bytes_per_token": cache_bytes})
+        print(f"teacher cache: {cache_bytes:.0f} bytes per token, "
+              f"{teacher.total_bytes / 1e6:.1f} MB in {teacher.dir}", flush=True)
+
+    draft.train()
+    if step == 0:
+        first = evaluate(None)
+        if dist.is_main:
+            print(f"held-out alpha before training: {_fmt_alpha(first)}", flush=True)
+    bar = None
+    if progress and dist.is_main:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.max_steps, initial=step, desc="distill", unit="step",
+                   dynamic_ncols=True)
+    end = cfg.max_steps if stop_after is None else min(cfg.max_steps, stop_after)
+    tokens_seen, t0, loss_value, tok_s = 0, time.perf_counter(), None, 0.0
+    try:
+        while step < end:
+            total, n_tokens = 0.0, 0
+            on_policy = is_on_policy(cfg.seed, step, cfg.data.lmbda)
+            for micro in range(cfg.train.grad_accum):
+                m = step * cfg.train.grad_accum + micro
+                rows, idx, source = train_rows, batch_rows(
+                    m, len(train_rows), cfg.train.batch_size, cfg.seed, dist.rank,
+                    dist.world_size), teacher
+                if on_policy:  # the draft's own answers, scored by the target now
+                    g = cfg.data.generate
+                    rows = draft_rows(draft, train_rows, cfg.train.batch_size, cfg.seed, m,
+                                      dist.rank, g.max_new_tokens, g.temperature,
+                                      cfg.data.seq_len, pad_id, tokenizer.eos_token_id)
+                    idx, source = torch.arange(len(rows)), online
+                sync = contextlib.nullcontext()
+                if engine is None and hasattr(student, "no_sync") and \
+                        micro < cfg.train.grad_accum - 1:
+                    sync = student.no_sync()  # all-reduce gradients once per step
+                with sync:
+                    loss, n = micro_loss(student, source, rows, idx, cfg, autocast)
+                    # Checked before backward: a bad loss must never reach the weights.
+                    micro_value = all_reduce_mean(float(loss.detach()), dist)
+                    if not math.isfinite(micro_value):
+                        _stop_on_bad_loss(micro_value, step, ckpt.list_checkpoints(ckpt_dir))
+                    if engine is not None:
+                        engine.backward(loss)  # DeepSpeed divides by grad_accum itself
+                        engine.step()  # updates only at the accumulation boundary
+                    else:
+                        (loss / cfg.train.grad_accum).backward()
+                total += micro_value / cfg.train.grad_accum
+                n_tokens += n
+            loss_value = total
+            if engine is None:
+                if cfg.train.max_grad_norm > 0:
+                    torch.nn.utils.clip_grad_norm_(params, cfg.train.max_grad_norm)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+            step += 1
+            tokens_seen += n_tokens
+            if cfg.max_minutes is not None and all_reduce_mean(
+                    float(time.perf_counter() - started > 60 * cfg.max_minutes), dist) > 0:
+                end = step  # out of time: evaluate and checkpoint now, then stop
+            tok_s = tokens_seen * dist.world_size / max(1e-9, time.perf_counter() - t0)
+            if dist.is_main and step % cfg.train.log_every == 0:
+                tracker.log({"loss": loss_value, "lr": scheduler.get_last_lr()[0],
+                             "tokens_per_s": tok_s}, step=step)
+            last = step == cfg.max_steps or (step == end and stop_after is None)
+            if step % cfg.eval.every == 0 or last:
+                evaluate(loss_value)
+            if step % cfg.train.checkpoint_every == 0 or last:
+                extra = {"best_alpha": best_alpha, "last_alpha": last_alpha,
+                         "data_key": data_key}
+                if engine is not None:
+                    ckpt.save_deepspeed_checkpoint(engine, ckpt_dir, step, extra,
+                                                   cfg.train.keep_checkpoints, dist.rank)
+                elif dist.is_main:
+                    ckpt.save_checkpoint(ckpt_dir, step, draft, optimizer, scheduler, extra,
+                                         cfg.train.keep_checkpoints)
+                barrier(dist)
+            if bar is not None:
+                bar.set_postfix_str(f"loss {loss_value:.4f} | {tok_s:.0f} tok/s | alpha "
+                                    f"{last_alpha if last_alpha is None else f'{last_alpha:.3f}'}")
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        if dist.is_main and step == end and stop_after is None and (out / "best").is_dir():
+            if step < cfg.max_steps:
+                print(f"stopped at step {step} of {cfg.max_steps}: max_minutes="
+                      f"{cfg.max_minutes:g} ran out", flush=True)
+            tracker.summary({"best_alpha": best_alpha, "tokens_per_s": tok_s})
+            tracker.log_artifact(out / "best", name=f"draft-{out.name}", type="model",
+                                 aliases=["best"], metadata={"alpha": best_alpha})
+            print(f"best held-out alpha {best_alpha:.4f}; draft in {out / 'best'}", flush=True)
+    finally:
+        if bar is not None:
+            bar.close()
+        tracker.finish()
+    return out / "best"
+
+
+def _stop_on_bad_loss(value: float, step: int, kept: list[Path]) -> None:
+    where = f"the last good checkpoint is {kept[-1]}" if kept else "no checkpoint was written yet"
+    raise DraftkitError(f"loss is {value} at step {step + 1}; stopped without saving ({where}); "
+                        f"lower train.lr, raise train.warmup_steps or use train.precision=fp32")
+
+
+class _NoTracker:
+    def log(self, *a, **k): ...
+    def summary(self, *a, **k): ...
+    def log_artifact(self, *a, **k): ...
+    def finish(self): ...
+
+
+def _fmt_alpha(metrics: dict) -> str:
+    parts = [f"{k.split('/', 1)[1]} {v:.3f}" for k, v in metrics.items() if k.startswith("alpha/")]
+    return f"{metrics['alpha']:.3f} ({', '.join(parts)})"
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Evaluations after the resumed checkpoint will run again: drop their old lines."""
+    import json
+
+    from draftkit.io import atomic_write_text
+
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                keep.append(line)
+        except (json.JSONDecodeError, KeyError):
+            continue
+    atomic_write_text(path, "".join(line + "\n" for line in keep))
+
+
+def _rows(cfg: DistillConfig, tokenizer: Any, target: Any, target_ref: Any, dist: Any,
+          progress: bool) -> tuple[Rows, Rows]:
+    """Packed rows; target answers are generated by rank 0 first, then read from its cache."""
+    from draftkit.data import build_rows, default_generation_dir
+    from draftkit.data.generate import cache_file, generate_responses
+    from draftkit.distill.distributed import barrier
+
+    g = cfg.data.generate
+    gen_dir = Path(g.cache_dir) if g.cache_dir else default_generation_dir()
+    path = cache_file(gen_dir, str(target_ref.path), g.max_new_tokens, g.temperature, cfg.seed)
+
+    def generate(prompts):
+        return generate_responses(target, tokenizer, prompts, path, g.max_new_tokens,
+                                  g.batch_size, g.temperature, cfg.seed,
+                                  progress=progress and dist.is_main)
+
+    if dist.world_size > 1 and cfg.data.regime != "fixed":
+        if dist.is_main:
+            build_rows(cfg.data, tokenizer, cfg.seed, generate)
+        barrier(dist)
+    return build_rows(cfg.data, tokenizer, cfg.seed, generate)
+
+
+def _teacher(cfg: DistillConfig, target: Any, target_ref: Any, rows: Rows, dist: Any,
+             progress: bool):
+    from draftkit.distill.distributed import barrier
+    from draftkit.distill.teacher import OnlineTeacher, TopKCache, cache_key, default_cache_dir
+
+    if cfg.teacher.mode == "online" or cfg.loss.divergence == "ce":  # ce reads no teacher
+        return OnlineTeacher(target, cfg.loss.temperature)
+    key = cache_key(str(target_ref.path), rows, cfg.teacher.top_k, cfg.loss.temperature)
+    directory = Path(cfg.teacher.cache_dir) / key if cfg.teacher.cache_dir else \
+        default_cache_dir(key)
+    cache = TopKCache(directory, rows, cfg.teacher.top_k, cfg.loss.temperature, key)
+    if dist.is_main:
+        cache.build(target, rows, cfg.eval.batch_size, progress=progress)
+    barrier(dist)
+    return cache.open()

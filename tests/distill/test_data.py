@@ -1,0 +1,125 @@
+"""Loading, chat rendering, response-only masks, packing and the generation cache, on tiny files."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from draftkit.data import build_rows, load_examples, pack, split_heldout, tokenize_example
+from draftkit.data.generate import generate_responses, read_cache
+from draftkit.distill.config import DataSection, DataSource
+from draftkit.errors import DraftkitError
+from tests.tiny import make_llama, make_tokenizer
+
+
+@pytest.fixture
+def tok():
+    return make_tokenizer()
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_formats_and_domains(tmp_path):
+    j = _jsonl(tmp_path / "a.jsonl", [{"prompt": "what is 2 + 2 ?", "response": "4",
+                                        "domain": "math"},
+                                       {"messages": [{"role": "user", "content": "hello"},
+                                                     {"role": "assistant", "content": "hi"}],
+                                        "domain": "chat"}])
+    pd.DataFrame({"text": ["def x ( ) : return 1", "import y"]}).to_parquet(tmp_path / "b.parquet")
+    (tmp_path / "c.txt").write_text("the water is long\nhow do you do\n")
+    by = load_examples([DataSource(path=str(j)),
+                        DataSource(path=str(tmp_path / "b.parquet"), domain="code"),
+                        DataSource(path=str(tmp_path / "c.txt"), domain="prose", max_rows=1)])
+    assert {d: len(v) for d, v in by.items()} == {"math": 1, "chat": 1, "code": 2, "prose": 1}
+    assert by["chat"][0].response == "hi" and by["chat"][0].messages[-1]["role"] == "user"
+
+
+def test_bad_inputs_are_clear(tmp_path):
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("")
+    with pytest.raises(DraftkitError, match="no rows|cannot read"):
+        load_examples([DataSource(path=str(empty), domain="x")])
+    nodom = _jsonl(tmp_path / "n.jsonl", [{"text": "hello"}])
+    with pytest.raises(DraftkitError, match="no 'domain' column"):
+        load_examples([DataSource(path=str(nodom))])
+    odd = _jsonl(tmp_path / "o.jsonl", [{"foo": "bar"}])
+    with pytest.raises(DraftkitError, match="no non-empty 'messages', 'prompt' or 'text'"):
+        load_examples([DataSource(path=str(odd), domain="x")])
+    by = load_examples([DataSource(path=str(nodom), domain="x")])
+    with pytest.raises(DraftkitError, match="domain 'x' has 1 rows"):
+        split_heldout(by, 1, 0)
+
+
+def test_response_only_mask(tok):
+    from draftkit.data.sources import Example
+
+    ex = Example("math", messages=[{"role": "user", "content": "what is 2 + 2 ?"}],
+                 response="4 .", origin="t:1")
+    t = tokenize_example(tok, ex)
+    text = tok.decode([i for i, m in zip(t.ids, t.target) if m])
+    assert text.split()[:2] == ["4", "."]  # the answer and the end-of-turn are trained
+    assert "what" not in text and "user" not in text
+    full = tokenize_example(tok, ex, response_only=False)
+    assert all(full.target)
+
+
+def test_packing_and_shifted_mask(tok):
+    from draftkit.data.pack import Tokenized
+
+    exs = [Tokenized([5, 6, 7], [False, True, True], "a", "x:1"),
+           Tokenized([8, 9], [True, True], "b", "x:2"),
+           Tokenized([10, 11, 12], [False, False, True], "a", "x:3")]
+    rows = pack(exs, seq_len=6, pad_id=3, domains=["a", "b"])
+    assert rows.input_ids.tolist() == [[5, 6, 7, 10, 11, 12], [8, 9, 3, 3, 3, 3]]
+    assert rows.domain_ids.tolist() == [0, 1]
+    # loss_mask[t]: the prediction of token t + 1; an example's first token is never a target
+    assert rows.loss_mask.tolist() == [[True, True, False, False, True, False],
+                                       [True, False, False, False, False, False]]
+    unpacked = pack(exs, seq_len=6, pad_id=3, domains=["a", "b"], pack=False)
+    assert len(unpacked) == 3
+    with pytest.raises(DraftkitError, match="longer than data.seq_len=2"):
+        pack(exs, seq_len=2, pad_id=3, domains=["a", "b"])
+    assert pack(exs, 2, 3, ["a", "b"], truncate=True).input_ids.shape[1] == 2
+    text = Tokenized(list(range(5, 12)), [True] * 7, "a", "t:1", splittable=True)
+    pieces = pack([text], seq_len=3, pad_id=3, domains=["a"], pack=False)
+    assert pieces.input_ids.tolist() == [[5, 6, 7], [8, 9, 10], [11, 3, 3]]
+
+
+def test_target_generated_cache_resumes(tmp_path, tok):
+    model = make_llama(len(tok), num_layers=1)
+    prompts = [tok("<|im_start|>user hello <|im_end|> <|im_start|>assistant ")["input_ids"],
+               tok("<|im_start|>user what is 2 <|im_end|> <|im_start|>assistant ")["input_ids"],
+               tok("<|im_start|>user sum <|im_end|> <|im_start|>assistant ")["input_ids"]]
+    path = tmp_path / "gen" / "r.jsonl"
+    first = generate_responses(model, tok, prompts[:2], path, 5, 2, progress=False)
+    assert len(read_cache(path)) == 2
+    with open(path, "a") as f:
+        f.write('{"key": "torn')  # a run killed mid-write
+    calls = []
+    orig = model.generate
+    model.generate = lambda **kw: calls.append(kw["input_ids"].shape[0]) or orig(**kw)
+    again = generate_responses(model, tok, prompts, path, 5, 2, progress=False)
+    assert calls == [1]  # only the new prompt was generated
+    assert again[:2] == first and all(1 <= len(r) <= 5 for r in again)
+    # greedy answers equal a plain per-prompt generate (left padding does not change them)
+    solo = orig(input_ids=torch.tensor([prompts[2]]), max_new_tokens=5, do_sample=False,
+                pad_token_id=3, eos_token_id=2)[0, len(prompts[2]):].tolist()
+    assert again[2] == solo[:len(again[2])]
+
+
+def test_build_rows_target_regime(tmp_path, tok):
+    src = _jsonl(tmp_path / "p.jsonl", [{"prompt": f"what is {i} + {i} ?", "domain": "math"}
+                                        for i in range(5)] +
+                 [{"prompt": f"print {i}", "domain": "code"} for i in range(4)])
+    data = DataSection(sources=[DataSource(path=str(src))], regime="target", seq_len=64,
+                       heldout_per_domain=2)
+    answers = lambda prompts: [[7, 8, 2] for _ in prompts]  # noqa: E731
+    train, held = build_rows(data, tok, seed=0, generate=answers)
+    assert held.domains == ["math", "code"] and len(held) == 4
+    assert sorted(held.domain_ids.tolist()) == [0, 0, 1, 1]
+    assert train.loss_mask.sum() == 3 * (3 + 2)  # 3 answer tokens per training example
+    assert (held.loss_mask.sum(1) == 3).all()

@@ -1,0 +1,252 @@
+"""The loop end to end on tiny random models: outputs, exact resume, NaN stop, cache, LoRA."""
+
+import json
+import random
+
+import pytest
+import torch
+
+from draftkit.config import from_dict
+from draftkit.distill.config import DistillConfig
+from draftkit.errors import DraftkitError
+
+WORDS = "the a of to and in is it that for on with as was he she they we you".split()
+
+
+def _data(tmp_path, n=14):
+    rng = random.Random(0)
+    rows = []
+    for i in range(n):
+        dom = "code" if i % 2 else "math"
+        q = " ".join(rng.choice(WORDS) for _ in range(4))
+        a = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9)))
+        rows.append({"prompt": q, "response": a, "domain": dom})
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _cfg(tmp_path, tiny_dirs, out="run", **over):
+    target, _ = tiny_dirs
+    data = {"out_dir": str(tmp_path / out), "max_steps": 4, "seed": 0, "target": str(target),
+            "draft": {"derive_layers": [0, 3]},
+            "data": {"sources": [{"path": str(_data(tmp_path))}], "seq_len": 48,
+                     "heldout_per_domain": 2,
+                     "generate": {"cache_dir": str(tmp_path / "generated")}},
+            "loss": {"divergence": "fkl"},
+            "train": {"batch_size": 2, "grad_accum": 2, "lr": 1e-2, "warmup_steps": 1,
+                      "checkpoint_every": 2, "device": "cpu"},
+            "eval": {"every": 2, "batch_size": 4}}
+    for key, value in over.items():
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return from_dict(DistillConfig, data, "test")
+
+
+def _weights(path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def _state(run):
+    from draftkit.distill.checkpoint import list_checkpoints, load_checkpoint
+
+    return load_checkpoint(list_checkpoints(run / "checkpoints")[-1])["model"]
+
+
+def test_train_writes_run_folder(tmp_path, tiny_dirs):
+    from draftkit.distill.trainer import train
+
+    best = train(_cfg(tmp_path, tiny_dirs), progress=False)
+    run = tmp_path / "run"
+    assert (best / "config.json").is_file() and (best / "model.safetensors").is_file()
+    assert (best / "tokenizer.json").is_file()
+    assert (run / "config.yaml").is_file()
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [0, 2, 4]
+    assert {"alpha/math", "alpha/code", "loss", "alpha"} <= set(lines[-1])
+    assert all(0.0 <= x["alpha/math"] <= 1.0 for x in lines)
+    best_row = json.loads((run / "best.json").read_text())
+    assert best_row["alpha"] == max(x["alpha"] for x in lines)  # chosen by alpha
+
+
+def test_resume_is_exact(tmp_path, tiny_dirs):
+    from draftkit.distill.trainer import train
+
+    train(_cfg(tmp_path, tiny_dirs, "straight"), progress=False)
+    cfg = _cfg(tmp_path, tiny_dirs, "resumed")
+    train(cfg, stop_after=2, progress=False)  # killed right after the step-2 checkpoint
+    train(cfg, progress=False)
+    a, b = _state(tmp_path / "straight"), _state(tmp_path / "resumed")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    steps = [json.loads(x)["step"] for x in (tmp_path / "resumed" / "metrics.jsonl")
+             .read_text().splitlines()]
+    assert steps == [0, 2, 4]
+
+
+def test_nan_loss_stops_and_keeps_checkpoint(tmp_path, tiny_dirs, monkeypatch):
+    from draftkit.distill import trainer
+
+    real = trainer.micro_loss
+    calls = {"n": 0}
+
+    def poisoned(*a, **k):
+        loss, n = real(*a, **k)
+        calls["n"] += 1
+        return (loss * float("nan") if calls["n"] > 6 else loss), n  # step 4 goes bad
+
+    monkeypatch.setattr(trainer, "micro_loss", poisoned)
+    with pytest.raises(DraftkitError, match="loss is nan at step 4.*step-0000002"):
+        trainer.train(_cfg(tmp_path, tiny_dirs), progress=False)
+    ckpts = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert ckpts == ["step-0000002"]
+
+
+def test_corrupted_checkpoint_is_clear(tmp_path, tiny_dirs):
+    from draftkit.distill.trainer import train
+
+    cfg = _cfg(tmp_path, tiny_dirs)
+    train(cfg, stop_after=2, progress=False)
+    state = tmp_path / "run" / "checkpoints" / "step-0000002" / "state.pt"
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    state.write_bytes(bytes(data))
+    with pytest.raises(DraftkitError, match="corrupted"):
+        train(cfg, progress=False)
+    (tmp_path / "run" / "checkpoints" / "step-0000002").rename(tmp_path / "gone")
+    train(cfg, stop_after=2, progress=False)
+    with pytest.raises(DraftkitError, match="trained on other rows"):
+        train(_cfg(tmp_path, tiny_dirs, **{"data.seq_len": 40}), progress=False)
+
+
+def test_topk_cache_reused_and_close_to_online(tmp_path, tiny_dirs):
+    from draftkit.distill.trainer import train
+
+    cache = tmp_path / "cache"
+    train(_cfg(tmp_path, tiny_dirs, "c1", **{"teacher.mode": "cache", "teacher.top_k": 8,
+                                             "teacher.cache_dir": str(cache)}), progress=False)
+    (built,) = list(cache.iterdir())
+    meta = json.loads((built / "meta.json").read_text())
+    assert meta["bytes_per_token"] == 8 * 6 and meta["filled_rows"] == meta["rows"]
+    stamp = (built / "logp.f16").stat().st_mtime_ns
+    train(_cfg(tmp_path, tiny_dirs, "c2", **{"teacher.mode": "cache", "teacher.top_k": 8,
+                                             "teacher.cache_dir": str(cache)}), progress=False)
+    assert (built / "logp.f16").stat().st_mtime_ns == stamp  # read, not rebuilt
+
+
+def test_cache_matches_online_teacher_with_full_support(tmp_path, tiny_dirs):
+    """With top_k = V the cached sparse teacher gives the online teacher's loss."""
+    from draftkit.data import build_rows
+    from draftkit.distill.teacher import OnlineTeacher, TopKCache
+    from draftkit.distill.trainer import batch_rows, micro_loss
+    from draftkit.distill.teacher import MaskedLM
+    from draftkit.models import load_model, load_tokenizer
+    import contextlib
+
+    cfg = _cfg(tmp_path, tiny_dirs)
+    target_dir, draft_dir = tiny_dirs
+    tok = load_tokenizer(str(target_dir))
+    target = load_model(str(target_dir), device="cpu", dtype="float32")
+    draft = load_model(str(draft_dir), device="cpu", dtype="float32")
+    rows, _ = build_rows(cfg.data, tok, 0)
+    v = target.config.vocab_size
+    cache = TopKCache(tmp_path / "c", rows, v, 1.0, "k")
+    cache.build(target, rows, 4, progress=False)
+    cache.open()
+    idx = batch_rows(0, len(rows), 3, 0)
+    online, _ = micro_loss(MaskedLM(draft), OnlineTeacher(target, 1.0), rows, idx, cfg,
+                           contextlib.nullcontext)
+    cached, _ = micro_loss(MaskedLM(draft), cache, rows, idx, cfg, contextlib.nullcontext)
+    assert cached.item() == pytest.approx(online.item(), rel=2e-3)
+
+
+def test_freeze_and_lora(tmp_path, tiny_dirs):
+    from draftkit.distill.trainer import train
+
+    cfg = _cfg(tmp_path, tiny_dirs, **{"draft.freeze": ["embeddings"], "max_steps": 2,
+                                       "draft.lora": {"enabled": True, "r": 4, "alpha": 8}})
+    best = train(cfg, progress=False)
+    w = _weights(best)
+    assert not any("lora" in k for k in w)  # merged at export: a plain HF folder
+    with pytest.raises(DraftkitError, match="matches no parameter"):
+        train(_cfg(tmp_path, tiny_dirs, "bad", **{"draft.freeze": ["embedings"]}),
+              progress=False)
+
+
+def test_bad_inputs(tmp_path, tiny_dirs):
+    from draftkit.distill.trainer import train
+
+    with pytest.raises(DraftkitError, match="context window"):
+        train(_cfg(tmp_path, tiny_dirs, **{"data.seq_len": 512}), progress=False)
+    with pytest.raises(DraftkitError, match="longer than data.seq_len"):
+        train(_cfg(tmp_path, tiny_dirs, **{"data.seq_len": 8}), progress=False)
+
+
+def test_on_policy_mix(tmp_path, tiny_dirs, monkeypatch):
+    from draftkit.distill import onpolicy, trainer
+
+    calls = []
+    real = onpolicy.draft_rows
+
+    def spy(*a, **k):
+        rows = real(*a, **k)
+        calls.append(rows)
+        return rows
+
+    monkeypatch.setattr(onpolicy, "draft_rows", spy)  # train() imports it when it starts
+    cfg = _cfg(tmp_path, tiny_dirs, **{"data.regime": "on_policy", "data.lmbda": 0.5,
+                                       "data.generate.max_new_tokens": 4,
+                                       "data.generate.batch_size": 4})
+    trainer.train(cfg, progress=False)
+    expected = sum(onpolicy.is_on_policy(0, s, 0.5) for s in range(4))
+    assert 0 < expected < 4
+    assert len(calls) == expected * 2  # grad_accum micro-batches per on-policy step
+    rows = calls[0]
+    assert rows.input_ids.shape == (2, 48) and rows.loss_mask.any()
+
+
+def test_tokenizer_mismatch_is_clear(tmp_path, tiny_dirs):
+    from draftkit.distill.trainer import train
+    from tests.tiny import make_llama, make_tokenizer, save_model
+
+    tok = make_tokenizer(extra_words=("zebra", "yak"))
+    other = save_model(make_llama(len(tok), num_layers=1), tok, tmp_path / "other")
+    cfg = _cfg(tmp_path, tiny_dirs, draft={"model": str(other)})
+    with pytest.raises(DraftkitError, match="vocab_size|tokenizers differ"):
+        train(cfg, progress=False)
+
+
+def test_cross_entropy_control(tmp_path, tiny_dirs):
+    from draftkit.distill.trainer import train
+
+    train(_cfg(tmp_path, tiny_dirs, **{"loss.divergence": "ce", "max_steps": 2}), progress=False)
+    last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == 2 and 0 < last["loss"] < 20 and "alpha/code" in last
+
+
+def test_bf16_autocast_and_jsd(tmp_path, tiny_dirs):
+    from draftkit.distill.trainer import train
+
+    cfg = _cfg(tmp_path, tiny_dirs, **{"train.precision": "bf16", "max_steps": 2,
+                                       "loss.divergence": "jsd", "loss.beta": 0.3})
+    train(cfg, progress=False)
+    last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == 2 and 0 < last["loss"] < float("inf")
+    w = _weights(tmp_path / "run" / "best")
+    assert all(t.dtype == torch.float32 for t in w.values())  # fp32 master weights exported
+
+
+def test_max_minutes_stops_with_eval_and_checkpoint(tmp_path, tiny_dirs):
+    from draftkit.distill.trainer import train
+
+    train(_cfg(tmp_path, tiny_dirs, max_minutes=1e-6), progress=False)
+    run = tmp_path / "run"
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1]  # the budget ran out during step 1: evaluated, then stopped
+    assert (run / "checkpoints" / "step-0000001").is_dir()

@@ -1,0 +1,95 @@
+"""Every recipe under recipes/ parses, type-checks and names files that exist.
+
+YAML recipes go through the same path as ``draftkit distill RECIPE --dry-run``;
+recipes/deepspeed/*.json are checked for the keys DeepSpeed needs.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from draftkit.distill.command import DistillArgs, check_config, distill, load_config
+from draftkit.distill.distributed import check_deepspeed_json
+from draftkit.errors import ConfigError
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+YAMLS = sorted(p for p in RECIPES.rglob("*.yaml") if p.parent.name != "data")
+JSONS = sorted((RECIPES / "deepspeed").glob("*.json"))
+
+
+def test_recipes_exist():
+    assert YAMLS, "no recipes found"
+    assert any("quickstart" in p.name for p in YAMLS), "the quickstart recipe is missing"
+    assert {p.name for p in JSONS} >= {"zero1.json", "zero2.json", "zero3.json"}
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=lambda p: str(p.relative_to(RECIPES)))
+def test_recipe_validates(path, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # relative paths must also resolve next to the recipe
+    text = path.read_text()
+    assert text.startswith("#"), "a recipe starts with a comment holding its launch command"
+    assert "draftkit distill" in text.split("\n\n")[0] or "-m draftkit distill" in text \
+        or "--module draftkit distill" in text, "the header must show the launch command"
+    assert "/" in str(path.relative_to(RECIPES)) and "_to_" in path.parent.name, \
+        "recipes are named <target>_to_<draft>/<method>.yaml"
+    cfg = load_config(path)
+    check_config(cfg, str(path))
+
+
+@pytest.mark.parametrize("path", JSONS, ids=lambda p: p.name)
+def test_deepspeed_json(path):
+    ds = check_deepspeed_json(path)
+    assert int(path.stem[-1]) == ds["zero_optimization"]["stage"]
+
+
+def test_dry_run_prints_and_trains_nothing(capsys, tmp_path):
+    recipe = next(p for p in YAMLS if "quickstart" in p.name)
+    out = tmp_path / "run"
+    assert distill(DistillArgs(recipe=str(recipe), overrides=[f"out_dir={out}"],
+                               dry_run=True)) is None
+    assert "is valid" in capsys.readouterr().out
+    assert not out.exists()
+
+
+def _recipe(tmp_path, text):
+    path = tmp_path / "r.yaml"
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "hello world", "domain": "code"}\n')
+    path.write_text(text.replace("DATA", str(data)))
+    return path
+
+
+@pytest.mark.parametrize("text,expect", [
+    ("max_step: 3\ndata: {sources: [{path: DATA}]}\n", "unknown key 'max_step'"),
+    ("max_steps: three\ndata: {sources: [{path: DATA}]}\n", "key 'max_steps' expects int"),
+    ("data: {sources: [{path: DATA, domian: x}]}\n", "unknown key 'data.sources.domian'"),
+    ("data: {sources: [{path: missing.jsonl}]}\n", "missing.jsonl' does not exist"),
+    ("data: {sources: []}\n", "data.sources is empty"),
+    ("data: {sources: [{path: DATA}]}\nloss: {divergence: jsd, beta: 1.0}\n", "loss.beta"),
+    ("data: {sources: [{path: DATA}]}\ntrain: {deepspeed: nope.json}\n", "nope.json"),
+    ("data: {sources: [{path: DATA}]}\ndraft: {model: /no/such/dir}\n", "draft.model"),
+])
+def test_bad_recipes_name_key_and_file(tmp_path, text, expect):
+    path = _recipe(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        check_config(load_config(path), str(path))
+    assert expect in str(e.value)
+    if "does not exist" not in expect:
+        assert str(path) in str(e.value)
+
+
+def test_override_typo_names_key(tmp_path):
+    path = _recipe(tmp_path, "data: {sources: [{path: DATA}]}\n")
+    with pytest.raises(ConfigError, match="unknown key 'train.lrr'"):
+        load_config(path, ["train.lrr=1"])
+    assert load_config(path, ["train.lr=0.01", "max_steps=5"]).train.lr == 0.01
+
+
+def test_bad_deepspeed_json(tmp_path):
+    p = tmp_path / "ds.json"
+    p.write_text('{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 1}')
+    with pytest.raises(ConfigError, match="zero_optimization"):
+        check_deepspeed_json(p)
+    p.write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        check_deepspeed_json(p)
