@@ -29,6 +29,10 @@ COMMANDS: list[tuple[str, str, str, str, str]] = [
      "export a draft as a bundle that HF, vLLM and SGLang take as it is"),
     ("check", "draftkit.export.bundle", "CheckArgs", "check",
      "verify a bundle's hashes and its draft/target pairing"),
+    ("generate", "draftkit.decode.generate", "GenerateArgs", "generate",
+     "generate text, speculatively when given a draft"),
+    ("bench", "draftkit.decode.bench", "BenchArgs", "bench",
+     "tokens/s of our decoder against HF generate and assisted generation"),
 ]
 
 

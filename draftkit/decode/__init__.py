@@ -1,0 +1,20 @@
+"""Decoding: the batched verify-and-accept engine, K = 0 baseline included.
+
+Public API (no torch import happens here; modules import it inside functions)::
+
+    from draftkit.decode import SpeculativeEngine, SamplingParams, KPolicy, DecodeStats
+    engine = SpeculativeEngine(target_model, draft_model)
+    results = engine.generate(prompts_token_ids, k=3, max_new_tokens=64, temperature=0.0)
+    results[0].tokens, results[0].stats.alpha, results[0].tau
+
+A server drives it round by round: ``state = engine.start(...)``, then
+``engine.step(state, k)`` until ``state.finished``, then ``state.results()``.
+"""
+
+from draftkit.decode.engine import BatchState, Result, RowStats, SpeculativeEngine
+from draftkit.decode.policy import KPolicy
+from draftkit.decode.sampling import SamplingParams
+from draftkit.decode.stats import DecodeStats, RoundStats
+
+__all__ = ["BatchState", "DecodeStats", "KPolicy", "Result", "RoundStats", "RowStats",
+           "SamplingParams", "SpeculativeEngine"]

@@ -1,0 +1,164 @@
+"""``draftkit bench``: tokens/s of our decoder against Hugging Face ``generate``.
+
+Four methods on the same prompts, greedy, batch 1, runs interleaved (so a noisy, shared machine
+slows them alike) and medians over repeats reported:
+
+- ``ours_k0``: our engine at K = 0 (plain decoding, no draft work);
+- ``ours_spec``: our engine at K drafted tokens;
+- ``hf_generate``: ``model.generate`` (greedy);
+- ``hf_assisted``: ``model.generate(assistant_model=draft)`` at constant K and confidence
+  threshold 0 (REFERENCE.md section 4).
+
+Plus the measured speedup (ours_spec / ours_k0) against the speedup predicted from the measured
+conditional alpha_i, c and v (metrics.speedup): their ratio shows what the loop's own overhead
+costs. Command::
+
+    draftkit bench --target embedded --draft drafts/smol-4l --prompts prompts.jsonl --k 3
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass
+
+from draftkit.config import option
+from draftkit.errors import ConfigError
+
+METHODS = ("ours_k0", "ours_spec", "hf_generate", "hf_assisted")
+
+
+@dataclass
+class BenchArgs:
+    """Compare our K = 0 and speculative decoding with HF generate and assisted generation."""
+
+    draft: str = option(help="draft model (HF directory or bundle)")
+    prompts: str = option(help="JSONL file of prompts (string, {\"prompt\"} or {\"messages\"})")
+    target: str = option("embedded", help="target model: HF directory, hub id, bundle or "
+                                          "'embedded'")
+    k: int = option(3, help="drafted tokens per round (num_speculative_tokens)")
+    max_new_tokens: int = option(64, help="new tokens per prompt at most")
+    repeats: int = option(3, help="interleaved repetitions; medians are reported")
+    methods: list[str] = option(list(METHODS), help="methods to run, comma-separated")
+    raw: bool = option(False, help="skip the chat template")
+    json: bool = option(False, help="print the figures as one JSON object")
+    device: str | None = option(None, help="cpu, cuda, ... (default: cuda if available)")
+    dtype: str = option("auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16")
+
+    def validate(self) -> None:
+        if self.k < 1:
+            raise ConfigError(f"--k must be >= 1 for a speculative benchmark, got {self.k}")
+        if self.repeats < 1 or self.max_new_tokens < 1:
+            raise ConfigError("--repeats and --max-new-tokens must be >= 1")
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad:
+            raise ConfigError(f"unknown method {bad[0]!r}; choose from {', '.join(METHODS)}")
+
+
+def run_bench(target, draft, prompts: list[list[int]], k: int, max_new_tokens: int = 64,
+              repeats: int = 3, methods: tuple[str, ...] = METHODS, pad_token_id: int | None = None,
+              log=None) -> dict:
+    """Interleaved greedy benchmark at batch 1; returns medians and the speedup figures."""
+    import torch
+
+    from draftkit import metrics
+    from draftkit.decode.engine import SpeculativeEngine, synchronize
+    from draftkit.decode.stats import DecodeStats
+
+    engine = SpeculativeEngine(target, draft)
+    device = engine.device
+    if "hf_assisted" in methods:
+        gc = draft.generation_config
+        gc.num_assistant_tokens = k
+        gc.num_assistant_tokens_schedule = "constant"
+        gc.assistant_confidence_threshold = 0.0
+    stats = {"ours_k0": DecodeStats(), "ours_spec": DecodeStats()}
+
+    def run(method: str, ids: list[int]) -> int:
+        if method in ("ours_k0", "ours_spec"):
+            kk = 0 if method == "ours_k0" else k
+            r = engine.generate([ids], k=kk, max_new_tokens=max_new_tokens, stats=stats[method])
+            return len(r[0].tokens)
+        kw = {"assistant_model": draft} if method == "hf_assisted" else {}
+        x = torch.tensor([ids], device=device)
+        with torch.inference_mode():
+            out = target.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                                  max_new_tokens=max_new_tokens, pad_token_id=pad_token_id,
+                                  temperature=None, top_p=None, top_k=None, **kw)
+        return out.shape[1] - len(ids)
+
+    run("ours_spec", prompts[0])  # warm-up: first-call allocations stay out of the figures
+    for m in methods:
+        run(m, prompts[0][:8] or prompts[0])
+    stats = {"ours_k0": DecodeStats(), "ours_spec": DecodeStats()}
+    per_rep: dict[str, list[float]] = {m: [] for m in methods}
+    for rep in range(repeats):
+        for m in methods:  # interleaved: every method sees the same machine conditions
+            tokens, seconds = 0, 0.0
+            for ids in prompts:
+                synchronize(device)
+                t0 = time.perf_counter()
+                tokens += run(m, ids)
+                synchronize(device)
+                seconds += time.perf_counter() - t0
+            per_rep[m].append(tokens / seconds)
+            if log:
+                log(f"repeat {rep + 1}/{repeats} {m}: {tokens / seconds:.2f} tokens/s")
+    out = {"k": k, "max_new_tokens": max_new_tokens, "prompts": len(prompts),
+           "repeats": repeats, "tokens_per_s": {m: statistics.median(v)
+                                                for m, v in per_rep.items()},
+           "tokens_per_s_all": per_rep}
+    tps = out["tokens_per_s"]
+    if "ours_k0" in tps and "ours_spec" in tps:
+        base, spec = stats["ours_k0"], stats["ours_spec"]
+        t1 = base.target_step_seconds(1)
+        alphas = spec.alphas()
+        c = spec.c(t1)
+        v = spec.v(k, t1)
+        out.update({"alpha": spec.alpha(), "alpha_tv": spec.alpha_tv(), "alpha_i": alphas,
+                    "tau": spec.tau(), "c": c, "v": v,
+                    "overhead_per_round_s": spec.overhead_per_round(),
+                    "target_step_s": t1})
+        measured = tps["ours_spec"] / tps["ours_k0"]
+        predicted = metrics.speedup(alphas or 0.0, c, k, v) if (c and v) else None
+        out.update({"measured_speedup": measured, "predicted_speedup": predicted,
+                    "measured_over_predicted": measured / predicted if predicted else None})
+    if "ours_k0" in tps and "hf_generate" in tps:
+        out["k0_over_hf_generate"] = tps["ours_k0"] / tps["hf_generate"]
+    if "ours_spec" in tps and "hf_assisted" in tps:
+        out["spec_over_hf_assisted"] = tps["ours_spec"] / tps["hf_assisted"]
+    return out
+
+
+def format_report(r: dict) -> str:
+    lines = [f"K = {r['k']}, {r['prompts']} prompts x {r['max_new_tokens']} new tokens, "
+             f"{r['repeats']} interleaved repeats (medians)"]
+    for m, v in r["tokens_per_s"].items():
+        lines.append(f"  {m:<12} {v:8.2f} tokens/s")
+    for key in ("k0_over_hf_generate", "spec_over_hf_assisted", "measured_speedup",
+                "predicted_speedup", "measured_over_predicted", "alpha", "alpha_tv", "tau", "c",
+                "v"):
+        if r.get(key) is not None:
+            lines.append(f"  {key:<24} {r[key]:.3f}")
+    if r.get("alpha_i"):
+        lines.append("  alpha_i                  " + " ".join(f"{a:.3f}" for a in r["alpha_i"]))
+    return "\n".join(lines)
+
+
+def bench(args: BenchArgs) -> dict:
+    """``draftkit bench``: load the pair, encode the prompts, run, print."""
+    import sys
+
+    from draftkit.chat import encode_prompt
+    from draftkit.decode.generate import read_prompts
+    from draftkit.models import load_pair
+
+    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
+    prompts = [encode_prompt(pair.tokenizer, p, raw=args.raw) for p in read_prompts(args.prompts)]
+    result = run_bench(pair.target, pair.draft, prompts, args.k, args.max_new_tokens,
+                       args.repeats, tuple(args.methods),
+                       pad_token_id=pair.tokenizer.pad_token_id or pair.tokenizer.eos_token_id,
+                       log=None if args.json else lambda s: print(s, file=sys.stderr))
+    print(json.dumps(result) if args.json else format_report(result))
+    return result

@@ -1,0 +1,152 @@
+"""Per-round decoding statistics and the estimators built on them.
+
+Counts are token-weighted over rows (server-counter style, REFERENCE.md section 2). From them:
+alpha with the truncation correction (accepted / (accepted + rejections)), alpha as the mean of
+1 - TV(p, q) at the tested positions, conditional alpha_i per draft position, tau (tokens per
+target call), c (draft step / target step time) and v(K) (verify inflation). Times are measured
+after synchronising the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from draftkit import metrics
+
+
+@dataclass
+class RoundStats:
+    """What one decoding round did, over the rows that were still active."""
+
+    k: int
+    rows: int  # active rows
+    accepted_per_position: list[int]  # rows whose drafted token i was accepted (i < K)
+    tested_per_position: list[int]  # rows that reached the accept test at position i
+    beta_sum: float  # sum over tested positions of sum_x min(p, q)
+    rejections: int  # rows that stopped at a rejection (n < K)
+    bonus: int  # rows that accepted all K and got the bonus token
+    tokens: int  # tokens kept (after EOS / length truncation)
+    seconds_draft: float
+    seconds_verify: float  # the target call (a plain step when K = 0)
+    seconds_other: float  # sampling, acceptance, bookkeeping
+
+
+@dataclass
+class DecodeStats:
+    """Accumulated over rounds (and over generate calls if the caller keeps it)."""
+
+    rounds: int = 0
+    row_steps: int = 0  # sum over rounds of active rows: target calls counted per row
+    target_calls: int = 0  # target forwards, prefill included
+    draft_steps: int = 0  # draft forwards
+    drafted: int = 0  # drafted tokens over active rows
+    accepted: int = 0
+    rejections: int = 0
+    bonus: int = 0
+    tokens: int = 0  # new tokens emitted, the prefill's first token included
+    beta_sum: float = 0.0
+    beta_count: int = 0
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    tested_per_position: list[int] = field(default_factory=list)
+    seconds_prefill: float = 0.0
+    seconds_draft: float = 0.0
+    seconds_verify: float = 0.0
+    seconds_other: float = 0.0
+    # time per target call by tokens per row (1 = plain step, K + 1 = verify), summed / counted
+    target_seconds_by_tokens: dict[int, float] = field(default_factory=dict)
+    target_calls_by_tokens: dict[int, int] = field(default_factory=dict)
+
+    def add_round(self, r: RoundStats) -> None:
+        self.rounds += 1
+        self.row_steps += r.rows
+        self.target_calls += 1
+        self.draft_steps += r.k
+        self.drafted += r.k * r.rows
+        self.accepted += sum(r.accepted_per_position)
+        self.rejections += r.rejections
+        self.bonus += r.bonus
+        self.tokens += r.tokens
+        self.beta_sum += r.beta_sum
+        self.beta_count += sum(r.tested_per_position)
+        for i in range(r.k):
+            _grow(self.drafted_per_position, i)[i] += r.rows
+            _grow(self.accepted_per_position, i)[i] += r.accepted_per_position[i]
+            _grow(self.tested_per_position, i)[i] += r.tested_per_position[i]
+        self.seconds_draft += r.seconds_draft
+        self.seconds_verify += r.seconds_verify
+        self.seconds_other += r.seconds_other
+        t = r.k + 1
+        self.target_seconds_by_tokens[t] = self.target_seconds_by_tokens.get(t, 0.0) + \
+            r.seconds_verify
+        self.target_calls_by_tokens[t] = self.target_calls_by_tokens.get(t, 0) + 1
+
+    def add_prefill(self, seconds: float, tokens: int) -> None:
+        self.target_calls += 1
+        self.tokens += tokens
+        self.seconds_prefill += seconds
+
+    # --- estimators ---------------------------------------------------------------------------
+
+    @property
+    def seconds(self) -> float:
+        return self.seconds_prefill + self.seconds_draft + self.seconds_verify + self.seconds_other
+
+    def alpha(self) -> float:
+        """accepted / tested positions (the truncation correction; see metrics)."""
+        return metrics.alpha_from_counts(self.accepted, self.rejections)
+
+    def alpha_tv(self) -> float:
+        """Mean of 1 - TV(p, q) = sum_x min(p, q) over tested positions."""
+        return self.beta_sum / self.beta_count if self.beta_count else 0.0
+
+    def alphas(self) -> list[float]:
+        """Conditional alpha_i per draft position."""
+        return metrics.conditional_alphas(self.accepted_per_position, self.tested_per_position)
+
+    def tau(self) -> float:
+        """Tokens per target call (per row), over decoding rounds (prefill excluded)."""
+        rs = self.row_steps
+        return (self.accepted + rs) / rs if rs else 0.0
+
+    def target_step_seconds(self, tokens: int = 1) -> float | None:
+        n = self.target_calls_by_tokens.get(tokens)
+        return self.target_seconds_by_tokens[tokens] / n if n else None
+
+    def draft_step_seconds(self) -> float | None:
+        return self.seconds_draft / self.draft_steps if self.draft_steps else None
+
+    def c(self, target_step: float | None = None) -> float | None:
+        """Draft step / target step; ``target_step`` from a K = 0 run when this one had none."""
+        t = target_step or self.target_step_seconds(1)
+        d = self.draft_step_seconds()
+        return d / t if (d and t) else None
+
+    def v(self, k: int, target_step: float | None = None) -> float | None:
+        """Verify inflation T_target(K + 1) / T_target(1)."""
+        t = target_step or self.target_step_seconds(1)
+        tv = self.target_step_seconds(k + 1)
+        return tv / t if (t and tv) else None
+
+    def overhead_per_round(self) -> float:
+        """Seconds per round outside the draft and target forwards."""
+        return self.seconds_other / self.rounds if self.rounds else 0.0
+
+    def summary(self, target_step: float | None = None) -> dict:
+        ks = [k for k in self.target_calls_by_tokens if k > 1]
+        k = max(ks) - 1 if ks else 0
+        return {
+            "rounds": self.rounds, "target_calls": self.target_calls, "tokens": self.tokens,
+            "drafted": self.drafted, "accepted": self.accepted, "bonus": self.bonus,
+            "alpha": self.alpha(), "alpha_tv": self.alpha_tv(), "alpha_i": self.alphas(),
+            "tau": self.tau(), "c": self.c(target_step), "v": self.v(k, target_step) if k else None,
+            "seconds": self.seconds, "seconds_prefill": self.seconds_prefill,
+            "seconds_draft": self.seconds_draft, "seconds_verify": self.seconds_verify,
+            "seconds_other": self.seconds_other,
+        }
+
+
+def _grow(values: list[int], i: int) -> list[int]:
+    while len(values) <= i:
+        values.append(0)
+    return values

@@ -1,0 +1,98 @@
+"""Verify-and-accept: the step that makes speculative decoding lossless.
+
+Pure functions over tensors, one per mode, each checkable against the papers:
+Leviathan et al., "Fast Inference from Transformers via Speculative Decoding" (arXiv
+2211.17192), Algorithm 1; Chen et al., "Accelerating Large Language Model Decoding with
+Speculative Sampling" (arXiv 2302.01318), Algorithm 2. Letters follow Leviathan: p = target,
+q = draft.
+
+Each returns a :class:`Verdict`: how many drafted tokens each row accepted, the one token the
+target adds after them (the residual sample at the first rejection, or the bonus token when all
+K were accepted), and beta = sum_x min(p, q) = 1 - TV(p, q) per drafted position, so alpha and
+tau fall out of the counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from draftkit.decode.sampling import sample
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class Verdict:
+    num_accepted: "torch.Tensor"  # (B,) int64 in 0..K: leading drafted tokens accepted
+    next_token: "torch.Tensor"  # (B,) int64: residual sample (n < K) or bonus token (n = K)
+    beta: "torch.Tensor"  # (B, K) float32: sum_x min(p, q) per drafted position (1 - TV)
+
+
+def leading_accepts(accepted: "torch.Tensor") -> "torch.Tensor":
+    """Length of the run of True from the start of each row. accepted: (B, K) -> (B,)."""
+    return accepted.long().cumprod(-1).sum(-1)
+
+
+def verify_greedy(draft_tokens: "torch.Tensor", target_logits: "torch.Tensor") -> Verdict:
+    """Temperature 0: accept while the drafted token equals the target's argmax, then append
+    the target's argmax at the first mismatch (or after the last drafted token).
+
+    draft_tokens: (B, K); target_logits: (B, K + 1, V), position i scores draft_tokens[:, i].
+    The output equals plain greedy decoding of the target token for token.
+    """
+    best = target_logits.argmax(-1)  # (B, K + 1)
+    match = draft_tokens == best[:, :-1]  # (B, K)
+    n = leading_accepts(match)
+    next_token = best.gather(1, n[:, None]).squeeze(1)
+    return Verdict(n, next_token, match.float())
+
+
+def accept_test(draft_tokens: "torch.Tensor", q: "torch.Tensor", p: "torch.Tensor",
+                uniform: "torch.Tensor") -> "torch.Tensor":
+    """Accept x_i when u_i <= p_i(x_i) / q_i(x_i), i.e. with probability min(1, p/q).
+
+    draft_tokens: (B, K); q: (B, K, V); p: (B, K + 1, V) (only the first K are used here);
+    uniform: (B, K) in [0, 1). Returns accepted: (B, K) bool. q(x) > 0 since x was drawn from q;
+    the test is written as u * q <= p to avoid dividing.
+    """
+    idx = draft_tokens[..., None]
+    q_x = q.gather(-1, idx).squeeze(-1)
+    p_x = p[:, :-1].gather(-1, idx).squeeze(-1)
+    return uniform * q_x <= p_x
+
+
+def residual(p_n: "torch.Tensor", q_n: "torch.Tensor") -> "torch.Tensor":
+    """norm(max(0, p - q)): what to sample from after a rejection. (B, V) -> (B, V).
+
+    A rejection only happens where p(x) < q(x), so the residual has positive mass then; a row
+    whose residual is all zero (p == q, or the bonus position where q_n = 0 gives p itself)
+    falls back to p.
+    """
+    r = (p_n - q_n).clamp_min(0.0)
+    mass = r.sum(-1, keepdim=True)
+    return (r / mass.clamp_min(1e-30)).where(mass > 0, p_n)
+
+
+def verify_sampled(draft_tokens: "torch.Tensor", q: "torch.Tensor", p: "torch.Tensor",
+                   generator: "torch.Generator | None" = None) -> Verdict:
+    """Speculative sampling (Leviathan et al. Algorithm 1; Chen et al. Algorithm 2).
+
+    draft_tokens: (B, K) drawn from q; q: (B, K, V) warped draft distributions; p: (B, K + 1, V)
+    warped target distributions at the same positions plus one. Accept x_i with probability
+    min(1, p_i(x_i) / q_i(x_i)); at the first rejection n sample from norm(max(0, p_n - q_n));
+    if all K are accepted sample the bonus token from p_(K+1). The emitted tokens are then
+    distributed exactly as sampling from p.
+    """
+    import torch
+
+    bsz, k = draft_tokens.shape
+    uniform = torch.rand((bsz, k), generator=generator, device=p.device)
+    n = leading_accepts(accept_test(draft_tokens, q, p, uniform))
+    rows = torch.arange(bsz, device=p.device)
+    # Padding q with zeros at position K makes the bonus case the residual of p_(K+1) and 0.
+    q_pad = torch.cat([q, q.new_zeros(bsz, 1, q.shape[-1])], dim=1)
+    next_token = sample(residual(p[rows, n], q_pad[rows, n]), generator)
+    beta = torch.minimum(p[:, :-1], q).sum(-1)
+    return Verdict(n, next_token, beta)

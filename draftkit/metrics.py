@@ -1,0 +1,215 @@
+"""The numbers of speculative decoding: acceptance, tokens per target call, predicted speedup.
+
+Pure math on floats: no models, no I/O. The decoder, the K policy, the eval stage and the
+reports all use these functions, so every figure draftkit prints means the same thing.
+
+Notation (Leviathan et al., arXiv 2211.17192; see REFERENCE.md section 1):
+
+- alpha: probability that a drafted token is accepted; ``alpha_i`` the conditional acceptance
+  at draft position i given positions 1..i-1 were accepted (it falls with i in practice).
+- K (``num_speculative_tokens``): tokens drafted per round.
+- tau: mean tokens produced per target call, the bonus / residual token included.
+- c: time of one draft step / time of one target step (1 token).
+- v: verify inflation, T_target(K + 1 tokens) / T_target(1 token); the simple formula has v = 1.
+- overhead: fixed per-round cost (sampling, bookkeeping, Python) in units of one target step.
+
+Per-position figures take a sequence ``alphas = [alpha_1, ..., alpha_K]``; a float means the
+same alpha at every position (the i.i.d. model of the paper).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+AlphaLike = float | Sequence[float]
+VLike = float | Sequence[float] | Callable[[int], float] | None
+
+
+def _alphas(alpha: AlphaLike, k: int) -> list[float]:
+    """Per-position conditional acceptance for positions 1..k (a float repeats)."""
+    if isinstance(alpha, (int, float)):
+        a = [float(alpha)] * k
+    else:
+        a = [float(x) for x in alpha]
+        if len(a) < k:  # positions never measured keep the last measured rate
+            a = a + [a[-1] if a else 0.0] * (k - len(a))
+        a = a[:k]
+    for x in a:
+        if not 0.0 <= x <= 1.0:
+            raise ValueError(f"acceptance rates must lie in [0, 1], got {x}")
+    return a
+
+
+def tau(alpha: AlphaLike, k: int) -> float:
+    """Expected tokens per target call with K drafted tokens.
+
+    i.i.d.: tau = (1 - alpha^(K+1)) / (1 - alpha) (Leviathan et al., eq. 1). Per position:
+    tau = 1 + sum_{i=1..K} prod_{j<=i} alpha_j (the bonus / residual token is the 1).
+    """
+    if k < 0:
+        raise ValueError(f"K must be >= 0, got {k}")
+    total, reach = 1.0, 1.0
+    for a in _alphas(alpha, k):
+        reach *= a  # probability that the first i drafted tokens are all accepted
+        total += reach
+    return total
+
+
+def _v_at(v: VLike, k: int) -> float:
+    if k == 0:
+        return 1.0  # K = 0 is plain decoding: one token per target step by definition
+    if v is None:
+        return 1.0
+    if callable(v):
+        return float(v(k))
+    if isinstance(v, (int, float)):
+        return float(v)
+    return float(v[min(k, len(v) - 1)])  # v[k] = inflation of a K+1-token verify
+
+
+def speedup(alpha: AlphaLike, c: float, k: int, v: VLike = 1.0, overhead: float = 0.0) -> float:
+    """Predicted walltime speedup over plain decoding (K = 0 has speedup 1 by definition).
+
+    S(K) = tau(K) / (K c + v(K) + overhead). With v = 1 and no overhead this is
+    (1 - alpha^(K+1)) / ((1 - alpha)(1 + cK)) (Leviathan et al., Theorem 3.8).
+    ``v`` is a float, a sequence indexed by K, or a function of K.
+    """
+    if k == 0:
+        return 1.0
+    return tau(alpha, k) / (k * c + _v_at(v, k) + overhead)
+
+
+def speedup_from_times(tau_value: float, t_target: float, t_draft: float, t_verify: float,
+                       t_overhead: float, k: int) -> float:
+    """The general model (REFERENCE.md section 1), in seconds at one batch size and context:
+
+    S = tau * T_target / (K T_draft + T_verify(K + 1) + T_overhead).
+    """
+    return tau_value * t_target / (k * t_draft + t_verify + t_overhead)
+
+
+def optimal_k(alpha: AlphaLike, c: float, k_max: int = 16, v: VLike = 1.0,
+              overhead: float = 0.0) -> tuple[int, float]:
+    """(K, speedup) maximising :func:`speedup` over integers 0..k_max.
+
+    There is no closed form, so search. K = 0 wins when speculation loses.
+    """
+    best = (0, 1.0)
+    for k in range(1, k_max + 1):
+        s = speedup(alpha, c, k, v, overhead)
+        if s > best[1] + 1e-12:
+            best = (k, s)
+    return best
+
+
+def _bisect(f: Callable[[float], float], lo: float, hi: float, iters: int = 80) -> float:
+    """Root of an increasing f on [lo, hi] (f(lo) < 0 < f(hi))."""
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        if f(mid) < 0:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def break_even_alpha(c: float, k: int = 1, v: VLike = 1.0, overhead: float = 0.0) -> float:
+    """Smallest i.i.d. alpha at which K drafted tokens beat plain decoding (speedup = 1).
+
+    Returns math.inf when even alpha = 1 does not pay. With v = 1 and K = 1 this is alpha = c:
+    "if alpha <= c no K helps".
+    """
+    if k < 1:
+        raise ValueError("break-even needs K >= 1")
+    if speedup(1.0, c, k, v, overhead) <= 1.0:
+        return math.inf
+    if speedup(0.0, c, k, v, overhead) >= 1.0:
+        return 0.0
+    return _bisect(lambda a: speedup(a, c, k, v, overhead) - 1.0, 0.0, 1.0)
+
+
+def break_even_alpha_any_k(c: float, k_max: int = 16, v: VLike = 1.0,
+                           overhead: float = 0.0) -> float:
+    """Smallest alpha at which some K in 1..k_max beats plain decoding."""
+    return min(break_even_alpha(c, k, v, overhead) for k in range(1, k_max + 1))
+
+
+def max_draft_cost(alpha: AlphaLike, k: int, v: VLike = 1.0, overhead: float = 0.0) -> float:
+    """Largest c at which K drafted tokens still break even (the crossover in draft cost)."""
+    if k < 1:
+        raise ValueError("crossover needs K >= 1")
+    return max(0.0, (tau(alpha, k) - _v_at(v, k) - overhead) / k)
+
+
+def crossover_index(speedups: Sequence[float]) -> int | None:
+    """First index (e.g. batch size in a sweep) at which a measured speedup falls to <= 1."""
+    for i, s in enumerate(speedups):
+        if s <= 1.0:
+            return i
+    return None
+
+
+# --- estimators --------------------------------------------------------------------------------
+
+def alpha_from_counts(accepted: int, rejected: int) -> float:
+    """Acceptance rate with the truncation correction.
+
+    A round stops drafting at its first rejection, so positions after it are never tested:
+    accepted / drafted underestimates alpha. Each tested position is a Bernoulli(alpha) trial,
+    and the tested positions are the accepted ones plus one per rejection.
+    """
+    tested = accepted + rejected
+    return accepted / tested if tested else 0.0
+
+
+def conditional_alphas(accepted_per_position: Sequence[float],
+                       tested_per_position: Sequence[float]) -> list[float]:
+    """alpha_i = accepted at position i / rounds that reached position i (0 where untested)."""
+    return [a / t if t else 0.0 for a, t in zip(accepted_per_position, tested_per_position)]
+
+
+def alpha_from_tau(tau_value: float, k: int) -> float:
+    """The i.i.d. alpha that gives this tau at this K (inverts :func:`tau`)."""
+    if k < 1:
+        raise ValueError("alpha from tau needs K >= 1")
+    if not 1.0 <= tau_value <= k + 1:
+        raise ValueError(f"tau must lie in [1, K + 1] = [1, {k + 1}], got {tau_value}")
+    return _bisect(lambda a: tau(a, k) - tau_value, 0.0, 1.0)
+
+
+# --- other stacks' figures (REFERENCE.md section 2) -----------------------------------------
+
+def tau_from_acceptance_rate(rate: float, k: int) -> float:
+    """vLLM "draft acceptance rate" / SGLang ``spec_accept_rate`` = (tau - 1) / K -> tau."""
+    return 1.0 + rate * k
+
+
+def acceptance_rate_from_tau(tau_value: float, k: int) -> float:
+    """tau -> vLLM "draft acceptance rate" / SGLang ``spec_accept_rate`` (NOT alpha)."""
+    return (tau_value - 1.0) / k
+
+
+def tau_from_gpt_fast(mean_accepted: float) -> float:
+    """gpt-fast's "mean accepted" excludes the bonus token: tau = mean accepted + 1."""
+    return mean_accepted + 1.0
+
+
+def conditional_alphas_from_vllm(num_drafts: float,
+                                 accepted_per_position: Sequence[float]) -> list[float]:
+    """vLLM per-position counters -> conditional alpha_i.
+
+    ``..._num_accepted_tokens_per_pos_total{position=i}`` / ``..._num_drafts_total`` is
+    r_i = P(first i + 1 drafts accepted); alpha_i = r_i / r_(i-1) with r_(-1) = 1.
+    """
+    out, prev = [], 1.0
+    for count in accepted_per_position:
+        r = count / num_drafts if num_drafts else 0.0
+        out.append(r / prev if prev > 0 else 0.0)
+        prev = r
+    return out
+
+
+def tau_from_vllm(num_drafts: float, num_accepted_tokens: float) -> float:
+    """tau (mean acceptance length) from vLLM's counters: 1 + accepted / drafts."""
+    return 1.0 + num_accepted_tokens / num_drafts if num_drafts else 1.0

@@ -1,0 +1,216 @@
+"""The engine on tiny random models: greedy equality, batching, rollback, sampling."""
+
+import pytest
+import torch
+
+from draftkit.decode.cache import StaticKVCache, WriteIndex
+from draftkit.decode.engine import SpeculativeEngine
+from draftkit.decode.runners import HFRunner, LlamaRunner
+from draftkit.decode.sampling import SamplingParams
+from draftkit.decode.stats import DecodeStats
+from draftkit.errors import DraftkitError
+from tests.decode.helpers import (chi_square_p, exact_marginals, hf_greedy, noisy_copy,
+                                  tiny_target_and_draft)
+
+PROMPTS = [[5, 9, 22, 31, 7], [11, 12], [40, 41, 42, 43, 44, 45, 46, 47, 8, 50, 51]]
+N_NEW = 16
+
+
+@pytest.fixture(scope="module")
+def models():
+    target, draft = tiny_target_and_draft()
+    return target, draft, noisy_copy(target)
+
+
+@pytest.fixture(scope="module")
+def reference(models):
+    return [hf_greedy(models[0], p, N_NEW) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "hf-cache"])
+@pytest.mark.parametrize("k", [0, 1, 3])
+@pytest.mark.parametrize("which", ["unrelated", "close"])
+def test_greedy_equals_hf_generate_batched_and_alone(models, reference, fast, k, which):
+    target, far, close = models
+    engine = SpeculativeEngine(target, close if which == "close" else far, eos_token_id=None,
+                               fast_path=fast)
+    stats = DecodeStats()
+    batched = engine.generate(PROMPTS, k=k, max_new_tokens=N_NEW, stats=stats)
+    assert [r.tokens for r in batched] == reference
+    for p, ref in zip(PROMPTS, reference):
+        assert engine.generate([p], k=k, max_new_tokens=N_NEW)[0].tokens == ref
+    if k == 0:
+        assert stats.draft_steps == 0 and stats.drafted == 0
+    if which == "close" and k:  # the bonus token and the draft's catch-up were exercised
+        assert stats.bonus > 0 and stats.accepted > 0
+        assert stats.tau() > 1.3
+
+
+def test_rows_finish_at_different_times(models):
+    target, _, close = models
+    engine = SpeculativeEngine(target, close, eos_token_id=None)
+    ref = hf_greedy(target, PROMPTS[0], 12)
+    eos = ref[5]  # this row stops at its first occurrence of that token
+    engine_eos = SpeculativeEngine(target, close, eos_token_id=eos)
+    res = engine_eos.generate(PROMPTS, k=3, max_new_tokens=12)
+    assert res[0].tokens == ref[:ref.index(eos) + 1] and res[0].finish_reason == "eos"
+    for p, r in zip(PROMPTS, res):
+        alone = engine_eos.generate([p], k=3, max_new_tokens=12)[0]
+        assert r.tokens == alone.tokens and r.finish_reason == alone.finish_reason
+    budgets = engine.generate(PROMPTS, k=3, max_new_tokens=7)
+    assert all(len(r.tokens) == 7 and r.finish_reason == "length" for r in budgets)
+
+
+def test_sampling_is_seeded(models):
+    target, draft, _ = models
+    engine = SpeculativeEngine(target, draft, eos_token_id=None)
+    kw = dict(k=2, max_new_tokens=10, temperature=0.9, top_p=0.95, seed=5)
+    a = [r.tokens for r in engine.generate(PROMPTS, **kw)]
+    b = [r.tokens for r in engine.generate(PROMPTS, **kw)]
+    c = [r.tokens for r in engine.generate(PROMPTS, **{**kw, "seed": 6})]
+    assert a == b and a != c
+
+
+def test_stats_are_consistent(models):
+    target, _, close = models
+    engine = SpeculativeEngine(target, close, eos_token_id=None)
+    stats = DecodeStats()
+    res = engine.generate(PROMPTS, k=3, max_new_tokens=N_NEW, stats=stats)
+    assert stats.tokens == sum(len(r.tokens) for r in res)
+    assert stats.accepted == sum(r.stats.accepted for r in res)
+    assert stats.drafted == sum(r.stats.drafted for r in res) == sum(stats.drafted_per_position)
+    assert all(t <= d for t, d in zip(stats.tested_per_position, stats.drafted_per_position))
+    assert stats.tested_per_position[0] == stats.drafted_per_position[0]
+    assert 0 < stats.alpha() <= 1 and len(stats.alphas()) == 3
+    # greedy: 1 - TV of one-hot distributions is the match indicator, so both estimates agree
+    assert stats.alpha_tv() == pytest.approx(stats.alpha())
+    assert stats.seconds_draft > 0 and stats.seconds_verify > 0
+
+
+def test_k_auto_runs_and_matches_greedy(models, reference):
+    target, _, close = models
+    engine = SpeculativeEngine(target, close, eos_token_id=None)
+    res = engine.generate(PROMPTS, k="auto", k_max=4, max_new_tokens=N_NEW)
+    assert [r.tokens for r in res] == reference
+
+
+# --- cache rollback invariants ---------------------------------------------------------------
+
+def test_static_cache_rollback_moves_pointer_only():
+    cache = StaticKVCache(2, 2, 1, 8, 4, torch.float32, "cpu")
+    ptr = cache.k.data_ptr()
+    k = torch.randn(2, 1, 3, 4)
+    cache.write(0, k, k, WriteIndex(torch.tensor([0, 2]), 3, None))
+    assert torch.equal(cache.k[0, 0, :, 0:3], k[0]) and torch.equal(cache.k[0, 1, :, 2:5], k[1])
+    before = cache.k.clone()
+    cache.rollback(torch.tensor([1, 4]))
+    assert cache.lengths.tolist() == [1, 4]
+    assert cache.k.data_ptr() == ptr and torch.equal(cache.k, before)  # nothing copied or wiped
+
+
+@pytest.mark.parametrize("runner_cls", [LlamaRunner, HFRunner])
+def test_runner_rollback_then_rewrite_equals_fresh(models, runner_cls):
+    """Write junk past a row's pointer, roll back by continuing from an earlier position per
+    row, and the logits equal a fresh forward of the true sequence."""
+    target = models[0]
+    seq = torch.tensor([[5, 9, 22, 31, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16, 17, 18]])
+    fresh = target(seq).logits
+    r = runner_cls(target)
+    r.reset(2, 16)
+    with torch.inference_mode():
+        r.forward(seq[:, :4], [0, 0])
+        r.forward(torch.tensor([[60, 61, 62], [63, 64, 65]]), [4, 4])  # junk, rejected
+        out0 = r.forward(torch.stack([seq[0, 4:7], seq[1, 4:7]]), [4, 4])
+    torch.testing.assert_close(out0, fresh[:, 4:7], rtol=1e-4, atol=1e-4)
+    with torch.inference_mode():  # per-row pointers: row 0 back to 5, row 1 stays at 7
+        out1 = r.forward(torch.stack([seq[0, 5:6], seq[1, 7:8]]), [5, 7])
+    torch.testing.assert_close(out1[0, 0], fresh[0, 5], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out1[1, 0], fresh[1, 7], rtol=1e-4, atol=1e-4)
+
+
+# --- the output distribution ----------------------------------------------------------------
+
+VOCAB = 10
+N_ROWS = 20_000
+
+
+@pytest.fixture(scope="module")
+def small_vocab():
+    target, draft = tiny_target_and_draft(vocab_size=VOCAB, target_layers=2, seed=3)
+    with torch.no_grad():  # flatter distributions: many tokens carry probability
+        for m in (target, draft):
+            m.lm_head.weight.mul_(0.3) if not m.config.tie_word_embeddings else \
+                m.model.norm.weight.mul_(0.3)
+    return target, draft
+
+
+def _spec_marginals(target, draft, params, k, seed, verify=None, monkeypatch=None):
+    engine = SpeculativeEngine(target, draft, eos_token_id=None)
+    if verify is not None:
+        monkeypatch.setattr("draftkit.decode.engine.verify_sampled", verify)
+    prompt = [1, 4, 7]
+    stats = DecodeStats()
+    res = engine.generate([prompt] * N_ROWS, k=k, max_new_tokens=3, temperature=params.temperature,
+                          top_k=params.top_k, top_p=params.top_p, seed=seed, stats=stats)
+    toks = torch.tensor([r.tokens for r in res])  # (N, 3)
+    exact = exact_marginals(target, prompt, params, steps=3)
+    return [chi_square_p(torch.bincount(toks[:, i], minlength=VOCAB), exact[i])
+            for i in range(3)], stats
+
+
+@pytest.mark.parametrize("params,k", [(SamplingParams(1.0), 2),
+                                      (SamplingParams(0.7, top_p=0.9), 1),
+                                      (SamplingParams(1.5, top_k=6), 2)])
+def test_output_distribution_equals_target(small_vocab, params, k):
+    """20,000 rows in one batch; tokens 2 and 3 come from verified rounds (accepted drafts,
+    residual samples and bonus tokens)."""
+    ps, stats = _spec_marginals(*small_vocab, params, k, seed=11)
+    assert stats.accepted > 1000 and stats.rejections > 1000 and stats.bonus > 1000
+    assert min(ps) > 0.01, ps
+
+
+def test_chi_square_catches_broken_engine(small_vocab, monkeypatch):
+    from tests.decode.test_verify import broken_verify
+
+    ps, _ = _spec_marginals(*small_vocab, SamplingParams(1.0), 2, seed=11,
+                            verify=broken_verify, monkeypatch=monkeypatch)
+    assert ps[1] < 0.01  # token 2 is the first verified token
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+def test_bad_input_is_a_draftkit_error(models):
+    from tests.tiny import make_llama
+
+    target, draft, _ = models
+    engine = SpeculativeEngine(target, draft)
+    with pytest.raises(DraftkitError, match="vocab"):
+        SpeculativeEngine(target, make_llama(target.config.vocab_size + 1, num_layers=1))
+    with pytest.raises(DraftkitError, match="K"):
+        engine.generate([[1, 2]], k=-1)
+    with pytest.raises(DraftkitError, match="temperature"):
+        engine.generate([[1, 2]], k=1, temperature=-1.0)
+    with pytest.raises(DraftkitError, match="top-p"):
+        engine.generate([[1, 2]], k=1, temperature=1.0, top_p=1.5)
+    with pytest.raises(DraftkitError, match="empty"):
+        engine.generate([[]], k=1)
+    with pytest.raises(DraftkitError, match="context window"):
+        engine.generate([[5] * 300], k=1)
+
+
+def test_step_api_draft_catches_up_after_plain_rounds(models, reference):
+    """Drive the engine round by round (as a server would): plain rounds first, then
+    speculative ones; the draft must be fed every token decoded meanwhile, so a draft that
+    agrees with the target keeps accepting, and the output stays the greedy one."""
+    target, _, close = models
+    engine = SpeculativeEngine(target, close, eos_token_id=None)
+    with torch.inference_mode():
+        state = engine.start(PROMPTS, SamplingParams(), N_NEW, k_max=3)
+        for _ in range(5):
+            engine.step(state, 0)
+        rounds = []
+        while not state.finished:
+            rounds.append(engine.step(state, 3))
+    assert [r.tokens for r in state.results()] == reference
+    first = rounds[0]
+    assert first.k == 3 and sum(first.accepted_per_position) >= 2 * first.rows

@@ -1,0 +1,43 @@
+import pytest
+import torch
+
+from draftkit.decode.sampling import SamplingParams, probabilities, sample, warp_logits
+from draftkit.errors import DraftkitError
+
+
+def test_top_k_and_top_p_keep_expected_tokens():
+    logits = torch.log(torch.tensor([0.5, 0.25, 0.15, 0.1]))
+    assert (probabilities(logits, SamplingParams(1.0, top_k=2)) > 0).tolist() == \
+        [True, True, False, False]
+    # top_p 0.7: 0.5 alone is below it, 0.5 + 0.25 reaches it -> two tokens kept
+    assert (probabilities(logits, SamplingParams(1.0, top_p=0.7)) > 0).tolist() == \
+        [True, True, False, False]
+    assert (probabilities(logits, SamplingParams(1.0, top_p=0.5)) > 0).tolist() == \
+        [True, False, False, False]
+    p = probabilities(logits, SamplingParams(1.0, top_p=0.95))
+    assert p.sum().item() == pytest.approx(1.0) and (p > 0).sum() == 4
+
+
+def test_warp_identical_for_batched_shapes():
+    x = torch.randn(3, 5, 50)
+    params = SamplingParams(0.8, top_k=10, top_p=0.9)
+    full = warp_logits(x, params)
+    for i in range(3):
+        assert torch.equal(full[i], warp_logits(x[i], params))
+
+
+def test_sample_follows_probs_and_is_seeded():
+    probs = torch.tensor([0.1, 0.0, 0.6, 0.3]).expand(100_000, 4)
+    a = sample(probs, torch.Generator().manual_seed(3))
+    b = sample(probs, torch.Generator().manual_seed(3))
+    assert torch.equal(a, b)
+    freq = torch.bincount(a, minlength=4).float() / a.numel()
+    assert freq[1] == 0
+    assert torch.allclose(freq, probs[0], atol=0.01)
+
+
+@pytest.mark.parametrize("kw", [{"temperature": -0.1}, {"top_p": 0.0}, {"top_p": 1.5},
+                                {"top_k": -1}])
+def test_bad_sampling_params(kw):
+    with pytest.raises(DraftkitError):
+        SamplingParams(**kw)

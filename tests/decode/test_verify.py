@@ -1,0 +1,113 @@
+"""The pure verify-and-accept functions, pinned with fixed logits and checked statistically."""
+
+import pytest
+import torch
+
+from draftkit.decode.sampling import SamplingParams, probabilities, sample
+from draftkit.decode.verify import (accept_test, leading_accepts, residual, verify_greedy,
+                                    verify_sampled)
+from tests.decode.helpers import chi_square_p
+
+
+def one_hot_logits(ids, vocab=6):
+    x = torch.full((len(ids), vocab), -10.0)
+    x[torch.arange(len(ids)), torch.tensor(ids)] = 10.0
+    return x
+
+
+def test_leading_accepts():
+    acc = torch.tensor([[1, 1, 0, 1], [0, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
+    assert leading_accepts(acc).tolist() == [2, 0, 4]
+
+
+def test_greedy_accepts_matching_prefix_then_target_token():
+    # target argmax per position: 3, 1, 4, 2 (K = 3 drafted, 4 target positions)
+    logits = one_hot_logits([3, 1, 4, 2])[None]  # (1, 4, V)
+    cases = {(3, 1, 4): (3, 2), (3, 1, 0): (2, 4), (0, 1, 4): (0, 3), (3, 5, 4): (1, 1)}
+    for draft, (n, nxt) in cases.items():
+        v = verify_greedy(torch.tensor([draft]), logits)
+        assert (v.num_accepted.item(), v.next_token.item()) == (n, nxt), draft
+
+
+def test_sampled_pinned_decisions():
+    """p >= q at the drafted token: always accepted; p = 0 there: always rejected and the
+    residual max(0, p - q) fixes the replacement exactly."""
+    q = torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]])  # (K = 2, V)
+    p_accept = torch.tensor([[0.6, 0.4, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0], [0, 0, 0, 1.0]])
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        v = verify_sampled(torch.tensor([[0, 1]]), q[None], p_accept[None], gen)
+        assert v.num_accepted.item() == 2 and v.next_token.item() == 3  # bonus from p_3
+    # drafted token 1 has p = 0 at position 1: rejected; residual = max(0, p - q) = token 2
+    p_reject = torch.tensor([[0.5, 0.0, 0.5, 0.0], [0.0, 1.0, 0.0, 0.0], [0, 0, 0, 1.0]])
+    for _ in range(50):
+        v = verify_sampled(torch.tensor([[1, 1]]), q[None], p_reject[None], gen)
+        assert v.num_accepted.item() == 0 and v.next_token.item() == 2
+    # beta = sum min(p, q) = 1 - TV
+    v = verify_sampled(torch.tensor([[1, 1]]), q[None], p_reject[None], gen)
+    assert v.beta[0].tolist() == pytest.approx([0.5, 1.0])
+
+
+def test_accept_test_threshold():
+    q = torch.tensor([[[0.8, 0.2]]])
+    p = torch.tensor([[[0.4, 0.6], [0.5, 0.5]]])  # p/q at token 0 = 0.5
+    d = torch.tensor([[0]])
+    assert accept_test(d, q, p, torch.tensor([[0.49]])).item()
+    assert not accept_test(d, q, p, torch.tensor([[0.51]])).item()
+
+
+def test_residual_falls_back_to_p_when_empty():
+    p = torch.tensor([[0.3, 0.7]])
+    assert torch.allclose(residual(p, p.clone()), p)
+    assert torch.allclose(residual(p, torch.tensor([[0.5, 0.5]])), torch.tensor([[0.0, 1.0]]))
+
+
+def _emit_first(verify, p, q, n, gen):
+    """Draw n rounds at once (vectorised): draft from q, verify, return the first emitted token
+    and the second (accepted draft or target token)."""
+    k = q.shape[0]
+    qb, pb = q.expand(n, k, -1), p.expand(n, k + 1, -1)
+    drafted = torch.stack([sample(qb[:, i], gen) for i in range(k)], dim=1)  # (n, K)
+    v = verify(drafted, qb, pb, gen)
+    first = torch.where(v.num_accepted > 0, drafted[:, 0], v.next_token)
+    return first, v
+
+
+def broken_verify(draft_tokens, q, p, generator=None):
+    """Negative control: resamples from p instead of norm(max(0, p - q)) after a rejection."""
+    from draftkit.decode.verify import Verdict
+
+    bsz, k = draft_tokens.shape
+    u = torch.rand((bsz, k), generator=generator)
+    n = leading_accepts(accept_test(draft_tokens, q, p, u))
+    rows = torch.arange(bsz)
+    nxt = sample(p[rows, n], generator)
+    return Verdict(n, nxt, torch.minimum(p[:, :-1], q).sum(-1))
+
+
+@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_p=0.9),
+                                    SamplingParams(1.3, top_k=5)])
+def test_verify_output_matches_target_chi_square(params):
+    """Fixed random logits: the first emitted token of 40,000 rounds is distributed as p."""
+    gen = torch.Generator().manual_seed(1)
+    vocab, k = 12, 3
+    lp = torch.randn(k + 1, vocab, generator=gen) * 1.5
+    lq = lp + torch.randn(k + 1, vocab, generator=gen) * 1.5  # a different, related draft
+    p, q = probabilities(lp, params), probabilities(lq[:k], params)
+    first, v = _emit_first(verify_sampled, p, q, 40_000, gen)
+    assert chi_square_p(torch.bincount(first, minlength=vocab), p[0]) > 0.01
+    assert 0 < v.num_accepted.float().mean() < k  # both paths exercised
+    # alpha estimated by counts equals E[beta] at position 1
+    acc1 = (v.num_accepted > 0).float().mean()
+    assert acc1.item() == pytest.approx(v.beta[:, 0].mean().item(), abs=0.01)
+
+
+def test_chi_square_catches_broken_rule():
+    gen = torch.Generator().manual_seed(1)
+    params = SamplingParams(1.0)
+    vocab, k = 12, 3
+    lp = torch.randn(k + 1, vocab, generator=gen) * 1.5
+    lq = lp + torch.randn(k + 1, vocab, generator=gen) * 1.5
+    p, q = probabilities(lp, params), probabilities(lq[:k], params)
+    first, _ = _emit_first(broken_verify, p, q, 40_000, gen)
+    assert chi_square_p(torch.bincount(first, minlength=vocab), p[0]) < 0.01

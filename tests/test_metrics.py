@@ -1,0 +1,70 @@
+"""draftkit.metrics against the closed forms and the table in REFERENCE.md section 1."""
+
+import math
+
+import pytest
+
+from draftkit import metrics as m
+
+# (alpha, c) -> (K, speedup) from REFERENCE.md section 1
+TABLE = {(0.5, 0.05): (3, 1.63), (0.5, 0.1): (2, 1.46), (0.5, 0.2): (1, 1.25),
+         (0.5, 0.3): (1, 1.15), (0.5, 0.5): (0, 1.0), (0.6, 0.5): (1, 1.07),
+         (0.7, 0.1): (4, 1.98), (0.8, 0.1): (6, 2.47), (0.8, 0.3): (3, 1.55),
+         (0.9, 0.05): (13, 4.67), (0.9, 0.2): (7, 2.37), (0.9, 0.5): (3, 1.38)}
+
+
+@pytest.mark.parametrize("alpha,c", list(TABLE))
+def test_optimal_k_matches_reference_table(alpha, c):
+    k, s = m.optimal_k(alpha, c, k_max=20)
+    assert (k, round(s, 2)) == TABLE[(alpha, c)]
+
+
+def test_tau_closed_form_and_per_position():
+    for a in (0.0, 0.3, 0.8):
+        for k in range(6):
+            assert m.tau(a, k) == pytest.approx((1 - a ** (k + 1)) / (1 - a))
+    assert m.tau(1.0, 4) == 5
+    assert m.tau([0.9, 0.5, 0.2], 3) == pytest.approx(1 + 0.9 + 0.45 + 0.09)
+    assert m.tau([0.9], 3) == pytest.approx(m.tau(0.9, 3))  # missing positions repeat the last
+    with pytest.raises(ValueError):
+        m.tau(1.2, 2)
+
+
+def test_speedup_general_model():
+    assert m.speedup(0.8, 0.1, 0) == 1.0
+    assert m.speedup(0.8, 0.1, 3) == pytest.approx(m.tau(0.8, 3) / 1.3)
+    # verify inflation and overhead lower the speedup; v may be a function or a table of K
+    assert m.speedup(0.8, 0.1, 3, v=1.5) == pytest.approx(m.tau(0.8, 3) / 1.8)
+    assert m.speedup(0.8, 0.1, 3, v=lambda k: 1 + 0.1 * k, overhead=0.2) == \
+        pytest.approx(m.tau(0.8, 3) / (0.3 + 1.3 + 0.2))
+    assert m.speedup(0.8, 0.1, 2, v=[1.0, 1.1, 1.2]) == pytest.approx(m.tau(0.8, 2) / 1.4)
+    assert m.speedup_from_times(2.0, 0.05, 0.01, 0.06, 0.0, 3) == pytest.approx(0.1 / 0.09)
+    # inflation large enough makes K = 0 optimal
+    assert m.optimal_k(0.6, 0.2, v=2.0)[0] == 0
+
+
+def test_break_even_and_crossovers():
+    assert m.break_even_alpha(0.2, k=1) == pytest.approx(0.2)  # alpha <= c: no K helps
+    assert m.break_even_alpha_any_k(0.2) == pytest.approx(0.2, abs=1e-6)
+    assert m.break_even_alpha(0.6, k=1, v=1.5) == math.inf or \
+        m.speedup(m.break_even_alpha(0.6, k=1, v=1.5), 0.6, 1, v=1.5) == pytest.approx(1.0)
+    a = m.break_even_alpha(0.19, k=3, v=1.15)
+    assert m.speedup(a, 0.19, 3, v=1.15) == pytest.approx(1.0)
+    assert m.break_even_alpha(1.0, k=2, v=2.0) == math.inf
+    c = m.max_draft_cost(0.7, 3)
+    assert m.speedup(0.7, c, 3) == pytest.approx(1.0)
+    assert m.crossover_index([1.8, 1.4, 1.05, 0.9, 0.7]) == 3
+    assert m.crossover_index([1.2, 1.1]) is None
+
+
+def test_estimators_and_conversions():
+    assert m.alpha_from_counts(30, 10) == 0.75
+    assert m.conditional_alphas([8, 4, 0], [10, 8, 0]) == [0.8, 0.5, 0.0]
+    assert m.alpha_from_tau(m.tau(0.65, 4), 4) == pytest.approx(0.65, abs=1e-9)
+    # vLLM / SGLang acceptance rate = (tau - 1) / K, not alpha
+    assert m.tau_from_acceptance_rate(0.5, 4) == 3.0
+    assert m.acceptance_rate_from_tau(3.0, 4) == 0.5
+    assert m.tau_from_gpt_fast(1.28) == pytest.approx(2.28)
+    # per-position r_i = P(first i+1 accepted): 80/100, 40/100 -> alpha_1 = 0.8, alpha_2 = 0.5
+    assert m.conditional_alphas_from_vllm(100, [80, 40, 10]) == pytest.approx([0.8, 0.5, 0.25])
+    assert m.tau_from_vllm(100, 130) == pytest.approx(2.3)
