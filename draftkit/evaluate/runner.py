@@ -233,7 +233,7 @@ def domain_figures(run: DomainRun, n_prompts: int, settings: EvalSettings) -> di
     alphas = stats.alphas()
     c = stats.c(step)
     v = stats.v(k, step) if k else None
-    predicted = None
+    predicted = 1.0 if k == 0 else None  # K = 0 is plain decoding by definition
     if k and c is not None and v is not None:
         predicted = metrics.speedup(alphas or stats.alpha(), c, k, v)
     rounds = stats.rounds or 1
@@ -253,24 +253,23 @@ def domain_figures(run: DomainRun, n_prompts: int, settings: EvalSettings) -> di
 def verdict(fig: dict, k_max: int) -> str:
     """Speculate with which K, or do not, and why, from measured figures."""
     measured, alpha, c, v = fig["speedup_measured"], fig["alpha"], fig["c"], fig["v"]
-    best_k, best_s = (None, None)
-    if c is not None:
-        best_k, best_s = metrics.optimal_k(fig["alpha_per_position"] or alpha, c, k_max,
-                                           v if v is not None else 1.0)
-    if measured is not None and measured > 1.0:
+    if measured is not None and measured > 1.0 and fig["k"]:
         return f"speculate with K={fig['k']} (measured {measured:.2f}x)"
-    if c is not None and c >= alpha:
-        return f"do not speculate: draft too slow (c={c:.2f} >= alpha={alpha:.2f})"
-    if c is not None:
-        be = metrics.break_even_alpha_any_k(c, k_max, v if v is not None else 1.0)
-        if alpha < be:
-            return (f"do not speculate: alpha {alpha:.2f} is below the break-even "
-                    f"{be:.2f} for c={c:.2f}")
-    if best_k == 0 or (best_s is not None and best_s <= 1.0):
-        return "do not speculate: no K pays at this alpha and c"
-    return (f"do not speculate: predicted {best_s:.2f}x at K={best_k} but measured "
-            f"{measured:.2f}x; per-round overhead {fig['overhead_per_round_ms']:.1f} ms "
-            f"eats the gain")
+    if c is None:
+        return "do not speculate: the draft never ran, so its cost is unknown"
+    v_est = v if v is not None else 1.0
+    be = metrics.break_even_alpha_any_k(c, k_max, v_est)
+    if alpha < be:
+        why = f"alpha {alpha:.2f} is below the break-even {be:.2f} at this draft's c={c:.2f}"
+        if c >= 0.5:
+            why += " (the draft is too slow)"
+        return f"do not speculate: {why}"
+    best_k, best_s = metrics.optimal_k(fig["alpha_per_position"] or alpha, c, k_max, v_est)
+    if best_k == 0:
+        return "do not speculate: no K pays at this alpha, c and v"
+    return (f"do not speculate yet: predicted {best_s:.2f}x at K={best_k} but measured "
+            f"{measured:.2f}x; per-round overhead {fig['overhead_per_round_ms']:.1f} ms eats "
+            f"the gain")
 
 
 def k_sweep_rows(domain: str, fig: dict, measured: list[dict], k_max: int) -> list[dict]:

@@ -88,3 +88,19 @@ def test_bad_suite_and_flags_are_one_line(tiny_dirs, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "draftkit", "eval", "--draft", str(draft),
                            "--k", "-1"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "--k must be >= 0" in proc.stderr
+
+
+def test_verdicts_say_why():
+    from draftkit.evaluate.runner import verdict
+
+    base = {"alpha_per_position": [], "overhead_per_round_ms": 3.0, "v": 1.1}
+    fast = dict(base, speedup_measured=1.4, alpha=0.7, c=0.2, k=3)
+    assert verdict(fast, 8) == "speculate with K=3 (measured 1.40x)"
+    low = dict(base, speedup_measured=0.8, alpha=0.1, c=0.2, k=3)
+    assert verdict(low, 8).startswith("do not speculate: alpha 0.10 is below the break-even")
+    slow = dict(base, speedup_measured=0.8, alpha=0.5, c=0.9, k=1)
+    assert verdict(slow, 8).endswith("(the draft is too slow)")
+    overhead = dict(base, speedup_measured=0.9, alpha=0.8, c=0.1, k=3)
+    assert "per-round overhead 3.0 ms" in verdict(overhead, 8)
+    never = dict(base, speedup_measured=1.0, alpha=0.0, c=None, k=0, v=None)
+    assert "never ran" in verdict(never, 8)
