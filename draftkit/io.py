@@ -7,6 +7,7 @@ Everything draftkit writes goes to a temporary sibling first and is renamed into
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -69,3 +70,12 @@ def atomic_dir(path: Path, overwrite: bool = False) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in chunks (weights can be large)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -10,7 +10,6 @@ error: it was damaged after it was written.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import shutil
@@ -20,15 +19,7 @@ from typing import Any
 import torch
 
 from draftkit.errors import DraftkitError
-from draftkit.io import atomic_dir, atomic_write_json
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
+from draftkit.io import atomic_dir, atomic_write_json, sha256_file
 
 
 def trainable_state(model: Any) -> dict[str, torch.Tensor]:
@@ -62,7 +53,7 @@ def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler
         torch.save(state, tmp / "state.pt")
         atomic_write_json(tmp / "manifest.json", {
             "step": step, "bytes": (tmp / "state.pt").stat().st_size,
-            "sha256": _sha256(tmp / "state.pt")})
+            "sha256": sha256_file(tmp / "state.pt")})
     for old in list_checkpoints(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return path
@@ -86,7 +77,7 @@ def load_checkpoint(path: Path) -> dict:
         manifest = json.loads((path / "manifest.json").read_text())
         state_file = path / "state.pt"
         if state_file.stat().st_size != manifest["bytes"] or \
-                _sha256(state_file) != manifest["sha256"]:
+                sha256_file(state_file) != manifest["sha256"]:
             raise DraftkitError(f"checkpoint {path} is corrupted (its bytes do not match "
                                 f"manifest.json); {fix}")
         return torch.load(state_file, map_location="cpu", weights_only=True)

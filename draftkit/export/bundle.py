@@ -25,6 +25,7 @@ from typing import Any
 
 from draftkit.config import option
 from draftkit.errors import DraftkitError, ModelError
+from draftkit.io import sha256_file
 
 MANIFEST = "draftkit.json"
 FORMAT = 1
@@ -61,14 +62,6 @@ class CheckArgs:
 
 
 # --- hashing ------------------------------------------------------------------------------------
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
 
 def _bundle_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
