@@ -94,7 +94,8 @@ def quickstart(args: QuickstartArgs) -> dict:
     from draftkit.distill.command import load_config
     from draftkit.distill.trainer import train
     from draftkit.evaluate.command import EvalArgs, run_eval
-    from draftkit.evaluate.report import domain_table, format_text_table, write_report
+    from draftkit.evaluate.report import (break_even_text, domain_table, format_text_table,
+                                          write_report)
     from draftkit.export import export_bundle
     from draftkit.models import load_model, load_tokenizer, resolve_model
     from draftkit.models.derive import derive_by_layers, save_draft
@@ -158,9 +159,8 @@ def quickstart(args: QuickstartArgs) -> dict:
     stamp("5/5 done")
     print()
     print(format_text_table(*domain_table(report)))
-    be = report["break_even"]["batch_size"]
     print(f"\nalpha before = the undistilled draft, teacher-forced on the same continuations; "
-          f"break-even batch size: {be if be is not None else 'beyond the sweep'}")
+          f"{break_even_text(report)}")
     print(f"report: {out / 'report.md'}   bundle: {bundle}   "
           f"(serve it: {bundle / 'serving'}; verify: draftkit check {bundle})")
     print(f"total {(time.perf_counter() - t_start) / 60:.1f} min")

@@ -160,14 +160,14 @@ def break_even(batch_rows: list[dict], domains: dict[str, dict], settings) -> di
 def evaluate(args: EvalArgs) -> dict:
     """``draftkit eval``: measure, write the report and print the per-domain table."""
     from draftkit.config import to_dict
-    from draftkit.evaluate.report import domain_table, format_text_table, write_report
+    from draftkit.evaluate.report import (break_even_text, domain_table, format_text_table,
+                                          write_report)
     from draftkit.tracking import Tracker
 
     with Tracker("eval", to_dict(args), out_dir=args.out) as tracker:
         report = run_eval(args, tracker)
         files = write_report(report, args.out, tracker)
     print(format_text_table(*domain_table(report)))
-    be = report["break_even"]["batch_size"]
-    print(f"\nbreak-even batch size: {be if be is not None else 'beyond the sweep'}")
+    print(f"\n{break_even_text(report)}")
     print(f"report: {files['md']} (also {files['html'].name}, {files['json'].name}, plots)")
     return report

@@ -30,6 +30,19 @@ TABLE = [("domain", None, "{}"), ("prompts", "n_prompts", "{}"), ("alpha before"
          "{:.1f}"), ("verdict", "verdict", "{}")]
 
 
+def break_even_text(report: dict) -> str:
+    """One sentence on where speculation stops paying along the batch sweep."""
+    rows = report.get("batch_sweep") or []
+    be = (report.get("break_even") or {}).get("batch_size")
+    if not rows:
+        return "no batch sweep was run"
+    if be is None:
+        return f"speculation pays at every batch size measured (up to {rows[-1]['batch_size']})"
+    if be == min(r["batch_size"] for r in rows):
+        return "speculation does not pay at any batch size measured"
+    return f"speculation stops paying at batch size {be}"
+
+
 def _fmt(value: Any, pattern: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
@@ -89,9 +102,10 @@ def write_plots(report: dict, out_dir: Path) -> dict[str, Path]:
             rows = sorted(rows, key=lambda r: r["k"])
             color = f"C{i % 10}"
             ks = [r["k"] for r in rows]
-            if any(r.get("speedup_measured") is not None for r in rows):
-                ax.plot(ks, [r.get("speedup_measured") for r in rows], "o-", color=color,
-                        label=f"{name} measured")
+            measured = [r for r in rows if r.get("speedup_measured") is not None]
+            if measured:
+                ax.plot([r["k"] for r in measured], [r["speedup_measured"] for r in measured],
+                        "o-", color=color, label=f"{name} measured")
             ax.plot(ks, [r.get("speedup_predicted") for r in rows], "--", color=color, alpha=0.7,
                     label=f"{name} predicted")
         ax.axhline(1.0, color="gray", lw=1)
@@ -109,8 +123,9 @@ def write_plots(report: dict, out_dir: Path) -> dict[str, Path]:
         ax.plot(bs, [r.get("speedup_predicted") for r in rows], "s--", label="predicted")
         ax.axhline(1.0, color="gray", lw=1)
         be = (report.get("break_even") or {}).get("batch_size")
-        if be is not None:
+        if be is not None and be != bs[0]:
             ax.axvline(be, color="red", ls=":", label=f"break-even batch {be}")
+        ax.set_title(break_even_text(report), fontsize=9)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch size")
         ax.set_ylabel("speedup over plain decoding")
@@ -154,9 +169,8 @@ def _summary_lines(report: dict) -> list[str]:
     lines = [f"target `{report.get('target')}`, draft `{report.get('draft')}`, device "
              f"{report.get('device')}, dtype {report.get('dtype')}, temperature "
              f"{report.get('temperature')}, K {report.get('k')}"]
-    be = report.get("break_even") or {}
-    if be.get("batch_size") is not None:
-        lines.append(f"speculation stops paying at batch size {be['batch_size']}")
+    if report.get("batch_sweep"):
+        lines.append(break_even_text(report))
     return lines
 
 

@@ -46,3 +46,16 @@ def test_table_without_sweeps_or_before():
     assert "alpha before" not in header and [r[0] for r in rows] == ["code", "creative", "overall"]
     text = format_text_table(header, rows)
     assert "1.30x" in text and "speculate with K=3" in text
+
+
+def test_break_even_text():
+    from draftkit.evaluate.report import break_even_text
+
+    report = sample_report()
+    assert break_even_text(report) == "speculation stops paying at batch size 2"
+    report["break_even"]["batch_size"] = 1
+    assert break_even_text(report) == "speculation does not pay at any batch size measured"
+    report["break_even"]["batch_size"] = None
+    assert break_even_text(report) == "speculation pays at every batch size measured (up to 4)"
+    report["batch_sweep"] = []
+    assert break_even_text(report) == "no batch sweep was run"
