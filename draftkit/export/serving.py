@@ -44,16 +44,26 @@ print(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
 
 
 def write_serving(folder: Path, target: str, draft_dir: str, k: int) -> None:
-    """``folder``/vllm.json, vllm.sh, sglang.sh and hf_transformers.py for this target and K."""
+    """``folder``/vllm.json, vllm.sh, sglang.sh and hf_transformers.py for this target and K.
+
+    A recommended K of 0 means speculation did not pay on the measured traffic; the engines
+    need K >= 1 to load a draft at all, so the files use K = 1 and say so.
+    """
     folder.mkdir(parents=True, exist_ok=True)
+    note = ""
+    if k < 1:
+        note = ("# NOTE: the evaluation recommends K = 0 (speculation did not pay for this draft "
+                "on the measured traffic);\n# serving the target without a draft is faster. "
+                "These commands use K = 1 so the draft can still be tried.\n")
+        k = 1
     spec = vllm_speculative_config(draft_dir, k)
     (folder / "vllm.json").write_text(json.dumps(spec, indent=2) + "\n")
     (folder / "vllm.sh").write_text(
-        "#!/usr/bin/env bash\n# Serve the target with this bundle's draft in vLLM.\n"
+        "#!/usr/bin/env bash\n# Serve the target with this bundle's draft in vLLM.\n" + note +
         f"vllm serve {shlex.quote(target)} --speculative-config "
         f"{shlex.quote(json.dumps(spec))} \"$@\"\n")
     (folder / "sglang.sh").write_text(
-        "#!/usr/bin/env bash\n# Serve the target with this bundle's draft in SGLang.\n"
+        "#!/usr/bin/env bash\n# Serve the target with this bundle's draft in SGLang.\n" + note +
         f"python -m sglang.launch_server --model-path {shlex.quote(target)} "
         f"{' '.join(shlex.quote(a) for a in sglang_flags(draft_dir, k))} \"$@\"\n")
     (folder / "hf_transformers.py").write_text(hf_snippet(target, draft_dir))

@@ -106,3 +106,13 @@ def test_lora_draft_is_merged(tiny_dirs, tmp_path):
     merged = AutoModelForCausalLM.from_pretrained(out / "draft")
     with torch.no_grad():
         torch.testing.assert_close(merged(ids).logits, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_k_zero_recommendation_is_said_in_serving_files(tiny_dirs, tmp_path):
+    target_dir, draft_dir = tiny_dirs
+    out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "b", k=0)
+    manifest = check_bundle(out)
+    assert manifest["num_speculative_tokens"] == 0
+    assert json.loads((out / "serving" / "vllm.json").read_text())["num_speculative_tokens"] == 1
+    assert "recommends K = 0" in (out / "serving" / "vllm.sh").read_text()
+    assert "recommends K = 0" in (out / "serving" / "sglang.sh").read_text()
