@@ -124,12 +124,11 @@ def run_eval(args: EvalArgs, tracker=None, extra_drafts: dict[str, Any] | None =
         overall = runner.aggregate(domains, runs, settings)
         batch_rows = []
         if settings.batch_sizes:
-            all_prompts = [p for ids in prompts.values() for p in ids]
             # Interleave domains so every batch size mixes them.
             mixed = [ids[i] for i in range(max(map(len, prompts.values())))
                      for ids in prompts.values() if i < len(ids)]
             bar.set_postfix_str("batch sweep")
-            batch_rows = ev.batch_sweep(mixed or all_prompts, max(overall["k"], 1))
+            batch_rows = ev.batch_sweep(mixed, max(overall["k"], 1))
     report = {
         "target": pair.target_ref.name, "draft": pair.draft_ref.name if pair.draft_ref else None,
         "device": str(ev.device), "dtype": str(next(pair.target.parameters()).dtype).replace(

@@ -117,9 +117,7 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
     draft_tok = target_tok
     if any(Path(draft_ref.path).glob("tokenizer*")):
         draft_tok = load_tokenizer(draft_ref, "draft")
-    check_compatible(target_tok, draft_tok, target_cfg, draft_model.config)
-    if _vocab_size(draft_model.config) != _vocab_size(target_cfg):
-        raise ModelError("draft vocab_size differs from the target's")
+    check_compatible(target_tok, draft_tok, target_cfg, draft_model.config)  # vocab_size too
     t_max = getattr(target_cfg.get_text_config(), "max_position_embeddings", None)
     d_max = getattr(draft_model.config.get_text_config(), "max_position_embeddings", None)
     if t_max and d_max and d_max < t_max:
