@@ -33,6 +33,8 @@ COMMANDS: list[tuple[str, str, str, str, str]] = [
      "generate text, speculatively when given a draft"),
     ("bench", "draftkit.decode.bench", "BenchArgs", "bench",
      "tokens/s of our decoder against HF generate and assisted generation"),
+    ("serve", "draftkit.serve.command", "ServeArgs", "serve",
+     "serve a bundle over an OpenAI-compatible HTTP API"),
 ]
 
 

@@ -5,6 +5,11 @@ can reach. Row b's valid entries are positions [0, lengths[b]). Rolling back aft
 is moving the pointer: the rejected entries stay in memory and are overwritten by the next
 write at those positions, and the causal mask (key position <= query position) never lets a
 query see an entry beyond its own position. No tensor is copied.
+
+A forward may touch only some rows (the slots a server is decoding, or the one it is
+prefilling): :class:`WriteIndex` names them. A contiguous run of rows is a slice (no copy);
+any other set is gathered for attention, which copies those rows' keys and values once per
+layer, and written back by scatter.
 """
 
 from __future__ import annotations
@@ -35,28 +40,49 @@ class StaticKVCache:
         self.lengths.copy_(lengths)
 
     def write(self, layer: int, k: "torch.Tensor", v: "torch.Tensor", index: "WriteIndex") -> None:
-        """Store new keys/values. k, v: (B, Hkv, T, D) at positions index.positions (B, T)."""
-        if index.uniform_start is not None:  # every row writes the same slots: a plain slice
-            s = index.uniform_start
-            self.k[layer, :, :, s:s + k.shape[2]] = k
-            self.v[layer, :, :, s:s + k.shape[2]] = v
-        else:  # rows at different positions: one scatter per tensor
+        """Store new keys/values. k, v: (b, Hkv, T, D) for the b rows the index names, at
+        positions index.positions (b, T)."""
+        if index.uniform_start is not None and index.span is not None:  # a plain slice
+            s, r = index.uniform_start, index.span
+            self.k[layer, r, :, s:s + k.shape[2]] = k
+            self.v[layer, r, :, s:s + k.shape[2]] = v
+        else:  # rows at different positions (or scattered rows): one scatter per tensor
             self.k[layer][index.rows, :, index.positions] = k.transpose(1, 2)
             self.v[layer][index.rows, :, index.positions] = v.transpose(1, 2)
 
-    def view(self, layer: int, kv_len: int) -> tuple["torch.Tensor", "torch.Tensor"]:
-        """Keys and values of positions [0, kv_len): (B, Hkv, kv_len, D) views, no copy."""
-        return self.k[layer, :, :, :kv_len], self.v[layer, :, :, :kv_len]
+    def view(self, layer: int, kv_len: int, index: "WriteIndex | None" = None
+             ) -> tuple["torch.Tensor", "torch.Tensor"]:
+        """Keys and values of positions [0, kv_len) of the index's rows (all rows without
+        one): (b, Hkv, kv_len, D); views for a contiguous run of rows, a gathered copy else."""
+        if index is None or index.span is not None:
+            r = slice(None) if index is None else index.span
+            return self.k[layer, r, :, :kv_len], self.v[layer, r, :, :kv_len]
+        sel = index.row_ids
+        return (self.k[layer, :, :, :kv_len].index_select(0, sel),
+                self.v[layer, :, :, :kv_len].index_select(0, sel))
 
 
 class WriteIndex:
-    """Where a forward of T tokens per row writes, computed once and shared by all layers."""
+    """Where a forward of T tokens per row writes, computed once and shared by all layers.
 
-    def __init__(self, start: "torch.Tensor", num_tokens: int, uniform_start: int | None):
+    ``rows``: the cache rows the b input rows are (None = all rows, in order).
+    """
+
+    def __init__(self, start: "torch.Tensor", num_tokens: int, uniform_start: int | None,
+                 rows: list[int] | None = None):
         import torch
 
-        # start: (B,) first position of each row's new tokens
-        self.positions = start[:, None] + torch.arange(num_tokens, device=start.device)  # (B, T)
-        self.rows = torch.arange(start.shape[0], device=start.device)[:, None].expand_as(
-            self.positions)  # (B, T)
+        dev = start.device
+        # start: (b,) first position of each row's new tokens
+        self.positions = start[:, None] + torch.arange(num_tokens, device=dev)  # (b, T)
+        b = start.shape[0]
+        if rows is None:
+            self.span: slice | None = slice(None)
+            self.row_ids = torch.arange(b, device=dev)
+        else:
+            first = rows[0]
+            contiguous = rows == list(range(first, first + b))
+            self.span = slice(first, first + b) if contiguous else None
+            self.row_ids = torch.tensor(rows, device=dev)  # (b,)
+        self.rows = self.row_ids[:, None].expand_as(self.positions)  # (b, T)
         self.uniform_start = uniform_start

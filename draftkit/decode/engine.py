@@ -13,13 +13,27 @@ of which the target has processed the first L - 1:
 K = 0 is plain decoding in the same loop: one target step, no draft work at all.
 
 Rows of different lengths each keep their own position pointer, so a row's tokens do not
-depend on the other rows (under greedy decoding they equal decoding it alone). Finished rows
-(EOS or their token budget) stay in the batch, idle, until the batch ends; a server can drive
-:meth:`SpeculativeEngine.start` / :meth:`SpeculativeEngine.step` itself.
+depend on the other rows (under greedy decoding they equal decoding it alone). A round
+computes only the rows still decoding; finished rows (EOS or their token budget) stay in the
+batch, idle, until the batch ends.
 
-Sampling draws from one seeded ``torch.Generator`` per batch: a seeded run is reproducible,
-and each row's tokens are distributed exactly as the target's, but which sample a row gets
-depends on the batch it ran in (greedy rows do not depend on the batch at all).
+Slots (continuous batching, as a server runs it): :meth:`SpeculativeEngine.open` allocates a
+batch of N empty slots with caches sized for the context window; :meth:`~SpeculativeEngine.admit`
+prefills new rows into free slots (only their cache rows are written) while the other rows
+keep their state; :meth:`~SpeculativeEngine.step` runs one round over the live rows;
+:meth:`~SpeculativeEngine.release` frees a slot. :meth:`~SpeculativeEngine.start` is ``open``
+plus ``admit`` of a fixed batch. The Llama-family fast path admits at any round; the general
+transformers path cannot write one row of a ``DynamicCache``, so it admits only into an empty
+batch (cohorts) and every round computes the whole cohort.
+
+Sampling parameters are per row (temperature, top-k, top-p; greedy rows stay exact argmax).
+Random numbers come from one seeded ``torch.Generator`` for the batch (``start``/``generate``:
+a seeded run is reproducible, but which sample a row gets depends on the batch it ran in) or
+from one generator per row (``admit(generators=...)``): each round a row draws the same
+numbers in the same order whatever else is in the batch, so a seeded row's tokens depend only
+on its prompt, parameters, seed and the K of each round. Under a fixed K that makes it
+independent of the batch; under ``--k auto`` the K chosen follows load and timing, which
+changes which sample is drawn (never its distribution). Greedy rows never depend on the batch.
 """
 
 from __future__ import annotations
@@ -29,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from draftkit.decode.runners import context_window, make_runner, text_config
-from draftkit.decode.sampling import SamplingParams, probabilities, sample
+from draftkit.decode.sampling import Generators, SamplingParams, row_probabilities, sample
 from draftkit.decode.stats import DecodeStats, RoundStats
 from draftkit.decode.verify import verify_greedy, verify_sampled
 from draftkit.errors import DraftkitError
@@ -57,7 +71,7 @@ class RowStats:
 @dataclass
 class Result:
     tokens: list[int]  # new tokens only (EOS included when it ended the row)
-    finish_reason: Literal["eos", "length"]
+    finish_reason: Literal["eos", "length", "abort"]
     stats: RowStats
     seconds: float = 0.0  # wall time of the batch the row ran in
 
@@ -68,34 +82,53 @@ class Result:
 
 @dataclass
 class BatchState:
-    """Everything a batch carries between rounds (device tensors plus host-side mirrors)."""
+    """Everything a batch carries between rounds (device tensors plus host-side mirrors).
 
-    tokens: "torch.Tensor"  # (B, S) committed tokens, prompt first
+    One entry per slot; a free slot is unoccupied and done."""
+
+    tokens: "torch.Tensor"  # (S, L) committed tokens, prompt first
     lengths: list[int]  # committed tokens per row
     prompt_lengths: list[int]
     budgets: list[int]  # max new tokens per row
     done: list[bool]
     finish: list[str | None]
     rows: list[RowStats]
-    params: SamplingParams
-    generator: "torch.Generator | None"
+    params: list[SamplingParams]  # per row
+    generators: Generators  # one for the batch, or one per row
     k_max: int
     stats: DecodeStats
     draft_lengths: list[int] = field(default_factory=list)  # positions the draft cache holds
+    occupied: list[bool] = field(default_factory=list)
+    new_tokens: list[list[int]] = field(default_factory=list)  # host copy of each row's output
+    cohort: list[int] = field(default_factory=list)  # rows in a general runner's cache
     started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def slots(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def max_len(self) -> int:
+        return self.tokens.shape[1]
 
     @property
     def finished(self) -> bool:
         return all(self.done)
 
+    def live(self) -> list[int]:
+        """Slots still decoding."""
+        return [b for b in range(self.slots) if self.occupied[b] and not self.done[b]]
+
+    def result(self, b: int) -> Result:
+        return Result(list(self.new_tokens[b]), self.finish[b] or "length", self.rows[b],
+                      time.perf_counter() - self.started)
+
     def results(self) -> list[Result]:
-        wall = time.perf_counter() - self.started
-        out = []
-        for b, row in enumerate(self.rows):
-            p, n = self.prompt_lengths[b], self.lengths[b]
-            out.append(Result(self.tokens[b, p:n].tolist(), self.finish[b] or "length", row,
-                              wall))
-        return out
+        return [self.result(b) for b in range(self.slots)]
+
+    def rng(self, rows: list[int]) -> Generators:
+        g = self.generators
+        return [g[b] for b in rows] if isinstance(g, list) else g
 
 
 def synchronize(device: "torch.device") -> None:
@@ -136,6 +169,9 @@ class SpeculativeEngine:
             [] if eos_token_id is None else [eos_token_id])
         self.eos = set(int(i) for i in ids)
         self.context = context_window(target_model)
+        # slots (admit at any round) need runners that can write a subset of cache rows
+        self.slotted = self.target.supports_rows and (
+            self.draft is None or self.draft.supports_rows)
 
     # --- one-call API ---------------------------------------------------------------------
 
@@ -174,7 +210,8 @@ class SpeculativeEngine:
     def start(self, prompts: list[list[int]], params: SamplingParams, max_new_tokens: int,
               seed: int | None = None, k_max: int = 0, stats: DecodeStats | None = None
               ) -> BatchState:
-        """Validate, allocate the caches, prefill both models and emit each row's first token."""
+        """A fixed batch: validate, allocate the caches, prefill both models and emit each
+        row's first token. Rows share one generator seeded with ``seed``."""
         import torch
 
         if not prompts:
@@ -186,106 +223,196 @@ class SpeculativeEngine:
         lens = [len(p) for p in prompts]
         if min(lens) == 0:
             raise DraftkitError("empty prompt; give some text")
-        margin = k_max + 2  # a round may write K + 1 positions past the committed length
-        budgets = []
-        for i, n in enumerate(lens):
-            room = (self.context - n - margin) if self.context else max_new_tokens
-            if room < 1:
-                raise DraftkitError(f"prompt {i} has {n} tokens; the target's context window is "
-                                    f"{self.context} (room is needed for K = {k_max} drafted "
-                                    f"tokens too); shorten the prompt")
-            budgets.append(min(max_new_tokens, room))
-        bsz = len(prompts)
+        margin = k_max + 2
+        budgets = [self._budget(n, max_new_tokens, self.context, k_max, i)
+                   for i, n in enumerate(lens)]
         max_len = max(n + b for n, b in zip(lens, budgets)) + margin
-        dev = self.device
-        tokens = torch.zeros(bsz, max_len, dtype=torch.long, device=dev)
-        for b, p in enumerate(prompts):
-            tokens[b, :len(p)] = torch.tensor(p, dtype=torch.long)
-        generator = None
+        state = self.open(len(prompts), k_max, max_len, stats)
         if not params.greedy:
-            generator = torch.Generator(device=dev)
-            generator.manual_seed(seed if seed is not None else 0)
-        state = BatchState(tokens, list(lens), list(lens), budgets, [False] * bsz, [None] * bsz,
-                           [RowStats() for _ in range(bsz)], params, generator, k_max,
-                           stats if stats is not None else DecodeStats())
-        t0 = time.perf_counter()
-        self.target.reset(bsz, max_len)
-        width = max(lens)
-        last = [n - 1 for n in lens]
-        logits = self.target.forward(tokens[:, :width], [0] * bsz, last=last)  # (B, V)
-        if self.draft is not None and k_max > 0:
-            self.draft.reset(bsz, max_len)
-            self.draft.forward(tokens[:, :width], [0] * bsz, last=last)
-            state.draft_lengths = list(lens)
-        first = self._choose(logits, state)
-        for row in state.rows:
-            row.target_calls += 1
-        self._commit(state, first[:, None], [1] * bsz)
-        synchronize(dev)
-        state.stats.add_prefill(time.perf_counter() - t0, bsz)
+            state.generators = torch.Generator(device=self.device)
+            state.generators.manual_seed(seed if seed is not None else 0)
+        self.admit(state, prompts, params, budgets)
         return state
 
+    def open(self, slots: int, k_max: int = 0, max_len: int | None = None,
+             stats: DecodeStats | None = None) -> BatchState:
+        """An empty batch of ``slots`` rows whose caches hold ``max_len`` positions (default:
+        the target's context window). Rows enter with :meth:`admit`."""
+        import torch
+
+        if slots < 1:
+            raise DraftkitError(f"a batch needs at least one slot, got {slots}")
+        if k_max < 0:
+            raise DraftkitError(f"K (num_speculative_tokens) must be >= 0, got {k_max}")
+        if max_len is None:
+            if not self.context:
+                raise DraftkitError("the target's config has no max_position_embeddings; "
+                                    "give the maximum sequence length")
+            max_len = self.context
+        tokens = torch.zeros(slots, max_len, dtype=torch.long, device=self.device)
+        state = BatchState(tokens, [0] * slots, [0] * slots, [0] * slots, [True] * slots,
+                           [None] * slots, [RowStats() for _ in range(slots)],
+                           [SamplingParams()] * slots, [None] * slots, k_max,
+                           stats if stats is not None else DecodeStats(),
+                           draft_lengths=[0] * slots, occupied=[False] * slots,
+                           new_tokens=[[] for _ in range(slots)])
+        if self.slotted:  # the general runner allocates per cohort instead
+            self.target.reset(slots, max_len)
+            if self.draft is not None and k_max > 0:
+                self.draft.reset(slots, max_len)
+        return state
+
+    def admit(self, state: BatchState, prompts: list[list[int]],
+              params: SamplingParams | list[SamplingParams], max_new_tokens: int | list[int],
+              generators: list["torch.Generator | None"] | None = None) -> list[int]:
+        """Prefill new rows into free slots and emit their first token; returns the slots.
+
+        Only the admitted rows' caches are written; the live rows keep decoding at the next
+        :meth:`step`. ``generators``: one per new row (the batch must have been opened, not
+        started); a sampled row without one gets a fresh generator seeded at random.
+        """
+        import torch
+
+        n = len(prompts)
+        params = params if isinstance(params, list) else [params] * n
+        budgets = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * n
+        free = [b for b in range(state.slots) if not state.occupied[b]]
+        if not self.slotted and any(state.occupied):
+            raise DraftkitError("the general decoding path admits rows only into an empty "
+                                "batch; wait until every slot is released")
+        if n == 0 or n > len(free):
+            raise DraftkitError(f"cannot admit {n} rows: {len(free)} slots are free")
+        lens = [len(p) for p in prompts]
+        for i, (m, b) in enumerate(zip(lens, budgets)):
+            if m == 0:
+                raise DraftkitError("empty prompt; give some text")
+            if b < 1:
+                raise DraftkitError(f"max new tokens must be >= 1, got {b}")
+            budgets[i] = self._budget(m, b, state.max_len, state.k_max, i)
+        slots = free[:n]
+        dev = self.device
+        for i, b in enumerate(slots):
+            state.tokens[b, :lens[i]] = torch.tensor(prompts[i], dtype=torch.long)
+            state.lengths[b] = state.prompt_lengths[b] = lens[i]
+            state.budgets[b] = budgets[i]
+            state.done[b], state.finish[b], state.occupied[b] = False, None, True
+            state.rows[b], state.params[b], state.new_tokens[b] = RowStats(), params[i], []
+            if isinstance(state.generators, list):
+                g = generators[i] if generators is not None else None
+                if g is None and not params[i].greedy:
+                    g = torch.Generator(device=dev)
+                    g.seed()
+                state.generators[b] = g
+            elif generators is not None:
+                raise DraftkitError("per-row generators need a batch made by open(), not "
+                                    "start()")
+        t0 = time.perf_counter()
+        use_draft = self.draft is not None and state.k_max > 0
+        if not self.slotted:  # a new cohort: fresh caches holding exactly these rows
+            state.cohort = list(slots)
+            self.target.reset(n, state.max_len)
+            if use_draft:
+                self.draft.reset(n, state.max_len)
+        width = max(lens)
+        rows_t = torch.tensor(slots, device=dev)
+        inp = state.tokens[rows_t, :width]  # (n, W) right-padded prompts
+        last = [m - 1 for m in lens]
+        logits = self.target.forward(inp, [0] * n, last=last, rows=slots)  # (n, V)
+        if use_draft:
+            self.draft.forward(inp, [0] * n, last=last, rows=slots)
+            for b, m in zip(slots, lens):
+                state.draft_lengths[b] = m
+        first = self._choose(logits, state, slots)
+        for b in slots:
+            state.rows[b].target_calls += 1
+        self._commit(state, slots, first[:, None], [1] * n)
+        synchronize(dev)
+        state.stats.add_prefill(time.perf_counter() - t0, n)
+        return slots
+
+    def release(self, state: BatchState, slot: int) -> None:
+        """Free a slot (a finished row, or one whose client went away) for the next admit."""
+        if not state.done[slot]:
+            state.finish[slot] = "abort"
+        state.done[slot], state.occupied[slot] = True, False
+
     def step(self, state: BatchState, k: int) -> RoundStats:
-        """One round at K drafted tokens (K = 0: a plain target step)."""
+        """One round at K drafted tokens (K = 0: a plain target step) over the live rows."""
         import torch
 
         if k > state.k_max:
             raise DraftkitError(f"K = {k} exceeds the K the batch was started with "
                                 f"({state.k_max})")
+        if self.draft is None:
+            k = 0
+        rows = state.live()
+        if not rows:
+            return RoundStats(k, 0, [0] * k, [0] * k, 0.0, 0, 0, 0, 0.0, 0.0, 0.0)
+        if not self.slotted:  # the general runner computes its whole cohort
+            rows = state.cohort
         dev = self.device
         t0 = time.perf_counter()
-        active = [not d for d in state.done]
-        lens = torch.tensor(state.lengths, device=dev)
-        last_tok = state.tokens.gather(1, (lens - 1)[:, None])  # (B, 1)
-        if k == 0 or self.draft is None:
-            k = 0
+        active = [not state.done[b] for b in rows]
+        lengths = [state.lengths[b] for b in rows]
+        rows_t = torch.tensor(rows, device=dev)
+        lens = torch.tensor(lengths, device=dev)
+        last_tok = state.tokens[rows_t, lens - 1][:, None]  # (b, 1)
+        params = [state.params[b] for b in rows]
+        if k == 0:
             t1 = t0
-            logits = self.target.forward(last_tok, [n - 1 for n in state.lengths])  # (B, 1, V)
-            synchronize(dev)
+            logits = self.target.forward(last_tok, [n - 1 for n in lengths], rows=rows)
+            synchronize(dev)  # logits: (b, 1, V)
             t2 = time.perf_counter()
-            new = self._choose(logits[:, 0], state)[:, None]  # (B, 1)
-            counts = [1] * len(active)
+            new = self._choose(logits[:, 0], state, rows)[:, None]  # (b, 1)
+            counts = [1] * len(rows)
             acc_pos, tested_pos, beta_sum, rejections, bonus = [], [], 0.0, 0, 0
         else:
-            drafted, q = self._draft(state, lens, k)  # (B, K), (B, K, V) or None
+            drafted, q = self._draft(state, rows, lengths, k)  # (b, K), (b, K, V) or None
             synchronize(dev)
             t1 = time.perf_counter()
-            verify_in = torch.cat([last_tok, drafted], dim=1)  # (B, K + 1)
-            logits = self.target.forward(verify_in, [n - 1 for n in state.lengths])
+            verify_in = torch.cat([last_tok, drafted], dim=1)  # (b, K + 1)
+            logits = self.target.forward(verify_in, [n - 1 for n in lengths], rows=rows)
             synchronize(dev)
             t2 = time.perf_counter()
-            if state.params.greedy:
-                verdict = verify_greedy(drafted, logits)
-            else:
-                p = probabilities(logits, state.params)  # (B, K + 1, V)
-                verdict = verify_sampled(drafted, q, p, state.generator)
-            n = verdict.num_accepted  # (B,)
+            greedy = [p.greedy for p in params]
+            verdict = verify_greedy(drafted, logits)  # logits: (b, K + 1, V)
+            if not all(greedy):
+                p = row_probabilities(logits, params)  # (b, K + 1, V)
+                sampled = verify_sampled(drafted, q, p, state.rng(rows))
+                if any(greedy):  # greedy rows keep the exact argmax verdict
+                    g = torch.tensor(greedy, device=dev)
+                    sampled.num_accepted = sampled.num_accepted.where(~g, verdict.num_accepted)
+                    sampled.next_token = sampled.next_token.where(~g, verdict.next_token)
+                    sampled.beta = sampled.beta.where(~g[:, None], verdict.beta)
+                verdict = sampled
+            n = verdict.num_accepted  # (b,)
             # committed block: d_1..d_n then the target's token at index n
             new = torch.cat([drafted, drafted[:, :1]], dim=1)
-            new.scatter_(1, n[:, None], verdict.next_token[:, None])  # (B, K + 1)
+            new.scatter_(1, n[:, None], verdict.next_token[:, None])  # (b, K + 1)
             act = torch.tensor(active, device=dev)
             pos = torch.arange(k, device=dev)
-            tested = (pos[None] <= n[:, None]) & act[:, None]  # (B, K) reached the test
+            tested = (pos[None] <= n[:, None]) & act[:, None]  # (b, K) reached the test
             accepted = (pos[None] < n[:, None]) & act[:, None]
             n_host = n.tolist()
             counts = [x + 1 for x in n_host]
             acc_pos = accepted.sum(0).tolist()
             tested_pos = tested.sum(0).tolist()
             beta_sum = float((verdict.beta * tested).sum())
-            rejections = sum(1 for b, x in enumerate(n_host) if active[b] and x < k)
-            bonus = sum(1 for b, x in enumerate(n_host) if active[b] and x == k)
-            for b, x in enumerate(n_host):
-                if active[b]:
-                    row = state.rows[b]
+            rejections = sum(1 for i, x in enumerate(n_host) if active[i] and x < k)
+            bonus = sum(1 for i, x in enumerate(n_host) if active[i] and x == k)
+            for i, x in enumerate(n_host):
+                if active[i]:
+                    row = state.rows[rows[i]]
                     row.drafted += k
                     row.accepted += x
                     row.rejections += x < k
-        for b, a in enumerate(active):
-            if a:
+        for i, b in enumerate(rows):
+            if active[i]:
                 state.rows[b].target_calls += 1
-        kept = self._commit(state, new, counts)
+        kept = self._commit(state, rows, new, counts)
         if k:  # the draft holds every committed position below L - 2 (see _draft)
-            state.draft_lengths = [n - 2 for n in state.lengths]
+            for b in rows:
+                state.draft_lengths[b] = state.lengths[b] - 2
         synchronize(dev)
         t3 = time.perf_counter()
         r = RoundStats(k, sum(active), acc_pos, tested_pos, beta_sum, rejections, bonus, kept,
@@ -295,8 +422,20 @@ class SpeculativeEngine:
 
     # --- pieces -----------------------------------------------------------------------------
 
-    def _draft(self, state: BatchState, lens: "torch.Tensor", k: int):
-        """K draft tokens per row (and their warped q unless greedy)."""
+    @staticmethod
+    def _budget(prompt_len: int, max_new_tokens: int, max_len: int | None, k_max: int,
+                i: int) -> int:
+        """New tokens a row may have: its request, capped so a round's K + 1 writes fit."""
+        margin = k_max + 2  # a round may write K + 1 positions past the committed length
+        room = (max_len - prompt_len - margin) if max_len else max_new_tokens
+        if room < 1:
+            raise DraftkitError(f"prompt {i} has {prompt_len} tokens; the context window is "
+                                f"{max_len} (room is needed for K = {k_max} drafted tokens "
+                                f"too); shorten the prompt")
+        return min(max_new_tokens, room)
+
+    def _draft(self, state: BatchState, rows: list[int], lengths: list[int], k: int):
+        """K draft tokens per row (and their warped q unless every row is greedy)."""
         import torch
 
         # Catch-up: feed each row's committed tokens from what its draft cache holds (at
@@ -304,53 +443,73 @@ class SpeculativeEngine:
         # bonus token of a fully accepted round and the last accepted draft token are fed
         # here; after K = 0 rounds, every token decoded since). Rows needing fewer tokens start
         # earlier, re-writing positions they already hold with the same values.
-        starts = [min(d, n - 2) for d, n in zip(state.draft_lengths, state.lengths)]
-        width = max(n - s for s, n in zip(starts, state.lengths))
-        starts = [max(0, n - width) for n in state.lengths]
-        idx = torch.tensor(starts, device=lens.device)[:, None] + torch.arange(
-            width, device=lens.device)  # (B, W)
-        inp = state.tokens.gather(1, idx)  # (B, W)
-        last = [n - 1 - s for s, n in zip(starts, state.lengths)]
-        logits = self.draft.forward(inp, starts, last=last)  # (B, V)
+        dev = self.device
+        starts = [min(state.draft_lengths[b], n - 2) for b, n in zip(rows, lengths)]
+        width = max(n - s for s, n in zip(starts, lengths))
+        starts = [max(0, n - width) for n in lengths]
+        idx = torch.tensor(starts, device=dev)[:, None] + torch.arange(width, device=dev)
+        inp = state.tokens[torch.tensor(rows, device=dev)[:, None], idx]  # (b, W)
+        last = [n - 1 - s for s, n in zip(starts, lengths)]
+        logits = self.draft.forward(inp, starts, last=last, rows=rows)  # (b, V)
+        params = [state.params[b] for b in rows]
+        greedy = all(p.greedy for p in params)
+        gens = None if greedy else state.rng(rows)
         tokens, qs = [], []
         for i in range(k):
-            if state.params.greedy:
+            if greedy:
                 d = logits.argmax(-1)
             else:
-                q = probabilities(logits, state.params)  # (B, V)
-                d = sample(q, state.generator)
+                q = row_probabilities(logits, params)  # (b, V)
+                d = self._exact_greedy(sample(q, gens), logits, params)
                 qs.append(q)
             tokens.append(d)
             if i < k - 1:
-                logits = self.draft.forward(d[:, None], [n + i for n in state.lengths])[:, -1]
-        drafted = torch.stack(tokens, dim=1)  # (B, K)
+                logits = self.draft.forward(d[:, None], [n + i for n in lengths],
+                                            rows=rows)[:, -1]
+        drafted = torch.stack(tokens, dim=1)  # (b, K)
         return drafted, (torch.stack(qs, dim=1) if qs else None)
 
-    def _choose(self, logits: "torch.Tensor", state: BatchState) -> "torch.Tensor":
-        """Next token from the target's logits (B, V) -> (B,): argmax or a warped sample."""
-        if state.params.greedy:
+    def _choose(self, logits: "torch.Tensor", state: BatchState, rows: list[int]
+                ) -> "torch.Tensor":
+        """Next token from the target's logits (b, V) -> (b,): argmax or a warped sample."""
+        params = [state.params[b] for b in rows]
+        if all(p.greedy for p in params):
             return logits.argmax(-1)
-        return sample(probabilities(logits, state.params), state.generator)
+        tok = sample(row_probabilities(logits, params), state.rng(rows))
+        return self._exact_greedy(tok, logits, params)
 
-    def _commit(self, state: BatchState, new: "torch.Tensor", counts: list[int]) -> int:
-        """Append the first counts[b] tokens of new[b] to each active row, stopping at EOS or
-        the row's budget. new: (B, T). Returns the number of tokens kept."""
+    @staticmethod
+    def _exact_greedy(tok: "torch.Tensor", logits: "torch.Tensor",
+                      params: list[SamplingParams]) -> "torch.Tensor":
+        """Greedy rows of a mixed batch take the argmax itself. tok: (b,), logits: (b, V)."""
+        import torch
+
+        greedy = [p.greedy for p in params]
+        if not any(greedy):
+            return tok
+        return torch.where(torch.tensor(greedy, device=tok.device), logits.argmax(-1), tok)
+
+    def _commit(self, state: BatchState, rows: list[int], new: "torch.Tensor",
+                counts: list[int]) -> int:
+        """Append the first counts[i] tokens of new[i] to each active row rows[i], stopping at
+        EOS or the row's budget. new: (b, T). Returns the number of tokens kept."""
         import torch
 
         t = new.shape[1]
-        lens = torch.tensor(state.lengths, device=new.device)
-        cols = lens[:, None] + torch.arange(t, device=new.device)  # (B, T)
+        dev = new.device
+        lens = torch.tensor([state.lengths[b] for b in rows], device=dev)
+        cols = lens[:, None] + torch.arange(t, device=dev)  # (b, T)
         # Rows that are done write past their end, where nothing is ever read.
-        state.tokens.scatter_(1, cols, new)
-        host = new.tolist() if self.eos else None
+        state.tokens[torch.tensor(rows, device=dev)[:, None], cols] = new
+        host = new.tolist()
         kept = 0
-        for b in range(len(counts)):
+        for i, b in enumerate(rows):
             if state.done[b]:
                 continue
-            m, reason = counts[b], None
-            if host is not None:
+            m, reason = counts[i], None
+            if self.eos:
                 for j in range(m):
-                    if host[b][j] in self.eos:
+                    if host[i][j] in self.eos:
                         m, reason = j + 1, "eos"
                         break
             room = state.budgets[b] - (state.lengths[b] - state.prompt_lengths[b])
@@ -358,8 +517,9 @@ class SpeculativeEngine:
                 reason = reason if m == room else None  # an EOS past the budget is cut off
                 m, reason = room, reason or "length"
             state.finish[b] = reason
-            if state.finish[b] is not None:
+            if reason is not None:
                 state.done[b] = True
+            state.new_tokens[b].extend(host[i][:m])
             state.lengths[b] += m
             kept += m
         return kept

@@ -4,6 +4,11 @@
 ``tokens[b]`` at positions start[b], start[b] + 1, ... and return their logits. The engine never
 copies or crops a cache to roll back; it just passes the position to continue from.
 
+``rows=[...]`` names the cache rows the input rows are, so a server can prefill one slot, or
+decode only its live slots, while the other rows' caches stay as they are. Only runners with
+``supports_rows`` take an arbitrary subset; the general runner computes the whole batch it was
+reset with (a cohort), so a server on it admits new requests only into an empty batch.
+
 - :class:`LlamaRunner`: the fast path for Llama-family models (Llama, Mistral without a sliding
   window, Qwen2, Qwen3). Our own forward over the HF module weights and a
   :class:`~draftkit.decode.cache.StaticKVCache`: no per-step allocation of the cache, one mask
@@ -58,8 +63,27 @@ def make_runner(model, fast: bool | None = None) -> "LlamaRunner | HFRunner":
     return LlamaRunner(model) if fast else HFRunner(model)
 
 
+def head_ids(model, device) -> "torch.Tensor | None":
+    """The draft's reduced vocabulary (:mod:`draftkit.models.draft_vocab`) on ``device``."""
+    ids = getattr(model, "draft_vocab", None)
+    return None if ids is None else ids.to(device)
+
+
+def full_vocab(logits: "torch.Tensor", ids: "torch.Tensor | None", vocab_size: int
+               ) -> "torch.Tensor":
+    """Logits over a vocabulary subset (..., M) -> (..., V) with -inf elsewhere, so argmax,
+    softmax and sampling see a distribution that is zero outside the subset."""
+    if ids is None:
+        return logits
+    full = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
+    full[..., ids] = logits
+    return full
+
+
 class LlamaRunner:
     """Llama-family forward with a static, pointer-indexed KV cache."""
+
+    supports_rows = True  # any subset of cache rows per forward (slots)
 
     def __init__(self, model):
         self.model = model
@@ -104,6 +128,12 @@ class LlamaRunner:
                            "gate_up": prep(mlp.gate_proj, mlp.up_proj), "down": prep(mlp.down_proj),
                            "act": mlp.act_fn})
         self.w_head = prep(self.lm_head)
+        self.head_ids = head_ids(self.model, self.param.device)
+        if self.head_ids is not None:  # a reduced draft vocabulary: keep only those head rows
+            w, _, b = self.w_head
+            w = w[self.head_ids].contiguous()
+            self.w_head = (w, w.t().contiguous() if self.cpu else None,
+                           None if b is None else b[self.head_ids])
 
     def _linear(self, x: "torch.Tensor", weights) -> "torch.Tensor":
         """x: (B, T, in) -> (B, T, out), in the fastest form for this many rows."""
@@ -122,6 +152,19 @@ class LlamaRunner:
             y = F.linear(x, w)
         return y if b is None else y + b
 
+    def _sdpa_backends(self):
+        """Attention kernels for decoding. cuDNN's SDPA builds a plan per new shape (~8 ms of
+        CPU per call measured on an H200), and decoding grows the key length every step, so
+        it is left out; flash / memory-efficient attention have no per-shape set-up."""
+        import contextlib
+
+        if self.cpu:
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                            SDPBackend.MATH])
+
     def reset(self, batch: int, max_len: int) -> None:
         import torch
 
@@ -135,10 +178,11 @@ class LlamaRunner:
             self.cos, self.sin = cos[0], sin[0]  # (S, D)
         self.cache.lengths.zero_()
 
-    def forward(self, tokens: "torch.Tensor", start: list[int],
-                last: list[int] | None = None) -> "torch.Tensor":
-        """tokens: (B, T) at positions start[b] + t. Returns logits (B, T, V), or (B, V) at
-        index ``last[b]`` of each row when ``last`` is given (prefill of padded prompts)."""
+    def forward(self, tokens: "torch.Tensor", start: list[int], last: list[int] | None = None,
+                rows: list[int] | None = None) -> "torch.Tensor":
+        """tokens: (B, T) at positions start[b] + t of cache row rows[b] (row b without
+        ``rows``). Returns logits (B, T, V), or (B, V) at index ``last[b]`` of each row when
+        ``last`` is given (prefill of padded prompts)."""
         import torch
         import torch.nn.functional as F
 
@@ -146,7 +190,7 @@ class LlamaRunner:
         cache = self.cache
         uniform = start[0] if all(s == start[0] for s in start) else None
         start_t = torch.tensor(start, device=tokens.device)
-        index = WriteIndex(start_t, t, uniform)
+        index = WriteIndex(start_t, t, uniform, rows)
         kv_len = max(start) + t
         pos = index.positions  # (B, T)
         cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # (B, 1, T, D)
@@ -170,16 +214,18 @@ class LlamaRunner:
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             cache.write(i, k, v, index)
-            k_all, v_all = cache.view(i, kv_len)  # (B, Hkv, S, D)
-            o = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,
-                                               scale=attn.scaling, enable_gqa=nkv != nh)
+            k_all, v_all = cache.view(i, kv_len, index)  # (B, Hkv, S, D)
+            with self._sdpa_backends():
+                o = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,
+                                                   scale=attn.scaling, enable_gqa=nkv != nh)
             x = x + self._linear(o.transpose(1, 2).reshape(bsz, t, nq), w["o"])
             gate, up = self._linear(layer.post_attention_layernorm(x), w["gate_up"]).chunk(2, -1)
             x = x + self._linear(w["act"](gate) * up, w["down"])
-        cache.lengths.copy_(start_t + t)
+        cache.lengths[index.row_ids] = start_t + t
         if last is not None:  # only the positions whose logits are needed go through the head
             x = x[torch.arange(bsz, device=x.device), torch.tensor(last, device=x.device)]
-        return self._linear(self.norm(x), self.w_head)
+        return full_vocab(self._linear(self.norm(x), self.w_head), self.head_ids,
+                          self.vocab_size)
 
 
 def _rotate_half(x: "torch.Tensor") -> "torch.Tensor":
@@ -190,12 +236,18 @@ def _rotate_half(x: "torch.Tensor") -> "torch.Tensor":
 
 
 class HFRunner:
-    """Any HF causal LM: ``DynamicCache`` plus a per-column validity mask (holes on rollback)."""
+    """Any HF causal LM: ``DynamicCache`` plus a per-column validity mask (holes on rollback).
+
+    Every forward covers the whole batch the cache was started with; ``rows`` is accepted for
+    the common interface and must name that batch (the engine passes its cohort)."""
+
+    supports_rows = False
 
     def __init__(self, model):
         self.model = model
         self.vocab_size = text_config(model).vocab_size
         self.param = next(model.parameters())
+        self.head_ids = head_ids(model, self.param.device)
         # transformers 5.x renames past_key_values to cache; older versions only know the first
         import inspect
 
@@ -211,8 +263,8 @@ class HFRunner:
         self.valid = torch.zeros(batch, 0, dtype=torch.bool, device=dev)  # (B, C) column in use
         self.col_pos = torch.zeros(batch, 0, dtype=torch.long, device=dev)  # (B, C) its position
 
-    def forward(self, tokens: "torch.Tensor", start: list[int],
-                last: list[int] | None = None) -> "torch.Tensor":
+    def forward(self, tokens: "torch.Tensor", start: list[int], last: list[int] | None = None,
+                rows: list[int] | None = None) -> "torch.Tensor":
         import torch
 
         bsz, t = tokens.shape
@@ -235,6 +287,8 @@ class HFRunner:
         self.valid = torch.cat([self.valid, new_valid], dim=1)
         self.col_pos = torch.cat([self.col_pos, pos], dim=1)
         logits = out.logits  # (B, T, V)
+        if self.head_ids is not None:  # no cheaper, but the same distribution as the fast path
+            logits = full_vocab(logits[..., self.head_ids], self.head_ids, self.vocab_size)
         if last is not None:
             logits = logits[torch.arange(bsz, device=dev), torch.tensor(last, device=dev)]
         return logits

@@ -3,18 +3,26 @@
 Temperature, top-k and top-p must warp the target's p and the draft's q the same way before
 the accept test (REFERENCE.md section 1): speculative sampling is then lossless with respect
 to the warped target distribution, which is what plain sampling would draw from.
-Temperature 0 means greedy decoding and never reaches these functions.
+Temperature 0 means greedy decoding and never reaches :func:`warp_logits`.
+
+A batch may mix rows with different parameters (a server batches unrelated requests):
+:func:`row_probabilities` warps each row by its own, and the random draws take either one
+generator for the whole batch or one per row (``[gen_0, gen_1, ...]``), so a row with its own
+seeded generator draws the same numbers whatever other rows share its batch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Union
 
 from draftkit.errors import DraftkitError
 
 if TYPE_CHECKING:
     import torch
+
+# One generator for the batch, or one per row (None: the row needs no random numbers).
+Generators = Union["torch.Generator", list["torch.Generator | None"], None]
 
 
 @dataclass(frozen=True)
@@ -66,13 +74,61 @@ def probabilities(logits: "torch.Tensor", params: SamplingParams) -> "torch.Tens
     return warp_logits(logits, params).softmax(-1)
 
 
-def sample(probs: "torch.Tensor", generator: "torch.Generator | None") -> "torch.Tensor":
+def row_probabilities(logits: "torch.Tensor", params: list[SamplingParams]) -> "torch.Tensor":
+    """Each row warped by its own parameters. logits: (B, ..., V) -> probs: (B, ..., V) float32.
+
+    Greedy rows (temperature 0) get the one-hot distribution at their argmax: sampling it
+    returns the argmax, and a draft and target that are both one-hot accept exactly when the
+    argmaxes agree. Rows with equal parameters are warped together.
+    """
+    import torch
+
+    if all(p == params[0] for p in params) and not params[0].greedy:
+        return probabilities(logits, params[0])
+    out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    for p in set(params):
+        idx = torch.tensor([b for b, q in enumerate(params) if q == p], device=logits.device)
+        sub = logits.index_select(0, idx)
+        if p.greedy:
+            probs = torch.zeros_like(sub, dtype=torch.float32).scatter_(
+                -1, sub.argmax(-1, keepdim=True), 1.0)
+        else:
+            probs = probabilities(sub, p)
+        out.index_copy_(0, idx, probs)
+    return out
+
+
+def _draw(out: "torch.Tensor", generator: Generators, fill: str) -> "torch.Tensor":
+    """Fill out (B, ...) with random numbers: from one generator, or row b from generator[b]
+    (a None entry gets ones: that row is greedy and its draws are never used)."""
+    def draw(t, g):
+        return t.exponential_(1.0, generator=g) if fill == "exp" else t.uniform_(generator=g)
+
+    if not isinstance(generator, (list, tuple)):
+        return draw(out, generator)
+    for b, g in enumerate(generator):
+        if g is None:
+            out[b].fill_(1.0)
+        else:
+            draw(out[b], g)
+    return out
+
+
+def uniform(shape: tuple[int, ...], generator: Generators, device) -> "torch.Tensor":
+    """U[0, 1) of ``shape`` (B, ...), per row when given one generator per row."""
+    import torch
+
+    return _draw(torch.empty(shape, device=device), generator, "uniform")
+
+
+def sample(probs: "torch.Tensor", generator: Generators) -> "torch.Tensor":
     """One token per distribution: argmax(probs / E) with E ~ Exp(1) (as gpt-fast does).
 
     P(argmax = x) = probs[x] / sum(probs), so probs need not be normalised; zero entries are
     never drawn. Works on any leading shape without a host sync. probs: (..., V) -> (...,).
+    ``generator``: one for all, or one per row of dim 0.
     """
     import torch
 
-    noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    noise = _draw(torch.empty_like(probs), generator, "exp")
     return (probs / noise).argmax(-1)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from draftkit.decode.sampling import sample
+from draftkit.decode.sampling import Generators, sample, uniform
 
 if TYPE_CHECKING:
     import torch
@@ -76,20 +76,20 @@ def residual(p_n: "torch.Tensor", q_n: "torch.Tensor") -> "torch.Tensor":
 
 
 def verify_sampled(draft_tokens: "torch.Tensor", q: "torch.Tensor", p: "torch.Tensor",
-                   generator: "torch.Generator | None" = None) -> Verdict:
+                   generator: Generators = None) -> Verdict:
     """Speculative sampling (Leviathan et al. Algorithm 1; Chen et al. Algorithm 2).
 
     draft_tokens: (B, K) drawn from q; q: (B, K, V) warped draft distributions; p: (B, K + 1, V)
     warped target distributions at the same positions plus one. Accept x_i with probability
     min(1, p_i(x_i) / q_i(x_i)); at the first rejection n sample from norm(max(0, p_n - q_n));
     if all K are accepted sample the bonus token from p_(K+1). The emitted tokens are then
-    distributed exactly as sampling from p.
+    distributed exactly as sampling from p. ``generator``: one for the batch or one per row.
     """
     import torch
 
     bsz, k = draft_tokens.shape
-    uniform = torch.rand((bsz, k), generator=generator, device=p.device)
-    n = leading_accepts(accept_test(draft_tokens, q, p, uniform))
+    u = uniform((bsz, k), generator, p.device)
+    n = leading_accepts(accept_test(draft_tokens, q, p, u))
     rows = torch.arange(bsz, device=p.device)
     # Padding q with zeros at position K makes the bonus case the residual of p_(K+1) and 0.
     q_pad = torch.cat([q, q.new_zeros(bsz, 1, q.shape[-1])], dim=1)

@@ -214,3 +214,41 @@ def test_step_api_draft_catches_up_after_plain_rounds(models, reference):
     assert [r.tokens for r in state.results()] == reference
     first = rounds[0]
     assert first.k == 3 and sum(first.accepted_per_position) >= 2 * first.rows
+
+
+# --- a reduced draft vocabulary (FR-Spec) -----------------------------------------------------
+
+def _with_vocab(draft, ids):
+    import copy
+
+    d = copy.deepcopy(draft)
+    d.draft_vocab = torch.tensor(ids)
+    return d
+
+
+def test_reduced_draft_vocab_keeps_the_target_distribution(small_vocab):
+    """The draft proposes only half the vocabulary; the output is still the target's."""
+    target, draft = small_vocab
+    sub = _with_vocab(draft, list(range(0, VOCAB, 2)))
+    ps, stats = _spec_marginals(target, sub, SamplingParams(1.0), 2, seed=7)
+    assert stats.accepted > 500 and stats.rejections > 500
+    assert min(ps) > 0.01, ps
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "hf-cache"])
+def test_reduced_draft_vocab_proposes_only_its_tokens(models, reference, fast):
+    target, _, close = models
+    ids = sorted(set(t for ref in reference for t in ref[::2]))  # half the tokens it will need
+    sub = _with_vocab(close, ids)
+    engine = SpeculativeEngine(target, sub, eos_token_id=None, fast_path=fast)
+    drafted = []
+    real_draft = engine._draft
+
+    def spy(*a, **k):
+        out = real_draft(*a, **k)
+        drafted.extend(out[0].flatten().tolist())
+        return out
+    engine._draft = spy
+    res = engine.generate(PROMPTS, k=3, max_new_tokens=N_NEW)
+    assert [r.tokens for r in res] == reference  # lossless under greedy too
+    assert drafted and set(drafted) <= set(ids)

@@ -1,0 +1,156 @@
+"""``draftkit serve``: serve a bundle over an OpenAI-compatible HTTP API.
+
+Commands::
+
+    draftkit serve BUNDLE                                  # target and draft from the bundle
+    draftkit serve BUNDLE --k 3 --max-batch 8 --port 8001  # fixed K, 8 slots
+    draftkit serve --target embedded --draft drafts/smol-4l --k auto
+    draftkit serve --target embedded --k 0                 # plain decoding, no draft
+
+Then ``curl localhost:8000/v1/chat/completions -d '{"model": "...", "messages": [...]}'`` or
+any OpenAI client with ``base_url="http://localhost:8000/v1"``; see serve/README.md.
+SIGINT / SIGTERM stop admitting, let in-flight requests finish (up to
+``--shutdown-timeout`` seconds), cancel the rest and exit 0.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftkit.config import option
+from draftkit.errors import ConfigError
+
+# Slots' caches are allocated up front: 16 x 8192 positions of a 30-layer model is ~6 GB in
+# fp32, too much for a default on a CPU box; --max-model-len raises it.
+DEFAULT_MAX_MODEL_LEN = 2048
+
+
+@dataclass
+class ServeArgs:
+    """Serve a bundle (or a target and draft) over an OpenAI-compatible HTTP API."""
+
+    bundle: str | None = option(None, positional=True, help="bundle directory from `draftkit "
+                                "export` (target and draft), or a plain model directory")
+    target: str | None = option(None, help="target model (overrides the bundle's): HF "
+                                           "directory, hub id or 'embedded'")
+    draft: str | None = option(None, help="draft model (overrides the bundle's); none = plain "
+                                          "decoding")
+    host: str = option("127.0.0.1", help="address to listen on")
+    port: int = option(8000, help="port to listen on")
+    k: str = option("auto", help="drafted tokens per round: 'auto' (chosen each round for the "
+                                 "live batch size) or a fixed integer (0 = no speculation)")
+    k_max: int = option(8, help="largest K that --k auto may choose")
+    max_batch: int = option(16, help="slots: requests decoded together at most")
+    max_model_len: int | None = option(None, help="positions per slot (prompt + output); "
+                                                  f"default: the target's context window, at "
+                                                  f"most {DEFAULT_MAX_MODEL_LEN} (the KV cache "
+                                                  f"is allocated for max-batch x this)")
+    max_tokens_limit: int = option(2048, help="largest max_tokens a request may ask for")
+    max_body_bytes: int = option(1 << 20, help="largest request body accepted")
+    served_model_name: str | None = option(None, help="model name in the API (default: the "
+                                                      "bundle's folder name)")
+    shutdown_timeout: int = option(30, help="seconds in-flight requests get to finish on "
+                                            "SIGINT/SIGTERM")
+    fast_path: bool = option(True, help="use the Llama-family fast path where it applies "
+                                        "(--no-fast-path: general path, cohort batching)")
+    device: str | None = option(None, help="cpu, cuda, cuda:1, ... (default: cuda if available)")
+    dtype: str = option("auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16")
+    log_level: str = option("info", help="uvicorn log level",
+                            choices=("critical", "error", "warning", "info", "debug"))
+
+    def validate(self) -> None:
+        from draftkit.decode.generate import parse_k
+
+        parse_k(self.k)
+        if self.bundle is None and self.target is None:
+            raise ConfigError("give a BUNDLE directory, or --target (and --draft)")
+        if not 0 < self.port < 65536:
+            raise ConfigError(f"--port must lie in 1..65535, got {self.port}")
+        for name in ("max_batch", "max_tokens_limit", "max_body_bytes", "k_max"):
+            if getattr(self, name) < (0 if name == "k_max" else 1):
+                raise ConfigError(f"--{name.replace('_', '-')} must be positive, got "
+                                  f"{getattr(self, name)}")
+        if self.max_model_len is not None and self.max_model_len < 8:
+            raise ConfigError(f"--max-model-len must be >= 8, got {self.max_model_len}")
+
+
+def resolve_models(args: ServeArgs) -> tuple[str, str | None, str]:
+    """(target spec, draft spec or None, served model name) from the bundle and flags."""
+    target, draft, name = args.target, args.draft, args.served_model_name
+    if args.bundle is not None:
+        path = Path(args.bundle).expanduser()
+        if not path.is_dir():
+            raise ConfigError(f"{path} is not a directory; pass a bundle from `draftkit export` "
+                              f"or a model directory")
+        if (path / "draftkit.json").is_file():  # target reference and draft/ inside
+            target, draft = target or str(path), draft or str(path)
+        else:  # a plain model directory: the target
+            target = target or str(path)
+        name = name or path.resolve().name
+    if target is None:
+        raise ConfigError("no target: pass a BUNDLE or --target")
+    return target, draft, name or Path(str(target)).name
+
+
+def build(args: ServeArgs):
+    """Load the models and build the app (no server started): (app, description)."""
+    from draftkit.decode.engine import SpeculativeEngine
+    from draftkit.decode.generate import parse_k
+    from draftkit.models import load_pair
+    from draftkit.serve.app import create_app
+
+    target, draft, name = resolve_models(args)
+    k = parse_k(args.k)
+    pair = load_pair(target, draft, device=args.device, dtype=args.dtype)
+    engine = SpeculativeEngine(pair.target, pair.draft, fast_path=None if args.fast_path
+                               else False)
+    if pair.draft is None:
+        k = 0
+    max_model_len = args.max_model_len or min(engine.context or DEFAULT_MAX_MODEL_LEN,
+                                              DEFAULT_MAX_MODEL_LEN)
+    app = create_app(engine, pair.tokenizer, model_name=name, k=k, k_max=args.k_max,
+                     max_batch=args.max_batch, max_model_len=max_model_len,
+                     max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes)
+    sched = app.state.scheduler
+    batching = "continuous" if engine.slotted else "cohorts (general runner)"
+    caches = [getattr(r, "cache", None) for r in (engine.target, engine.draft)]
+    kv = sum(c.k.numel() * c.k.element_size() * 2 for c in caches
+             if c is not None and hasattr(c, "k"))
+    desc = (f"model '{name}': target {pair.target_ref.path}"
+            + (f", draft {pair.draft_ref.path}" if pair.draft_ref else ", no draft")
+            + f"; K {k}; {args.max_batch} slots x {sched.state.max_len} positions, "
+              f"{batching} batching ({kv / 2**30:.2f} GiB KV cache); device {engine.device}")
+    return app, desc
+
+
+def serve(args: ServeArgs) -> None:
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        """uvicorn re-raises SIGINT/SIGTERM after its graceful shutdown, so the process would
+        die by the signal; a server that shut down cleanly on request exits 0 instead."""
+
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            captured = getattr(self, "_captured_signals", None)
+            if isinstance(captured, list):
+                captured.clear()
+
+    app, desc = build(args)
+    print(f"draftkit serve: {desc}", file=sys.stderr, flush=True)
+    print(f"draftkit serve: http://{args.host}:{args.port}/v1 (OpenAI-compatible), /metrics, "
+          f"/health", file=sys.stderr, flush=True)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=args.shutdown_timeout)
+    server = GracefulServer(config)
+    try:
+        server.run()
+    except SystemExit:  # uvicorn exits 1 when it cannot bind
+        server.started = False
+    if not server.started:
+        from draftkit.errors import DraftkitError
+
+        raise DraftkitError(f"the server could not start on {args.host}:{args.port} (is the "
+                            f"port in use?)")

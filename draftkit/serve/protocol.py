@@ -1,0 +1,201 @@
+"""The OpenAI request and response bodies the server speaks.
+
+Requests follow the OpenAI API reference for ``/v1/completions`` and ``/v1/chat/completions``
+(https://platform.openai.com/docs/api-reference). Unknown fields are rejected
+(``extra="forbid"``); the fields the official client commonly sends are accepted, and those we
+do not implement are accepted only at their no-op value (``n=1``, penalties 0, no logprobs),
+anything else is a 400 that names the field. ``top_k`` is accepted as vLLM does.
+
+Responses are plain dicts built here, with one extra field per choice-level response:
+``"draftkit": {"drafted", "accepted", "tau", "k", ...}`` (speculation stats of the request).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's; accepted, usage comes at the end
+
+
+class _Sampling(BaseModel):
+    """Fields shared by both endpoints."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)  # vLLM extension; -1 or 0 = off
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1, le=1, description="only n = 1 is supported")
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, v: float) -> float:
+        if v != 0.0:
+            raise ValueError("penalties are not supported; leave them at 0")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, v):
+        if v:
+            raise ValueError("logit_bias is not supported")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v):
+        stops = [v] if isinstance(v, str) else (v or [])
+        if len(stops) > 4 or any(not s for s in stops):
+            raise ValueError("stop takes up to 4 non-empty strings")
+        return stops
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int]
+    echo: bool = False
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v):
+        if isinstance(v, list) and v and isinstance(v[0], str):
+            if len(v) != 1:
+                raise ValueError("one prompt per request is supported; send a string")
+            return v[0]
+        if isinstance(v, list) and not v:
+            raise ValueError("empty prompt")
+        return v
+
+    @model_validator(mode="after")
+    def _unsupported(self):
+        for name, ok in (("echo", not self.echo), ("logprobs", self.logprobs is None),
+                         ("best_of", self.best_of in (None, 1)), ("suffix", self.suffix is None)):
+            if not ok:
+                raise ValueError(f"{name} is not supported")
+        return self
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(
+            p.text for p in self.content)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | None = None
+    parallel_tool_calls: bool | None = None
+
+    @model_validator(mode="after")
+    def _unsupported(self):
+        for name, ok in (("logprobs", not self.logprobs), ("top_logprobs", not self.top_logprobs),
+                         ("response_format", self.response_format in (None, {"type": "text"})),
+                         ("tools", not self.tools), ("tool_choice", self.tool_choice in (
+                             None, "none"))):
+            if not ok:
+                raise ValueError(f"{name} is not supported")
+        if self.max_tokens is None:  # the newer name for the same limit
+            self.max_tokens = self.max_completion_tokens
+        return self
+
+    def chat(self) -> list[dict[str, str]]:
+        # "developer" is the newer name for "system"; chat templates know the latter
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                for m in self.messages]
+
+
+# --- responses ------------------------------------------------------------------------------
+
+def error_body(message: str, param: str | None = None,
+               type_: str = "invalid_request_error") -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": None}}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion_body(rid: str, model: str, text: str, finish: str | None, use: dict | None,
+                    spec: dict | None, chunk: bool = False) -> dict:
+    body = {"id": rid, "object": "text_completion", "created": int(time.time()),
+            "model": model, "choices": [{"index": 0, "text": text, "logprobs": None,
+                                         "finish_reason": finish}]}
+    return _extras(body, use, spec)
+
+
+def chat_body(rid: str, model: str, text: str | None, finish: str | None, use: dict | None,
+              spec: dict | None, chunk: bool = False, first: bool = False) -> dict:
+    if chunk:
+        delta: dict = {"role": "assistant", "content": ""} if first else (
+            {} if text is None else {"content": text})
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                  "logprobs": None, "finish_reason": finish}
+        obj = "chat.completion"
+    body = {"id": rid, "object": obj, "created": int(time.time()), "model": model,
+            "choices": [choice]}
+    return _extras(body, use, spec)
+
+
+def usage_chunk(rid: str, model: str, obj: str, use: dict, spec: dict) -> dict:
+    """The last streamed chunk when ``stream_options.include_usage`` is set: no choices."""
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": model,
+            "choices": [], "usage": use, "draftkit": spec}
+
+
+def _extras(body: dict, use: dict | None, spec: dict | None) -> dict:
+    if use is not None:
+        body["usage"] = use
+    if spec is not None:
+        body["draftkit"] = spec
+    return body

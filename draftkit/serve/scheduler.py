@@ -1,0 +1,246 @@
+"""Continuous batching at round granularity over :class:`~draftkit.decode.engine.SpeculativeEngine`.
+
+One background thread owns the engine and its batch of N slots (Orca, Yu et al., OSDI 2022:
+iteration-level scheduling; here the iteration is one speculative round). Each turn of its
+loop:
+
+1. frees the slots of requests whose client went away;
+2. admits waiting requests into free slots (one prefill for all of them; the live rows keep
+   their caches and continue next round);
+3. picks K for the round: fixed, or ``KPolicy.choose(live rows)`` under ``--k auto``, whose
+   timing tables are keyed by batch size, so K falls to 0 when the batch makes speculation a
+   loss (SmartSpec, arXiv 2406.14066);
+4. runs one ``engine.step`` over the live rows and sends each request its new text;
+5. frees the slot of every request that finished (EOS, its token budget, a stop string).
+
+On the general (non-Llama) runner the engine admits only into an empty batch, so requests
+are admitted in cohorts: a new cohort starts when the last one has left.
+
+Requests talk to the thread through :class:`Job`: the event loop puts it in the waiting
+queue and reads its events from an ``asyncio.Queue`` the thread fills with
+``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from draftkit.decode.sampling import SamplingParams
+from draftkit.serve.detok import TextStream
+from draftkit.serve.metrics import ServeMetrics
+
+log = logging.getLogger("draftkit.serve")
+
+
+@dataclass
+class Job:
+    """One request as the scheduler sees it. Events: ("text", str), ("done", finish_reason,
+    completion_tokens, speculation stats), ("error", message)."""
+
+    prompt: list[int]
+    params: SamplingParams
+    max_tokens: int
+    seed: int | None
+    stream: TextStream
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    arrived: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False
+    slot: int | None = None
+    seen: int = 0  # tokens of the slot's output already fed to ``stream``
+    first_token: float | None = None
+
+    def push(self, *event: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the event loop is gone (shutdown): nobody is listening
+            pass
+
+
+class Scheduler:
+    def __init__(self, engine, metrics: ServeMetrics, *, max_batch: int = 16,
+                 k: int | str = "auto", k_max: int = 8, max_model_len: int | None = None):
+        from draftkit.decode.policy import KPolicy
+
+        self.engine, self.metrics = engine, metrics
+        if engine.draft is None:
+            k, k_max = 0, 0
+        self.policy = KPolicy(k_max=k_max) if k == "auto" else None
+        self.k_fixed = None if k == "auto" else int(k)
+        k_max = k_max if k == "auto" else int(k)
+        limit = engine.context
+        if max_model_len is not None and limit is not None:
+            max_model_len = min(max_model_len, limit)
+        self.state = engine.open(max_batch, k_max, max_model_len or limit)
+        self.max_batch = max_batch
+        # a round may write K + 1 positions past the committed length (see the engine)
+        self.context = self.state.max_len - (k_max + 2)
+        self.waiting: deque[Job] = deque()
+        self.jobs: dict[int, Job] = {}  # slot -> job
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.stopping = False
+        self.thread: threading.Thread | None = None
+        self.k = 0  # K of the latest round
+
+    # --- called from the event loop ---------------------------------------------------------
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name="draftkit-scheduler", daemon=True)
+        self.thread.start()
+
+    def submit(self, job: Job) -> None:
+        with self.lock:
+            if self.stopping:
+                raise RuntimeError("the server is shutting down")
+            self.waiting.append(job)
+            self.metrics.waiting.set(len(self.waiting))
+        self.wake.set()
+
+    def cancel(self, job: Job) -> None:
+        """The client went away: its slot is freed before the next round."""
+        job.cancelled = True
+        self.wake.set()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop admitting; cancel what is still queued or decoding; join the thread."""
+        with self.lock:
+            self.stopping = True
+        self.wake.set()
+        if self.thread is not None:
+            self.thread.join(timeout)
+
+    @property
+    def running(self) -> int:
+        return len(self.jobs)
+
+    # --- the loop (scheduler thread) --------------------------------------------------------
+
+    def _run(self) -> None:
+        import torch
+
+        with torch.inference_mode():
+            while True:
+                if self.stopping:
+                    self._shutdown()
+                    return
+                self._reap()
+                try:
+                    self._admit()
+                    if not self.jobs:
+                        self.wake.wait(0.05)
+                        self.wake.clear()
+                        continue
+                    self._round()
+                except Exception as e:  # a bug or out of memory: fail the batch, keep serving
+                    log.exception("decoding failed")
+                    self._fail_all(f"decoding failed: {type(e).__name__}: {e}")
+
+    def _choose_k(self, rows: int) -> int:
+        if self.policy is None:
+            return self.k_fixed
+        return self.policy.choose(rows)
+
+    def _round(self) -> None:
+        live = self.state.live()
+        self.k = self._choose_k(len(live))
+        r = self.engine.step(self.state, self.k)
+        if self.policy is not None:
+            self.policy.observe(r)
+        self.metrics.observe_round(r)
+        for slot in live:
+            self._emit(slot)
+
+    def _reap(self) -> None:
+        for slot, job in list(self.jobs.items()):
+            if job.cancelled:
+                self.engine.release(self.state, slot)
+                del self.jobs[slot]
+                self.metrics.finished("abort")
+        self.metrics.running.set(len(self.jobs))
+
+    def _admit(self) -> None:
+        import torch
+
+        free = self.max_batch - len(self.jobs)
+        if not self.engine.slotted and self.jobs:
+            free = 0  # cohorts: wait for the whole batch to leave
+        batch: list[Job] = []
+        with self.lock:
+            while self.waiting and len(batch) < free:
+                job = self.waiting.popleft()
+                if not job.cancelled:
+                    batch.append(job)
+            self.metrics.waiting.set(len(self.waiting))
+        if not batch:
+            return
+        dev = self.engine.device
+        gens = []
+        for job in batch:
+            g = None
+            if job.seed is not None and not job.params.greedy:
+                g = torch.Generator(device=dev)
+                g.manual_seed(job.seed)
+            gens.append(g)
+        now = time.perf_counter()
+        slots = self.engine.admit(self.state, [j.prompt for j in batch],
+                                  [j.params for j in batch], [j.max_tokens for j in batch], gens)
+        for job, slot in zip(batch, slots):
+            job.slot = slot
+            self.jobs[slot] = job
+            self.metrics.queue.observe(now - job.arrived)
+            self.metrics.prompt_tokens.inc(len(job.prompt))
+        self.metrics.generation_tokens.inc(len(batch))  # the prefill's first tokens
+        self.metrics.running.set(len(self.jobs))
+        for slot in slots:
+            self._emit(slot)
+
+    def _emit(self, slot: int) -> None:
+        """Send a request the text its row gained; finish it when its row is done."""
+        job = self.jobs[slot]
+        st = self.state
+        out = st.new_tokens[slot]
+        new, job.seen = out[job.seen:], len(out)
+        done = st.done[slot]
+        if new and job.first_token is None:
+            job.first_token = time.perf_counter()
+            self.metrics.ttft.observe(job.first_token - job.arrived)
+        text = job.stream.feed(new, final=done)
+        if text:
+            job.push("text", text)
+        if not (done or job.stream.stopped):
+            return
+        reason = "stop" if job.stream.stopped or st.finish[slot] == "eos" else "length"
+        row = st.rows[slot]
+        rounds = max(row.target_calls - 1, 0)  # the prefill is not a round
+        spec = {"drafted": row.drafted, "accepted": row.accepted,
+                "tau": round(len(out) / row.target_calls, 4) if row.target_calls else 0.0,
+                "alpha": round(row.alpha, 4), "k": round(row.drafted / rounds, 4) if rounds
+                else 0.0, "target_calls": row.target_calls}
+        self.engine.release(st, slot)
+        del self.jobs[slot]
+        self.metrics.running.set(len(self.jobs))
+        self.metrics.finished(reason)
+        self.metrics.e2e.observe(time.perf_counter() - job.arrived)
+        job.push("done", reason, len(out), spec)
+
+    def _fail_all(self, message: str) -> None:
+        for slot, job in list(self.jobs.items()):
+            self.engine.release(self.state, slot)
+            job.push("error", message)
+        self.jobs.clear()
+        self.metrics.running.set(0)
+
+    def _shutdown(self) -> None:
+        with self.lock:
+            waiting, self.waiting = list(self.waiting), deque()
+        for job in waiting:
+            job.push("error", "the server is shutting down")
+        self._fail_all("the server is shutting down")
+        self.metrics.waiting.set(0)

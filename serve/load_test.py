@@ -1,0 +1,191 @@
+"""Load test for ``draftkit serve``: throughput, latency and tau at several concurrencies.
+
+Runs N chat requests at each concurrency (default 1, 4, 16) and prints one table row per
+(K mode, concurrency): output tokens/s over the wall time, p50 and p99 request latency, and
+tau (tokens per target call, pooled over the requests from the server's per-request
+``draftkit`` stats) with the mean K the server used.
+
+Against a running server::
+
+    python serve/load_test.py --url http://127.0.0.1:8000/v1 --requests 32
+
+Or let it start the server for each K mode (off = K 0, an integer = fixed K, auto), which
+gives the benchmark table of issue 7 in one command::
+
+    python serve/load_test.py --bundle BUNDLE --modes off,3,auto --requests 32 --max-tokens 64
+
+Options: ``--concurrency 1,4,16``, ``--temperature 0``, ``--prompts FILE.jsonl`` (one string
+or {"prompt"} / {"messages"} per line; default: a built-in mix), ``--max-batch 16``,
+``--max-model-len 1024``, ``--serve-arg=--device=cpu`` (repeatable, passed to the server).
+Needs ``openai`` (pip install 'draftkit[test]').
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+PROMPTS = [
+    "Write a haiku about rain.", "What is 17 * 23? Show your steps.",
+    "Explain what a hash table is in two sentences.", "Translate 'good morning' into French.",
+    "Write a Python function that reverses a string.", "List three uses of copper.",
+    "Summarise the plot of Romeo and Juliet in one paragraph.", "Why is the sky blue?",
+    "Give me a short story about a robot learning to paint.", "What is the capital of Japan?",
+    "Write a limerick about a cat.", "How do I sort a list of dicts by a key in Python?",
+    "Name the planets of the solar system.", "What causes the seasons on Earth?",
+    "Write a SQL query that counts rows per day.", "Describe photosynthesis simply.",
+]
+
+
+def read_prompts(path: str | None) -> list:
+    if path is None:
+        return PROMPTS
+    out = []
+    for line in open(path):
+        if line.strip():
+            row = json.loads(line)
+            out.append(row.get("messages", row.get("prompt")) if isinstance(row, dict) else row)
+    return out
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))] if xs else 0.0
+
+
+async def run_level(url: str, model: str, prompts: list, n: int, concurrency: int,
+                    max_tokens: int, temperature: float) -> dict:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=url, api_key="x", max_retries=0, timeout=600)
+    gate = asyncio.Semaphore(concurrency)
+    lat, tokens, calls, drafted = [], 0, 0, 0
+
+    async def one(i: int) -> None:
+        nonlocal tokens, calls, drafted
+        p = prompts[i % len(prompts)]
+        messages = p if isinstance(p, list) else [{"role": "user", "content": p}]
+        async with gate:
+            t0 = time.perf_counter()
+            r = await client.chat.completions.create(model=model, messages=messages,
+                                                     max_tokens=max_tokens,
+                                                     temperature=temperature)
+            lat.append(time.perf_counter() - t0)
+        spec = (r.model_extra or {}).get("draftkit", {})
+        tokens += r.usage.completion_tokens
+        calls += spec.get("target_calls", 0)
+        drafted += spec.get("drafted", 0)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    wall = time.perf_counter() - t0
+    await client.close()
+    rounds = calls - n  # the prefill of each request is not a round
+    return {"tokens_per_s": tokens / wall, "p50": percentile(lat, 50), "p99": percentile(lat, 99),
+            "tau": tokens / calls if calls else 0.0,
+            "k": drafted / rounds if rounds > 0 else 0.0, "tokens": tokens, "wall": wall}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args, k: str) -> tuple[subprocess.Popen, str]:
+    import httpx
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "draftkit", "serve", "--port", str(port), "--k", k,
+           "--max-batch", str(args.max_batch), "--log-level", "warning"]
+    cmd += [args.bundle] if args.bundle else []
+    cmd += ["--target", args.target] if args.target else []
+    cmd += ["--draft", args.draft] if args.draft else []
+    cmd += ["--max-model-len", str(args.max_model_len)] if args.max_model_len else []
+    cmd += args.serve_arg
+    proc = subprocess.Popen(cmd, env=os.environ.copy())
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + args.startup_timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited with {proc.returncode}: {' '.join(cmd)}")
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                return proc, f"{base}/v1"
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit("the server did not come up in time")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def model_name(url: str) -> str:
+    import httpx
+
+    return httpx.get(f"{url}/models", timeout=10).json()["data"][0]["id"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", help="base URL of a running server (…/v1)")
+    ap.add_argument("--bundle", help="start `draftkit serve BUNDLE` for each --modes entry")
+    ap.add_argument("--target", help="with --bundle or instead of it: the target")
+    ap.add_argument("--draft", help="with --target: the draft")
+    ap.add_argument("--modes", default="off,3,auto", help="K modes: off (= 0), an int, auto")
+    ap.add_argument("--concurrency", default="1,4,16", help="comma-separated levels")
+    ap.add_argument("--requests", type=int, default=32, help="requests per level")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--prompts", help="JSONL prompts file")
+    ap.add_argument("--max-batch", type=int, default=16, help="server slots (--max-batch)")
+    ap.add_argument("--max-model-len", type=int, default=None)
+    ap.add_argument("--serve-arg", action="append", default=[],
+                    help="extra argument for the server, e.g. --serve-arg=--device=cpu")
+    ap.add_argument("--startup-timeout", type=float, default=300)
+    args = ap.parse_args(argv)
+    if not args.url and not (args.bundle or args.target):
+        ap.error("give --url of a running server, or --bundle / --target to start one")
+    prompts = read_prompts(args.prompts)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    modes = ["url"] if args.url else [m.strip() for m in args.modes.split(",")]
+    print("| K mode | concurrency | requests | tokens/s | p50 s | p99 s | tau | mean K |")
+    print("|---|---|---|---|---|---|---|---|", flush=True)
+    for mode in modes:
+        proc = None
+        if mode == "url":
+            url = args.url
+        else:
+            proc, url = start_server(args, "0" if mode == "off" else mode)
+        try:
+            name = model_name(url)
+            asyncio.run(run_level(url, name, prompts, min(4, args.requests), 4,
+                                  args.max_tokens, args.temperature))  # warm-up
+            for c in levels:
+                r = asyncio.run(run_level(url, name, prompts, args.requests, c, args.max_tokens,
+                                          args.temperature))
+                print(f"| {mode} | {c} | {args.requests} | {r['tokens_per_s']:.1f} | "
+                      f"{r['p50']:.2f} | {r['p99']:.2f} | {r['tau']:.2f} | {r['k']:.2f} |",
+                      flush=True)
+        finally:
+            if proc is not None:
+                stop_server(proc)
+
+
+if __name__ == "__main__":
+    main()

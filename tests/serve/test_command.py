@@ -1,0 +1,81 @@
+"""``draftkit serve``: flags, model resolution, and a real process shut down by SIGTERM."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+from draftkit.cli import main
+from draftkit.serve.command import ServeArgs, build, resolve_models
+
+
+def test_bad_flags_are_one_line_errors(capsys, tmp_path):
+    assert main(["serve"]) == 2
+    assert "give a BUNDLE" in capsys.readouterr().err
+    assert main(["serve", str(tmp_path / "nope")]) == 2
+    assert "not a directory" in capsys.readouterr().err
+    assert main(["serve", "--target", "x", "--k", "lots"]) == 2
+    assert "--k" in capsys.readouterr().err
+
+
+def test_resolve_bundle_and_plain_dirs(tmp_path):
+    bundle = tmp_path / "smol-bundle"
+    (bundle / "draft").mkdir(parents=True)
+    (bundle / "draftkit.json").write_text("{}")
+    assert resolve_models(ServeArgs(bundle=str(bundle))) == (str(bundle), str(bundle),
+                                                             "smol-bundle")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert resolve_models(ServeArgs(bundle=str(plain), draft="d", served_model_name="m")) == (
+        str(plain), "d", "m")
+
+
+def test_build_from_model_dirs(tiny_dirs):
+    target, draft = tiny_dirs
+    app, desc = build(ServeArgs(bundle=str(target), draft=str(draft), max_batch=2,
+                                max_model_len=64, device="cpu"))
+    assert "continuous batching" in desc and app.state.scheduler.state.max_len == 64
+
+
+def test_sigterm_finishes_in_flight_and_exits_0(tiny_dirs):
+    target, draft = tiny_dirs
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "draftkit", "serve", str(target), "--draft",
+                             str(draft), "--port", str(port), "--k", "2", "--device", "cpu",
+                             "--log-level", "warning"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while True:
+            assert proc.poll() is None, proc.stderr.read()
+            try:
+                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.time() < deadline, "the server did not come up"
+            time.sleep(0.2)
+        lines = []
+        with httpx.stream("POST", f"{base}/v1/completions", timeout=30, json={
+                "model": "target", "prompt": "hello", "max_tokens": 40, "stream": True}) as r:
+            for line in r.iter_lines():
+                if line and not lines:
+                    proc.send_signal(signal.SIGTERM)  # mid-stream
+                if line:
+                    lines.append(line)
+        assert lines[-1] == "data: [DONE]"
+        assert json.loads(lines[-2][6:])["usage"]["completion_tokens"] >= 1
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,111 @@
+"""Engine slots: admit and release rows between rounds, per-row sampling parameters and seeds."""
+
+import pytest
+import torch
+
+from draftkit.decode.engine import SpeculativeEngine
+from draftkit.decode.sampling import SamplingParams, row_probabilities
+from draftkit.errors import DraftkitError
+
+A, B, C, D = [5, 9, 22, 31, 7], [11, 12], [40, 41, 42, 43, 44, 45, 46, 8], [60, 61, 62]
+GREEDY, WARM = SamplingParams(), SamplingParams(0.9, top_p=0.95)
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_models):
+    _, target, draft = tiny_models
+    return (SpeculativeEngine(target, draft, eos_token_id=None),
+            SpeculativeEngine(target, draft, eos_token_id=None, fast_path=False))
+
+
+def alone(engine, prompt, n):
+    return engine.generate([prompt], k=0, max_new_tokens=n)[0].tokens
+
+
+def run(engine, state, k, rounds=None):
+    i = 0
+    while state.live() and (rounds is None or i < rounds):
+        engine.step(state, k)
+        i += 1
+
+
+def test_admitted_rows_equal_decoding_alone(engines):
+    """Rows join and leave a running batch (mixed greedy and sampled rows); every greedy row
+    still produces exactly the tokens it would alone."""
+    engine = engines[0]
+    assert engine.slotted
+    with torch.inference_mode():
+        state = engine.open(4, k_max=3, max_len=128)
+        (sa,) = engine.admit(state, [A], GREEDY, 20)
+        (sb,) = engine.admit(state, [B], WARM, 30, [torch.Generator().manual_seed(1)])
+        run(engine, state, 3, rounds=3)
+        (sc,) = engine.admit(state, [C], GREEDY, 12)  # joins mid-flight
+        run(engine, state, 2, rounds=2)
+        engine.release(state, sb)  # a client went away
+        assert state.finish[sb] == "abort" and not state.occupied[sb]
+        (sd,) = engine.admit(state, [D], GREEDY, 15)  # reuses the freed slot
+        assert sd == sb
+        k = 0
+        while state.live():
+            engine.step(state, k)
+            k = (k + 1) % 4  # K changes between rounds, as under --k auto
+    for slot, prompt, n in ((sa, A, 20), (sc, C, 12), (sd, D, 15)):
+        assert state.result(slot).tokens == alone(engine, prompt, n)
+        assert state.result(slot).finish_reason == "length"
+    assert state.rows[sa].drafted > 0 and state.rows[sa].accepted > 0
+
+
+def test_seeded_row_does_not_depend_on_its_batch(engines):
+    engine = engines[0]
+
+    def sampled(others):
+        with torch.inference_mode():
+            state = engine.open(4, k_max=2, max_len=128)
+            if others:
+                engine.admit(state, [B, C], [WARM, GREEDY], 25)
+            (s,) = engine.admit(state, [A], SamplingParams(1.0), 18,
+                                [torch.Generator().manual_seed(7)])
+            run(engine, state, 2)
+        return state.result(s).tokens
+
+    solo = sampled(False)
+    assert sampled(True) == solo
+    assert len(solo) == 18
+
+
+def test_row_probabilities_per_row():
+    logits = torch.tensor([[2.0, 1.0, 0.0], [0.0, 3.0, 1.0], [1.0, 0.0, 2.0]])
+    p = row_probabilities(logits, [GREEDY, SamplingParams(1.0), SamplingParams(1.0, top_k=1)])
+    assert p[0].tolist() == [1.0, 0.0, 0.0]  # greedy: one-hot at the argmax
+    torch.testing.assert_close(p[1], logits[1].softmax(-1))
+    assert p[2].tolist() == [0.0, 0.0, 1.0]
+
+
+def test_general_runner_admits_cohorts(engines):
+    engine = engines[1]
+    assert not engine.slotted
+    with torch.inference_mode():
+        state = engine.open(3, k_max=2, max_len=128)
+        slots = engine.admit(state, [A, B], GREEDY, 10)
+        with pytest.raises(DraftkitError, match="empty batch"):
+            engine.admit(state, [C], GREEDY, 10)
+        run(engine, state, 2)
+        first = [state.result(s).tokens for s in slots]
+        for s in slots:
+            engine.release(state, s)
+        (sc,) = engine.admit(state, [C], GREEDY, 10)  # a new cohort
+        run(engine, state, 2)
+    assert first == [alone(engine, A, 10), alone(engine, B, 10)]
+    assert state.result(sc).tokens == alone(engine, C, 10)
+
+
+def test_admit_checks_room(engines):
+    engine = engines[0]
+    state = engine.open(1, k_max=2, max_len=16)
+    with pytest.raises(DraftkitError, match="context window"):
+        engine.admit(state, [[5] * 13], GREEDY, 4)
+    with torch.inference_mode():
+        engine.admit(state, [[5] * 4], GREEDY, 100)  # the budget is capped to the room
+    assert state.budgets[0] == 16 - 4 - 4
+    with pytest.raises(DraftkitError, match="slots are free"):
+        engine.admit(state, [A], GREEDY, 4)
