@@ -13,11 +13,11 @@ import random
 from pathlib import Path
 from typing import Any, Callable
 
-from draftkit.data.pack import Rows, Tokenized, pack, tokenize_example
+from draftkit.data.pack import Rows, Tokenized, pack, positions, tokenize_example
 from draftkit.data.sources import Example, load_examples
 from draftkit.errors import DraftkitError
 
-__all__ = ["Example", "Rows", "Tokenized", "build_rows", "load_examples", "pack",
+__all__ = ["Example", "Rows", "Tokenized", "build_rows", "load_examples", "pack", "positions",
            "split_heldout", "tokenize_example"]
 
 

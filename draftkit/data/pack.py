@@ -7,6 +7,12 @@ domain and held-out alpha can be reported per domain.
 
 Masks are stored already shifted: ``loss_mask[t]`` says whether the prediction made at
 position t (of token t + 1) counts.
+
+Packed examples do not see each other: ``position_ids`` restart at 0 at every example (and at
+the padding), and transformers turns restarting positions into a block-diagonal causal mask
+when neither an attention mask nor a KV cache is passed (``use_cache=False``; its
+packed-sequence format). The draft is trained, and the
+teacher scored, on the context each example has when it is served alone.
 """
 
 from __future__ import annotations
@@ -31,12 +37,14 @@ class Tokenized:
 
 @dataclass
 class Rows:
-    """Fixed-length rows: input_ids (N, T), loss_mask (N, T), domain_ids (N,)."""
+    """Fixed-length rows: input_ids (N, T), loss_mask (N, T), domain_ids (N,), position_ids
+    (N, T) restarting at each packed example."""
 
     input_ids: torch.Tensor
     loss_mask: torch.Tensor
     domain_ids: torch.Tensor
     domains: list[str]
+    position_ids: torch.Tensor | None = None  # None: 0..T-1 in every row (nothing packed)
     # The training prompts (chat-rendered ids) and their domain index, for on-policy steps.
     prompts: list[list[int]] | None = None
     prompt_domains: list[int] | None = None
@@ -111,6 +119,7 @@ def pack(examples: list[Tokenized], seq_len: int, pad_id: int, domains: list[str
     rows_ids: list[list[int]] = []
     rows_tgt: list[list[bool]] = []
     rows_dom: list[int] = []
+    rows_pos: list[list[int]] = []
     open_row: dict[str, int] = {}  # domain -> index of the row being filled
     for ex in examples:
         ids, tgt = ex.ids, ex.target
@@ -126,18 +135,33 @@ def pack(examples: list[Tokenized], seq_len: int, pad_id: int, domains: list[str
             rows_ids.append([])
             rows_tgt.append([])
             rows_dom.append(domains.index(ex.domain))
+            rows_pos.append([])
             r = open_row[ex.domain] = len(rows_ids) - 1
         # The first token of each packed example has no in-example context to be predicted
         # from, so it is never a target.
         rows_ids[r].extend(ids)
         rows_tgt[r].extend([False] + list(tgt[1:]))
+        rows_pos[r].extend(range(len(ids)))
     if not rows_ids:
         raise DraftkitError("no rows to pack; the dataset is empty")
     n = len(rows_ids)
     input_ids = torch.full((n, seq_len), pad_id, dtype=torch.long)
     loss_mask = torch.zeros((n, seq_len), dtype=torch.bool)
-    for i, (ids, tgt) in enumerate(zip(rows_ids, rows_tgt)):
+    # padding is one more segment of its own, so it restarts positions too
+    position_ids = torch.arange(seq_len).repeat(n, 1)
+    for i, (ids, tgt, pos) in enumerate(zip(rows_ids, rows_tgt, rows_pos)):
         input_ids[i, :len(ids)] = torch.tensor(ids)
         # shift: the logits at t predict token t + 1
         loss_mask[i, :len(ids) - 1] = torch.tensor(tgt[1:], dtype=torch.bool)
-    return Rows(input_ids, loss_mask, torch.tensor(rows_dom), list(domains))
+        position_ids[i, :len(ids)] = torch.tensor(pos)
+        position_ids[i, len(ids):] = torch.arange(seq_len - len(ids))
+    return Rows(input_ids, loss_mask, torch.tensor(rows_dom), list(domains),
+                position_ids=position_ids)
+
+
+def positions(rows: Rows, index: torch.Tensor | slice) -> torch.Tensor:
+    """position_ids of the selected rows (B, T)."""
+    if rows.position_ids is not None:
+        return rows.position_ids[index]
+    ids = rows.input_ids[index]
+    return torch.arange(ids.shape[1]).expand_as(ids)

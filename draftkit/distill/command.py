@@ -107,12 +107,11 @@ def _looks_remote(spec: str) -> bool:
 
 def check_config(cfg: DistillConfig, source: str) -> list[str]:
     """The cheap checks of ``--dry-run``; returns notes on what was not checked."""
-    from draftkit.distill.distributed import check_deepspeed_json
+    from draftkit.distill.distributed import zero_stage
     from draftkit.errors import ModelError
 
     notes = []
-    if cfg.train.deepspeed:
-        check_deepspeed_json(cfg.train.deepspeed)
+    zero_stage(cfg)  # checks the DeepSpeed JSON and what ZeRO-3 rules out
     for role, spec in (("target", cfg.target), ("draft", cfg.draft.model)):
         if spec is None:
             continue

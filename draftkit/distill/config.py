@@ -63,8 +63,14 @@ class DraftSection:
     freeze: list[str] = option([], help="parts kept frozen: 'embeddings', 'head', 'norm', or any "
                                         "parameter-name substring such as 'layers.0.'")
     lora: LoraSection = section(LoraSection, "LoRA adapters through peft")
+    vocab_size: int | None = option(None, help="decode with the draft's head cut to the N tokens "
+                                               "the target emits most in the training data "
+                                               "(FR-Spec; best/draft_vocab.json); null keeps "
+                                               "the full head")
 
     def validate(self) -> None:
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise ConfigError(f"draft.vocab_size must be >= 1 or null, got {self.vocab_size}")
         ways = [self.model is not None, self.derive_layers is not None,
                 self.num_layers is not None]
         if sum(ways) != 1:
@@ -276,5 +282,4 @@ class DistillConfig:
             raise ConfigError(f"max_steps must be at least 1, got {self.max_steps}")
         if not self.out_dir.strip():
             raise ConfigError("out_dir is empty; give a run folder")
-        if self.draft.lora.enabled and self.train.deepspeed and "zero3" in self.train.deepspeed:
-            raise ConfigError("LoRA with ZeRO-3 is not supported here; use zero2.json")
+

@@ -98,12 +98,6 @@ def deepspeed_engine(model: Any, params: list, path: str, train: Any, total_step
     import deepspeed
 
     ds = check_deepspeed_json(path)
-    if ds["zero_optimization"]["stage"] == 3:
-        # Evaluation and best/ export read the draft's full weights, which ZeRO-3 partitions.
-        from draftkit.errors import DraftkitError
-
-        raise DraftkitError(f"{path}: ZeRO-3 is not supported by the distill loop yet (it "
-                            f"partitions the weights that evaluation reads); use zero2.json")
     fill = {"train_micro_batch_size_per_gpu": train.batch_size,
             "gradient_accumulation_steps": train.grad_accum,
             "gradient_clipping": train.max_grad_norm}
@@ -122,3 +116,34 @@ def deepspeed_engine(model: Any, params: list, path: str, train: Any, total_step
     engine, optimizer, _, scheduler = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds)
     return engine, optimizer, scheduler
+
+
+def zero_stage(cfg: Any) -> int:
+    """The ZeRO stage a recipe's DeepSpeed config asks for (0 without one), after checking
+    that the recipe's other choices work with it."""
+    path = cfg.train.deepspeed
+    stage = int(check_deepspeed_json(path)["zero_optimization"]["stage"]) if path else 0
+    if stage == 3 and cfg.draft.lora.enabled:
+        raise ConfigError(f"{path}: LoRA with ZeRO-3 is not supported here; use zero2.json")
+    if stage == 3 and cfg.data.lmbda > 0:
+        # each rank would generate a different number of tokens, and ZeRO-3's per-layer
+        # gathers need every rank in every forward
+        raise ConfigError(f"{path}: on-policy data (data.lmbda > 0) with ZeRO-3 is not "
+                          f"supported; use zero2.json or data.lmbda: 0")
+    return stage
+
+
+def gathered(model: Any, stage: int):
+    """Context in which every rank holds ``model``'s full weights.
+
+    ZeRO-3 partitions each parameter over the ranks; reading the whole state dict (to export
+    ``best/``) needs them gathered first. It is a collective: every rank must enter it.
+    Other stages keep whole weights on every rank, so it does nothing there.
+    """
+    import contextlib
+
+    if stage != 3:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)

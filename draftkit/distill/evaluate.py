@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from draftkit.data import Rows
+from draftkit.data import Rows, positions
 from draftkit.distill.losses import dense_logprobs
 
 
@@ -22,17 +22,17 @@ def heldout_alpha(draft_logits: Callable, target_logits: Callable, rows: Rows,
                   batch_size: int = 8, temperature: float = 1.0) -> dict[str, float]:
     """``{"alpha/<domain>": value, ..., "alpha": token-weighted mean}`` over ``rows``.
 
-    draft_logits / target_logits: input_ids (B, T) -> logits (B, T, V).
+    draft_logits / target_logits: input_ids (B, T), position_ids (B, T) -> logits (B, T, V).
     """
     sums = torch.zeros(len(rows.domains), dtype=torch.float64)
     counts = torch.zeros(len(rows.domains), dtype=torch.float64)
     for start in range(0, len(rows), batch_size):
-        ids = rows.input_ids[start:start + batch_size]  # (B, T)
-        mask = rows.loss_mask[start:start + batch_size]  # (B, T)
+        sel = slice(start, start + batch_size)
+        ids, mask, pos = rows.input_ids[sel], rows.loss_mask[sel], positions(rows, sel)  # (B, T)
         width = int(mask.nonzero()[:, 1].max()) + 2 if mask.any() else 1  # skip trailing pads
-        ids, mask = ids[:, :width], mask[:, :width]
-        p_logp = dense_logprobs(target_logits(ids), temperature)  # (B, T, V)
-        q_logp = dense_logprobs(draft_logits(ids), temperature)
+        ids, mask, pos = ids[:, :width], mask[:, :width], pos[:, :width]
+        p_logp = dense_logprobs(target_logits(ids, pos), temperature)  # (B, T, V)
+        q_logp = dense_logprobs(draft_logits(ids, pos), temperature)
         # sum_x min(p, q) equals 1 - TV(p, q) and, unlike 1 - TV in float32, never dips
         # below 0 by rounding.
         accept = torch.minimum(p_logp.exp(), q_logp.exp()).sum(-1).double() * mask  # (B, T)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from draftkit.data import Rows
+from draftkit.data import Rows, positions
 from draftkit.distill.losses import dense_logprobs
 from draftkit.errors import DraftkitError
 from draftkit.io import atomic_write_json
@@ -37,10 +37,13 @@ class MaskedLM(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        # input_ids, mask: (B, T) -> logits (N, V) at the N positions where mask is true
+    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        # input_ids, mask, position_ids: (B, T) -> logits (N, V) at the N positions where mask
+        # is true. Positions restarting inside a row keep packed examples apart (data/pack.py).
         decoder = self.model.get_decoder()
-        hidden = decoder(input_ids=input_ids).last_hidden_state  # (B, T, H)
+        hidden = decoder(input_ids=input_ids, position_ids=position_ids,
+                         use_cache=False).last_hidden_state  # (B, T, H); no cache: see pack.py
         return self.model.get_output_embeddings()(hidden[mask])  # (N, V)
 
 
@@ -52,17 +55,18 @@ class OnlineTeacher:
         self.temperature = temperature
 
     @torch.no_grad()
-    def __call__(self, rows_idx: torch.Tensor, input_ids: torch.Tensor,
-                 mask: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def __call__(self, rows_idx: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor,
+                 position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
         """(p_logp (N, V), None): dense log-probs at the masked positions."""
-        return dense_logprobs(self.lm(input_ids, mask), self.temperature), None
+        return dense_logprobs(self.lm(input_ids, mask, position_ids), self.temperature), None
 
 
 def cache_key(target_id: str, rows: Rows, top_k: int, temperature: float) -> str:
     h = hashlib.sha256()
-    h.update(f"{target_id}|{top_k}|{temperature}|v1".encode())
+    h.update(f"{target_id}|{top_k}|{temperature}|v2".encode())
     h.update(rows.input_ids.numpy().tobytes())
     h.update(rows.loss_mask.numpy().tobytes())
+    h.update(positions(rows, slice(None)).numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -118,7 +122,8 @@ class TopKCache:
             mask = rows.loss_mask[b:e]
             if mask.any():
                 with torch.no_grad():
-                    p_logp = dense_logprobs(lm(rows.input_ids[b:e], mask), self.temperature)
+                    logits = lm(rows.input_ids[b:e], mask, positions(rows, slice(b, e)))
+                    p_logp = dense_logprobs(logits, self.temperature)
                     top = p_logp.topk(self.top_k, dim=-1)  # (N, k)
                 lo, hi = int(self.offsets[b]), int(self.offsets[e])
                 logp_mm[lo:hi] = top.values.to(torch.float16).numpy()
@@ -154,8 +159,8 @@ class TopKCache:
         self._logp, self._ids = self._arrays("r")
         return self
 
-    def __call__(self, rows_idx: torch.Tensor, input_ids: torch.Tensor,
-                 mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, rows_idx: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor,
+                 position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(p_logp_topk (N, k), ids (N, k)) for the masked positions of rows ``rows_idx``.
 
         The positions come out in the same order as ``tensor[mask]`` (row-major), since each

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from draftkit.data import Rows
+from draftkit.data import Rows, positions
 from draftkit.distill.config import DistillConfig
 from draftkit.distill.losses import dense_logprobs, divergence, next_token_ce, sparse_logprobs
 from draftkit.errors import DraftkitError
@@ -82,16 +82,39 @@ def apply_freeze(model: Any, parts: list[str]) -> None:
             p.requires_grad_(False)
 
 
-def export_draft(draft: Any, tokenizer: Any, path: Path) -> Path:
-    """Write ``path`` as a plain HF model folder; LoRA adapters are merged first."""
+def export_draft(draft: Any, tokenizer: Any, path: Path, vocab: dict | None = None) -> Path:
+    """Write ``path`` as a plain HF model folder; LoRA adapters are merged first. ``vocab``:
+    a reduced draft vocabulary to store beside it (keyword arguments of draft_vocab.save)."""
     import copy
 
+    from draftkit.models import draft_vocab
     from draftkit.models.derive import save_draft
 
     model = draft
     if hasattr(draft, "merge_and_unload"):  # a peft model: serving engines take no adapters
         model = copy.deepcopy(draft).merge_and_unload()
-    return save_draft(model, tokenizer, path, force=True)
+    out = save_draft(model, tokenizer, path, force=True)
+    if vocab is not None:
+        draft_vocab.save(out, **vocab)
+    return out
+
+
+def choose_draft_vocab(size: int, train_rows: Rows, heldout: Rows, tokenizer: Any,
+                       vocab_size: int) -> dict:
+    """The ``size`` tokens the target emits most in the training rows (what the draft will be
+    asked to propose), and their share of the held-out rows' tokens."""
+    from draftkit.models import draft_vocab
+
+    def counts(rows: Rows) -> torch.Tensor:  # (V,) next tokens at the trained positions
+        nxt = rows.input_ids.roll(-1, dims=1)[rows.loss_mask]
+        return torch.bincount(nxt, minlength=vocab_size)
+
+    special = list(tokenizer.all_special_ids) + [tokenizer.eos_token_id]
+    ids = draft_vocab.choose(counts(train_rows), size, always=[i for i in special
+                                                               if i is not None])
+    covered = draft_vocab.coverage(ids, counts(heldout))
+    return {"ids": ids, "vocab_size": vocab_size, "covered": covered,
+            "source": f"target tokens of {len(train_rows)} training rows"}
 
 
 # --- data order ---------------------------------------------------------------------------------
@@ -123,15 +146,15 @@ def micro_loss(student: Any, teacher: Any, rows: Rows, idx: torch.Tensor, cfg: D
     ids = rows.input_ids[idx]  # (B, T)
     mask = rows.loss_mask[idx]  # (B, T)
     device = next(student.parameters()).device
-    ids, mask = ids.to(device), mask.to(device)
+    ids, mask, pos = ids.to(device), mask.to(device), positions(rows, idx).to(device)
     if cfg.loss.divergence == "ce":  # the control: the same tokens, no teacher distribution
         with autocast():
-            logits = student(ids, mask)  # (N, V)
+            logits = student(ids, mask, pos)  # (N, V)
         labels = ids.roll(-1, dims=1)[mask]  # (N,) the next token at each trained position
         return next_token_ce(logits, labels), int(mask.sum())
-    teacher_out, teacher_ids = teacher(idx, ids, mask)  # (N, V) or (N, k) + (N, k)
+    teacher_out, teacher_ids = teacher(idx, ids, mask, pos)  # (N, V) or (N, k) + (N, k)
     with autocast():
-        logits = student(ids, mask)  # (N, V)
+        logits = student(ids, mask, pos)  # (N, V)
     t = cfg.loss.temperature
     if teacher_ids is None:
         p_logp, q_logp = teacher_out.to(device), dense_logprobs(logits, t)
@@ -147,7 +170,8 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
     """Run a recipe; returns the ``best/`` folder. ``stop_after`` ends early as a kill would."""
     from draftkit.config import dump_yaml
     from draftkit.distill import checkpoint as ckpt
-    from draftkit.distill.distributed import all_reduce_mean, barrier, init_distributed
+    from draftkit.distill.distributed import (all_reduce_mean, barrier, gathered,
+                                              init_distributed, zero_stage)
     from draftkit.distill.evaluate import heldout_alpha
     from draftkit.distill.onpolicy import draft_rows, is_on_policy
     from draftkit.distill.schedule import warmup_cosine
@@ -178,6 +202,13 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
     draft = build_draft(cfg, target, tokenizer, target_ref).to(device)
 
     train_rows, heldout = _rows(cfg, tokenizer, target, target_ref, dist, progress)
+    vocab = None
+    if cfg.draft.vocab_size:
+        vocab = choose_draft_vocab(cfg.draft.vocab_size, train_rows, heldout, tokenizer,
+                                   target.config.get_text_config().vocab_size)
+        if dist.is_main:
+            print(f"draft vocabulary: {len(vocab['ids'])} tokens cover "
+                  f"{vocab['covered']:.1%} of the held-out target tokens", flush=True)
     teacher = _teacher(cfg, target, target_ref, train_rows, dist, progress)
 
     online = OnlineTeacher(target, cfg.loss.temperature)  # on-policy rows need it
@@ -190,6 +221,7 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
     if not params:
         raise DraftkitError("every draft parameter is frozen; shorten draft.freeze")
     engine = None
+    stage = zero_stage(cfg)
     if cfg.train.deepspeed:
         from draftkit.distill.distributed import deepspeed_engine
 
@@ -230,12 +262,14 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
     autocast = (lambda: torch.autocast(device.split(":")[0], dtype=torch.bfloat16)) \
         if cfg.train.precision == "bf16" else contextlib.nullcontext
 
-    def draft_logits(ids):  # (B, T) -> (B, T, V), for evaluation
+    def draft_logits(ids, pos):  # (B, T), (B, T) -> (B, T, V), for evaluation
         with autocast():
-            return draft(input_ids=ids.to(device)).logits.float()
+            return draft(input_ids=ids.to(device), position_ids=pos.to(device),
+                         use_cache=False).logits.float()
 
-    def target_logits(ids):
-        return target(input_ids=ids.to(device)).logits.float()
+    def target_logits(ids, pos):
+        return target(input_ids=ids.to(device), position_ids=pos.to(device),
+                      use_cache=False).logits.float()
 
     def evaluate(loss_value: float | None) -> dict:
         nonlocal best_alpha, last_alpha
@@ -243,15 +277,19 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
         metrics = heldout_alpha(draft_logits, target_logits, heldout, cfg.eval.batch_size,
                                 cfg.eval.temperature)
         draft.train()
-        last_alpha = metrics["alpha"]
+        # every rank evaluates the same rows; the mean makes the decision below bitwise the
+        # same on all of them (ZeRO-3's gather for the export is a collective)
+        last_alpha = all_reduce_mean(metrics["alpha"], dist)
         row = {"step": step, "loss": loss_value, **metrics}
         if dist.is_main:
             append_jsonl(out / "metrics.jsonl", row)
             tracker.log(metrics, step=step)
-            if metrics["alpha"] > best_alpha:
-                best_alpha = metrics["alpha"]
-                export_draft(draft, tokenizer, out / "best")
-                atomic_write_json(out / "best.json", row)
+        if last_alpha > best_alpha:
+            best_alpha = last_alpha
+            with gathered(draft, stage):
+                if dist.is_main:
+                    export_draft(draft, tokenizer, out / "best", vocab)
+                    atomic_write_json(out / "best.json", row)
         return row
 
     tracker = Tracker("distill", cfg, name=cfg.wandb.name, group=cfg.wandb.group,

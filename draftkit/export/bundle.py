@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,7 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
     from draftkit.io import atomic_dir
     from draftkit.models import check_compatible, load_tokenizer, resolve_model
     from draftkit.models.compat import _vocab_size
+    from draftkit.models import draft_vocab
     from draftkit.models.load import load_causal_lm
 
     out = Path(out)
@@ -130,6 +132,10 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
         draft_dir = tmp / "draft"
         draft_model.save_pretrained(draft_dir, safe_serialization=True)
         target_tok.save_pretrained(draft_dir)  # the target's tokenizer files, exactly
+        ids = draft_vocab.load(draft_ref.path, _vocab_size(target_cfg)) if \
+            Path(draft_ref.path).is_dir() else None
+        if ids is not None:  # our decoder's reduced head; other engines ignore the file
+            shutil.copy2(Path(draft_ref.path) / draft_vocab.FILE, draft_dir / draft_vocab.FILE)
         gen = GenerationConfig.from_model_config(draft_model.config)
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
             value = getattr(target_tok, key, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftkit.errors import ModelError
@@ -53,11 +54,18 @@ def load_tokenizer(model: str | ResolvedModel, role: Role = "target") -> "PreTra
 
 def load_model(model: str | ResolvedModel, role: Role = "target", device: str | None = None,
                dtype: str | None = "auto") -> "PreTrainedModel":
-    """A causal LM in eval mode on ``device`` (a LoRA adapter folder comes back merged)."""
+    """A causal LM in eval mode on ``device`` (a LoRA adapter folder comes back merged).
+
+    A draft folder holding ``draft_vocab.json`` gives the model its reduced head vocabulary
+    (``model.draft_vocab``, see :mod:`draftkit.models.draft_vocab`)."""
     resolved = model if isinstance(model, ResolvedModel) else resolve_model(model, role)
     device = device or default_device()
     _quiet_transformers()
     lm, _ = load_causal_lm(resolved.path, parse_dtype(dtype, device), role)
+    if role == "draft" and Path(resolved.path).is_dir():
+        from draftkit.models.draft_vocab import attach
+
+        attach(lm, resolved.path)
     return lm.to(device).eval()
 
 

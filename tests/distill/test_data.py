@@ -79,6 +79,8 @@ def test_packing_and_shifted_mask(tok):
     # loss_mask[t]: the prediction of token t + 1; an example's first token is never a target
     assert rows.loss_mask.tolist() == [[True, True, False, False, True, False],
                                        [True, False, False, False, False, False]]
+    # positions restart at each packed example and at the padding
+    assert rows.position_ids.tolist() == [[0, 1, 2, 0, 1, 2], [0, 1, 0, 1, 2, 3]]
     unpacked = pack(exs, seq_len=6, pad_id=3, domains=["a", "b"], pack=False)
     assert len(unpacked) == 3
     with pytest.raises(DraftkitError, match="longer than data.seq_len=2"):
@@ -87,6 +89,27 @@ def test_packing_and_shifted_mask(tok):
     text = Tokenized(list(range(5, 12)), [True] * 7, "a", "t:1", splittable=True)
     pieces = pack([text], seq_len=3, pad_id=3, domains=["a"], pack=False)
     assert pieces.input_ids.tolist() == [[5, 6, 7], [8, 9, 10], [11, 3, 3]]
+
+
+def test_packed_examples_do_not_attend_to_each_other():
+    """The second example of a packed row gets the logits it gets alone, through the same
+    calls training and the teacher cache make (MaskedLM with the rows' position_ids)."""
+    from draftkit.data.pack import Tokenized, positions
+    from draftkit.distill.teacher import MaskedLM
+
+    model = make_llama(64, seed=3)
+    first, second = [5, 6, 7, 8, 9], [10, 11, 12, 13]
+    rows = pack([Tokenized(first, [True] * 5, "a", "x:1"),
+                 Tokenized(second, [True] * 4, "a", "x:2")], seq_len=12, pad_id=3, domains=["a"])
+    mask = torch.zeros_like(rows.loss_mask)
+    mask[0, 5:9] = True  # the second example's positions
+    lm = MaskedLM(model)
+    with torch.no_grad():
+        packed = lm(rows.input_ids, mask, positions(rows, slice(None)))
+        alone = model(torch.tensor([second]), use_cache=False).logits[0]
+        leaky = lm(rows.input_ids, mask)  # no positions: the old, leaking behaviour
+    torch.testing.assert_close(packed, alone, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(leaky, alone, atol=1e-3)
 
 
 def test_target_generated_cache_resumes(tmp_path, tok):

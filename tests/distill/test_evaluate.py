@@ -20,8 +20,8 @@ def _rows():
 def test_alpha_is_one_minus_tv_per_domain():
     p = torch.log(torch.tensor([0.7, 0.2, 0.1]))
     q = torch.log(torch.tensor([0.4, 0.4, 0.2]))
-    target = lambda ids: p.expand(*ids.shape, 3).clone()  # noqa: E731
-    draft = lambda ids: q.expand(*ids.shape, 3).clone()  # noqa: E731
+    target = lambda ids, pos: p.expand(*ids.shape, 3).clone()  # noqa: E731
+    draft = lambda ids, pos: q.expand(*ids.shape, 3).clone()  # noqa: E731
     out = heldout_alpha(draft, target, _rows(), batch_size=2)
     beta = sum(min(a, b) for a, b in zip([0.7, 0.2, 0.1], [0.4, 0.4, 0.2]))  # 0.7
     assert out["alpha/code"] == pytest.approx(beta) and out["alpha/math"] == pytest.approx(beta)
@@ -31,11 +31,11 @@ def test_alpha_is_one_minus_tv_per_domain():
 
 
 def test_alpha_weights_tokens_by_domain():
-    def target(ids):  # row-dependent: rows of token 3 (math) get a uniform target
+    def target(ids, pos):  # row-dependent: rows of token 3 (math) get a uniform target
         out = torch.zeros(*ids.shape, 2)
         out[..., 0] = torch.where(ids[..., :1] == 3, 0.0, 50.0)
         return out
-    draft = lambda ids: torch.zeros(*ids.shape, 2)  # noqa: E731  uniform
+    draft = lambda ids, pos: torch.zeros(*ids.shape, 2)  # noqa: E731  uniform
     out = heldout_alpha(draft, target, _rows(), batch_size=1)
     assert out["alpha/code"] == pytest.approx(0.5, abs=1e-6)  # p = (1, 0), q = (.5, .5)
     assert out["alpha/math"] == pytest.approx(1.0)

@@ -60,3 +60,56 @@ def test_deepspeed_zero2_two_processes_and_resume(tmp_path, tiny_dirs):
     shards = list((run / "checkpoints" / "step-0000003" / "state").glob("*optim_states.pt"))
     assert len(shards) == 2  # ZeRO partitioned the optimizer over the two ranks
     assert (run / "best" / "model.safetensors").is_file()
+
+
+def test_deepspeed_zero3_two_processes_exports_whole_weights(tmp_path, tiny_dirs):
+    """ZeRO-3 partitions every weight over the ranks; best/ must still hold the whole draft."""
+    from safetensors.torch import load_file
+
+    target, _ = tiny_dirs
+    recipe = tmp_path / "tiny_to_2l" / "fkl_zero3.yaml"
+    recipe.parent.mkdir()
+    recipe.write_text(yaml.safe_dump({
+        "out_dir": str(tmp_path / "run"), "max_steps": 2, "target": str(target),
+        "draft": {"derive_layers": [0, 3]},
+        "data": {"sources": [{"path": str(_data(tmp_path))}], "seq_len": 48,
+                 "heldout_per_domain": 2},
+        "train": {"batch_size": 1, "grad_accum": 1, "checkpoint_every": 2, "device": "cpu",
+                  "deepspeed": os.path.join(os.getcwd(), "recipes/deepspeed/zero3.json")},
+        "eval": {"every": 1}}))
+    env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd())
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           "--master_port", "29535", "-m", "draftkit", "distill", str(recipe)],
+                          env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "run"
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2]
+    weights = load_file(run / "best" / "model.safetensors")
+    hidden = json.loads((run / "best" / "config.json").read_text())["hidden_size"]
+    assert weights["model.embed_tokens.weight"].shape[1] == hidden  # whole, not a shard
+    assert all(t.numel() > 0 for t in weights.values())
+    assert (run / "checkpoints" / "step-0000002" / "manifest.json").is_file()
+
+
+def test_zero3_rules_out_lora_and_on_policy_data(tmp_path):
+    import pytest
+
+    from draftkit.config import from_dict
+    from draftkit.distill.config import DistillConfig
+    from draftkit.distill.distributed import zero_stage
+    from draftkit.errors import ConfigError
+
+    def cfg(**over):
+        data = {"target": "t", "draft": {"derive_layers": [0]},
+                "data": {"sources": [{"path": "x.jsonl"}]},
+                "train": {"deepspeed": os.path.join(os.getcwd(), "recipes/deepspeed/zero3.json")}}
+        for key, value in over.items():
+            data[key].update(value)
+        return from_dict(DistillConfig, data, "test")
+
+    assert zero_stage(cfg()) == 3
+    with pytest.raises(ConfigError, match="LoRA with ZeRO-3"):
+        zero_stage(cfg(draft={"lora": {"enabled": True}}))
+    with pytest.raises(ConfigError, match="on-policy data"):
+        zero_stage(cfg(data={"regime": "on_policy", "lmbda": 0.5}))

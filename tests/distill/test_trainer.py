@@ -230,6 +230,24 @@ def test_cross_entropy_control(tmp_path, tiny_dirs):
     assert last["step"] == 2 and 0 < last["loss"] < 20 and "alpha/code" in last
 
 
+def test_draft_vocab_is_chosen_saved_exported_and_loaded(tmp_path, tiny_dirs):
+    """draft.vocab_size: best/ gets the target's most frequent tokens, the bundle carries them
+    and the loaded draft decodes with them."""
+    from draftkit.distill.trainer import train
+    from draftkit.export.bundle import export_bundle
+    from draftkit.models import load_pair
+    from draftkit.models.draft_vocab import FILE
+
+    best = train(_cfg(tmp_path, tiny_dirs, **{"draft.vocab_size": 40, "max_steps": 2}),
+                 progress=False)
+    data = json.loads((best / FILE).read_text())
+    assert len(data["token_ids"]) == 40 and 0 < data["coverage"] <= 1
+    bundle = export_bundle(str(tiny_dirs[0]), str(best), tmp_path / "bundle")
+    assert (bundle / "draft" / FILE).is_file()
+    pair = load_pair(str(tiny_dirs[0]), str(bundle), device="cpu")
+    assert pair.draft.draft_vocab.tolist() == data["token_ids"]
+
+
 def test_bf16_autocast_and_jsd(tmp_path, tiny_dirs):
     from draftkit.distill.trainer import train
 
