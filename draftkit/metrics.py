@@ -150,6 +150,40 @@ def crossover_index(speedups: Sequence[float]) -> int | None:
     return None
 
 
+def crossover(xs: Sequence[float], ys: Sequence[float | None], level: float = 1.0,
+              log_x: bool = False) -> tuple[str, float | None]:
+    """Where a measured curve y(x) falls below ``level`` (speedup 1.0 by default).
+
+    Returns ``(kind, x)``:
+
+    - ``"crosses"``: the curve ends below the level; x is its last downward crossing, linearly
+      interpolated between the two points around it (in log2 x with ``log_x``, for batch
+      sizes). Taking the last crossing means a noisy dip that recovers is not the crossover:
+      past x, every measured point is below the level.
+    - ``"rises"``: the curve ends at or above the level after being below it; x is its last
+      upward crossing.
+    - ``"below"`` / ``"above"``: every point is below / at or above; no crossover inside the
+      range (x is None).
+    - ``"empty"``: no points (None values are skipped).
+    """
+    pts = sorted((float(x), float(y)) for x, y in zip(xs, ys) if y is not None)
+    if not pts:
+        return "empty", None
+    below = [y < level for _, y in pts]
+    if all(below):
+        return "below", None
+    if not any(below):
+        return "above", None
+    ends_below = below[-1]
+    # the last index on the other side of the level from the final point
+    i = max(j for j, b in enumerate(below) if b != ends_below)
+    (x0, y0), (x1, y1) = pts[i], pts[i + 1]
+    if log_x:
+        x0, x1 = math.log2(x0), math.log2(x1)
+    x = x0 + (level - y0) * (x1 - x0) / (y1 - y0)  # y0 != y1: they lie on either side
+    return ("crosses" if ends_below else "rises"), (2.0 ** x if log_x else x)
+
+
 # --- estimators --------------------------------------------------------------------------------
 
 def alpha_from_counts(accepted: int, rejected: int) -> float:

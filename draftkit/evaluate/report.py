@@ -43,7 +43,7 @@ def break_even_text(report: dict) -> str:
     return f"speculation stops paying at batch size {be}"
 
 
-def _fmt(value: Any, pattern: str) -> str:
+def fmt(value: Any, pattern: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     try:
@@ -60,7 +60,7 @@ def domain_table(report: dict) -> tuple[list[str], list[list[str]]]:
     has_before = any("alpha_before" in row for _, row in rows_src)
     columns = [c for c in TABLE if c[1] != "alpha_before" or has_before]
     header = [c[0] for c in columns]
-    rows = [[name if key is None else _fmt(row.get(key), fmt) for _, key, fmt in columns]
+    rows = [[name if key is None else fmt(row.get(key), pattern) for _, key, pattern in columns]
             for name, row in rows_src]
     return header, rows
 
@@ -177,10 +177,7 @@ def _summary_lines(report: dict) -> list[str]:
 def render_markdown(report: dict, plots: dict[str, Path]) -> str:
     header, rows = domain_table(report)
     out = ["# draftkit evaluation report", ""] + _summary_lines(report) + [""]
-    out.append("| " + " | ".join(header) + " |")
-    out.append("|" + "|".join("---" for _ in header) + "|")
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    out.append("")
+    out += markdown_table(header, rows) + [""]
     for title, path in plots.items():
         out += [f"## {title}", "", f"![{title}]({path.name})", ""]
     return "\n".join(out)
@@ -189,21 +186,43 @@ def render_markdown(report: dict, plots: dict[str, Path]) -> str:
 def render_html(report: dict, plots: dict[str, Path]) -> str:
     header, rows = domain_table(report)
     esc = html.escape
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>draftkit report</title>",
-             "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}"
-             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;"
-             "text-align:right}td:first-child,th:first-child,td:last-child{text-align:left}"
-             "</style></head><body><h1>draftkit evaluation report</h1>"]
-    parts += [f"<p>{esc(line).replace('`', '')}</p>" for line in _summary_lines(report)]
-    parts.append("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>")
-    parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows]
-    parts.append("</table>")
+    parts = [f"<p>{esc(line).replace('`', '')}</p>" for line in _summary_lines(report)]
+    parts.append(html_table(header, rows))
     for title, path in plots.items():
-        data = base64.b64encode(path.read_bytes()).decode()  # self-contained: one file to share
-        parts.append(f"<h2>{esc(title)}</h2><img alt='{esc(title)}' "
-                     f"src='data:image/png;base64,{data}'>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
+        parts.append(f"<h2>{esc(title)}</h2>{html_image(title, path)}")
+    return html_page("draftkit evaluation report", parts)
+
+
+# --- shared by the report writers (eval and regimes) ---------------------------------------
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """The lines of a Markdown table."""
+    return (["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+            + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def html_table(header: list[str], rows: list[list[str]]) -> str:
+    esc = html.escape
+    return ("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"
+            + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows)
+            + "</table>")
+
+
+def html_image(title: str, path: Path) -> str:
+    """An <img> with the PNG inlined: the HTML report is one self-contained file to share."""
+    data = base64.b64encode(Path(path).read_bytes()).decode()
+    return f"<img alt='{html.escape(title)}' src='data:image/png;base64,{data}'>"
+
+
+def html_page(title: str, body: list[str]) -> str:
+    """A whole HTML document: the title as <h1>, then ``body`` (HTML fragments)."""
+    esc = html.escape
+    return "\n".join([
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title>",
+        "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}"
+        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;"
+        "text-align:right}td:first-child,th:first-child,td:last-child{text-align:left}"
+        f"</style></head><body><h1>{esc(title)}</h1>", *body, "</body></html>"])
 
 
 def write_report(report: dict, out_dir: str | Path, tracker=None) -> dict[str, Path]:

@@ -77,7 +77,7 @@ class Evaluator:
         if isinstance(settings.k, int) and settings.k < 0:
             raise DraftkitError(f"--k must be >= 0 or 'auto', got {settings.k}")
 
-    def _decode(self, prompts: list[list[int]], k, max_new_tokens: int, stats, seed: int):
+    def decode(self, prompts: list[list[int]], k, max_new_tokens: int, stats, seed: int):
         s = self.s
         return _timed(lambda: self.engine.generate(
             prompts, k=k, max_new_tokens=max_new_tokens, temperature=s.temperature,
@@ -102,12 +102,12 @@ class Evaluator:
                 order = ("plain", "spec") if (i + rep) % 2 == 0 else ("spec", "plain")
                 for mode in order:
                     if mode == "plain":
-                        (res,), secs = self._decode([ids], 0, self.s.max_new_tokens,
+                        (res,), secs = self.decode([ids], 0, self.s.max_new_tokens,
                                                     plain_stats, seed)
                         t_plain += secs
                         n_plain += len(res.tokens)
                     else:
-                        (res,), secs = self._decode([ids], self.s.k, self.s.max_new_tokens,
+                        (res,), secs = self.decode([ids], self.s.k, self.s.max_new_tokens,
                                                     spec_stats, seed)
                         t_spec += secs
                         n_spec += len(res.tokens)
@@ -168,7 +168,7 @@ class Evaluator:
             return rows
         plain_secs, plain_tok = 0.0, 0
         for i, ids in enumerate(subset):
-            (res,), secs = self._decode([ids], 0, self.s.k_sweep_tokens, DecodeStats(),
+            (res,), secs = self.decode([ids], 0, self.s.k_sweep_tokens, DecodeStats(),
                                         self.s.seed + i)
             plain_secs += secs
             plain_tok += len(res.tokens)
@@ -178,7 +178,7 @@ class Evaluator:
             stats = DecodeStats()
             secs_sum, tok = 0.0, 0
             for i, ids in enumerate(subset):
-                (res,), secs = self._decode([ids], k, self.s.k_sweep_tokens, stats,
+                (res,), secs = self.decode([ids], k, self.s.k_sweep_tokens, stats,
                                             self.s.seed + i)
                 secs_sum += secs
                 tok += len(res.tokens)
@@ -196,8 +196,8 @@ class Evaluator:
         for bsz in self.s.batch_sizes:
             batch = [prompts[i % len(prompts)] for i in range(bsz)]
             plain_stats, spec_stats = DecodeStats(), DecodeStats()
-            res_p, t_p = self._decode(batch, 0, self.s.batch_tokens, plain_stats, self.s.seed)
-            res_s, t_s = self._decode(batch, k, self.s.batch_tokens, spec_stats, self.s.seed)
+            res_p, t_p = self.decode(batch, 0, self.s.batch_tokens, plain_stats, self.s.seed)
+            res_s, t_s = self.decode(batch, k, self.s.batch_tokens, spec_stats, self.s.seed)
             self.progress(1)
             tps_p = sum(len(r.tokens) for r in res_p) / t_p
             tps_s = sum(len(r.tokens) for r in res_s) / t_s
@@ -215,7 +215,7 @@ class Evaluator:
 
 # --- turning measurements into report rows ---------------------------------------------------
 
-def _k_used(stats) -> int:
+def k_used(stats) -> int:
     """The K the run used most (auto may vary it per round)."""
     calls = {t - 1: n for t, n in stats.target_calls_by_tokens.items()}
     if not calls:
@@ -227,7 +227,7 @@ def domain_figures(run: DomainRun, n_prompts: int, settings: EvalSettings) -> di
     """The report's per-domain fields from one domain's measurements."""
     stats = run.stats
     step = run.plain_stats.target_step_seconds(1)
-    k = _k_used(stats)
+    k = k_used(stats)
     plain_tps = statistics.median(run.tokens / s for s in run.plain_seconds if s > 0)
     spec_tps = statistics.median(run.spec_tokens / s for s in run.spec_seconds if s > 0)
     alphas = stats.alphas()

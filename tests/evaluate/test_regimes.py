@@ -1,0 +1,184 @@
+"""``draftkit regimes``: the crossover finder on synthetic curves, the model's predicted
+crossovers, and the regime runner end to end on tiny random models."""
+
+import json
+import math
+
+import pytest
+
+from draftkit import metrics
+from draftkit.errors import ConfigError, DraftkitError
+from draftkit.evaluate.regimes import (RegimesArgs, batch_crossovers, entropy_crossover,
+                                       entropy_model_text, regimes, run_regimes)
+
+# --- the crossover finder ---------------------------------------------------------------------
+
+
+def test_crossover_interpolates_the_crossing():
+    assert metrics.crossover([0, 1, 2, 3], [1.5, 1.2, 0.8, 0.6]) == ("crosses", 1.5)
+    # unsorted input, None points skipped
+    assert metrics.crossover([3, 9, 1, 2, 0], [0.6, None, 1.2, 0.8, 1.5])[1] == \
+        pytest.approx(1.5)
+    # a point exactly at the level is not below it
+    assert metrics.crossover([0, 1, 2], [1.2, 1.0, 0.8]) == ("crosses", 1.0)
+
+
+def test_crossover_never_crossing_and_always_below():
+    assert metrics.crossover([1, 2, 4], [1.4, 1.2, 1.01]) == ("above", None)
+    assert metrics.crossover([1, 2, 4], [0.9, 0.7, 0.5]) == ("below", None)
+    assert metrics.crossover([], []) == ("empty", None)
+    assert metrics.crossover([1, 2], [None, None]) == ("empty", None)
+
+
+def test_crossover_noisy_curve_takes_the_last_crossing():
+    # The dip to 0.98 recovers; past the crossover every measured point is below 1.
+    kind, x = metrics.crossover([0, 1, 2, 3, 4], [1.3, 0.98, 1.1, 0.9, 0.8])
+    assert kind == "crosses" and x == pytest.approx(2.5)
+    # A curve that ends above after a dip rises: the last upward crossing.
+    kind, x = metrics.crossover([0, 1, 2], [0.8, 0.9, 1.1])
+    assert kind == "rises" and x == pytest.approx(1.5)
+
+
+def test_crossover_in_log_batch_size():
+    kind, x = metrics.crossover([1, 2, 4, 8], [1.2, 1.1, 0.9, 0.8], log_x=True)
+    assert kind == "crosses" and x == pytest.approx(2 ** 1.5)
+
+
+# --- crossovers the model predicts ------------------------------------------------------------
+
+
+def test_predicted_batch_crossover_matches_the_models_break_even():
+    alpha, c, k = 0.7, 0.1, 3
+    v = lambda b: 1 + 0.5 * math.log2(b)  # noqa: E731 - verify inflation growing with B
+    rows = [{"batch_size": b, "speedup_measured": 0.9 * metrics.speedup(alpha, c, k, v(b)),
+             "speedup_predicted": metrics.speedup(alpha, c, k, v(b))} for b in (1, 2, 4, 8, 16)]
+    cross = batch_crossovers(rows)
+    # exact: S = 1 where v = tau - K c
+    v_star = metrics.tau(alpha, k) - k * c
+    b_star = 2 ** ((v_star - 1) / 0.5)
+    assert cross["predicted"]["kind"] == "crosses"
+    assert cross["predicted"]["x"] == pytest.approx(b_star, rel=0.05)  # interpolation error
+    # the measured curve (10% overhead) crosses earlier
+    assert cross["measured"]["kind"] == "crosses"
+    assert cross["measured"]["x"] < cross["predicted"]["x"]
+
+
+def test_predicted_entropy_crossover_from_the_break_even_alpha():
+    c, k, v = 0.2, 2, 1.2
+    be = metrics.break_even_alpha(c, k, v)
+    assert metrics.speedup(be, c, k, v) == pytest.approx(1.0)
+    pts = [{"target_entropy": h, "alpha": be + 0.2 * (2.0 - h)} for h in (0.5, 1.0, 2.5, 3.0)]
+    fit = entropy_crossover(pts, be)
+    assert fit["slope"] == pytest.approx(-0.2) and fit["entropy"] == pytest.approx(2.0)
+    assert fit["inside"] and "2.00 nats" in entropy_model_text(fit)
+    # alpha below break-even everywhere: the fitted crossing lies at negative entropy
+    low = entropy_crossover([dict(p, alpha=p["alpha"] - 0.6) for p in pts], be)
+    assert low["entropy"] < 0 and "every entropy" in entropy_model_text(low)
+    flat = entropy_crossover([dict(p, alpha=0.3) for p in pts], be)
+    assert flat["entropy"] is None and "does not fall" in entropy_model_text(flat)
+    assert entropy_crossover(pts[:1], be)["slope"] is None
+
+
+# --- end to end on tiny random models ---------------------------------------------------------
+
+
+@pytest.fixture
+def suite(tmp_path):
+    rows = [{"domain": "code", "prompt": "write python code for the sum"},
+            {"domain": "code", "prompt": "def x return y"},
+            {"domain": "chat", "prompt": "what is the answer"},
+            {"domain": "chat", "messages": [{"role": "user", "content": "hello world"}]}]
+    path = tmp_path / "suite.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def tiny_args(target, draft, suite, out, **kw):
+    base = dict(target=str(target), draft=str(draft) if draft else None, suite=str(suite),
+                out=str(out),
+                layer_sizes=[1, 2, 8], temperatures=[0.0, 1.0], batch_sizes=[1, 2],
+                max_new_tokens=8, k=2, k_max=3, device="cpu")
+    base.update(kw)
+    return RegimesArgs(**base)
+
+
+def test_regimes_end_to_end(tiny_dirs, suite, tmp_path):
+    target, draft = tiny_dirs
+    out = tmp_path / "out"
+    report = regimes(tiny_args(target, draft, suite, out, drafts_by_domain=[f"code={draft}"]))
+    for name in ("report.json", "report.md", "report.html", "regime_entropy.png",
+                 "regime_draft_cost.png", "regime_mismatch.png", "regime_batch.png"):
+        assert (out / name).is_file(), name
+    assert json.loads((out / "report.json").read_text()) == json.loads(json.dumps(report))
+    md = (out / "report.md").read_text()
+    # Short answer first, then each regime's figure before its tables.
+    assert md.index("## Short answer") < md.index("![") < md.index("| curve |")
+    assert (out / "report.html").read_text().count("data:image/png;base64,") == 4
+
+    ent = report["entropy"]
+    assert [r["temperature"] for r in ent["temperatures"]] == [0.0, 1.0]
+    assert len(ent["prompts"]) == 4 and all(p["target_entropy"] > 0 for p in ent["prompts"])
+    for row in ent["temperatures"] + ent["prompts"]:
+        # predicted = the speedup model on the same point's measured alpha_i, c, v
+        assert row["speedup_predicted"] == pytest.approx(
+            metrics.speedup(row["alpha_per_position"], row["c"], 2, row["v"]))
+    assert set(ent["crossover"]["temperature"]) == {"measured", "predicted", "alpha"}
+
+    cost = report["draft_cost"]
+    layers = sorted(r["layers"] for r in cost["drafts"] if r["derived"])
+    assert layers == [1, 2, 4]  # 8 >= the tiny target's 4 layers: the target itself
+    whole = next(r for r in cost["drafts"] if r["layers"] == 4)
+    assert whole["alpha"] == pytest.approx(1.0)  # the target drafting for itself (greedy)
+    assert any(r["main"] and not r["derived"] for r in cost["drafts"])
+
+    mis = report["mismatch"]
+    assert mis["domains"] == ["code", "chat"] and len(mis["drafts"]) == 2
+    assert mis["home"][mis["drafts"][1]] == "code"
+    assert all(len(r) == 2 for r in mis["alpha"] + mis["speedup_measured"])
+    assert mis["crossover"]["cells"] == 4
+
+    batch = report["batch"]
+    assert set(batch["domains"]) == {"code", "chat"}
+    for rows in batch["domains"].values():
+        assert [r["batch_size"] for r in rows] == [1, 2]
+        assert all(0 <= r["policy_k"] <= 3 and r["speedup_policy"] > 0 for r in rows)
+    # Tiny models spend their time in Python: speculation is a slowdown in every regime, and
+    # each regime states its measured and predicted crossover.
+    assert min(r["speedup_measured"] for r in ent["temperatures"]) < 1.0
+    assert min(r["speedup_measured"] for r in cost["drafts"]) < 1.0
+    assert mis["crossover"]["measured_slowdowns"] >= 1
+    assert min(r["speedup_measured"] for rows in batch["domains"].values() for r in rows) < 1
+    for key in ("entropy", "draft_cost", "mismatch", "batch"):
+        assert report[key]["answer"] and "measured" in report[key]["answer"], key
+
+
+def test_default_draft_is_an_early_exit_and_matrix_covers_all_drafts(suite, tmp_path):
+    from tests.tiny import tiny_pair
+
+    target, _ = tiny_pair(tmp_path, target_layers=6)
+    report = run_regimes(tiny_args(target, None, suite, tmp_path / "o", layer_sizes=[1],
+                                   temperatures=[0.0], batch_sizes=[],
+                                   prompts_per_domain=1))
+    assert report["draft"] == "first 4 layers"
+    assert [d["name"] for d in report["drafts"]] == ["first 1 layers", "first 4 layers"]
+    assert report["mismatch"]["drafts"] == ["first 1 layers", "first 4 layers"]
+    assert report["batch"]["domains"] == {} and "not measured" in report["batch"]["answer"]
+
+
+def test_flags_and_errors(tiny_dirs, suite, tmp_path):
+    from draftkit.cli import build_parser
+    from draftkit.config import from_namespace
+
+    ns = build_parser().parse_args(["regimes", "--layer-sizes", "1", "2", "--temperatures",
+                                    "0", "1.3", "--drafts-by-domain", "code=a", "math=b"])
+    args = from_namespace(RegimesArgs, ns)
+    assert args.layer_sizes == [1, 2] and args.temperatures == [0.0, 1.3]
+    assert args.drafts_by_domain == ["code=a", "math=b"] and args.target == "embedded"
+    with pytest.raises(ConfigError, match="DOMAIN=PATH"):
+        RegimesArgs(drafts_by_domain=["code"]).validate()
+    with pytest.raises(ConfigError, match="--k"):
+        RegimesArgs(k=0).validate()
+    target, draft = tiny_dirs
+    with pytest.raises(DraftkitError, match="no domain 'math'"):
+        run_regimes(tiny_args(target, draft, suite, tmp_path / "e",
+                              drafts_by_domain=[f"math={draft}"]))
