@@ -11,8 +11,10 @@ K in 0..K_max that maximises the general speedup model of REFERENCE.md section 1
 
 and keeps the current K unless another is predicted to be better by a margin (hysteresis), so
 noise in the clocks does not make it thrash. K = 0 (plain decoding) wins when speculation
-loses; while at K = 0 it probes a positive K now and then so its estimates stay current
-(SmartSpec / TurboSpec, arXiv 2406.14066, choose K from measured goodput the same way).
+loses; while at K = 0 it probes K = 1 now and then so its estimates stay current (SmartSpec /
+TurboSpec, arXiv 2406.14066, choose K from measured goodput the same way). A probe that does
+not bring speculation back doubles the gap to the next one (up to ``max_probe_every``
+rounds), so a pair that never pays costs well under 1% against plain decoding.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from draftkit.decode.stats import RoundStats
 class KPolicy:
     def __init__(self, k_max: int = 8, hysteresis: float = 0.05, probe_every: int = 16,
                  decay: float = 0.8, prior_alpha: float = 0.5, prior_weight: float = 4.0,
-                 prior_v_slope: float = 0.15):
+                 prior_v_slope: float = 0.15, max_probe_every: int = 256):
         if k_max < 0:
             raise ValueError("k_max must be >= 0")
         self.k_max, self.hysteresis, self.probe_every = k_max, hysteresis, probe_every
+        self.max_probe_every = max(probe_every, max_probe_every)
+        self.probe_gap = probe_every  # rounds at K = 0 before the next probe
         self.decay = decay  # weight of the past in every moving average
         self.prior_slope = prior_v_slope  # v(K) ~ 1 + slope * K until measured
         # acceptance per position as decayed counts; a position with less evidence than
@@ -129,9 +133,11 @@ class KPolicy:
         if self.k > 0:
             self.last_positive = self.k
             self.since_probe = 0
+            self.probe_gap = self.probe_every
             return self.k
         self.since_probe += 1
-        if self.since_probe >= self.probe_every:  # refresh alpha and c for a positive K
+        if self.since_probe >= self.probe_gap:  # refresh alpha and c at the cheapest K
             self.since_probe = 0
-            return self.last_positive
+            self.probe_gap = min(2 * self.probe_gap, self.max_probe_every)
+            return 1
         return 0

@@ -5,7 +5,8 @@
 
 One step: ``grad_accum`` micro-batches of whole rows, the chosen divergence on response
 positions, AdamW with warmup + cosine, clipping. Every ``eval.every`` steps held-out alpha
-per domain goes to ``metrics.jsonl`` and W&B, and a new best alpha rewrites ``best/`` (a plain
+per domain (with the step, the loss and the wall minutes so far, set-up included, summed over
+resumed runs) goes to ``metrics.jsonl`` and W&B, and a new best alpha rewrites ``best/`` (a plain
 HF model folder; LoRA merged). Every ``train.checkpoint_every`` steps an atomic checkpoint;
 a rerun of the same command resumes from the newest one exactly. A NaN or inf loss stops the
 run before anything is written, so the last good checkpoint stays the newest.
@@ -180,7 +181,11 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
     from draftkit.models import default_device, load_model, load_tokenizer, resolve_model
     from draftkit.tracking import Tracker
 
-    started = time.perf_counter()
+    started, prior_minutes = time.perf_counter(), 0.0
+
+    def minutes() -> float:  # wall minutes of this out_dir's runs so far, set-up included
+        return prior_minutes + (time.perf_counter() - started) / 60
+
     device = default_device() if cfg.train.device == "auto" else cfg.train.device
     dist = init_distributed(device)
     if device.startswith("cuda") and dist.world_size > 1:
@@ -252,6 +257,8 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
                                 f"out_dir or set resume=false")
         step, best_alpha = state["step"], state["best_alpha"]
         last_alpha = state.get("last_alpha")
+        # minutes in metrics.jsonl count every run of this out_dir, not just this one
+        prior_minutes = state.get("minutes", 0.0)
         if dist.is_main:
             _truncate_metrics(out / "metrics.jsonl", step)
             print(f"resuming from {found[-1]} (step {step})", flush=True)
@@ -280,7 +287,8 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
         # every rank evaluates the same rows; the mean makes the decision below bitwise the
         # same on all of them (ZeRO-3's gather for the export is a collective)
         last_alpha = all_reduce_mean(metrics["alpha"], dist)
-        row = {"step": step, "loss": loss_value, **metrics}
+        row = {"step": step, "loss": loss_value,
+               "minutes": round(minutes(), 3), **metrics}
         if dist.is_main:
             append_jsonl(out / "metrics.jsonl", row)
             tracker.log(metrics, step=step)
@@ -366,7 +374,8 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
                 evaluate(loss_value)
             if step % cfg.train.checkpoint_every == 0 or last:
                 extra = {"best_alpha": best_alpha, "last_alpha": last_alpha,
-                         "data_key": data_key}
+                         "data_key": data_key,
+                         "minutes": minutes()}
                 if engine is not None:
                     ckpt.save_deepspeed_checkpoint(engine, ckpt_dir, step, extra,
                                                    cfg.train.keep_checkpoints, dist.rank)

@@ -40,6 +40,18 @@ def test_low_alpha_returns_k0_and_probes_rarely():
     assert tail.count(0) > 0.85 * len(tail)
 
 
+def test_probes_back_off_when_speculation_keeps_losing():
+    """A pair that never pays: probes at K = 1 with doubling gaps, so over 1000 rounds only a
+    handful of rounds speculate (16, 32, 64, ... rounds apart, capped)."""
+    p = KPolicy(k_max=8, probe_every=16, max_probe_every=256)
+    chosen = simulate(p, alpha=0.0, c=0.3, rounds=1000)
+    probes = [i for i, k in enumerate(chosen[10:], 10) if k > 0]
+    assert all(chosen[i] == 1 for i in probes)
+    assert 3 <= len(probes) <= 8, probes
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] <= 257
+
+
 def test_large_batch_verify_inflation_turns_speculation_off():
     p = KPolicy(k_max=8)
     chosen = simulate(p, alpha=0.6, slope=1.0, c=0.2)  # verify cost grows with every token

@@ -68,8 +68,9 @@ def test_train_writes_run_folder(tmp_path, tiny_dirs):
     assert (run / "config.yaml").is_file()
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [0, 2, 4]
-    assert {"alpha/math", "alpha/code", "loss", "alpha"} <= set(lines[-1])
+    assert {"alpha/math", "alpha/code", "loss", "alpha", "minutes"} <= set(lines[-1])
     assert all(0.0 <= x["alpha/math"] <= 1.0 for x in lines)
+    assert 0 < lines[0]["minutes"] <= lines[-1]["minutes"]  # for alpha-against-minutes curves
     best_row = json.loads((run / "best.json").read_text())
     assert best_row["alpha"] == max(x["alpha"] for x in lines)  # chosen by alpha
 

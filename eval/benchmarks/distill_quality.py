@@ -1,0 +1,137 @@
+"""The distillation quality bars, read from two finished runs and an eval report.
+
+    draftkit distill recipes/smollm2-135m-instruct_to_4layer/tvd_topk_cpu.yaml out_dir=runs/tvd
+    draftkit distill recipes/smollm2-135m-instruct_to_4layer/ce_control_cpu.yaml out_dir=runs/ce
+    draftkit eval --draft runs/tvd/best --domains code,math --k auto --out runs/tvd-eval
+    python eval/benchmarks/distill_quality.py --run runs/tvd --control runs/ce \
+        --eval-report runs/tvd-eval/report.json --out runs/quality
+
+It prints, and writes to ``--out/quality.md`` with a plot ``alpha_vs_minutes.png``:
+
+1. held-out alpha per domain of the recipe against the cross-entropy control at the last step
+   both evaluated (the same tokens: both recipes draw the same rows in the same order), and
+   the margin the bar asks for (>= 0.1 on every trained domain);
+2. held-out alpha against wall minutes of the recipe's run (set-up included), so users see what
+   more compute buys;
+3. the measured greedy speedup over plain decoding per domain from the eval report (the bar:
+   above 1.0x on code and math).
+
+Runs written before ``metrics.jsonl`` carried ``minutes`` get them from the times their
+checkpoints were written (every evaluation step had one) relative to the run's ``config.yaml``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def read_metrics(run: Path) -> list[dict]:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    if rows and "minutes" not in rows[-1]:
+        t0 = (run / "config.yaml").stat().st_mtime
+        for r in rows:
+            manifest = run / "checkpoints" / f"step-{r['step']:07d}" / "manifest.json"
+            if manifest.is_file():
+                r["minutes"] = (manifest.stat().st_mtime - t0) / 60
+    return rows
+
+
+def domains_of(row: dict) -> list[str]:
+    return sorted(k.split("/", 1)[1] for k in row if k.startswith("alpha/"))
+
+
+def compare(run_rows: list[dict], ctl_rows: list[dict], margin: float) -> dict:
+    common = sorted({r["step"] for r in run_rows} & {r["step"] for r in ctl_rows})
+    if not common:
+        raise SystemExit("the two runs share no evaluated step; evaluate both at the same steps")
+    step = common[-1]
+    a = next(r for r in run_rows if r["step"] == step)
+    b = next(r for r in ctl_rows if r["step"] == step)
+    per = {d: {"recipe": a[f"alpha/{d}"], "control": b[f"alpha/{d}"],
+               "delta": a[f"alpha/{d}"] - b[f"alpha/{d}"]} for d in domains_of(a)}
+    return {"step": step, "domains": per,
+            "passed": all(v["delta"] >= margin for v in per.values())}
+
+
+def plot_curve(rows: list[dict], ctl_rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for rs, style, name in ((rows, "-o", "recipe"), (ctl_rows, "--s", "CE control")):
+        rs = [r for r in rs if r.get("minutes") is not None]
+        if not rs:
+            continue
+        for d in domains_of(rs[-1]):
+            ax.plot([r["minutes"] for r in rs], [r[f"alpha/{d}"] for r in rs], style,
+                    label=f"{name}: {d}", markersize=3)
+    ax.set_xlabel("wall minutes (set-up included)")
+    ax.set_ylabel("held-out alpha = mean(1 - TV)")
+    ax.set_title("What more training buys")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", required=True, type=Path, help="the recipe's out_dir")
+    ap.add_argument("--control", required=True, type=Path, help="the CE control's out_dir")
+    ap.add_argument("--eval-report", type=Path, help="report.json of `draftkit eval` on best/")
+    ap.add_argument("--out", type=Path, default=Path("runs/quality"))
+    ap.add_argument("--margin", type=float, default=0.1)
+    ap.add_argument("--speedup-domains", default="code,math")
+    args = ap.parse_args(argv)
+
+    rows, ctl = read_metrics(args.run), read_metrics(args.control)
+    cmp_ = compare(rows, ctl, args.margin)
+    lines = [f"# Distillation quality: {args.run} against {args.control}", "",
+             f"## Held-out alpha at step {cmp_['step']} (the same tokens)", "",
+             "| domain | recipe | CE control | delta |", "|---|---|---|---|"]
+    for d, v in cmp_["domains"].items():
+        lines.append(f"| {d} | {v['recipe']:.3f} | {v['control']:.3f} | {v['delta']:+.3f} |")
+    lines += ["", f"Bar (delta >= {args.margin} on every domain): "
+                  f"{'met' if cmp_['passed'] else 'NOT met'}.", "",
+              "## Held-out alpha against minutes (recipe)", "",
+              "| step | minutes | " + " | ".join(domains_of(rows[-1])) + " |",
+              "|---" * (2 + len(domains_of(rows[-1]))) + "|"]
+    for r in rows:
+        m = r.get("minutes")
+        lines.append(f"| {r['step']} | {'' if m is None else f'{m:.1f}'} | " +
+                     " | ".join(f"{r[f'alpha/{d}']:.3f}" for d in domains_of(rows[-1])) + " |")
+    if args.eval_report:
+        rep = json.loads(args.eval_report.read_text())
+        want = args.speedup_domains.split(",")
+        lines += ["", "## Measured greedy speedup over plain decoding", "",
+                  "| domain | alpha | c | K | speedup measured | predicted |",
+                  "|---|---|---|---|---|---|"]
+        ok = True
+        for d in want:
+            fig = rep["domains"].get(d)
+            if fig is None:
+                lines.append(f"| {d} | not in the report | | | | |")
+                ok = False
+                continue
+            s = fig.get("speedup_measured") or 0.0
+            ok &= s > 1.0
+            lines.append(f"| {d} | {fig.get('alpha', 0):.3f} | {fig.get('c') or 0:.3f} | "
+                         f"{fig.get('k')} | {s:.3f}x | {fig.get('speedup_predicted') or 0:.3f}x |")
+        lines += ["", f"Bar (speedup > 1.0x on {', '.join(want)}): {'met' if ok else 'NOT met'}."]
+    args.out.mkdir(parents=True, exist_ok=True)
+    plot_curve(rows, ctl, args.out / "alpha_vs_minutes.png")
+    lines += ["", "![alpha against minutes](alpha_vs_minutes.png)", ""]
+    text = "\n".join(lines)
+    (args.out / "quality.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
