@@ -7,8 +7,15 @@ Public API (no torch import happens here; modules import it inside functions)::
     results = engine.generate(prompts_token_ids, k=3, max_new_tokens=64, temperature=0.0)
     results[0].tokens, results[0].stats.alpha, results[0].tau
 
-A server drives it round by round: ``state = engine.start(...)``, then
-``engine.step(state, k)`` until ``state.finished``, then ``state.results()``.
+A fixed batch can be driven round by round: ``state = engine.start(...)``, then
+``engine.step(state, k)`` until ``state.finished``, then ``state.results()``. A server uses
+slots instead (continuous batching, see draftkit/serve/scheduler.py): ``state =
+engine.open(n_slots, k_max)``, ``engine.admit(state, prompts, params, max_new_tokens,
+generators)`` between rounds, ``engine.step(state, k)`` over the live rows, and
+``engine.release(state, slot)`` when a row finishes or its client goes away.
+
+A draft carrying ``draft_vocab`` (a reduced head vocabulary, draftkit/models/draft_vocab.py)
+proposes only those tokens; the output distribution is unchanged.
 """
 
 from draftkit.decode.engine import BatchState, Result, RowStats, SpeculativeEngine
