@@ -216,8 +216,11 @@ class Evaluator:
 # --- turning measurements into report rows ---------------------------------------------------
 
 def k_used(stats) -> int:
-    """The K the run used most (auto may vary it per round)."""
+    """The positive K the run used most (auto varies it per round and starts every decode
+    with plain steps, so K = 0 counts only when the run never speculated)."""
     calls = {t - 1: n for t, n in stats.target_calls_by_tokens.items()}
+    spec = {k: n for k, n in calls.items() if k > 0}
+    calls = spec or calls
     if not calls:
         return 0
     return max(calls, key=lambda k: (calls[k], k))
