@@ -10,9 +10,9 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from draftkit.evaluate.report import fmt, html_image, html_page, html_table, markdown_table
+from draftkit.evaluate.report import (fmt, html_image, html_page, html_table, markdown_table,
+                                      write_files)
 from draftkit.evaluate.regimes import describe, entropy_model_text
-from draftkit.io import atomic_write_json, atomic_write_text
 
 # report key, title
 REGIMES = [("entropy", "Entropy and temperature"), ("draft_cost", "Draft cost"),
@@ -326,14 +326,8 @@ def render_html(report: dict, plots: dict[str, Path]) -> str:
 
 def write_regimes_report(report: dict, out_dir: str | Path, tracker=None) -> dict[str, Path]:
     """Write report.json, report.md, report.html and the plots; log the plots to ``tracker``."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    plots = write_plots(report, out_dir)
-    atomic_write_json(out_dir / "report.json", report)
-    atomic_write_text(out_dir / "report.md", render_markdown(report, plots))
-    atomic_write_text(out_dir / "report.html", render_html(report, plots))
+    plots, files = write_files(report, out_dir, write_plots, render_markdown, render_html)
     if tracker is not None:
         for path in plots.values():
             tracker.log_image(f"regimes/{path.stem}", path)
-    return {"json": out_dir / "report.json", "md": out_dir / "report.md",
-            "html": out_dir / "report.html", **{p.stem: p for p in plots.values()}}
+    return files

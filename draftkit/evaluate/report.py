@@ -225,14 +225,23 @@ def html_page(title: str, body: list[str]) -> str:
         f"</style></head><body><h1>{esc(title)}</h1>", *body, "</body></html>"])
 
 
-def write_report(report: dict, out_dir: str | Path, tracker=None) -> dict[str, Path]:
-    """Write report.json, report.md, report.html and the plots; log them to ``tracker``."""
+def write_files(report: dict, out_dir: str | Path, plot, markdown, page
+                ) -> tuple[dict[str, Path], dict[str, Path]]:
+    """Plots (``plot(report, dir)``), then report.json, report.md and report.html rendered by
+    ``markdown`` / ``page(report, plots)``, each written atomically. Returns (plots, files)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    plots = write_plots(report, out_dir)
+    plots = plot(report, out_dir)
     atomic_write_json(out_dir / "report.json", report)
-    atomic_write_text(out_dir / "report.md", render_markdown(report, plots))
-    atomic_write_text(out_dir / "report.html", render_html(report, plots))
+    atomic_write_text(out_dir / "report.md", markdown(report, plots))
+    atomic_write_text(out_dir / "report.html", page(report, plots))
+    return plots, {"json": out_dir / "report.json", "md": out_dir / "report.md",
+                   "html": out_dir / "report.html", **{p.stem: p for p in plots.values()}}
+
+
+def write_report(report: dict, out_dir: str | Path, tracker=None) -> dict[str, Path]:
+    """Write report.json, report.md, report.html and the plots; log them to ``tracker``."""
+    plots, files = write_files(report, out_dir, write_plots, render_markdown, render_html)
     if tracker is not None:
         header, rows = domain_table(report)
         tracker.log_table("eval/domains", header, rows)
@@ -241,5 +250,4 @@ def write_report(report: dict, out_dir: str | Path, tracker=None) -> dict[str, P
         if report.get("overall"):
             tracker.summary({f"eval/{k}": v for k, v in report["overall"].items()
                              if isinstance(v, (int, float))})
-    return {"json": out_dir / "report.json", "md": out_dir / "report.md",
-            "html": out_dir / "report.html", **{p.stem: p for p in plots.values()}}
+    return files
