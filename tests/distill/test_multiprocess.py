@@ -10,53 +10,55 @@ import yaml
 from tests.distill.test_trainer import _data
 
 
-def test_torchrun_two_processes_gloo(tmp_path, tiny_dirs):
-    target, _ = tiny_dirs
-    recipe = tmp_path / "tiny_to_2l" / "fkl.yaml"
+def _recipe(tmp_path, tiny_dirs, name, max_steps, every, grad_accum, stage=None):
+    """A tiny two-layer-draft recipe; ``stage``: recipes/deepspeed/zero<stage>.json."""
+    train = {"batch_size": 1, "grad_accum": grad_accum, "checkpoint_every": max_steps,
+             "device": "cpu"}
+    if stage is not None:
+        train["deepspeed"] = os.path.join(os.getcwd(), f"recipes/deepspeed/zero{stage}.json")
+    recipe = tmp_path / "tiny_to_2l" / f"{name}.yaml"
     recipe.parent.mkdir()
     recipe.write_text(yaml.safe_dump({
-        "out_dir": str(tmp_path / "run"), "max_steps": 3, "target": str(target),
+        "out_dir": str(tmp_path / "run"), "max_steps": max_steps, "target": str(tiny_dirs[0]),
         "draft": {"derive_layers": [0, 3]},
         "data": {"sources": [{"path": str(_data(tmp_path))}], "seq_len": 48,
                  "heldout_per_domain": 2},
-        "train": {"batch_size": 1, "grad_accum": 2, "checkpoint_every": 3, "device": "cpu"},
-        "eval": {"every": 3}}))
-    env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.getcwd())
+        "train": train, "eval": {"every": every}}))
+    return recipe
+
+
+def _launch(recipe, port, extra=(), timeout=400):
+    """``torchrun --nproc_per_node 2 -m draftkit distill RECIPE`` over gloo; must succeed."""
+    env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd())
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", "29533", "-m", "draftkit", "distill", str(recipe)],
-                          env=env, capture_output=True, text=True, timeout=300)
+                           "--master_port", str(port), "-m", "draftkit", "distill", str(recipe),
+                           *extra], env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _steps(run):
+    return [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_torchrun_two_processes_gloo(tmp_path, tiny_dirs):
+    _launch(_recipe(tmp_path, tiny_dirs, "fkl", max_steps=3, every=3, grad_accum=2), 29533,
+            timeout=300)
     run = tmp_path / "run"
-    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [0, 3]  # written once (rank 0), not once per process
+    assert _steps(run) == [0, 3]  # written once (rank 0), not once per process
     assert (run / "best" / "model.safetensors").is_file()
     assert (run / "checkpoints" / "step-0000003" / "manifest.json").is_file()
 
 
 def test_deepspeed_zero2_two_processes_and_resume(tmp_path, tiny_dirs):
     """ZeRO-2 through recipes/deepspeed/zero2.json over gloo, then a resume from its checkpoint."""
-    target, _ = tiny_dirs
-    recipe = tmp_path / "tiny_to_2l" / "fkl_zero2.yaml"
-    recipe.parent.mkdir()
-    recipe.write_text(yaml.safe_dump({
-        "out_dir": str(tmp_path / "run"), "max_steps": 2, "target": str(target),
-        "draft": {"derive_layers": [0, 3]},
-        "data": {"sources": [{"path": str(_data(tmp_path))}], "seq_len": 48,
-                 "heldout_per_domain": 2},
-        "train": {"batch_size": 1, "grad_accum": 2, "checkpoint_every": 2, "device": "cpu",
-                  "deepspeed": os.path.join(os.getcwd(), "recipes/deepspeed/zero2.json")},
-        "eval": {"every": 2}}))
-    env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd())
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_port", "29534", "-m", "draftkit", "distill", str(recipe)]
-    for extra in ([], ["max_steps=3"]):
-        proc = subprocess.run(cmd + extra, env=env, capture_output=True, text=True, timeout=400)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+    recipe = _recipe(tmp_path, tiny_dirs, "fkl_zero2", max_steps=2, every=2, grad_accum=2,
+                     stage=2)
+    _launch(recipe, 29534)
+    proc = _launch(recipe, 29534, ["max_steps=3"])
     assert "resuming from" in proc.stdout
     run = tmp_path / "run"
-    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [0, 2, 3]
+    assert _steps(run) == [0, 2, 3]
     shards = list((run / "checkpoints" / "step-0000003" / "state").glob("*optim_states.pt"))
     assert len(shards) == 2  # ZeRO partitioned the optimizer over the two ranks
     assert (run / "best" / "model.safetensors").is_file()
@@ -66,25 +68,10 @@ def test_deepspeed_zero3_two_processes_exports_whole_weights(tmp_path, tiny_dirs
     """ZeRO-3 partitions every weight over the ranks; best/ must still hold the whole draft."""
     from safetensors.torch import load_file
 
-    target, _ = tiny_dirs
-    recipe = tmp_path / "tiny_to_2l" / "fkl_zero3.yaml"
-    recipe.parent.mkdir()
-    recipe.write_text(yaml.safe_dump({
-        "out_dir": str(tmp_path / "run"), "max_steps": 2, "target": str(target),
-        "draft": {"derive_layers": [0, 3]},
-        "data": {"sources": [{"path": str(_data(tmp_path))}], "seq_len": 48,
-                 "heldout_per_domain": 2},
-        "train": {"batch_size": 1, "grad_accum": 1, "checkpoint_every": 2, "device": "cpu",
-                  "deepspeed": os.path.join(os.getcwd(), "recipes/deepspeed/zero3.json")},
-        "eval": {"every": 1}}))
-    env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd())
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", "29535", "-m", "draftkit", "distill", str(recipe)],
-                          env=env, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _launch(_recipe(tmp_path, tiny_dirs, "fkl_zero3", max_steps=2, every=1, grad_accum=1,
+                    stage=3), 29535)
     run = tmp_path / "run"
-    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [0, 1, 2]
+    assert _steps(run) == [0, 1, 2]
     weights = load_file(run / "best" / "model.safetensors")
     hidden = json.loads((run / "best" / "config.json").read_text())["hidden_size"]
     assert weights["model.embed_tokens.weight"].shape[1] == hidden  # whole, not a shard

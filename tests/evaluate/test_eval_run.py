@@ -12,17 +12,6 @@ from draftkit.evaluate.command import EvalArgs, evaluate, run_eval
 from draftkit.evaluate.report import DOMAIN_KEYS, REPORT_KEYS
 
 
-@pytest.fixture
-def suite(tmp_path):
-    rows = [{"domain": "code", "prompt": "write python code for the sum"},
-            {"domain": "code", "prompt": "def x return y"},
-            {"domain": "chat", "prompt": "what is the answer"},
-            {"domain": "chat", "messages": [{"role": "user", "content": "hello world"}]}]
-    path = tmp_path / "suite.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return path
-
-
 def tiny_args(target, draft, suite, out, **kw):
     base = dict(target=str(target), draft=str(draft), suite=str(suite), out=str(out), k="2",
                 max_new_tokens=10, batch_sizes=[1, 2], k_sweep=[1, 2], k_max=3, repeats=2)

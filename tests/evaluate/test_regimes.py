@@ -82,17 +82,6 @@ def test_predicted_entropy_crossover_from_the_break_even_alpha():
 # --- end to end on tiny random models ---------------------------------------------------------
 
 
-@pytest.fixture
-def suite(tmp_path):
-    rows = [{"domain": "code", "prompt": "write python code for the sum"},
-            {"domain": "code", "prompt": "def x return y"},
-            {"domain": "chat", "prompt": "what is the answer"},
-            {"domain": "chat", "messages": [{"role": "user", "content": "hello world"}]}]
-    path = tmp_path / "suite.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return path
-
-
 def tiny_args(target, draft, suite, out, **kw):
     base = dict(target=str(target), draft=str(draft) if draft else None, suite=str(suite),
                 out=str(out),
