@@ -1,10 +1,10 @@
 """The distillation quality bars, read from two finished runs and an eval report.
 
-    draftkit distill recipes/smollm2-135m-instruct_to_4layer/tvd_topk_cpu.yaml out_dir=runs/tvd
+    draftkit distill recipes/smollm2-135m-instruct_to_4layer/fkl_topk_cpu.yaml out_dir=runs/fkl
     draftkit distill recipes/smollm2-135m-instruct_to_4layer/ce_control_cpu.yaml out_dir=runs/ce
-    draftkit eval --draft runs/tvd/best --domains code,math --k auto --out runs/tvd-eval
-    python eval/benchmarks/distill_quality.py --run runs/tvd --control runs/ce \
-        --eval-report runs/tvd-eval/report.json --out runs/quality
+    draftkit eval --draft runs/fkl/best --domains code,math --k auto --out runs/fkl-eval
+    python eval/benchmarks/distill_quality.py --run runs/fkl --control runs/ce \
+        --eval-report runs/fkl-eval/report.json --out runs/quality
 
 It prints, and writes to ``--out/quality.md`` with a plot ``alpha_vs_minutes.png``:
 
