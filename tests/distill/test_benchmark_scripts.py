@@ -1,0 +1,87 @@
+"""The distillation benchmark scripts in eval/benchmarks end to end on tiny random models."""
+
+import importlib.util
+import json
+import random
+from pathlib import Path
+
+import yaml
+
+from tests.distill.test_trainer import WORDS
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "eval" / "benchmarks"
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def tiny_recipe(tmp_path: Path, target: Path) -> tuple[Path, Path]:
+    """A base recipe on ten code prompts of random words; (recipe, prompts)."""
+    rng = random.Random(0)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": " ".join(rng.sample(WORDS, 4)),
+                                           "domain": "code"}) + "\n" for _ in range(10)))
+    recipe = tmp_path / "tiny_to_2l" / "base.yaml"
+    recipe.parent.mkdir()
+    recipe.write_text(yaml.safe_dump({
+        "target": str(target), "draft": {"derive_layers": [0, 3]},
+        "data": {"sources": [{"path": str(prompts)}], "seq_len": 48, "heldout_per_domain": 2,
+                 "regime": "target",
+                 "generate": {"max_new_tokens": 8, "cache_dir": str(tmp_path / "gen")}},
+        "teacher": {"mode": "online"},
+        "train": {"batch_size": 2, "device": "cpu"}, "eval": {"batch_size": 4}}))
+    return recipe, prompts
+
+
+def test_every_cell_is_trained_and_scored_on_one_heldout_set(tmp_path, tiny_dirs):
+    mod = load_script("loss_regime_table")
+    recipe, prompts = tiny_recipe(tmp_path, tiny_dirs[0])
+    rng = random.Random(1)
+    text = tmp_path / "text.jsonl"
+    text.write_text("".join(json.dumps({"text": " ".join(rng.choices(WORDS, k=30)),
+                                        "domain": "code"}) + "\n" for _ in range(10)))
+    out = tmp_path / "table"
+    assert mod.main(["--recipe", str(recipe), "--prompts", str(prompts), "--fixed-text",
+                     str(text), "--steps", "2", "--losses", "fkl", "tvd", "--out",
+                     str(out)]) == 0
+    table = json.loads((out / "table.json").read_text())
+    assert set(table["cells"]) == {f"{loss}-{r}" for loss in ("fkl", "tvd")
+                                   for r in ("fixed", "target", "on_policy")}
+    assert all(0.0 <= c["alpha"] <= 1.0 for c in table["cells"].values())
+    assert (out / "table.png").is_file() and "| fkl |" in (out / "table.md").read_text()
+    assert (out / "tvd-on_policy" / "best" / "model.safetensors").is_file()
+
+
+def test_acceptance_by_entropy_buckets_add_up_to_heldout_alpha(tmp_path, tiny_dirs, capsys):
+    import torch
+
+    from draftkit.distill.evaluate import heldout_alpha
+
+    mod = load_script("acceptance_by_entropy")
+    recipe, _ = tiny_recipe(tmp_path, tiny_dirs[0])
+    args = mod.argparse.Namespace(recipe=recipe, set=[], device="cpu", train_rows=4)
+    _, target, sample, heldout = mod.load(args)
+    assert len(sample) <= 4 and sample.domains == heldout.domains
+    torch.manual_seed(0)
+    draft = type(target)(target.config).eval()  # a random draft: acceptance well below 1
+    d_fn, t_fn = mod.logits_fn(draft, "cpu"), mod.logits_fn(target, "cpu")
+    buckets = mod.by_entropy(d_fn, t_fn, heldout, 4)["code"]
+    count = sum(c for _, _, c, _ in buckets)
+    assert count == int(heldout.loss_mask.sum())
+    weighted = sum(c * a for _, _, c, a in buckets if c) / count
+    assert abs(weighted - heldout_alpha(d_fn, t_fn, heldout, 4)["alpha/code"]) < 1e-6
+    same = mod.by_entropy(t_fn, t_fn, heldout, 4)["code"]  # the target as its own draft
+    assert all(abs(a - 1.0) < 1e-5 for _, _, c, a in same if c)
+
+    draft_dir = tmp_path / "draft"
+    draft.save_pretrained(draft_dir)
+    out = tmp_path / "entropy"
+    assert mod.main(["--recipe", str(recipe), "--drafts", str(draft_dir), "--train-rows", "4",
+                     "--out", str(out)]) == 0
+    text = (out / "acceptance_by_entropy.md").read_text()
+    assert "code train" in text and "held-out acceptance by target entropy" in text
+    assert text in capsys.readouterr().out
