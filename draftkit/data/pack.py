@@ -56,6 +56,12 @@ class Rows:
     def tokens(self) -> int:
         return int(self.loss_mask.sum())
 
+    def select(self, index: torch.Tensor) -> "Rows":
+        """The rows at ``index`` (for evaluating on a sample; prompts are not carried)."""
+        return Rows(self.input_ids[index], self.loss_mask[index], self.domain_ids[index],
+                    self.domains, None if self.position_ids is None
+                    else self.position_ids[index])
+
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = 0

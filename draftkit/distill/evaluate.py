@@ -9,7 +9,8 @@ training loss.
 
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+from typing import Callable, Iterator
 
 import torch
 
@@ -17,15 +18,24 @@ from draftkit.data import Rows, positions
 from draftkit.distill.losses import dense_logprobs
 
 
-@torch.no_grad()
-def heldout_alpha(draft_logits: Callable, target_logits: Callable, rows: Rows,
-                  batch_size: int = 8, temperature: float = 1.0) -> dict[str, float]:
-    """``{"alpha/<domain>": value, ..., "alpha": token-weighted mean}`` over ``rows``.
+def model_logits(model, device: str, autocast: Callable = contextlib.nullcontext) -> Callable:
+    """``fn(input_ids, position_ids) -> logits`` for the functions below: (B, T), (B, T) ->
+    (B, T, V) float32; packed rows stay apart because ``use_cache=False`` lets transformers
+    build the mask from ``position_ids``."""
+    def fn(ids, pos):
+        with autocast():
+            return model(input_ids=ids.to(device), position_ids=pos.to(device),
+                         use_cache=False).logits.float()
+    return fn
 
-    draft_logits / target_logits: input_ids (B, T), position_ids (B, T) -> logits (B, T, V).
-    """
-    sums = torch.zeros(len(rows.domains), dtype=torch.float64)
-    counts = torch.zeros(len(rows.domains), dtype=torch.float64)
+
+@torch.no_grad()
+def position_acceptance(draft_logits: Callable, target_logits: Callable, rows: Rows,
+                        batch_size: int = 8, temperature: float = 1.0
+                        ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                            torch.Tensor]]:
+    """Per batch of ``rows``: (domain_ids (B,), mask (B, T), accept (B, T), target logp
+    (B, T, V)), with accept = 1 - TV(p, q) at every position (masked ones included)."""
     for start in range(0, len(rows), batch_size):
         sel = slice(start, start + batch_size)
         ids, mask, pos = rows.input_ids[sel], rows.loss_mask[sel], positions(rows, sel)  # (B, T)
@@ -35,9 +45,21 @@ def heldout_alpha(draft_logits: Callable, target_logits: Callable, rows: Rows,
         q_logp = dense_logprobs(draft_logits(ids, pos), temperature)
         # sum_x min(p, q) equals 1 - TV(p, q) and, unlike 1 - TV in float32, never dips
         # below 0 by rounding.
-        accept = torch.minimum(p_logp.exp(), q_logp.exp()).sum(-1).double() * mask  # (B, T)
-        dom = rows.domain_ids[start:start + batch_size]
-        sums.index_add_(0, dom, accept.sum(1).cpu())
+        accept = torch.minimum(p_logp.exp(), q_logp.exp()).sum(-1)  # (B, T)
+        yield rows.domain_ids[sel], mask, accept, p_logp
+
+
+def heldout_alpha(draft_logits: Callable, target_logits: Callable, rows: Rows,
+                  batch_size: int = 8, temperature: float = 1.0) -> dict[str, float]:
+    """``{"alpha/<domain>": value, ..., "alpha": token-weighted mean}`` over ``rows``.
+
+    draft_logits / target_logits: input_ids (B, T), position_ids (B, T) -> logits (B, T, V).
+    """
+    sums = torch.zeros(len(rows.domains), dtype=torch.float64)
+    counts = torch.zeros(len(rows.domains), dtype=torch.float64)
+    for dom, mask, accept, _ in position_acceptance(draft_logits, target_logits, rows,
+                                                    batch_size, temperature):
+        sums.index_add_(0, dom, (accept.double() * mask).sum(1).cpu())
         counts.index_add_(0, dom, mask.sum(1).double().cpu())
     out = {f"alpha/{d}": float(sums[i] / counts[i]) for i, d in enumerate(rows.domains)
            if counts[i] > 0}

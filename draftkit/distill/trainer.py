@@ -173,7 +173,7 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
     from draftkit.distill import checkpoint as ckpt
     from draftkit.distill.distributed import (all_reduce_mean, barrier, gathered,
                                               init_distributed, zero_stage)
-    from draftkit.distill.evaluate import heldout_alpha
+    from draftkit.distill.evaluate import heldout_alpha, model_logits
     from draftkit.distill.onpolicy import draft_rows, is_on_policy
     from draftkit.distill.schedule import warmup_cosine
     from draftkit.distill.teacher import MaskedLM, OnlineTeacher, cache_key
@@ -269,14 +269,8 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
     autocast = (lambda: torch.autocast(device.split(":")[0], dtype=torch.bfloat16)) \
         if cfg.train.precision == "bf16" else contextlib.nullcontext
 
-    def draft_logits(ids, pos):  # (B, T), (B, T) -> (B, T, V), for evaluation
-        with autocast():
-            return draft(input_ids=ids.to(device), position_ids=pos.to(device),
-                         use_cache=False).logits.float()
-
-    def target_logits(ids, pos):
-        return target(input_ids=ids.to(device), position_ids=pos.to(device),
-                      use_cache=False).logits.float()
+    draft_logits = model_logits(draft, device, autocast)  # for evaluation
+    target_logits = model_logits(target, device)
 
     def evaluate(loss_value: float | None) -> dict:
         nonlocal best_alpha, last_alpha

@@ -39,48 +39,36 @@ def load(args):
     target = load_model(ref, "target", device=args.device, dtype="float32")
     train_rows, heldout = _rows(cfg, tok, target, ref, Dist(), False)
     pick = torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(0))
-    pick = pick[:args.train_rows]
-    sample = type(train_rows)(train_rows.input_ids[pick], train_rows.loss_mask[pick],
-                              train_rows.domain_ids[pick], train_rows.domains,
-                              None if train_rows.position_ids is None
-                              else train_rows.position_ids[pick])
-    return cfg, target, sample, heldout
+    return cfg, target, train_rows.select(pick[:args.train_rows]), heldout
 
 
-def logits_fn(model, device: str):
-    def fn(ids, pos):  # (B, T), (B, T) -> (B, T, V)
-        return model(input_ids=ids.to(device), position_ids=pos.to(device),
-                     use_cache=False).logits.float()
-    return fn
-
-
-def by_entropy(draft_fn, target_fn, rows, batch_size: int) -> dict[str, list[tuple]]:
+def by_entropy(draft_logits, target_logits, rows, batch_size: int) -> dict[str, list[tuple]]:
     """{domain: [(lo, hi, positions, mean acceptance), ...]} over ``rows``' response tokens."""
     import torch
 
-    from draftkit.data import positions
-    from draftkit.distill.losses import dense_logprobs
+    from draftkit.distill.evaluate import position_acceptance
 
     n = len(EDGES) - 1
     sums = torch.zeros(len(rows.domains), n, dtype=torch.float64)
     counts = torch.zeros_like(sums)
-    with torch.no_grad():
-        for start in range(0, len(rows), batch_size):
-            sel = slice(start, start + batch_size)
-            ids, mask, pos = rows.input_ids[sel], rows.loss_mask[sel], positions(rows, sel)
-            p_logp = dense_logprobs(target_fn(ids, pos), 1.0)  # (B, T, V)
-            q_logp = dense_logprobs(draft_fn(ids, pos), 1.0)
-            accept = torch.minimum(p_logp.exp(), q_logp.exp()).sum(-1).double().cpu()  # (B, T)
-            entropy = -(p_logp.exp() * p_logp).sum(-1).double().cpu()  # (B, T)
-            bucket = (torch.bucketize(entropy, torch.tensor(EDGES[1:-1], dtype=torch.float64),
-                                      right=True))  # (B, T) in [0, n)
-            dom = rows.domain_ids[sel][:, None].expand_as(bucket)
-            flat = (dom * n + bucket)[mask.bool()]
-            sums.view(-1).index_add_(0, flat, accept[mask.bool()])
-            counts.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=torch.float64))
+    inner = torch.tensor(EDGES[1:-1], dtype=torch.float64)
+    for dom, mask, accept, p_logp in position_acceptance(draft_logits, target_logits, rows,
+                                                         batch_size, 1.0):
+        entropy = -(p_logp.exp() * p_logp).sum(-1).double().cpu()  # (B, T)
+        bucket = torch.bucketize(entropy, inner, right=True)  # (B, T) in [0, n)
+        keep = mask.bool().cpu()
+        flat = (dom[:, None] * n + bucket)[keep]
+        sums.view(-1).index_add_(0, flat, accept.double().cpu()[keep])
+        counts.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=torch.float64))
     return {d: [(EDGES[b], EDGES[b + 1], int(counts[i, b]),
                  float(sums[i, b] / counts[i, b]) if counts[i, b] else float("nan"))
                 for b in range(n)] for i, d in enumerate(rows.domains) if counts[i].sum()}
+
+
+def bucket_alpha(buckets: list[tuple]) -> float:
+    """A domain's alpha from its buckets: the position-weighted mean acceptance."""
+    total = sum(c for _, _, c, _ in buckets)
+    return sum(c * a for _, _, c, a in buckets if c) / total
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,19 +84,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="also write acceptance_by_entropy.md here")
     args = ap.parse_args(argv)
 
-    from draftkit.distill.evaluate import heldout_alpha
+    from draftkit.distill.evaluate import heldout_alpha, model_logits
     from draftkit.io import atomic_write_text
     from draftkit.models import load_model
 
     cfg, target, train_sample, heldout = load(args)
-    target_fn = logits_fn(target, args.device)
+    target_fn = model_logits(target, args.device)
     names = [str(d) for d in args.drafts]
-    gap, buckets = {}, {}
+    train_alpha, buckets = {}, {}
     for name in names:
-        draft_fn = logits_fn(load_model(name, "draft", device=args.device, dtype="float32"),
-                             args.device)
-        gap[name] = (heldout_alpha(draft_fn, target_fn, train_sample, args.batch_size, 1.0),
-                     heldout_alpha(draft_fn, target_fn, heldout, args.batch_size, 1.0))
+        draft_fn = model_logits(load_model(name, "draft", device=args.device, dtype="float32"),
+                                args.device)
+        train_alpha[name] = heldout_alpha(draft_fn, target_fn, train_sample, args.batch_size)
         buckets[name] = by_entropy(draft_fn, target_fn, heldout, args.batch_size)
 
     domains = list(buckets[names[0]])
@@ -118,10 +105,9 @@ def main(argv: list[str] | None = None) -> int:
              "| draft | " + " | ".join(f"{d} train | {d} held-out" for d in domains) + " |",
              "|---" * (1 + 2 * len(domains)) + "|"]
     for name in names:
-        train_a, held_a = gap[name]
         lines.append(f"| {name} | " + " | ".join(
-            f"{train_a.get(f'alpha/{d}', float('nan')):.3f} | {held_a[f'alpha/{d}']:.3f}"
-            for d in domains) + " |")
+            f"{train_alpha[name].get(f'alpha/{d}', float('nan')):.3f} | "
+            f"{bucket_alpha(buckets[name][d]):.3f}" for d in domains) + " |")
     for d in domains:
         total = sum(c for _, _, c, _ in buckets[names[0]][d])
         lines += ["", f"## {d}: held-out acceptance by target entropy (nats), {total} positions",

@@ -80,21 +80,12 @@ def common_heldout(args):
 
 
 def score(best: Path, target, heldout, cfg, device: str) -> float:
-    import torch
-
-    from draftkit.distill.evaluate import heldout_alpha
+    from draftkit.distill.evaluate import heldout_alpha, model_logits
     from draftkit.models import load_model
 
     draft = load_model(str(best), "draft", device=device, dtype="float32")
-
-    def logits(model):
-        def fn(ids, pos):
-            return model(input_ids=ids.to(device), position_ids=pos.to(device),
-                         use_cache=False).logits.float()
-        return fn
-    with torch.no_grad():
-        return heldout_alpha(logits(draft), logits(target), heldout, cfg.eval.batch_size,
-                             cfg.eval.temperature)["alpha"]
+    return heldout_alpha(model_logits(draft, device), model_logits(target, device), heldout,
+                         cfg.eval.batch_size, cfg.eval.temperature)["alpha"]
 
 
 def write_table(cells: dict, args) -> str:

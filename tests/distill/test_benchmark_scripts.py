@@ -59,7 +59,7 @@ def test_every_cell_is_trained_and_scored_on_one_heldout_set(tmp_path, tiny_dirs
 def test_acceptance_by_entropy_buckets_add_up_to_heldout_alpha(tmp_path, tiny_dirs, capsys):
     import torch
 
-    from draftkit.distill.evaluate import heldout_alpha
+    from draftkit.distill.evaluate import heldout_alpha, model_logits
 
     mod = load_script("acceptance_by_entropy")
     recipe, _ = tiny_recipe(tmp_path, tiny_dirs[0])
@@ -68,12 +68,13 @@ def test_acceptance_by_entropy_buckets_add_up_to_heldout_alpha(tmp_path, tiny_di
     assert len(sample) <= 4 and sample.domains == heldout.domains
     torch.manual_seed(0)
     draft = type(target)(target.config).eval()  # a random draft: acceptance well below 1
-    d_fn, t_fn = mod.logits_fn(draft, "cpu"), mod.logits_fn(target, "cpu")
+    d_fn, t_fn = model_logits(draft, "cpu"), model_logits(target, "cpu")
     buckets = mod.by_entropy(d_fn, t_fn, heldout, 4)["code"]
     count = sum(c for _, _, c, _ in buckets)
     assert count == int(heldout.loss_mask.sum())
     weighted = sum(c * a for _, _, c, a in buckets if c) / count
     assert abs(weighted - heldout_alpha(d_fn, t_fn, heldout, 4)["alpha/code"]) < 1e-6
+    assert mod.bucket_alpha(buckets) == weighted
     same = mod.by_entropy(t_fn, t_fn, heldout, 4)["code"]  # the target as its own draft
     assert all(abs(a - 1.0) < 1e-5 for _, _, c, a in same if c)
 

@@ -93,3 +93,14 @@ def test_verdicts_say_why():
     assert "per-round overhead 3.0 ms" in verdict(overhead, 8)
     never = dict(base, speedup_measured=1.0, alpha=0.0, c=None, k=0, v=None)
     assert "never ran" in verdict(never, 8)
+
+
+def test_k_used_names_the_speculative_k_of_an_auto_run():
+    from draftkit.decode.stats import DecodeStats
+    from draftkit.evaluate.runner import k_used
+
+    stats = DecodeStats()
+    stats.target_calls_by_tokens = {1: 50, 3: 20, 4: 5}  # plain steps outnumber any one K
+    assert k_used(stats) == 2
+    stats.target_calls_by_tokens = {1: 50}
+    assert k_used(stats) == 0

@@ -172,13 +172,3 @@ def test_flags_and_errors(tiny_dirs, suite, tmp_path):
         run_regimes(tiny_args(target, draft, suite, tmp_path / "e",
                               drafts_by_domain=[f"math={draft}"]))
 
-
-def test_k_used_names_the_speculative_k_of_an_auto_run():
-    from draftkit.decode.stats import DecodeStats
-    from draftkit.evaluate.runner import k_used
-
-    stats = DecodeStats()
-    stats.target_calls_by_tokens = {1: 50, 3: 20, 4: 5}  # plain steps outnumber any one K
-    assert k_used(stats) == 2
-    stats.target_calls_by_tokens = {1: 50}
-    assert k_used(stats) == 0
