@@ -23,17 +23,23 @@ __all__ = ["Example", "Rows", "Tokenized", "build_rows", "load_examples", "pack"
 
 def split_heldout(by_domain: dict[str, list[Example]], per_domain: int,
                   seed: int) -> tuple[list[Example], list[Example]]:
-    """(train, heldout): ``per_domain`` examples of every domain held out, chosen by ``seed``."""
+    """(train, heldout): ``per_domain`` examples of every domain held out, chosen by ``seed``.
+
+    Only examples whose source allows it (``heldout: true``, the default) are drawn, so adding a
+    train-only source leaves the held-out rows as they were.
+    """
     train, heldout = [], []
     for domain, examples in by_domain.items():
-        if len(examples) <= per_domain:
-            raise DraftkitError(f"domain '{domain}' has {len(examples)} rows, not enough to "
-                                f"hold out data.heldout_per_domain={per_domain} and train on "
-                                f"the rest; add rows or lower data.heldout_per_domain")
-        order = list(range(len(examples)))
-        random.Random(f"{seed}:{domain}").shuffle(order)
-        heldout += [examples[i] for i in order[:per_domain]]
-        train += [examples[i] for i in order[per_domain:]]
+        eligible = [i for i, ex in enumerate(examples) if ex.heldout]
+        if len(eligible) < per_domain or len(examples) <= per_domain:
+            raise DraftkitError(f"domain '{domain}' has {len(eligible)} rows that may be held "
+                                f"out and {len(examples)} in all, not enough to hold out "
+                                f"data.heldout_per_domain={per_domain} and train on the rest; "
+                                f"add rows or lower data.heldout_per_domain")
+        random.Random(f"{seed}:{domain}").shuffle(eligible)
+        heldout += [examples[i] for i in eligible[:per_domain]]
+        train += [examples[i] for i in eligible[per_domain:]]
+        train += [ex for ex in examples if not ex.heldout]
     return train, heldout
 
 

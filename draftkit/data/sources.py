@@ -28,6 +28,7 @@ class Example:
     response: str | None = None  # the assistant's answer, if the row has one
     text: str | None = None  # plain text rows
     origin: str = ""  # "file:row" for error messages
+    heldout: bool = True  # may be drawn for the held-out split (its source's ``heldout``)
 
 
 def _format_of(src: Any) -> str:
@@ -98,6 +99,7 @@ def load_examples(sources: list) -> dict[str, list[Example]]:
         name = Path(src.path).name
         for i, row in enumerate(rows):
             ex = to_example(row, src.domain, f"{name}:{i + 1}")
+            ex.heldout = src.heldout
             by_domain.setdefault(ex.domain, []).append(ex)
     if not by_domain:
         raise DraftkitError("the dataset is empty; list data files under data.sources")

@@ -93,6 +93,8 @@ class DataSource:
         "auto", help="loader: auto picks it from the file extension")
     split: str = option("train", help="dataset split to read")
     max_rows: int | None = option(None, help="read at most this many rows")
+    heldout: bool = option(True, help="false: train-only rows (for example templated or "
+                                      "augmented prompts), never drawn for the held-out split")
 
     def validate(self) -> None:
         if not self.path.strip():

@@ -50,8 +50,24 @@ def test_bad_inputs_are_clear(tmp_path):
     with pytest.raises(DraftkitError, match="no non-empty 'messages', 'prompt' or 'text'"):
         load_examples([DataSource(path=str(odd), domain="x")])
     by = load_examples([DataSource(path=str(nodom), domain="x")])
-    with pytest.raises(DraftkitError, match="domain 'x' has 1 rows"):
+    with pytest.raises(DraftkitError, match="domain 'x' has 1 rows that may be held out"):
         split_heldout(by, 1, 0)
+
+
+def test_train_only_sources_leave_the_heldout_split_alone(tmp_path):
+    hand = _jsonl(tmp_path / "hand.jsonl", [{"prompt": f"hand {i}"} for i in range(6)])
+    extra = _jsonl(tmp_path / "extra.jsonl", [{"prompt": f"extra {i}"} for i in range(20)])
+    alone = load_examples([DataSource(path=str(hand), domain="code")])
+    both = load_examples([DataSource(path=str(hand), domain="code"),
+                          DataSource(path=str(extra), domain="code", heldout=False)])
+    train0, held0 = split_heldout(alone, 2, 0)
+    train1, held1 = split_heldout(both, 2, 0)
+    prompts = lambda exs: [ex.messages[0]["content"] for ex in exs]  # noqa: E731
+    assert prompts(held1) == prompts(held0)  # the same held-out rows, in the same order
+    assert prompts(train1) == prompts(train0) + [f"extra {i}" for i in range(20)]
+    only_extra = load_examples([DataSource(path=str(extra), domain="code", heldout=False)])
+    with pytest.raises(DraftkitError, match="0 rows that may be held out and 20 in all"):
+        split_heldout(only_extra, 2, 0)
 
 
 def test_response_only_mask(tok):
