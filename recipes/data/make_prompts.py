@@ -19,6 +19,8 @@ import json
 import random
 from pathlib import Path
 
+from draftkit.io import atomic_write_text
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
@@ -318,10 +320,8 @@ def main() -> None:
     args = ap.parse_args()
     for domain, prompts in templated(args.code, args.math, args.seed).items():
         path = HERE / f"{domain}_prompts_templated.jsonl"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps({"prompt": p, "domain": domain}) + "\n"
-                               for p in prompts))
-        tmp.replace(path)
+        atomic_write_text(path, "".join(json.dumps({"prompt": p, "domain": domain}) + "\n"
+                                        for p in prompts))
         print(f"{path}: {len(prompts)} prompts")
 
 

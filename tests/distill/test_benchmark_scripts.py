@@ -12,8 +12,9 @@ from tests.distill.test_trainer import WORDS
 BENCHMARKS = Path(__file__).resolve().parents[2] / "eval" / "benchmarks"
 
 
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+def load_script(path: Path):
+    """A script outside the package (eval/benchmarks, recipes/data) as a module."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -38,7 +39,7 @@ def tiny_recipe(tmp_path: Path, target: Path) -> tuple[Path, Path]:
 
 
 def test_every_cell_is_trained_and_scored_on_one_heldout_set(tmp_path, tiny_dirs):
-    mod = load_script("loss_regime_table")
+    mod = load_script(BENCHMARKS / "loss_regime_table.py")
     recipe, prompts = tiny_recipe(tmp_path, tiny_dirs[0])
     rng = random.Random(1)
     text = tmp_path / "text.jsonl"
@@ -61,7 +62,7 @@ def test_acceptance_by_entropy_buckets_add_up_to_heldout_alpha(tmp_path, tiny_di
 
     from draftkit.distill.evaluate import heldout_alpha, model_logits
 
-    mod = load_script("acceptance_by_entropy")
+    mod = load_script(BENCHMARKS / "acceptance_by_entropy.py")
     recipe, _ = tiny_recipe(tmp_path, tiny_dirs[0])
     args = mod.argparse.Namespace(recipe=recipe, set=[], device="cpu", train_rows=4)
     _, target, sample, heldout = mod.load(args)

@@ -1,18 +1,11 @@
 """The templated prompt files are what their script writes, and share no prompt with eval."""
 
-import importlib.util
 import json
 from pathlib import Path
 
+from tests.distill.test_benchmark_scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load_script():
-    path = ROOT / "recipes" / "data" / "make_prompts.py"
-    spec = importlib.util.spec_from_file_location("make_prompts", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _prompts(path):
@@ -20,7 +13,7 @@ def _prompts(path):
 
 
 def test_templated_prompts_are_reproducible_and_unseen():
-    script = _load_script()
+    script = load_script(ROOT / "recipes" / "data" / "make_prompts.py")
     files = {d: ROOT / "recipes" / "data" / f"{d}_prompts_templated.jsonl"
              for d in ("code", "math")}
     committed = {d: _prompts(p) for d, p in files.items()}
