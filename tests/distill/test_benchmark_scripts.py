@@ -87,3 +87,28 @@ def test_acceptance_by_entropy_buckets_add_up_to_heldout_alpha(tmp_path, tiny_di
     text = (out / "acceptance_by_entropy.md").read_text()
     assert "code train" in text and "held-out acceptance by target entropy" in text
     assert text in capsys.readouterr().out
+
+
+def test_quality_bar_is_judged_on_the_drafts_each_run_keeps(tmp_path, capsys):
+    """A control that peaks early ships its peak: the margin is taken against that, not against
+    its later, overfitted evaluations."""
+    quality = load_script(BENCHMARKS / "distill_quality.py")
+
+    def run(name, curve):
+        d = tmp_path / name
+        d.mkdir()
+        d.joinpath("metrics.jsonl").write_text("".join(
+            json.dumps({"step": 40 * i, "minutes": 6.0 * i, "alpha/code": a, "alpha/math": a,
+                        "alpha": a}) + "\n" for i, a in enumerate(curve)))
+        return d
+
+    recipe = run("fkl", [0.0, 0.30, 0.40, 0.45])
+    control = run("ce", [0.0, 0.36, 0.33, 0.30])
+    cmp_ = quality.compare(quality.read_metrics(recipe), quality.read_metrics(control), 0.1)
+    assert cmp_["last"]["steps"] == (120, 120) and cmp_["last"]["passed"]
+    assert cmp_["best"]["steps"] == (120, 40)
+    assert abs(cmp_["best"]["domains"]["code"]["delta"] - 0.09) < 1e-9
+    assert not cmp_["passed"]
+    assert quality.main(["--run", str(recipe), "--control", str(control),
+                         "--out", str(tmp_path / "q")]) == 0
+    assert "best against best): NOT met" in capsys.readouterr().out
