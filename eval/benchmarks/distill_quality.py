@@ -115,6 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     rows, ctl = read_metrics(args.run), read_metrics(args.control)
+    for run, rs in ((args.run, rows), (args.control, ctl)):
+        missing = sum(r.get("minutes") is None for r in rs)
+        if missing:
+            print(f"warning: {missing} of {len(rs)} evaluations of {run} have no minutes (the run "
+                  "predates the field and those checkpoints are gone); the curve leaves them out",
+                  file=sys.stderr)
     cmp_ = compare(rows, ctl, args.margin)
     step = cmp_["last"]["steps"][0]
     run_best, ctl_best = cmp_["best"]["steps"]
