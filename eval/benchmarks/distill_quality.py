@@ -11,7 +11,7 @@ It prints, and writes to ``--out/quality.md`` with a plot ``alpha_vs_minutes.png
 1. held-out alpha per domain of the recipe against the cross-entropy control, and the margin
    the bar asks for (>= 0.1 on every trained domain), twice: at the last step both evaluated
    (the same tokens: both recipes draw the same rows in the same order), and between the two
-   drafts each run keeps in ``best/`` (its evaluation with the highest mean alpha). The bar is
+   drafts each run keeps in ``best/`` (the evaluation its ``best.json`` records). The bar is
    judged on the second: a control that peaks early and then overfits ships its peak;
 2. held-out alpha against wall minutes of the recipe's run (set-up included), so users see what
    more compute buys;
@@ -45,12 +45,12 @@ def domains_of(row: dict) -> list[str]:
     return sorted(k.split("/", 1)[1] for k in row if k.startswith("alpha/"))
 
 
-def mean_alpha(row: dict) -> float:
-    """The figure the trainer picks ``best/`` by (older rows may lack it)."""
-    if row.get("alpha") is not None:
-        return row["alpha"]
-    ds = domains_of(row)
-    return sum(row[f"alpha/{d}"] for d in ds) / len(ds)
+def read_best(run: Path) -> dict:
+    """The evaluation row of the draft the trainer exported to ``best/`` (it writes best.json)."""
+    path = run / "best.json"
+    if not path.is_file():
+        raise SystemExit(f"{path} is missing: point --run/--control at a draftkit distill out_dir")
+    return json.loads(path.read_text())
 
 
 def margins(a: dict, b: dict, margin: float) -> dict:
@@ -61,15 +61,16 @@ def margins(a: dict, b: dict, margin: float) -> dict:
             "passed": all(v["delta"] >= margin for v in per.values())}
 
 
-def compare(run_rows: list[dict], ctl_rows: list[dict], margin: float) -> dict:
-    """The two runs at the last step both evaluated, and their best checkpoints."""
+def compare(run_rows: list[dict], ctl_rows: list[dict], bests: tuple[dict, dict],
+            margin: float) -> dict:
+    """The two runs at the last step both evaluated, and their ``best/`` drafts (``bests``)."""
     common = sorted({r["step"] for r in run_rows} & {r["step"] for r in ctl_rows})
     if not common:
         raise SystemExit("the two runs share no evaluated step; evaluate both at the same steps")
     step = common[-1]
     last = margins(next(r for r in run_rows if r["step"] == step),
                    next(r for r in ctl_rows if r["step"] == step), margin)
-    best = margins(max(run_rows, key=mean_alpha), max(ctl_rows, key=mean_alpha), margin)
+    best = margins(*bests, margin)
     return {"last": last, "best": best, "passed": best["passed"]}
 
 
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: {missing} of {len(rs)} evaluations of {run} have no minutes (the run "
                   "predates the field and those checkpoints are gone); the curve leaves them out",
                   file=sys.stderr)
-    cmp_ = compare(rows, ctl, args.margin)
+    cmp_ = compare(rows, ctl, (read_best(args.run), read_best(args.control)), args.margin)
     step = cmp_["last"]["steps"][0]
     run_best, ctl_best = cmp_["best"]["steps"]
     lines = [f"# Distillation quality: {args.run} against {args.control}", ""]

@@ -97,14 +97,16 @@ def test_quality_bar_is_judged_on_the_drafts_each_run_keeps(tmp_path, capsys):
     def run(name, curve):
         d = tmp_path / name
         d.mkdir()
-        d.joinpath("metrics.jsonl").write_text("".join(
-            json.dumps({"step": 40 * i, "minutes": 6.0 * i, "alpha/code": a, "alpha/math": a,
-                        "alpha": a}) + "\n" for i, a in enumerate(curve)))
+        rows = [{"step": 40 * i, "minutes": 6.0 * i, "alpha/code": a, "alpha/math": a,
+                 "alpha": a} for i, a in enumerate(curve)]
+        d.joinpath("metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        d.joinpath("best.json").write_text(json.dumps(max(rows, key=lambda r: r["alpha"])))
         return d
 
     recipe = run("fkl", [0.0, 0.30, 0.40, 0.45])
     control = run("ce", [0.0, 0.36, 0.33, 0.30])
-    cmp_ = quality.compare(quality.read_metrics(recipe), quality.read_metrics(control), 0.1)
+    cmp_ = quality.compare(quality.read_metrics(recipe), quality.read_metrics(control),
+                           (quality.read_best(recipe), quality.read_best(control)), 0.1)
     assert cmp_["last"]["steps"] == (120, 120) and cmp_["last"]["passed"]
     assert cmp_["best"]["steps"] == (120, 40)
     assert abs(cmp_["best"]["domains"]["code"]["delta"] - 0.09) < 1e-9
