@@ -68,6 +68,8 @@ def _recipe(tmp_path, text):
     ("data: {sources: [{path: DATA}]}\nloss: {divergence: jsd, beta: 1.0}\n", "loss.beta"),
     ("data: {sources: [{path: DATA}]}\ntrain: {deepspeed: nope.json}\n", "nope.json"),
     ("data: {sources: [{path: DATA}]}\ndraft: {model: /no/such/dir}\n", "draft.model"),
+    ("data: {sources: [{path: DATA}], generate: {extra_samples: 1, extra_temperature: 0}}\n",
+     "extra_temperature must be > 0"),
 ])
 def test_bad_recipes_name_key_and_file(tmp_path, text, expect):
     path = _recipe(tmp_path, text)

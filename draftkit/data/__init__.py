@@ -47,8 +47,10 @@ def build_rows(data: Any, tokenizer: Any, seed: int, generate: Callable | None =
                ) -> tuple[Rows, Rows]:
     """Packed (train, heldout) rows for a recipe's ``data`` section.
 
-    ``generate(prompts_ids) -> response_ids`` answers prompts with the target (regimes
-    'target' and 'on_policy'); it is only called when the recipe asks for it.
+    ``generate(prompts_ids, temperature, seed) -> response_ids`` answers prompts with the target
+    (regimes 'target' and 'on_policy'); it is only called when the recipe asks for it. With
+    ``data.generate.extra_samples`` the training prompts get that many more sampled answers,
+    each a further training example of the same prompt.
     """
     by_domain = load_examples(data.sources)
     domains = list(by_domain)
@@ -66,21 +68,45 @@ def build_rows(data: Any, tokenizer: Any, seed: int, generate: Callable | None =
                                 f"'messages' rows); the sources hold only text")
         if generate is None:
             raise DraftkitError("target-generated data needs the target model")
-        answers = generate(list(prompts.values()))
+        g = data.generate
+        answers = generate(list(prompts.values()), g.temperature, seed)
         for i, ans in zip(prompts, answers):
             responses[i] = ans
     tokens = [tokenize_example(tokenizer, ex, data.response_only, responses[i])
               for i, ex in enumerate(examples)]
+    n = len(train)
+    train_tokens = tokens[:n] + _extra_answers(data, tokenizer, train, prompts, seed, generate)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else \
         tokenizer.eos_token_id
-    n = len(train)
-    train_rows = pack(tokens[:n], data.seq_len, pad_id, domains, data.pack, data.truncate)
+    train_rows = pack(train_tokens, data.seq_len, pad_id, domains, data.pack, data.truncate)
     train_rows.prompts = [prompts[i] for i in sorted(prompts) if i < n]
     train_rows.prompt_domains = [domains.index(examples[i].domain) for i in sorted(prompts)
                                  if i < n]
     # Held-out rows are never packed together: alpha is a mean over whole examples.
     heldout_rows = pack(tokens[n:], data.seq_len, pad_id, domains, False, data.truncate)
     return train_rows, heldout_rows
+
+
+def _extra_answers(data: Any, tokenizer: Any, train: list[Example], prompts: dict[int, list[int]],
+                   seed: int, generate: Callable | None) -> list[Tokenized]:
+    """``extra_samples`` sampled answers to every training prompt, as further examples.
+
+    A sampled answer is a new context; forward KL scores each of its positions with the target's
+    whole distribution, where cross-entropy sees one draw (DistillSpec, arXiv 2310.08461, on
+    target-generated data).
+    """
+    g = data.generate
+    if not g.extra_samples or not prompts:
+        return []
+    mine = [i for i in sorted(prompts) if i < len(train)]
+    out = []
+    for j in range(g.extra_samples):
+        # a seed of its own per draw; never the one that drew the first answers
+        draw_seed = seed + 1 + j if g.temperature == g.extra_temperature else seed + j
+        answers = generate([prompts[i] for i in mine], g.extra_temperature, draw_seed)
+        out += [tokenize_example(tokenizer, train[i], data.response_only, ans)
+                for i, ans in zip(mine, answers)]
+    return out
 
 
 def default_generation_dir() -> Path:

@@ -110,6 +110,10 @@ class GenerateSection:
     max_new_tokens: int = option(128, help="tokens generated per prompt")
     batch_size: int = option(16, help="prompts per generate call")
     temperature: float = option(0.0, help="sampling temperature; 0 is greedy")
+    extra_samples: int = option(0, help="more answers per training prompt, sampled at "
+                                        "extra_temperature: more contexts for the teacher to "
+                                        "score (held-out prompts keep one answer)")
+    extra_temperature: float = option(1.0, help="sampling temperature of the extra answers")
     cache_dir: str | None = option(None, help="where generated responses are cached "
                                               "(resumable); null: the draftkit cache, shared "
                                               "by runs with the same target and settings")
@@ -119,6 +123,12 @@ class GenerateSection:
             raise ConfigError("data.generate: max_new_tokens and batch_size must be positive")
         if self.temperature < 0:
             raise ConfigError("data.generate.temperature must be >= 0")
+        if self.extra_samples < 0:
+            raise ConfigError(f"data.generate.extra_samples must be >= 0, got "
+                              f"{self.extra_samples}")
+        if self.extra_samples and self.extra_temperature <= 0:
+            raise ConfigError("data.generate.extra_temperature must be > 0: greedy extra "
+                              "answers would repeat the first")
 
 
 @dataclass

@@ -443,11 +443,11 @@ def _rows(cfg: DistillConfig, tokenizer: Any, target: Any, target_ref: Any, dist
 
     g = cfg.data.generate
     gen_dir = Path(g.cache_dir) if g.cache_dir else default_generation_dir()
-    path = cache_file(gen_dir, str(target_ref.path), g.max_new_tokens, g.temperature, cfg.seed)
 
-    def generate(prompts):
+    def generate(prompts, temperature, seed):
+        path = cache_file(gen_dir, str(target_ref.path), g.max_new_tokens, temperature, seed)
         return generate_responses(target, tokenizer, prompts, path, g.max_new_tokens,
-                                  g.batch_size, g.temperature, cfg.seed,
+                                  g.batch_size, temperature, seed,
                                   progress=progress and dist.is_main)
 
     if dist.world_size > 1 and cfg.data.regime != "fixed":

@@ -156,9 +156,34 @@ def test_build_rows_target_regime(tmp_path, tok):
                  [{"prompt": f"print {i}", "domain": "code"} for i in range(4)])
     data = DataSection(sources=[DataSource(path=str(src))], regime="target", seq_len=64,
                        heldout_per_domain=2)
-    answers = lambda prompts: [[7, 8, 2] for _ in prompts]  # noqa: E731
+    answers = lambda prompts, temperature, seed: [[7, 8, 2] for _ in prompts]  # noqa: E731
     train, held = build_rows(data, tok, seed=0, generate=answers)
     assert held.domains == ["math", "code"] and len(held) == 4
     assert sorted(held.domain_ids.tolist()) == [0, 0, 1, 1]
     assert train.loss_mask.sum() == 3 * (3 + 2)  # 3 answer tokens per training example
     assert (held.loss_mask.sum(1) == 3).all()
+
+
+def test_extra_sampled_answers_add_training_examples_only(tmp_path, tok):
+    src = _jsonl(tmp_path / "p.jsonl", [{"prompt": f"what is {i} + {i} ?", "domain": "math"}
+                                        for i in range(5)])
+    data = DataSection(sources=[DataSource(path=str(src))], regime="target", seq_len=64,
+                       heldout_per_domain=2, pack=False)
+    data.generate.extra_samples = 2
+    calls = []
+
+    def answers(prompts, temperature, seed):
+        calls.append((len(prompts), temperature, seed))
+        return [[7] * (1 + len(calls)) + [2] for _ in prompts]  # each draw its own length
+
+    train, held = build_rows(data, tok, seed=5, generate=answers)
+    # greedy answers for all 5 prompts, then two sampled draws for the 3 training prompts,
+    # each with a seed of its own
+    assert calls == [(5, 0.0, 5), (3, 1.0, 5), (3, 1.0, 6)]
+    assert len(train) == 9 and sorted(train.loss_mask.sum(1).tolist()) == [3] * 3 + [4] * 3 + \
+        [5] * 3
+    assert len(held) == 2 and (held.loss_mask.sum(1) == 3).all()
+    # sampling the first answers too: the extra draws never reuse the first draw's seed
+    data.generate.temperature, calls[:] = 1.0, []
+    build_rows(data, tok, seed=5, generate=answers)
+    assert [c[2] for c in calls] == [5, 6, 7]
