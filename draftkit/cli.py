@@ -41,7 +41,7 @@ COMMANDS: list[tuple[str, str, str, str, str]] = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from draftkit.config import add_arguments
+    from draftkit.config import add_arguments, describe_keys
 
     parser = argparse.ArgumentParser(
         prog="draftkit", description="Train, evaluate, export and serve draft models for "
@@ -50,7 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module, cls_name, _, help_text in COMMANDS:
         cls = getattr(importlib.import_module(module), cls_name)
-        p = sub.add_parser(name, help=help_text, description=(cls.__doc__ or help_text).strip())
+        kwargs = {}
+        recipe = getattr(cls, "recipe_config", None)  # a command that reads a YAML recipe
+        if recipe is not None:  # lists the recipe's keys, from the same dataclass
+            kwargs = {"formatter_class": argparse.RawDescriptionHelpFormatter,
+                      "epilog": "recipe keys (YAML; override with KEY=VALUE, dotted; [] marks "
+                                "a list item):\n\n" + "\n".join(describe_keys(recipe))}
+        p = sub.add_parser(name, help=help_text, description=(cls.__doc__ or help_text).strip(),
+                           **kwargs)
         add_arguments(p, cls)
     return parser
 

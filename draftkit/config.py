@@ -279,6 +279,37 @@ def _check_override_keys(cls: type, overrides: list[str]) -> None:
                 node = tp
 
 
+def describe_keys(cls: type, prefix: str = "") -> list[str]:
+    """One entry per leaf key of a nested config: ``key = default (type): help``.
+
+    Nested dataclasses are walked (``train.lr``); a list of dataclasses shows its item's keys
+    under ``key[]`` (``data.sources[].path``). The recipe help of a command is built from it.
+    """
+    import textwrap
+
+    lines = []
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        tp, _ = _unwrap_optional(hints[f.name])
+        item = typing.get_args(tp)[0] if typing.get_origin(tp) is list else None
+        if dataclasses.is_dataclass(tp):
+            lines += describe_keys(tp, f"{prefix}{f.name}.")
+            continue
+        if item is not None and dataclasses.is_dataclass(item):
+            lines += describe_keys(item, f"{prefix}{f.name}[].")
+            continue
+        if f.default is _MISSING and f.default_factory is _MISSING:
+            shown = "(required)"
+        else:
+            value = f.default if f.default is not _MISSING else f.default_factory()
+            shown = yaml.safe_dump(value, default_flow_style=True).split("\n...")[0].strip()
+        head = f"{prefix}{f.name} = {shown} ({_type_name(hints[f.name])})"
+        lines.append(head + "\n" + textwrap.fill(f.metadata.get("help", ""), width=90,
+                                                   initial_indent="    ",
+                                                   subsequent_indent="    "))
+    return lines
+
+
 def dump_yaml(cfg: Any, path: str | Path) -> None:
     """Write the resolved config as YAML, atomically."""
     from draftkit.io import atomic_write_text

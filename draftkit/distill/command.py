@@ -20,6 +20,7 @@ import dataclasses
 import glob
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 from pathlib import Path
 
 from draftkit.config import load_recipe, option
@@ -39,6 +40,8 @@ class DistillArgs:
                                            "(train.lr=1e-4)", positional=True, nargs="*",
                                   metavar="KEY=VALUE")
     dry_run: bool = option(False, help="validate the recipe and exit without training")
+
+    recipe_config: ClassVar[type] = DistillConfig  # its keys are listed in --help
 
 
 def load_config(recipe: str | Path, overrides: list[str] | None = None) -> DistillConfig:

@@ -22,6 +22,28 @@ def test_help_lists_built_subcommands(capsys):
         assert name in out
 
 
+def test_distill_help_lists_every_recipe_key_and_each_one_loads(capsys, tmp_path):
+    import re
+
+    from draftkit.distill.command import load_config
+
+    with pytest.raises(SystemExit):
+        main(["distill", "--help"])
+    out = capsys.readouterr().out
+    keys = re.findall(r"^([a-z_.\[\]]+) = ", out, flags=re.M)
+    assert {"train.lr", "data.generate.extra_samples", "data.sources[].path",
+            "draft.lora.r"} <= set(keys)
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "hi", "domain": "code"}\n')
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"draft: {{num_layers: 1}}\ndata: {{sources: [{{path: {data}}}]}}\n")
+    # every listed key is a real one: setting it to its listed default loads (but for the key
+    # the recipe itself sets, whose default would leave the draft undefined)
+    for key, shown in re.findall(r"^([a-z_.]+) = (.+) \(", out, flags=re.M):
+        if key != "draft.num_layers":
+            load_config(recipe, [f"{key}={shown}"])
+
+
 def assert_one_line_error(proc, *fragments):
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
