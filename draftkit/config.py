@@ -61,6 +61,13 @@ def option(default: Any = _MISSING, *, help: str, choices: tuple | None = None,
 
 # --- types --------------------------------------------------------------------------------------
 
+def _default(f: dataclasses.Field) -> Any:
+    """A field's default (a fresh one from its factory), or ``_MISSING`` for a required field."""
+    if f.default is not _MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not _MISSING else _MISSING
+
+
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
@@ -173,8 +180,7 @@ def from_dict(cls: type, data: dict, source: str, prefix: str = "") -> Any:
             raise ConfigError(f"{source}: unknown key '{prefix}{key}'{hint}; "
                               f"valid keys: {', '.join(prefix + f for f in fields)}")
         kwargs[key] = coerce(value, hints[key], f"{prefix}{key}", source)
-    missing = [n for n, f in fields.items() if n not in kwargs
-               and f.default is _MISSING and f.default_factory is _MISSING]
+    missing = [n for n, f in fields.items() if n not in kwargs and _default(f) is _MISSING]
     if missing:
         raise ConfigError(f"{source}: missing required key '{prefix}{missing[0]}'")
     cfg = cls(**kwargs)
@@ -280,7 +286,7 @@ def _check_override_keys(cls: type, overrides: list[str]) -> None:
 
 
 def describe_keys(cls: type, prefix: str = "") -> list[str]:
-    """One entry per leaf key of a nested config: ``key = default (type): help``.
+    """One entry per leaf key of a nested config: ``key = default (type)``, then its help.
 
     Nested dataclasses are walked (``train.lr``); a list of dataclasses shows its item's keys
     under ``key[]`` (``data.sources[].path``). The recipe help of a command is built from it.
@@ -298,11 +304,9 @@ def describe_keys(cls: type, prefix: str = "") -> list[str]:
         if item is not None and dataclasses.is_dataclass(item):
             lines += describe_keys(item, f"{prefix}{f.name}[].")
             continue
-        if f.default is _MISSING and f.default_factory is _MISSING:
-            shown = "(required)"
-        else:
-            value = f.default if f.default is not _MISSING else f.default_factory()
-            shown = yaml.safe_dump(value, default_flow_style=True).split("\n...")[0].strip()
+        value = _default(f)
+        shown = "(required)" if value is _MISSING else \
+            yaml.safe_dump(value, default_flow_style=True).split("\n...")[0].strip()
         head = f"{prefix}{f.name} = {shown} ({_type_name(hints[f.name])})"
         lines.append(head + "\n" + textwrap.fill(f.metadata.get("help", ""), width=90,
                                                    initial_indent="    ",
@@ -326,8 +330,10 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         meta = f.metadata
         tp = hints[f.name]
         inner, _ = _unwrap_optional(tp)
-        default = f.default if f.default is not _MISSING else (
-            f.default_factory() if f.default_factory is not _MISSING else None)
+        default = _default(f)
+        required = default is _MISSING
+        if required:
+            default = None
         help_text = meta.get("help", "")
         if default not in (None, False, "", []) and "%(default)" not in help_text:
             shown = ",".join(map(str, default)) if isinstance(default, list) else default
@@ -352,12 +358,12 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
             if choices:
                 kwargs["choices"] = choices
             if meta.get("positional") and not meta.get("nargs"):
-                if f.default is not _MISSING or f.default_factory is not _MISSING:
+                if not required:
                     kwargs["nargs"] = "?"
                     kwargs["default"] = default
             else:
                 kwargs["default"] = default
-                if f.default is _MISSING and f.default_factory is _MISSING:
+                if required:
                     kwargs["required"] = True
         parser.add_argument(*names, **kwargs)
 

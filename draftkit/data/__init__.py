@@ -75,37 +75,39 @@ def build_rows(data: Any, tokenizer: Any, seed: int, generate: Callable | None =
     tokens = [tokenize_example(tokenizer, ex, data.response_only, responses[i])
               for i, ex in enumerate(examples)]
     n = len(train)
-    train_tokens = tokens[:n] + _extra_answers(data, tokenizer, train, prompts, seed, generate)
+    train_prompts = [i for i in sorted(prompts) if i < n]  # example indices
+    extra = _extra_answers(data, tokenizer, [(train[i], prompts[i]) for i in train_prompts],
+                           seed, generate)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else \
         tokenizer.eos_token_id
-    train_rows = pack(train_tokens, data.seq_len, pad_id, domains, data.pack, data.truncate)
-    train_rows.prompts = [prompts[i] for i in sorted(prompts) if i < n]
-    train_rows.prompt_domains = [domains.index(examples[i].domain) for i in sorted(prompts)
-                                 if i < n]
+    train_rows = pack(tokens[:n] + extra, data.seq_len, pad_id, domains, data.pack,
+                      data.truncate)
+    train_rows.prompts = [prompts[i] for i in train_prompts]
+    train_rows.prompt_domains = [domains.index(examples[i].domain) for i in train_prompts]
     # Held-out rows are never packed together: alpha is a mean over whole examples.
     heldout_rows = pack(tokens[n:], data.seq_len, pad_id, domains, False, data.truncate)
     return train_rows, heldout_rows
 
 
-def _extra_answers(data: Any, tokenizer: Any, train: list[Example], prompts: dict[int, list[int]],
+def _extra_answers(data: Any, tokenizer: Any, train: list[tuple[Example, list[int]]],
                    seed: int, generate: Callable | None) -> list[Tokenized]:
-    """``extra_samples`` sampled answers to every training prompt, as further examples.
+    """``extra_samples`` sampled answers to every training (example, prompt ids), as further
+    examples.
 
     A sampled answer is a new context; forward KL scores each of its positions with the target's
     whole distribution, where cross-entropy sees one draw (DistillSpec, arXiv 2310.08461, on
     target-generated data).
     """
     g = data.generate
-    if not g.extra_samples or not prompts:
+    if not g.extra_samples or not train:
         return []
-    mine = [i for i in sorted(prompts) if i < len(train)]
     out = []
     for j in range(g.extra_samples):
         # a seed of its own per draw; never the one that drew the first answers
         draw_seed = seed + 1 + j if g.temperature == g.extra_temperature else seed + j
-        answers = generate([prompts[i] for i in mine], g.extra_temperature, draw_seed)
-        out += [tokenize_example(tokenizer, train[i], data.response_only, ans)
-                for i, ans in zip(mine, answers)]
+        answers = generate([p for _, p in train], g.extra_temperature, draw_seed)
+        out += [tokenize_example(tokenizer, ex, data.response_only, ans)
+                for (ex, _), ans in zip(train, answers)]
     return out
 
 

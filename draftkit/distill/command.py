@@ -20,8 +20,8 @@ import dataclasses
 import glob
 import re
 from dataclasses import dataclass
-from typing import ClassVar
 from pathlib import Path
+from typing import ClassVar
 
 from draftkit.config import load_recipe, option
 from draftkit.distill.config import DistillConfig
