@@ -68,3 +68,23 @@ def test_estimators_and_conversions():
     # per-position r_i = P(first i+1 accepted): 80/100, 40/100 -> alpha_1 = 0.8, alpha_2 = 0.5
     assert m.conditional_alphas_from_vllm(100, [80, 40, 10]) == pytest.approx([0.8, 0.5, 0.25])
     assert m.tau_from_vllm(100, 130) == pytest.approx(2.3)
+
+
+def test_paired_bootstrap_interval():
+    # Every row gains exactly 0.1 per position: no spread, so the interval is the point.
+    w = [100, 50, 80, 120]
+    b = [0.4 * n for n in w]
+    a = [x + 0.1 * n for x, n in zip(b, w)]
+    d, lo, hi = m.paired_bootstrap(a, b, w, resamples=500)
+    assert d == pytest.approx(0.1) and lo == pytest.approx(0.1) and hi == pytest.approx(0.1)
+    # Rows that disagree: the interval holds the point, widens with spread, shrinks with rows.
+    rows = [(0.3, 0.2), (0.5, 0.6), (0.45, 0.3), (0.2, 0.25), (0.7, 0.5), (0.4, 0.4)]
+    a, b, w = [x for x, _ in rows], [y for _, y in rows], [1.0] * len(rows)
+    d, lo, hi = m.paired_bootstrap(a, b, w)
+    assert d == pytest.approx(sum(a) / 6 - sum(b) / 6) and lo < d < hi
+    assert lo < 0 < hi  # one row in three goes the other way: not a clear gain
+    d4, lo4, hi4 = m.paired_bootstrap(a * 4, b * 4, w * 4)
+    assert d4 == pytest.approx(d) and hi4 - lo4 < hi - lo
+    assert m.paired_bootstrap(a, b, w) == (d, lo, hi)  # seeded: a report can be re-derived
+    with pytest.raises(ValueError, match="length"):
+        m.paired_bootstrap(a, b[:-1], w)

@@ -12,7 +12,9 @@ It prints, and writes to ``--out/quality.md`` with a plot ``alpha_vs_minutes.png
    the bar asks for (>= 0.1 on every trained domain), twice: at the last step both evaluated
    (the same tokens: both recipes draw the same rows in the same order), and between the two
    drafts each run keeps in ``best/`` (the evaluation its ``best.json`` records). The bar is
-   judged on the second: a control that peaks early and then overfits ships its peak;
+   judged on the second: a control that peaks early and then overfits ships its peak (for a
+   95% interval on that margin over the held-out rows, run ``acceptance_by_entropy.py
+   --control``);
 2. held-out alpha against wall minutes of the recipe's run (set-up included), so users see what
    more compute buys;
 3. the measured greedy speedup over plain decoding per domain from the eval report (the bar:

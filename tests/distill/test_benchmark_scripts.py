@@ -70,22 +70,32 @@ def test_acceptance_by_entropy_buckets_add_up_to_heldout_alpha(tmp_path, tiny_di
     torch.manual_seed(0)
     draft = type(target)(target.config).eval()  # a random draft: acceptance well below 1
     d_fn, t_fn = model_logits(draft, "cpu"), model_logits(target, "cpu")
-    buckets = mod.by_entropy(d_fn, t_fn, heldout, 4)["code"]
+    by_bucket, per_row = mod.by_entropy(d_fn, t_fn, heldout, 4)
+    buckets = by_bucket["code"]
     count = sum(c for _, _, c, _ in buckets)
     assert count == int(heldout.loss_mask.sum())
     weighted = sum(c * a for _, _, c, a in buckets if c) / count
     assert abs(weighted - heldout_alpha(d_fn, t_fn, heldout, 4)["alpha/code"]) < 1e-6
     assert mod.bucket_alpha(buckets) == weighted
-    same = mod.by_entropy(t_fn, t_fn, heldout, 4)["code"]  # the target as its own draft
-    assert all(abs(a - 1.0) < 1e-5 for _, _, c, a in same if c)
+    assert len(per_row) == len(heldout) and abs(sum(per_row) / count - weighted) < 1e-6
+    same, same_rows = mod.by_entropy(t_fn, t_fn, heldout, 4)  # the target as its own draft
+    assert all(abs(a - 1.0) < 1e-5 for _, _, c, a in same["code"] if c)
+    # The target against the random draft as control: the margin is 1 - alpha, and with every
+    # row far ahead the interval stays above 0.
+    (cell,) = [ln for ln in mod.margins({"t": same_rows, "d": per_row}, ["t"], "d", heldout)]
+    delta, lo, hi = (float(x) for x in cell.split("|")[2].replace("[", " ").replace("]", " ")
+                     .replace(",", " ").split())
+    assert abs(delta - (1 - weighted)) < 6e-4 and 0 < lo <= delta <= hi  # printed to 3 places
 
     draft_dir = tmp_path / "draft"
     draft.save_pretrained(draft_dir)
     out = tmp_path / "entropy"
-    assert mod.main(["--recipe", str(recipe), "--drafts", str(draft_dir), "--train-rows", "4",
-                     "--out", str(out)]) == 0
+    assert mod.main(["--recipe", str(recipe), "--drafts", str(draft_dir), "--control",
+                     str(draft_dir), "--train-rows", "4", "--out", str(out)]) == 0
     text = (out / "acceptance_by_entropy.md").read_text()
     assert "code train" in text and "held-out acceptance by target entropy" in text
+    # A draft against itself: a margin of exactly 0, and so an interval of exactly 0.
+    assert f"| {draft_dir} | +0.000 [+0.000, +0.000] |" in text
     assert text in capsys.readouterr().out
 
 
