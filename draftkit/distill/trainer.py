@@ -398,6 +398,25 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
     return out / "best"
 
 
+def prepare(cfg: DistillConfig, progress: bool = True) -> dict:
+    """Build what a run reads before its first step and keeps on disk for later runs: the
+    target's answers (``data.regime`` target) and the top-k teacher cache (``teacher.mode``
+    cache). A :func:`train` of the same recipe then starts training at once, so a
+    ``max_minutes`` budget buys steps, not set-up. One process; returns what was built.
+    """
+    from draftkit.distill.distributed import Dist
+    from draftkit.models import default_device, load_model, load_tokenizer, resolve_model
+
+    target_ref = resolve_model(cfg.target, "target")
+    tokenizer = load_tokenizer(target_ref, "target")
+    device = default_device() if cfg.train.device == "auto" else cfg.train.device
+    target = load_model(target_ref, "target", device=device, dtype=cfg.teacher.dtype)
+    train_rows, heldout = _rows(cfg, tokenizer, target, target_ref, Dist(), progress)
+    teacher = _teacher(cfg, target, target_ref, train_rows, Dist(), progress)
+    return {"rows": len(train_rows), "heldout_rows": len(heldout),
+            "teacher_cache": getattr(teacher, "dir", None)}
+
+
 def _stop_on_bad_loss(value: float, step: int, kept: list[Path]) -> None:
     where = f"the last good checkpoint is {kept[-1]}" if kept else "no checkpoint was written yet"
     raise DraftkitError(f"loss is {value} at step {step + 1}; stopped without saving ({where}); "

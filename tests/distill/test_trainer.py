@@ -269,3 +269,38 @@ def test_max_minutes_stops_with_eval_and_checkpoint(tmp_path, tiny_dirs):
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1]  # the budget ran out during step 1: evaluated, then stopped
     assert (run / "checkpoints" / "step-0000001").is_dir()
+
+
+def test_prepare_builds_the_answers_and_cache_a_run_then_only_reads(tmp_path, tiny_dirs,
+                                                                    monkeypatch):
+    """After prepare(), train() generates no answer and builds no cache row: a max_minutes
+    budget (the quickstart's) goes to training steps."""
+    from draftkit.data import generate
+    from draftkit.distill import teacher
+    from draftkit.distill.trainer import prepare, train
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": " ".join(WORDS[i:i + 4]),
+                                           "domain": "code"}) + "\n" for i in range(8)))
+    cfg = _cfg(tmp_path, tiny_dirs, **{
+        "data.sources": [{"path": str(prompts)}], "data.regime": "target",
+        "data.generate.max_new_tokens": 6, "teacher.mode": "cache", "teacher.top_k": 8,
+        "teacher.cache_dir": str(tmp_path / "cache")})
+    built = prepare(cfg, progress=False)
+    assert built["rows"] > 0 and built["heldout_rows"] > 0
+    meta = json.loads((built["teacher_cache"] / "meta.json").read_text())
+    assert meta["filled_rows"] == meta["rows"] == built["rows"]
+
+    def no_generation(*a, **k):
+        raise AssertionError("train() generated answers prepare() had built")
+
+    build = teacher.TopKCache.build
+
+    def only_read(self, *a, **k):
+        assert self.filled_rows() == self.n_rows, "train() built cache rows prepare() had built"
+        return build(self, *a, **k)
+
+    monkeypatch.setattr(generate, "generate_responses_in_memory", no_generation)
+    monkeypatch.setattr(teacher.TopKCache, "build", only_read)
+    best = train(cfg, progress=False)
+    assert (best / "model.safetensors").is_file()
