@@ -1,4 +1,4 @@
-"""``draftkit distill RECIPE.yaml [key=value ...] [--dry-run]``
+"""``draftkit distill RECIPE.yaml [key=value ...] [--dry-run | --prepare]``
 
 Examples::
 
@@ -8,7 +8,8 @@ Examples::
 
 ``--dry-run`` parses and type-checks the recipe, checks that the files it names exist and
 that model specs resolve where that is cheap (local folders, the embedded model; hub ids are
-checked for form only), and trains nothing.
+checked for form only), and trains nothing. ``--prepare`` builds the target's answers and the
+top-k teacher cache, which later runs of the recipe read, and trains nothing.
 
 Relative paths in a recipe are looked up in the current directory first, then next to the
 recipe file, so a recipe runs from the repository root or from anywhere else.
@@ -40,8 +41,16 @@ class DistillArgs:
                                            "(train.lr=1e-4)", positional=True, nargs="*",
                                   metavar="KEY=VALUE")
     dry_run: bool = option(False, help="validate the recipe and exit without training")
+    prepare: bool = option(False, help="build the target's answers and the teacher cache "
+                                       "(kept on disk), then exit: a later run of the recipe "
+                                       "starts training at once, so max_minutes buys steps")
 
     recipe_config: ClassVar[type] = DistillConfig  # its keys are listed in --help
+
+    def validate(self) -> None:
+        if self.dry_run and self.prepare:
+            raise ConfigError("--dry-run builds nothing and --prepare builds the data: "
+                              "give one of them")
 
 
 def load_config(recipe: str | Path, overrides: list[str] | None = None) -> DistillConfig:
@@ -153,6 +162,16 @@ def distill(args: DistillArgs):
               f"{cfg.teacher.mode}, data {cfg.data.regime}: {sources}")
         for note in notes:
             print(f"  note: {note}")
+        return None
+    if args.prepare:
+        from draftkit.distill.trainer import prepare
+
+        built = prepare(cfg)
+        cache = built["teacher_cache"]
+        print(f"prepared {built['rows']} training rows and {built['heldout_rows']} held-out "
+              f"rows" + (f"; teacher cache in {cache}" if cache else "") +
+              f"; train with: draftkit distill {args.recipe}"
+              + "".join(f" {o}" for o in args.overrides))
         return None
     from draftkit.distill.trainer import train
 

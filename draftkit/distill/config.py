@@ -268,9 +268,10 @@ class DistillConfig:
                                                "and best/")
     max_steps: int = option(100, help="optimizer steps to train")
     max_minutes: float | None = option(None, help="time budget for the whole distill stage "
-                                                  "(data and teacher cache included); when it "
-                                                  "runs out the run evaluates, checkpoints and "
-                                                  "stops early")
+                                                  "(data and teacher cache included, unless "
+                                                  "built first with --prepare); when it runs "
+                                                  "out the run evaluates, checkpoints and stops "
+                                                  "early")
     seed: int = option(0, help="seed for init, data order and sampling")
     target: str = option("embedded", help="target model: HF directory, hub id, bundle or "
                                           "'embedded'")

@@ -304,3 +304,22 @@ def test_prepare_builds_the_answers_and_cache_a_run_then_only_reads(tmp_path, ti
     monkeypatch.setattr(teacher.TopKCache, "build", only_read)
     best = train(cfg, progress=False)
     assert (best / "model.safetensors").is_file()
+
+
+def test_distill_prepare_flag_builds_the_cache_and_trains_nothing(tmp_path, tiny_dirs, capsys):
+    from draftkit.cli import main
+    from tests.distill.test_benchmark_scripts import tiny_recipe
+
+    recipe, _ = tiny_recipe(tmp_path, tiny_dirs[0])
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    over = [f"out_dir={out}", "teacher.mode=cache", "teacher.top_k=8",
+            f"teacher.cache_dir={cache}"]
+    assert main(["distill", str(recipe), *over, "--prepare"]) == 0
+    said = capsys.readouterr().out
+    assert "prepared" in said and f"train with: draftkit distill {recipe} {over[0]}" in said
+    (built,) = cache.iterdir()
+    meta = json.loads((built / "meta.json").read_text())
+    assert meta["filled_rows"] == meta["rows"] > 0
+    assert not (out / "best").exists() and not (out / "checkpoints").exists()
+    assert main(["distill", str(recipe), "--prepare", "--dry-run"]) == 2
+    assert "give one of them" in capsys.readouterr().err
