@@ -20,6 +20,7 @@ same alpha at every position (the i.i.d. model of the paper).
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Sequence
 
 AlphaLike = float | Sequence[float]
@@ -223,8 +224,6 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], weights: Sequence[f
     together (Efron and Tibshirani 1993, ch. 13), keeps positions of one row, which are not
     independent, in one draw. Returns (difference, low, high).
     """
-    import random
-
     if not len(a) == len(b) == len(weights) or not len(a):
         raise ValueError("paired_bootstrap needs a, b and weights of one non-zero length")
     if not 0.0 < level < 1.0:
