@@ -74,19 +74,20 @@ def by_entropy(draft_logits, target_logits, rows, batch_size: int
 
 def margins(per_row: dict[str, list[float]], drafts: list[str], control: str, rows
             ) -> list[str]:
-    """Markdown rows: each draft's held-out alpha minus the control's per domain, with a 95%
-    paired-bootstrap interval over the held-out rows of that domain."""
+    """A markdown table: each draft's held-out alpha minus the control's per domain, with a
+    95% paired-bootstrap interval over the held-out rows of that domain (rows with positions)."""
     from draftkit.metrics import paired_bootstrap
 
     counts = rows.loss_mask.sum(1).tolist()
     doms = rows.domain_ids.tolist()
-    out = []
+    by_domain = {d: [r for r, di in enumerate(doms) if di == i and counts[r]]
+                 for i, d in enumerate(rows.domains)}
+    by_domain = {d: idx for d, idx in by_domain.items() if idx}
+    out = ["| draft | " + " | ".join(f"{d} ({len(idx)} rows)" for d, idx in by_domain.items())
+           + " |", "|---" * (1 + len(by_domain)) + "|"]
     for name in drafts:
         cells = []
-        for i, _ in enumerate(rows.domains):
-            idx = [r for r, d in enumerate(doms) if d == i and counts[r]]
-            if not idx:
-                continue
+        for idx in by_domain.values():
             delta, lo, hi = paired_bootstrap([per_row[name][r] for r in idx],
                                              [per_row[control][r] for r in idx],
                                              [counts[r] for r in idx])
@@ -152,14 +153,9 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| {label} | {count / total:.3f} | " + " | ".join(
                 f"{buckets[n][d][b][3]:.3f}" for n in names) + " |")
     if args.control:
-        with_positions = heldout.loss_mask.any(1)
-        n_rows = {d: int(((heldout.domain_ids == i) & with_positions).sum())
-                  for i, d in enumerate(heldout.domains)}
         lines += ["", f"## Held-out margin over the control `{args.control}`", "",
                   "alpha of the draft minus the control's, [95% interval] from a paired "
-                  "bootstrap over the held-out rows (10000 resamples).", "",
-                  "| draft | " + " | ".join(f"{d} ({n_rows[d]} rows)" for d in domains) + " |",
-                  "|---" * (1 + len(domains)) + "|"]
+                  "bootstrap over the held-out rows (10000 resamples).", ""]
         lines += margins(per_row, names[:-1], args.control, heldout)
     text = "\n".join(lines) + "\n"
     print(text)

@@ -82,7 +82,8 @@ def test_acceptance_by_entropy_buckets_add_up_to_heldout_alpha(tmp_path, tiny_di
     assert all(abs(a - 1.0) < 1e-5 for _, _, c, a in same["code"] if c)
     # The target against the random draft as control: the margin is 1 - alpha, and with every
     # row far ahead the interval stays above 0.
-    (cell,) = [ln for ln in mod.margins({"t": same_rows, "d": per_row}, ["t"], "d", heldout)]
+    header, _, cell = mod.margins({"t": same_rows, "d": per_row}, ["t"], "d", heldout)
+    assert header == f"| draft | code ({len(heldout)} rows) |"
     delta, lo, hi = (float(x) for x in cell.split("|")[2].replace("[", " ").replace("]", " ")
                      .replace(",", " ").split())
     assert abs(delta - (1 - weighted)) < 6e-4 and 0 < lo <= delta <= hi  # printed to 3 places
