@@ -178,7 +178,7 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
     from draftkit.distill.schedule import warmup_cosine
     from draftkit.distill.teacher import MaskedLM, OnlineTeacher, cache_key
     from draftkit.io import append_jsonl, atomic_write_json
-    from draftkit.models import default_device, load_model, load_tokenizer, resolve_model
+    from draftkit.models import default_device
     from draftkit.tracking import Tracker
 
     started, prior_minutes = time.perf_counter(), 0.0
@@ -197,13 +197,7 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
         out.mkdir(parents=True, exist_ok=True)
         dump_yaml(cfg, out / "config.yaml")  # the resolved config, overrides applied
 
-    target_ref = resolve_model(cfg.target, "target")
-    tokenizer = load_tokenizer(target_ref, "target")
-    target = load_model(target_ref, "target", device=device, dtype=cfg.teacher.dtype)
-    context = getattr(target.config.get_text_config(), "max_position_embeddings", None)
-    if context and cfg.data.seq_len > context:
-        raise DraftkitError(f"data.seq_len={cfg.data.seq_len} is longer than the target's "
-                            f"context window ({context}); lower data.seq_len")
+    target_ref, tokenizer, target = _load_target(cfg, device)
     draft = build_draft(cfg, target, tokenizer, target_ref).to(device)
 
     train_rows, heldout = _rows(cfg, tokenizer, target, target_ref, dist, progress)
@@ -405,16 +399,29 @@ def prepare(cfg: DistillConfig, progress: bool = True) -> dict:
     ``max_minutes`` budget buys steps, not set-up. One process; returns what was built.
     """
     from draftkit.distill.distributed import Dist
-    from draftkit.models import default_device, load_model, load_tokenizer, resolve_model
+    from draftkit.models import default_device
 
-    target_ref = resolve_model(cfg.target, "target")
-    tokenizer = load_tokenizer(target_ref, "target")
     device = default_device() if cfg.train.device == "auto" else cfg.train.device
-    target = load_model(target_ref, "target", device=device, dtype=cfg.teacher.dtype)
+    target_ref, tokenizer, target = _load_target(cfg, device)
     train_rows, heldout = _rows(cfg, tokenizer, target, target_ref, Dist(), progress)
     teacher = _teacher(cfg, target, target_ref, train_rows, Dist(), progress)
     return {"rows": len(train_rows), "heldout_rows": len(heldout),
             "teacher_cache": getattr(teacher, "dir", None)}
+
+
+def _load_target(cfg: DistillConfig, device: str) -> tuple[Any, Any, Any]:
+    """(reference, tokenizer, model) of the recipe's target; rows longer than its context
+    window are an error here, before any answer is generated."""
+    from draftkit.models import load_model, load_tokenizer, resolve_model
+
+    target_ref = resolve_model(cfg.target, "target")
+    tokenizer = load_tokenizer(target_ref, "target")
+    target = load_model(target_ref, "target", device=device, dtype=cfg.teacher.dtype)
+    context = getattr(target.config.get_text_config(), "max_position_embeddings", None)
+    if context and cfg.data.seq_len > context:
+        raise DraftkitError(f"data.seq_len={cfg.data.seq_len} is longer than the target's "
+                            f"context window ({context}); lower data.seq_len")
+    return target_ref, tokenizer, target
 
 
 def _stop_on_bad_loss(value: float, step: int, kept: list[Path]) -> None:

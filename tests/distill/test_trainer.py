@@ -323,3 +323,15 @@ def test_distill_prepare_flag_builds_the_cache_and_trains_nothing(tmp_path, tiny
     assert not (out / "best").exists() and not (out / "checkpoints").exists()
     assert main(["distill", str(recipe), "--prepare", "--dry-run"]) == 2
     assert "give one of them" in capsys.readouterr().err
+
+
+def test_rows_longer_than_the_target_context_stop_train_and_prepare(tmp_path, tiny_dirs):
+    from draftkit.distill.trainer import prepare, train
+    from draftkit.models import load_model
+
+    context = load_model(str(tiny_dirs[0]), device="cpu").config.max_position_embeddings
+    cfg = _cfg(tmp_path, tiny_dirs, **{"data.seq_len": context + 1})
+    for run in (train, prepare):
+        with pytest.raises(DraftkitError, match=f"data.seq_len={context + 1} is longer than "
+                                                f"the target's context window"):
+            run(cfg, progress=False)
