@@ -59,7 +59,24 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=(cls.__doc__ or help_text).strip(),
                            **kwargs)
         add_arguments(p, cls)
+    parser.commands = sub.choices  # name -> its parser, for parse() below
     return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse ``argv``; a subcommand's flags may come before, between or after its positionals.
+
+    Plain argparse ends a positional list at the first flag, so ``distill R.yaml --dry-run
+    seed=1`` would reject ``seed=1``; the subcommand's words are parsed intermixed instead.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    ns = parser.parse_known_args(args)[0]
+    if not ns.command:
+        return parser.parse_args(args)
+    # the top-level parser has no option that takes a value, so the first match is the command
+    words = args[args.index(ns.command) + 1:]
+    return parser.commands[ns.command].parse_intermixed_args(
+        words, namespace=argparse.Namespace(command=ns.command))
 
 
 def _quiet_libraries() -> None:
@@ -74,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 
     _quiet_libraries()
     parser = build_parser()
-    ns = parser.parse_args(argv)
+    ns = parse(parser, argv)
     if not ns.command:
         parser.print_help()
         return 2

@@ -78,3 +78,24 @@ def test_bad_flag_value_is_rejected(tmp_path):
     proc = run_cli("derive", "--layers", "a,b", "--out", str(tmp_path / "x"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "expects int, got 'a'" in proc.stderr
+
+
+@pytest.mark.parametrize("words", [
+    ["R.yaml", "seed=1", "max_steps=3", "--dry-run"],
+    ["R.yaml", "--dry-run", "seed=1", "max_steps=3"],
+    ["--dry-run", "R.yaml", "seed=1", "max_steps=3"],
+    ["R.yaml", "seed=1", "--dry-run", "max_steps=3"],
+])
+def test_flags_may_sit_anywhere_among_the_overrides(words):
+    from draftkit.cli import build_parser, parse
+
+    ns = parse(build_parser(), ["distill", *words])
+    assert (ns.command, ns.recipe, ns.overrides, ns.dry_run) == \
+        ("distill", "R.yaml", ["seed=1", "max_steps=3"], True)
+
+
+def test_a_stray_word_after_a_subcommand_is_still_an_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["derive", "--out", "d", "--layers", "0", "extra"])
+    assert e.value.code == 2
+    assert "unrecognized arguments: extra" in capsys.readouterr().err
