@@ -269,9 +269,9 @@ class DistillConfig:
     max_steps: int = option(100, help="optimizer steps to train")
     max_minutes: float | None = option(None, help="time budget for the whole distill stage "
                                                   "(data and teacher cache included, unless "
-                                                  "built first with --prepare); when it runs "
-                                                  "out the run evaluates, checkpoints and stops "
-                                                  "early")
+                                                  "built first with --prepare); the run stops "
+                                                  "early, leaving time for its last evaluation "
+                                                  "and checkpoint within it")
     seed: int = option(0, help="seed for init, data order and sampling")
     target: str = option("embedded", help="target model: HF directory, hub id, bundle or "
                                           "'embedded'")

@@ -266,8 +266,11 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
     draft_logits = model_logits(draft, device, autocast)  # for evaluation
     target_logits = model_logits(target, device)
 
+    seconds = {"step": 0.0, "eval": 0.0, "checkpoint": 0.0}  # the latest of each, for max_minutes
+
     def evaluate(loss_value: float | None) -> dict:
         nonlocal best_alpha, last_alpha
+        t = time.perf_counter()
         draft.eval()
         metrics = heldout_alpha(draft_logits, target_logits, heldout, cfg.eval.batch_size,
                                 cfg.eval.temperature)
@@ -286,6 +289,7 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
                 if dist.is_main:
                     export_draft(draft, tokenizer, out / "best", vocab)
                     atomic_write_json(out / "best.json", row)
+        seconds["eval"] = time.perf_counter() - t
         return row
 
     tracker = Tracker("distill", cfg, name=cfg.wandb.name, group=cfg.wandb.group,
@@ -311,6 +315,7 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
     tokens_seen, t0, loss_value, tok_s = 0, time.perf_counter(), None, 0.0
     try:
         while step < end:
+            t_step = time.perf_counter()
             total, n_tokens = 0.0, 0
             on_policy = is_on_policy(cfg.seed, step, cfg.data.lmbda)
             for micro in range(cfg.train.grad_accum):
@@ -350,9 +355,12 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
                 optimizer.zero_grad(set_to_none=True)
             step += 1
             tokens_seen += n_tokens
-            if cfg.max_minutes is not None and all_reduce_mean(
-                    float(time.perf_counter() - started > 60 * cfg.max_minutes), dist) > 0:
-                end = step  # out of time: evaluate and checkpoint now, then stop
+            seconds["step"] = time.perf_counter() - t_step
+            if cfg.max_minutes is not None and all_reduce_mean(float(_out_of_time(
+                    cfg.max_minutes, time.perf_counter() - started, seconds,
+                    step % cfg.eval.every == 0, step % cfg.train.checkpoint_every == 0)),
+                    dist) > 0:
+                end = step  # evaluate and checkpoint now, while they fit, then stop
             tok_s = tokens_seen * dist.world_size / max(1e-9, time.perf_counter() - t0)
             if dist.is_main and step % cfg.train.log_every == 0:
                 tracker.log({"loss": loss_value, "lr": scheduler.get_last_lr()[0],
@@ -361,6 +369,7 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
             if step % cfg.eval.every == 0 or last:
                 evaluate(loss_value)
             if step % cfg.train.checkpoint_every == 0 or last:
+                t = time.perf_counter()
                 extra = {"best_alpha": best_alpha, "last_alpha": last_alpha,
                          "data_key": data_key,
                          "minutes": minutes()}
@@ -371,6 +380,7 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
                     ckpt.save_checkpoint(ckpt_dir, step, draft, optimizer, scheduler, extra,
                                          cfg.train.keep_checkpoints)
                 barrier(dist)
+                seconds["checkpoint"] = time.perf_counter() - t
             if bar is not None:
                 bar.set_postfix_str(f"loss {loss_value:.4f} | {tok_s:.0f} tok/s | alpha "
                                     f"{last_alpha if last_alpha is None else f'{last_alpha:.3f}'}")
@@ -422,6 +432,18 @@ def _load_target(cfg: DistillConfig, device: str) -> tuple[Any, Any, Any]:
         raise DraftkitError(f"data.seq_len={cfg.data.seq_len} is longer than the target's "
                             f"context window ({context}); lower data.seq_len")
     return target_ref, tokenizer, target
+
+
+def _out_of_time(max_minutes: float, elapsed: float, seconds: dict[str, float],
+                 evaluates: bool, checkpoints: bool) -> bool:
+    """Whether to stop after this step so that the run ends within ``max_minutes``.
+
+    Going on costs this step's due evaluation and checkpoint, if any, one more step, then the
+    final evaluation and checkpoint; each is timed by the latest one of its kind.
+    """
+    ahead = (seconds["step"] + (1 + evaluates) * seconds["eval"]
+             + (1 + checkpoints) * seconds["checkpoint"])
+    return elapsed + ahead > 60 * max_minutes
 
 
 def _stop_on_bad_loss(value: float, step: int, kept: list[Path]) -> None:

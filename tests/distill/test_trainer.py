@@ -271,6 +271,33 @@ def test_max_minutes_stops_with_eval_and_checkpoint(tmp_path, tiny_dirs):
     assert (run / "checkpoints" / "step-0000001").is_dir()
 
 
+def test_max_minutes_leaves_time_for_the_last_evaluation(tmp_path, tiny_dirs, monkeypatch):
+    """On a fake clock where a step takes 10 s and an evaluation 30 s, a 90 s budget stops
+    after step 2 (80 s used) rather than when 90 s have passed, which would have run step 4
+    and its evaluation to 130 s."""
+    import types
+
+    import draftkit.distill.evaluate as evaluate
+    import draftkit.distill.trainer as trainer
+
+    clock = [0.0]
+
+    def ticking(fn, s):
+        def wrapped(*a, **k):
+            clock[0] += s
+            return fn(*a, **k)
+        return wrapped
+
+    monkeypatch.setattr(trainer, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(trainer, "micro_loss", ticking(trainer.micro_loss, 5.0))  # 2 per step
+    monkeypatch.setattr(evaluate, "heldout_alpha", ticking(evaluate.heldout_alpha, 30.0))
+    trainer.train(_cfg(tmp_path, tiny_dirs, max_steps=20, max_minutes=1.5), progress=False)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 2]
+    assert rows[-1]["minutes"] <= 1.5
+    assert (tmp_path / "run" / "checkpoints" / "step-0000002").is_dir()
+
+
 def test_prepare_builds_the_answers_and_cache_a_run_then_only_reads(tmp_path, tiny_dirs,
                                                                     monkeypatch):
     """After prepare(), train() generates no answer and builds no cache row: a max_minutes
