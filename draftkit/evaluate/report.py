@@ -17,9 +17,15 @@ from draftkit.io import atomic_write_json, atomic_write_text
 
 DOMAIN_KEYS = ("n_prompts", "new_tokens", "alpha", "alpha_tv", "alpha_per_position", "tau", "c",
                "v", "k", "speedup_predicted", "speedup_measured", "plain_tokens_per_s",
-               "spec_tokens_per_s", "target_entropy", "overhead_per_round_ms", "verdict")
+               "spec_tokens_per_s", "target_entropy", "by_entropy", "overhead_per_round_ms",
+               "verdict")
 REPORT_KEYS = ("target", "draft", "device", "dtype", "temperature", "k", "created", "domains",
                "overall", "k_sweep", "batch_sweep", "break_even")
+
+ENTROPY_NOTE = ("Teacher-forced on the decoded continuations; each cell is the acceptance in "
+                "that bucket of the target's entropy and (the bucket's share of positions). "
+                "Where the target is unsure a draft keeps up only if it learnt the target's "
+                "spread, not just its top token.")
 
 # (column title, key, format) of the per-domain table.
 TABLE = [("domain", None, "{}"), ("prompts", "n_prompts", "{}"), ("alpha before", "alpha_before",
@@ -41,6 +47,26 @@ def break_even_text(report: dict) -> str:
     if be == min(r["batch_size"] for r in rows):
         return "speculation does not pay at any batch size measured"
     return f"speculation stops paying at batch size {be}"
+
+
+def entropy_table(report: dict) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of teacher-forced acceptance by the target's entropy: a row per domain
+    (and per domain before distillation, when measured), a column per entropy bucket, each
+    cell the acceptance there and the bucket's share of the domain's positions."""
+    header: list[str] = []
+    rows = []
+    figs = [*(report.get("domains") or {}).items(), ("overall", report.get("overall") or {})]
+    for name, fig in figs:
+        b = fig.get("by_entropy")
+        if not b:
+            continue
+        header = ["domain", *(f"H {label} nats" for label in b["buckets"])]
+        total = sum(b["positions"]) or 1
+        for key, title in (("draft", name), ("alpha_before", f"{name} (before)")):
+            if key in b:
+                rows.append([title, *(f"{fmt(a, '{:.2f}')} ({n / total:.0%})"
+                                      for a, n in zip(b[key], b["positions"]))])
+    return header, rows
 
 
 def fmt(value: Any, pattern: str) -> str:
@@ -144,6 +170,27 @@ def write_plots(report: dict, out_dir: Path) -> dict[str, Path]:
         ax.legend(fontsize=8)
         save(fig, "alpha_per_position.png", "Acceptance per draft position")
 
+    by_entropy = {n: d["by_entropy"] for n, d in domains.items() if d.get("by_entropy")}
+    if by_entropy:
+        fig, ax = plt.subplots(figsize=(6.4, 4))
+        for i, (name, b) in enumerate(by_entropy.items()):
+            x = range(len(b["buckets"]))
+            ax.plot(x, [a if a is not None else math.nan for a in b["draft"]], "o-",
+                    color=f"C{i % 10}", label=name)
+            if "alpha_before" in b:
+                ax.plot(x, [a if a is not None else math.nan for a in b["alpha_before"]], "x:",
+                        color=f"C{i % 10}", alpha=0.6)
+            ticks = b["buckets"]
+        ax.set_xticks(list(range(len(ticks))), ticks)
+        ax.set_xlabel("target entropy at the position (nats)")
+        ax.set_ylabel("acceptance (teacher-forced)")
+        ax.set_title("dotted: before distillation" if any("alpha_before" in b for b in
+                                                            by_entropy.values()) else "",
+                     fontsize=9)
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=8)
+        save(fig, "acceptance_by_entropy.png", "Acceptance by the target's entropy")
+
     if domains:
         names = list(domains)
         fig, ax = plt.subplots(figsize=(6.4, 4))
@@ -180,6 +227,8 @@ def render_markdown(report: dict, plots: dict[str, Path]) -> str:
     out += markdown_table(header, rows) + [""]
     for title, path in plots.items():
         out += [f"## {title}", "", f"![{title}]({path.name})", ""]
+        if path.stem == "acceptance_by_entropy":
+            out += [ENTROPY_NOTE, ""] + markdown_table(*entropy_table(report)) + [""]
     return "\n".join(out)
 
 
@@ -190,6 +239,8 @@ def render_html(report: dict, plots: dict[str, Path]) -> str:
     parts.append(html_table(header, rows))
     for title, path in plots.items():
         parts.append(f"<h2>{esc(title)}</h2>{html_image(title, path)}")
+        if path.stem == "acceptance_by_entropy":
+            parts += [f"<p>{esc(ENTROPY_NOTE)}</p>", html_table(*entropy_table(report))]
     return html_page("draftkit evaluation report", parts)
 
 

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from draftkit import metrics
 from draftkit.errors import DraftkitError
+from draftkit.evaluate import entropy
 
 
 @dataclass
@@ -121,8 +122,10 @@ class Evaluator:
 
     # --- teacher-forced figures on the decoded continuations ----------------------------------
 
-    def teacher_forced(self, sequences, drafts: dict[str, Any]) -> dict[str, float]:
-        """Target entropy and, for each extra draft, its acceptance on the same continuations.
+    def teacher_forced(self, sequences, drafts: dict[str, Any]) -> dict[str, Any]:
+        """Target entropy, each extra draft's acceptance on the same continuations, and
+        ``by_entropy``: the draft's and each extra draft's acceptance per bucket of the
+        target's entropy (:mod:`draftkit.evaluate.entropy`).
 
         Acceptance here is teacher-forced: at each continuation position, greedy decoding
         accepts when the draft's argmax equals the target's; sampling accepts with
@@ -130,11 +133,12 @@ class Evaluator:
         """
         import torch
 
+        from draftkit.decode.runners import full_vocab, head_ids
         from draftkit.decode.sampling import SamplingParams, probabilities
 
         params = SamplingParams(self.s.temperature or 1.0, self.s.top_k, self.s.top_p)
-        ent_sum, count = 0.0, 0
-        acc = {name: 0.0 for name in drafts}
+        models = {"draft": self.draft_model, **drafts}
+        buckets = entropy.EntropyBuckets(list(models))
         with torch.inference_mode():
             for prompt, new in sequences:
                 if not new:
@@ -143,17 +147,23 @@ class Evaluator:
                 span = slice(len(prompt) - 1, len(prompt) + len(new) - 1)
                 p_logits = self.target_model(seq).logits[0, span].float()  # (T, V)
                 p = probabilities(p_logits, params)
-                ent_sum += float(-(p * p.clamp_min(1e-12).log()).sum(-1).sum())
-                count += len(new)
-                for name, model in drafts.items():
-                    q_logits = model(seq).logits[0, span].float()
+                accept = {}
+                for name, model in models.items():
+                    q_logits = model(seq).logits[0, span].float()  # (T, V)
+                    ids = head_ids(model, q_logits.device)  # as the decoder sees the draft
+                    if ids is not None:
+                        q_logits = full_vocab(q_logits[:, ids], ids, q_logits.shape[-1])
                     if self.s.temperature == 0:
-                        acc[name] += float((q_logits.argmax(-1) == p_logits.argmax(-1)).sum())
+                        accept[name] = (q_logits.argmax(-1) == p_logits.argmax(-1)).double()
                     else:
-                        q = probabilities(q_logits, params)
-                        acc[name] += float(torch.minimum(p, q).sum())
-        out = {"target_entropy": ent_sum / count if count else None}
-        out.update({name: (v / count if count else None) for name, v in acc.items()})
+                        accept[name] = torch.minimum(p, probabilities(q_logits, params)).sum(-1)
+                buckets.add(-(p * p.clamp_min(1e-12).log()).sum(-1), accept)  # (T,) nats
+        count = float(buckets.counts.sum())
+        out: dict[str, Any] = {"target_entropy": float(buckets.entropy_sum / count)
+                               if count else None}
+        out.update({name: float(buckets.sums[name].sum() / count) if count else None
+                    for name in drafts})
+        out["by_entropy"] = buckets.result() if count else None
         return out
 
     # --- sweeps -------------------------------------------------------------------------------
@@ -249,7 +259,8 @@ def domain_figures(run: DomainRun, n_prompts: int, settings: EvalSettings) -> di
         "alpha_per_position": alphas, "tau": stats.tau(), "c": c, "v": v, "k": k,
         "speedup_predicted": predicted, "speedup_measured": spec_tps / plain_tps,
         "plain_tokens_per_s": plain_tps, "spec_tokens_per_s": spec_tps,
-        "target_entropy": None, "overhead_per_round_ms": overhead_ms, "verdict": None,
+        "target_entropy": None, "by_entropy": None, "overhead_per_round_ms": overhead_ms,
+        "verdict": None,
     }
 
 
@@ -316,6 +327,9 @@ def aggregate(domains: dict[str, dict], runs: dict[str, DomainRun], settings) ->
               if d.get("alpha_before") is not None]
     if before:
         fig["alpha_before"] = sum(a * n for a, n in before) / max(1, sum(n for _, n in before))
+    by_entropy = [d["by_entropy"] for d in domains.values() if d.get("by_entropy")]
+    if by_entropy:
+        fig["by_entropy"] = entropy.merge(by_entropy)
     fig["verdict"] = verdict(fig, settings.k_max)
     return fig
 

@@ -25,8 +25,6 @@ import argparse
 import sys
 from pathlib import Path
 
-EDGES = (0.0, 0.1, 0.5, 1.0, 2.0, float("inf"))  # nats
-
 
 def load(args):
     import torch
@@ -52,16 +50,16 @@ def by_entropy(draft_logits, target_logits, rows, batch_size: int
     import torch
 
     from draftkit.distill.evaluate import position_acceptance
+    from draftkit.evaluate.entropy import EDGES, bucket_index
 
     n = len(EDGES) - 1
     sums = torch.zeros(len(rows.domains), n, dtype=torch.float64)
     counts = torch.zeros_like(sums)
-    inner = torch.tensor(EDGES[1:-1], dtype=torch.float64)
     per_row: list[float] = []
     for dom, mask, accept, p_logp in position_acceptance(draft_logits, target_logits, rows,
                                                          batch_size, 1.0):
         entropy = -(p_logp.exp() * p_logp).sum(-1).double().cpu()  # (B, T)
-        bucket = torch.bucketize(entropy, inner, right=True)  # (B, T) in [0, n)
+        bucket = bucket_index(entropy)  # (B, T) in [0, n)
         keep = mask.bool().cpu()
         flat = (dom[:, None] * n + bucket)[keep]
         sums.view(-1).index_add_(0, flat, accept.double().cpu()[keep])
@@ -118,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from draftkit.distill.evaluate import heldout_alpha, model_logits
+    from draftkit.evaluate.entropy import label
     from draftkit.io import atomic_write_text
     from draftkit.models import load_model
 
@@ -146,11 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["", f"## {d}: held-out acceptance by target entropy (nats), {total} positions",
                   "", "| entropy | share | " + " | ".join(names) + " |",
                   "|---" * (2 + len(names)) + "|"]
-        for b, (lo, hi, count, _) in enumerate(buckets[names[0]][d]):
+        for b, (_, _, count, _) in enumerate(buckets[names[0]][d]):
             if not count:
                 continue
-            label = f"[{lo:g}, {hi:g})" if hi != float("inf") else f">= {lo:g}"
-            lines.append(f"| {label} | {count / total:.3f} | " + " | ".join(
+            lines.append(f"| {label(b)} | {count / total:.3f} | " + " | ".join(
                 f"{buckets[n][d][b][3]:.3f}" for n in names) + " |")
     if args.control:
         lines += ["", f"## Held-out margin over the control `{args.control}`", "",

@@ -43,6 +43,15 @@ def test_report_schema_and_consistency(tiny_dirs, suite, tmp_path):
         # The baseline here is the target itself: it agrees with the target everywhere.
         assert fig["alpha_before"] == pytest.approx(1.0)
         assert fig["target_entropy"] > 0
+        # by entropy: every decoded token falls in one bucket, and the buckets' position-
+        # weighted mean is the domain's teacher-forced figure (here the baseline's 1.0)
+        b = fig["by_entropy"]
+        assert sum(b["positions"]) == fig["new_tokens"]
+        assert [a for a in b["alpha_before"] if a is not None] == \
+            pytest.approx([1.0] * sum(1 for n in b["positions"] if n))
+        assert all(a is None or 0 <= a <= 1 for a in b["draft"])
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "## Acceptance by the target's entropy" in md and "| chat (before) |" in md
     assert {r["k"] for r in report["k_sweep"]} == {1, 2, 3}
     measured_k = {r["k"] for r in report["k_sweep"] if r["speedup_measured"] is not None}
     assert measured_k == {1, 2}
@@ -53,7 +62,7 @@ def test_report_schema_and_consistency(tiny_dirs, suite, tmp_path):
     assert set(report["break_even"]) == {"batch_size", "per_domain"}
     assert set(report["break_even"]["per_domain"]) == {"code", "chat"}
     for name in ("report.md", "report.html", "speedup_vs_k.png", "speedup_vs_batch.png",
-                 "alpha_per_position.png", "alpha_per_domain.png"):
+                 "alpha_per_position.png", "alpha_per_domain.png", "acceptance_by_entropy.png"):
         assert (tmp_path / "out" / name).is_file(), name
 
 
@@ -62,6 +71,8 @@ def test_greedy_identity_draft_accepts_everything(tiny_dirs, suite, tmp_path):
     report = run_eval(tiny_args(target, target, suite, tmp_path / "o", batch_sizes=[],
                                 k_sweep=[], repeats=1))
     assert report["overall"]["alpha"] == pytest.approx(1.0)
+    by_entropy = report["overall"]["by_entropy"]
+    assert by_entropy["draft"] == [1.0 if n else None for n in by_entropy["positions"]]
     assert report["batch_sweep"] == [] and report["break_even"]["batch_size"] is None
 
 
