@@ -47,27 +47,26 @@ def by_entropy(draft_logits, target_logits, rows, batch_size: int
                ) -> tuple[dict[str, list[tuple]], list[float]]:
     """({domain: [(lo, hi, positions, mean acceptance), ...]}, per-row acceptance sums) over
     ``rows``' response tokens."""
-    import torch
-
     from draftkit.distill.evaluate import position_acceptance
-    from draftkit.evaluate.entropy import EDGES, bucket_index
+    from draftkit.evaluate.entropy import EDGES, EntropyBuckets
 
-    n = len(EDGES) - 1
-    sums = torch.zeros(len(rows.domains), n, dtype=torch.float64)
-    counts = torch.zeros_like(sums)
+    buckets = {d: EntropyBuckets(["accept"]) for d in rows.domains}
     per_row: list[float] = []
     for dom, mask, accept, p_logp in position_acceptance(draft_logits, target_logits, rows,
                                                          batch_size, 1.0):
-        entropy = -(p_logp.exp() * p_logp).sum(-1).double().cpu()  # (B, T)
-        bucket = bucket_index(entropy)  # (B, T) in [0, n)
-        keep = mask.bool().cpu()
-        flat = (dom[:, None] * n + bucket)[keep]
-        sums.view(-1).index_add_(0, flat, accept.double().cpu()[keep])
-        counts.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=torch.float64))
-        per_row += (accept.double().cpu() * keep).sum(1).tolist()
-    return {d: [(EDGES[b], EDGES[b + 1], int(counts[i, b]),
-                 float(sums[i, b] / counts[i, b]) if counts[i, b] else float("nan"))
-                for b in range(n)] for i, d in enumerate(rows.domains) if counts[i].sum()}, per_row
+        entropy = -(p_logp.exp() * p_logp).sum(-1).cpu()  # (B, T)
+        accept, keep = accept.double().cpu(), mask.bool().cpu()  # (B, T)
+        for i, d in enumerate(rows.domains):
+            sel = keep & (dom[:, None] == i)  # (B, T)
+            buckets[d].add(entropy[sel], {"accept": accept[sel]})
+        per_row += (accept * keep).sum(1).tolist()
+    out = {}
+    for d, eb in buckets.items():
+        r = eb.result()
+        if sum(r["positions"]):
+            out[d] = [(EDGES[b], EDGES[b + 1], n, float("nan") if a is None else a)
+                      for b, (n, a) in enumerate(zip(r["positions"], r["accept"]))]
+    return out, per_row
 
 
 def margins(per_row: dict[str, list[float]], drafts: list[str], control: str, rows
