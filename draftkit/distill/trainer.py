@@ -413,8 +413,9 @@ def prepare(cfg: DistillConfig, progress: bool = True) -> dict:
 
     device = default_device() if cfg.train.device == "auto" else cfg.train.device
     target_ref, tokenizer, target = _load_target(cfg, device)
-    train_rows, heldout = _rows(cfg, tokenizer, target, target_ref, Dist(), progress)
-    teacher = _teacher(cfg, target, target_ref, train_rows, Dist(), progress)
+    dist = Dist()  # one process
+    train_rows, heldout = _rows(cfg, tokenizer, target, target_ref, dist, progress)
+    teacher = _teacher(cfg, target, target_ref, train_rows, dist, progress)
     return {"rows": len(train_rows), "heldout_rows": len(heldout),
             "teacher_cache": getattr(teacher, "dir", None)}
 
