@@ -87,6 +87,8 @@ def _type_name(tp: Any) -> str:
         name = " | ".join(repr(a) for a in typing.get_args(inner))
     elif typing.get_origin(inner) is list:
         name = f"list of {_type_name(typing.get_args(inner)[0])}"
+    elif typing.get_origin(inner) is dict:
+        name = "mapping of {} to {}".format(*map(_type_name, typing.get_args(inner)))
     else:
         name = getattr(inner, "__name__", str(inner))
     return f"{name} or null" if optional else name
@@ -119,6 +121,12 @@ def coerce(value: Any, tp: Any, key: str, source: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise fail()
         return [coerce(v, elem, key, source) for v in value]
+    if origin is dict:
+        key_tp, value_tp = typing.get_args(inner)
+        if not isinstance(value, dict):
+            raise fail()
+        return {coerce(k, key_tp, key, source): coerce(v, value_tp, f"{key}.{k}", source)
+                for k, v in value.items()}
     if inner is bool:
         if isinstance(value, bool):
             return value

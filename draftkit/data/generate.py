@@ -8,8 +8,10 @@ run resumes where it stopped and a second run with the same target and settings 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,13 +64,10 @@ def generate_responses(model: Any, tokenizer: Any, prompts: list[list[int]], pat
         bar = tqdm(total=len(todo), desc="target answers", unit="prompt", dynamic_ncols=True)
     for b in range(0, len(todo), batch_size):
         batch = todo[b:b + batch_size]
-        if temperature > 0:
-            import torch
-
-            torch.manual_seed(seed + b)  # sampled answers depend on the seed only
-        answers = generate_responses_in_memory(model, [prompts[i] for i in batch],
-                                               max_new_tokens, temperature, pad_id,
-                                               tokenizer.eos_token_id)
+        with _seeded(model, seed + b if temperature > 0 else None):
+            answers = generate_responses_in_memory(model, [prompts[i] for i in batch],
+                                                   max_new_tokens, temperature, pad_id,
+                                                   tokenizer.eos_token_id)
         for i, new in zip(batch, answers):
             done[keys[i]] = new
             append_jsonl(path, {"key": keys[i], "response_ids": new})
@@ -77,6 +76,22 @@ def generate_responses(model: Any, tokenizer: Any, prompts: list[list[int]], pat
     if bar is not None:
         bar.close()
     return [done[k] for k in keys]
+
+
+@contextlib.contextmanager
+def _seeded(model: Any, seed: int | None) -> Iterator[None]:
+    """Sample under ``seed`` and leave the caller's RNG as it was: sampled answers depend on
+    the seed only, and a run that generates them trains exactly like one that reads them from
+    the cache."""
+    if seed is None:
+        yield
+        return
+    import torch
+
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
 
 
 def generate_responses_in_memory(model: Any, prompts: list[list[int]], max_new_tokens: int,

@@ -6,11 +6,13 @@ Each row becomes an :class:`Example` of one domain, in one of three shapes:
 - ``prompt`` (and optionally ``response``): a user prompt and the answer to it;
 - ``text``: plain text, every token trained.
 
-The domain comes from the source (``domain: code``) or from the row's ``domain`` column.
+The domain comes from the source (``domain: code``) or from the row's ``domain`` column. A
+source's ``columns`` renames other columns to these first (``{question: prompt}``).
 """
 
 from __future__ import annotations
 
+import glob
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,25 +46,70 @@ def _format_of(src: Any) -> str:
     return fmt
 
 
-def load_rows(src: Any) -> list[dict]:
-    """The raw rows of one source (a ``DataSource`` from the recipe)."""
+def _holds_no_rows(pattern: str, fmt: str) -> bool:
+    """Whether the local files ``pattern`` matches are all empty (blank, for json and text).
+
+    ``datasets`` fails on such files with messages that do not say so (StopIteration, or "An
+    error occurred while generating the dataset"), so they are caught before it reads them.
+    A pattern that matches no local file is left to ``datasets``.
+    """
+    import fsspec
+
+    def blank(file: str) -> bool:
+        try:
+            if Path(file).stat().st_size == 0:
+                return True
+            if fmt == "parquet":
+                import pyarrow.parquet as pq
+
+                return pq.read_metadata(file).num_rows == 0
+            with fsspec.open(file, "rb", compression="infer") as f:  # .gz, .bz2, .xz, .zst
+                return not any(chunk.strip() for chunk in iter(lambda: f.read(1 << 20), b""))
+        except Exception:  # unreadable: datasets says why when it reads it
+            return False
+
+    files = glob.glob(pattern, recursive=True)
+    return bool(files) and all(blank(f) for f in files)
+
+
+def _load(src: Any, fmt: str):
+    """The source as a ``datasets.Dataset``; a load failure is one line naming the source."""
     import datasets
 
     datasets.disable_progress_bars()
-    fmt = _format_of(src)
     try:
         if fmt == "hub":
-            ds = datasets.load_dataset(src.path, split=src.split)
-        else:
-            ds = datasets.load_dataset(fmt, data_files=src.path, split="train")
+            return datasets.load_dataset(src.path, src.name, split=src.split)
+        return datasets.load_dataset(fmt, data_files=src.path, split="train")
     except Exception as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         where = "the hub is not reachable or the dataset does not exist" if fmt == "hub" \
             else "check the file"
         raise DraftkitError(f"cannot read {src.path} as {fmt} ({msg}); {where}") from None
+
+
+def load_rows(src: Any) -> list[dict]:
+    """The raw rows of one source (a ``DataSource`` from the recipe), its ``columns`` renamed.
+
+    A source without rows is an error: a blank local file, or an empty hub split.
+    """
+    fmt = _format_of(src)
+    if src.name and fmt != "hub":
+        raise DraftkitError(f"{src.path}: name '{src.name}' picks a hub dataset's config and a "
+                            f"local file has none; remove it from the source")
+    ds = None if fmt != "hub" and _holds_no_rows(src.path, fmt) else _load(src, fmt)
+    if ds is None or len(ds) == 0:
+        raise DraftkitError(f"{src.path} has no rows; give a non-empty data file")
+    cols = src.columns
+    missing = [c for c in cols if c not in ds.column_names]
+    if missing:
+        raise DraftkitError(f"{src.path} has no column '{missing[0]}' to rename (the source's "
+                            f"columns); its columns: {', '.join(ds.column_names)}; fix the "
+                            f"source's columns")
     if src.max_rows is not None:
         ds = ds.select(range(min(src.max_rows, len(ds))))
-    return list(ds)
+    replaced = [c for c in cols.values() if c in ds.column_names and c not in cols]
+    return list(ds.remove_columns(replaced).rename_columns(cols))
 
 
 def to_example(row: dict, domain: str | None, origin: str) -> Example:
@@ -72,6 +119,14 @@ def to_example(row: dict, domain: str | None, origin: str) -> Example:
         raise DraftkitError(f"{origin}: the row has no 'domain' column and its source sets no "
                             f"domain; add domain: NAME to the source")
     if row.get("messages"):
+        for j, m in enumerate(row["messages"]):
+            # Arrow gives every message the keys of all rows' messages, so absent ones are None.
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str)
+                    and isinstance(m.get("content"), str)):
+                has = ", ".join(k for k, v in m.items() if v is not None) \
+                    if isinstance(m, dict) else type(m).__name__
+                raise DraftkitError(f"{origin}: message {j + 1} has {has or 'nothing'}; a chat "
+                                    f"message needs a 'role' and a 'content' string; fix the row")
         messages = [{"role": m["role"], "content": m["content"]} for m in row["messages"]]
         response = None
         if messages[-1]["role"] == "assistant":
@@ -94,8 +149,6 @@ def load_examples(sources: list) -> dict[str, list[Example]]:
     by_domain: dict[str, list[Example]] = {}
     for src in sources:
         rows = load_rows(src)
-        if not rows:
-            raise DraftkitError(f"{src.path} has no rows; give a non-empty data file")
         name = Path(src.path).name
         for i, row in enumerate(rows):
             ex = to_example(row, src.domain, f"{name}:{i + 1}")

@@ -81,6 +81,10 @@ class DraftSection:
             raise ConfigError("draft.hidden_size / draft.intermediate_size need draft.num_layers")
 
 
+# The row columns draftkit.data.sources.to_example reads; a source's ``columns`` renames to these.
+ROW_COLUMNS = ("messages", "prompt", "response", "text", "domain")
+
+
 @dataclass
 class DataSource:
     """One data file set or hub dataset; each row becomes one example of one domain."""
@@ -92,6 +96,12 @@ class DataSource:
     format: Literal["auto", "json", "parquet", "text", "hub"] = option(
         "auto", help="loader: auto picks it from the file extension")
     split: str = option("train", help="dataset split to read")
+    name: str | None = option(None, help="hub dataset config (subset) name, such as 'main' "
+                                         "for openai/gsm8k; local files have none")
+    columns: dict[str, str] = option({}, help="renames of the data's columns to draftkit's, "
+                                              "e.g. {question: prompt, answer: response}; "
+                                              "each to one of messages, prompt, response, "
+                                              "text, domain, replacing a column of that name")
     max_rows: int | None = option(None, help="read at most this many rows")
     heldout: bool = option(True, help="false: train-only rows (for example templated or "
                                       "augmented prompts), never drawn for the held-out split")
@@ -101,6 +111,13 @@ class DataSource:
             raise ConfigError("data.sources: a source has an empty path")
         if self.max_rows is not None and self.max_rows <= 0:
             raise ConfigError(f"data.sources: max_rows must be positive, got {self.max_rows}")
+        for src, dst in self.columns.items():
+            if dst not in ROW_COLUMNS:
+                raise ConfigError(f"data.sources: columns renames '{src}' to '{dst}', which is "
+                                  f"not one of {', '.join(ROW_COLUMNS)}; use one of those")
+        if len(set(self.columns.values())) != len(self.columns):
+            raise ConfigError(f"data.sources: columns {self.columns} renames two columns to "
+                              f"the same one; keep one")
 
 
 @dataclass
@@ -275,7 +292,9 @@ class DistillConfig:
     seed: int = option(0, help="seed for init, data order and sampling")
     target: str = option("embedded", help="target model: HF directory, hub id, bundle or "
                                           "'embedded'")
-    resume: bool = option(True, help="continue from the latest checkpoint in out_dir if any")
+    resume: bool = option(True, help="continue from the latest checkpoint in out_dir if any; "
+                                     "false: start from step 0, first moving an earlier run's "
+                                     "files in out_dir to out_dir/earlier-<time>/")
     draft: DraftSection = section(DraftSection, "the draft model", derive_layers=[0])
     data: DataSection = section(DataSection, "training data")
     loss: LossSection = section(LossSection, "divergence")

@@ -1,6 +1,8 @@
 """Loading, chat rendering, response-only masks, packing and the generation cache, on tiny files."""
 
+import gzip
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -38,20 +40,102 @@ def test_formats_and_domains(tmp_path):
     assert by["chat"][0].response == "hi" and by["chat"][0].messages[-1]["role"] == "user"
 
 
+def _no_rows(path):
+    return re.escape(f"{path} has no rows; give a non-empty data file")
+
+
+@pytest.mark.parametrize("name,content", [("e.jsonl", ""), ("e.parquet", ""), ("e.txt", ""),
+                                          ("blank.jsonl", "\n \n\n"), ("blank.txt", " \n\n")])
+def test_empty_files_say_so(tmp_path, name, content):
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(DraftkitError, match=_no_rows(path)):
+        load_examples([DataSource(path=str(path), domain="x")])
+
+
+def test_empty_parquet_globs_and_compressed_files_say_so(tmp_path, capfd, caplog):
+    pd.DataFrame({"text": pd.Series([], dtype=str)}).to_parquet(tmp_path / "zero.parquet")
+    (tmp_path / "e.parquet").write_bytes(b"")
+    with gzip.open(tmp_path / "blank.jsonl.gz", "wt") as f:
+        f.write("\n\n")
+    for path in (tmp_path / "zero.parquet", tmp_path / "*.parquet", tmp_path / "blank.jsonl.gz"):
+        with pytest.raises(DraftkitError, match=_no_rows(path)):
+            load_examples([DataSource(path=str(path), domain="x")])
+    assert "Failed to read" not in capfd.readouterr().err + caplog.text  # no datasets log line
+    # a glob with one non-empty file, and a non-empty compressed file, still load
+    _jsonl(tmp_path / "full.jsonl", [{"text": "hello"}])
+    (tmp_path / "e.jsonl").write_text("")
+    with gzip.open(tmp_path / "full.jsonl.gz", "wt") as f:
+        f.write('{"text": "hi"}\n')
+    for path in (tmp_path / "*.jsonl", tmp_path / "full.jsonl.gz"):
+        assert len(load_examples([DataSource(path=str(path), domain="x")])["x"]) == 1
+
+
 def test_bad_inputs_are_clear(tmp_path):
-    empty = tmp_path / "e.jsonl"
-    empty.write_text("")
-    with pytest.raises(DraftkitError, match="no rows|cannot read"):
-        load_examples([DataSource(path=str(empty), domain="x")])
     nodom = _jsonl(tmp_path / "n.jsonl", [{"text": "hello"}])
     with pytest.raises(DraftkitError, match="no 'domain' column"):
         load_examples([DataSource(path=str(nodom))])
     odd = _jsonl(tmp_path / "o.jsonl", [{"foo": "bar"}])
     with pytest.raises(DraftkitError, match="no non-empty 'messages', 'prompt' or 'text'"):
         load_examples([DataSource(path=str(odd), domain="x")])
+    chat = _jsonl(tmp_path / "c.jsonl", [{"messages": [{"role": "user", "content": "hi"}]},
+                                         {"messages": [{"role": "user", "text": "hi"}]}])
+    with pytest.raises(DraftkitError, match="c.jsonl:2: message 1 has role, text; a chat "
+                                            "message needs a 'role' and a 'content' string"):
+        load_examples([DataSource(path=str(chat), domain="x")])
     by = load_examples([DataSource(path=str(nodom), domain="x")])
     with pytest.raises(DraftkitError, match="domain 'x' has 1 rows that may be held out"):
         split_heldout(by, 1, 0)
+
+
+def test_hub_dataset_config_name_and_column_mapping(tmp_path, monkeypatch):
+    """A gsm8k-like hub dataset (config 'main', question/answer columns), read from a recipe
+    without the network: load_dataset gets the config name and the columns are mapped."""
+    import datasets
+
+    from draftkit.distill.command import load_config
+
+    calls = []
+
+    def load_dataset(path, name=None, split=None, **kw):
+        calls.append((path, name, split))
+        return datasets.Dataset.from_dict({"question": ["what is 2 + 2 ?", "and 3 + 3 ?"],
+                                           "answer": ["4", "6"]})
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data:\n  sources:\n    - path: openai/gsm8k\n      name: main\n"
+                      "      domain: math\n      columns: {question: prompt, answer: response}\n")
+    (src,) = load_config(recipe).data.sources
+    assert src.format == "hub"
+    (ex, _) = load_examples([src])["math"]
+    assert calls == [("openai/gsm8k", "main", "train")]
+    assert ex.messages == [{"role": "user", "content": "what is 2 + 2 ?"}] and ex.response == "4"
+    missing = DataSource(path="openai/gsm8k", format="hub", domain="math",
+                         columns={"question": "prompt", "solution": "response"})
+    with pytest.raises(DraftkitError, match="openai/gsm8k has no column 'solution' .*"
+                                            "its columns: question, answer"):
+        load_examples([missing])
+
+
+def test_column_mapping_on_local_files_and_bad_mappings(tmp_path):
+    from draftkit.config import from_dict
+    from draftkit.errors import ConfigError
+
+    path = _jsonl(tmp_path / "q.jsonl", [{"q": "hi", "a": "hello", "prompt": "unused"}])
+    src = DataSource(path=str(path), domain="chat", columns={"q": "prompt", "a": "response"})
+    (ex,) = load_examples([src])["chat"]  # the mapped column wins over one of the same name
+    assert ex.messages[0]["content"] == "hi" and ex.response == "hello"
+    with pytest.raises(ConfigError, match="r.yaml: .*renames 'q' to 'prompts', "
+                                          "which is not one of messages, prompt"):
+        from_dict(DataSource, {"path": "x.jsonl", "columns": {"q": "prompts"}}, "r.yaml")
+    with pytest.raises(ConfigError, match="key 'columns' expects mapping of str to str"):
+        from_dict(DataSource, {"path": "x.jsonl", "columns": ["q:prompt"]}, "r.yaml")
+    with pytest.raises(ConfigError, match="renames two columns to the same one"):
+        from_dict(DataSource, {"path": "x.jsonl", "columns": {"q": "prompt", "a": "prompt"}},
+                  "r.yaml")
+    with pytest.raises(DraftkitError, match="name 'main' .* local file"):
+        load_examples([DataSource(path=str(path), domain="chat", name="main")])
 
 
 def test_train_only_sources_leave_the_heldout_split_alone(tmp_path):
@@ -148,6 +232,22 @@ def test_target_generated_cache_resumes(tmp_path, tok):
     solo = orig(input_ids=torch.tensor([prompts[2]]), max_new_tokens=5, do_sample=False,
                 pad_token_id=3, eos_token_id=2)[0, len(prompts[2]):].tolist()
     assert again[2] == solo[:len(again[2])]
+
+
+def test_sampled_answers_depend_on_their_seed_and_leave_the_callers_rng_alone(tmp_path, tok):
+    model = make_llama(len(tok), num_layers=1)
+    prompts = [tok(f"<|im_start|>user {w} <|im_end|> <|im_start|>assistant ")["input_ids"]
+               for w in ("hello", "sum", "what is 2")]
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    first = generate_responses(model, tok, prompts, tmp_path / "a.jsonl", 6, 2, 1.0, seed=5,
+                               progress=False)
+    # a run that generates its answers goes on from the same RNG state as one that reads them
+    assert torch.equal(torch.get_rng_state(), before)
+    torch.manual_seed(999)
+    again = generate_responses(model, tok, prompts, tmp_path / "b.jsonl", 6, 2, 1.0, seed=5,
+                               progress=False)
+    assert again == first
 
 
 def test_build_rows_target_regime(tmp_path, tok):
