@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,11 +70,39 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("-")[1]))
 
 
+def remove_partial_writes(root: Path) -> None:
+    """Drop the temporary folders of checkpoint writes a kill interrupted (never finished ones:
+    those were renamed into place)."""
+    root = Path(root)
+    if root.is_dir():
+        for tmp in root.glob(".step-*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+RUN_FILES = ("checkpoints", "metrics.jsonl", "best", "best.json", "config.yaml")
+
+
+def set_aside_earlier_run(out: Path) -> Path | None:
+    """For ``resume=false``: move an earlier run's files in ``out`` to ``out/earlier-<time>/``,
+    so the new run starts from step 0 without mixing its checkpoints and metrics with the old
+    ones, and nothing written before is lost. Returns the new folder, or None if ``out`` held
+    no run."""
+    out = Path(out)
+    if not (list_checkpoints(out / "checkpoints") or (out / "metrics.jsonl").exists()
+            or (out / "best").exists()):
+        return None
+    aside = Path(tempfile.mkdtemp(prefix=f"earlier-{time.strftime('%Y%m%d-%H%M%S')}-", dir=out))
+    for name in RUN_FILES:
+        if (out / name).exists():
+            (out / name).rename(aside / name)
+    return aside
+
+
 def load_checkpoint(path: Path) -> dict:
     """The state of a checkpoint, checked against its manifest."""
     path = Path(path)
     fix = (f"delete {path} to resume from the checkpoint before it, or set resume=false "
-           f"to start over")
+           f"to start over (the earlier run is moved aside, not deleted)")
     try:
         manifest = json.loads((path / "manifest.json").read_text())
         state_file = path / "state.pt"

@@ -2,9 +2,9 @@
 
 Examples::
 
-    draftkit distill recipes/smollm2-135m_to_4l/quickstart_fkl.yaml
-    draftkit distill recipes/smollm2-135m_to_4l/quickstart_fkl.yaml max_steps=10 out_dir=runs/x
-    draftkit distill recipes/llama3.1-8b_to_llama3.2-1b/fkl_zero2.yaml --dry-run
+    draftkit distill recipes/smollm2-135m-instruct_to_4layer/fkl_topk_cpu.yaml
+    draftkit distill recipes/smollm2-135m-instruct_to_4layer/ce_control_cpu.yaml seed=1
+    draftkit distill recipes/llama3.1-8b-instruct_to_llama3.2-1b-instruct/fkl_zero2.yaml --dry-run
 
 ``--dry-run`` parses and type-checks the recipe, checks that the files it names exist and
 that model specs resolve where that is cheap (local folders, the embedded model; hub ids are

@@ -87,9 +87,19 @@ class TopKCache:
 
     def _arrays(self, mode: str):
         shape = (max(1, self.n_positions), self.top_k)
-        logp = np.memmap(self.dir / "logp.f16", dtype=np.float16, mode=mode, shape=shape)
-        ids = np.memmap(self.dir / "ids.i32", dtype=np.int32, mode=mode, shape=shape)
-        return logp, ids
+        files = {"logp.f16": np.float16, "ids.i32": np.int32}
+        if mode != "w+":  # files of an earlier build: a truncated one would fail deep in mmap
+            for name, dtype in files.items():
+                path = self.dir / name
+                want = shape[0] * shape[1] * np.dtype(dtype).itemsize
+                have = path.stat().st_size if path.is_file() else None
+                if have != want:
+                    raise DraftkitError(
+                        f"teacher cache {self.dir} is damaged ({name} has "
+                        f"{'no file' if have is None else f'{have} bytes'}, expected {want}); "
+                        f"delete {self.dir} and rerun to rebuild it")
+        return tuple(np.memmap(self.dir / name, dtype=dtype, mode=mode, shape=shape)
+                     for name, dtype in files.items())
 
     def filled_rows(self) -> int:
         if not self.meta_path.is_file():

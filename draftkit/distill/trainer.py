@@ -195,10 +195,16 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
     random.seed(cfg.seed)
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
+        aside = None if cfg.resume else ckpt.set_aside_earlier_run(out)
+        if aside is not None:
+            print(f"resume=false: moved the earlier run in {out} to {aside}", flush=True)
+        ckpt.remove_partial_writes(out / "checkpoints")
         dump_yaml(cfg, out / "config.yaml")  # the resolved config, overrides applied
+    barrier(dist)  # no rank looks for checkpoints before the earlier run is set aside
 
     target_ref, tokenizer, target = _load_target(cfg, device)
     draft = build_draft(cfg, target, tokenizer, target_ref).to(device)
+    check_context(draft, cfg.data.seq_len, "draft")
 
     train_rows, heldout = _rows(cfg, tokenizer, target, target_ref, dist, progress)
     vocab = None
@@ -428,11 +434,16 @@ def _load_target(cfg: DistillConfig, device: str) -> tuple[Any, Any, Any]:
     target_ref = resolve_model(cfg.target, "target")
     tokenizer = load_tokenizer(target_ref, "target")
     target = load_model(target_ref, "target", device=device, dtype=cfg.teacher.dtype)
-    context = getattr(target.config.get_text_config(), "max_position_embeddings", None)
-    if context and cfg.data.seq_len > context:
-        raise DraftkitError(f"data.seq_len={cfg.data.seq_len} is longer than the target's "
-                            f"context window ({context}); lower data.seq_len")
+    check_context(target, cfg.data.seq_len, "target")
     return target_ref, tokenizer, target
+
+
+def check_context(model: Any, seq_len: int, role: str) -> None:
+    """Packed rows of ``seq_len`` tokens must fit the model's position embeddings."""
+    context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    if context and seq_len > context:
+        raise DraftkitError(f"data.seq_len={seq_len} is longer than the {role}'s context "
+                            f"window ({context}); lower data.seq_len")
 
 
 def _out_of_time(max_minutes: float, elapsed: float, seconds: dict[str, float],

@@ -91,6 +91,28 @@ def test_resume_is_exact(tmp_path, tiny_dirs):
     assert steps == [0, 2, 4]
 
 
+def test_resume_false_starts_over_and_keeps_the_earlier_run(tmp_path, tiny_dirs):
+    from draftkit.distill.trainer import train
+
+    run = tmp_path / "run"
+    train(_cfg(tmp_path, tiny_dirs, max_steps=6), progress=False)
+    old_metrics = (run / "metrics.jsonl").read_text()
+    train(_cfg(tmp_path, tiny_dirs, resume=False), progress=False)
+    (aside,) = run.glob("earlier-*")
+    assert (aside / "metrics.jsonl").read_text() == old_metrics
+    assert sorted(p.name for p in (aside / "checkpoints").glob("step-*"))[-1] == "step-0000006"
+    assert (aside / "best.json").is_file() and (aside / "best" / "config.json").is_file()
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 2, 4]  # the new run alone, from step 0
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == \
+        ["step-0000002", "step-0000004"]
+    (run / "checkpoints" / ".step-0000006.x1.tmp").mkdir()  # what a kill mid-write leaves
+    train(_cfg(tmp_path, tiny_dirs, max_steps=6), progress=False)  # resumes the new run
+    assert not list((run / "checkpoints").glob(".step-*"))
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] \
+        == [0, 2, 4, 6]
+
+
 def test_nan_loss_stops_and_keeps_checkpoint(tmp_path, tiny_dirs, monkeypatch):
     from draftkit.distill import trainer
 
@@ -139,6 +161,24 @@ def test_topk_cache_reused_and_close_to_online(tmp_path, tiny_dirs):
     train(_cfg(tmp_path, tiny_dirs, "c2", **{"teacher.mode": "cache", "teacher.top_k": 8,
                                              "teacher.cache_dir": str(cache)}), progress=False)
     assert (built / "logp.f16").stat().st_mtime_ns == stamp  # read, not rebuilt
+
+
+def test_a_damaged_teacher_cache_is_one_clear_error(tmp_path, tiny_dirs):
+    from draftkit.distill.trainer import prepare, train
+
+    cache = tmp_path / "cache"
+    prepare(_cfg(tmp_path, tiny_dirs, **{"teacher.mode": "cache", "teacher.top_k": 8,
+                                         "teacher.cache_dir": str(cache)}), progress=False)
+    (built,) = list(cache.iterdir())
+    logp = built / "logp.f16"
+    full = logp.stat().st_size
+    with open(logp, "r+b") as f:  # meta.json still says complete: a disk that lost the tail
+        f.truncate(full // 2)
+    with pytest.raises(DraftkitError, match=f"teacher cache {built} is damaged \\(logp.f16 has "
+                                            f"{full // 2} bytes, expected {full}\\); delete"):
+        train(_cfg(tmp_path, tiny_dirs, "again", **{"teacher.mode": "cache", "teacher.top_k": 8,
+                                                    "teacher.cache_dir": str(cache)}),
+              progress=False)
 
 
 def test_cache_matches_online_teacher_with_full_support(tmp_path, tiny_dirs):
@@ -362,3 +402,19 @@ def test_rows_longer_than_the_target_context_stop_train_and_prepare(tmp_path, ti
         with pytest.raises(DraftkitError, match=f"data.seq_len={context + 1} is longer than "
                                                 f"the target's context window"):
             run(cfg, progress=False)
+
+
+def test_rows_longer_than_the_draft_context_are_an_error(tmp_path, tiny_dirs):
+    import shutil
+
+    from draftkit.distill.trainer import train
+
+    short = tmp_path / "short-draft"
+    shutil.copytree(tiny_dirs[1], short)
+    config = json.loads((short / "config.json").read_text())
+    config["max_position_embeddings"] = 32
+    (short / "config.json").write_text(json.dumps(config))
+    cfg = _cfg(tmp_path, tiny_dirs, **{"draft": {"model": str(short)}, "data.seq_len": 48})
+    with pytest.raises(DraftkitError, match="data.seq_len=48 is longer than the draft's "
+                                            "context window \\(32\\)"):
+        train(cfg, progress=False)
