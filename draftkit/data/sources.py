@@ -4,7 +4,8 @@ Each row becomes an :class:`Example` of one domain, in one of three shapes:
 
 - ``messages``: an OpenAI-style chat; a final assistant turn is the response;
 - ``prompt`` (and optionally ``response``): a user prompt and the answer to it;
-- ``text``: plain text, every token trained.
+- ``text``: plain text, every token trained; a ``.txt`` file is one such row (the packer cuts
+  it into ``seq_len`` pieces).
 
 The domain comes from the source (``domain: code``) or from the row's ``domain`` column. A
 source's ``columns`` renames other columns to these first (``{question: prompt}``).
@@ -80,6 +81,9 @@ def _load(src: Any, fmt: str):
     try:
         if fmt == "hub":
             return datasets.load_dataset(src.path, src.name, split=src.split)
+        if fmt == "text":  # a file is one document: lines keep their newlines and context
+            return datasets.load_dataset("text", data_files=src.path, split="train",
+                                         sample_by="document")
         return datasets.load_dataset(fmt, data_files=src.path, split="train")
     except Exception as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__

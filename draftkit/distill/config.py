@@ -89,8 +89,9 @@ ROW_COLUMNS = ("messages", "prompt", "response", "text", "domain")
 class DataSource:
     """One data file set or hub dataset; each row becomes one example of one domain."""
 
-    path: str = option(help="a local .jsonl/.json/.parquet/.txt file (globs allowed), or a hub "
-                            "dataset id where the hub is reachable")
+    path: str = option(help="a local .jsonl/.json/.parquet/.txt file (globs allowed; a .txt "
+                            "file is one plain-text example), or a hub dataset id where the "
+                            "hub is reachable")
     domain: str | None = option(None, help="domain of every row; null to read the rows' "
                                            "'domain' column")
     format: Literal["auto", "json", "parquet", "text", "hub"] = option(

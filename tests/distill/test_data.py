@@ -32,11 +32,16 @@ def test_formats_and_domains(tmp_path):
                                                      {"role": "assistant", "content": "hi"}],
                                         "domain": "chat"}])
     pd.DataFrame({"text": ["def x ( ) : return 1", "import y"]}).to_parquet(tmp_path / "b.parquet")
-    (tmp_path / "c.txt").write_text("the water is long\nhow do you do\n")
+    source = "def f():\n    return 1\n\n\ndef g():\n\n    return 2\n"
+    (tmp_path / "c.txt").write_text(source)
+    (tmp_path / "d.txt").write_text("the water is long\nhow do you do\n")
     by = load_examples([DataSource(path=str(j)),
-                        DataSource(path=str(tmp_path / "b.parquet"), domain="code"),
-                        DataSource(path=str(tmp_path / "c.txt"), domain="prose", max_rows=1)])
-    assert {d: len(v) for d, v in by.items()} == {"math": 1, "chat": 1, "code": 2, "prose": 1}
+                        DataSource(path=str(tmp_path / "b.parquet"), domain="code", max_rows=1),
+                        DataSource(path=str(tmp_path / "*.txt"), domain="prose")])
+    assert {d: len(v) for d, v in by.items()} == {"math": 1, "chat": 1, "code": 1, "prose": 2}
+    # a text file is one document, blank lines and newlines kept (not a row per line)
+    assert sorted(ex.text for ex in by["prose"]) == \
+        sorted([source, "the water is long\nhow do you do\n"])
     assert by["chat"][0].response == "hi" and by["chat"][0].messages[-1]["role"] == "user"
 
 
