@@ -87,7 +87,8 @@ def resolve_paths(cfg: DistillConfig, recipe_dir: Path, source: str) -> DistillC
         found = _local(src.path, recipe_dir)
         if found is None:
             raise ConfigError(f"{source}: data.sources[{i}].path '{src.path}' does not exist "
-                              f"(looked in {Path.cwd()} and {recipe_dir})")
+                              f"(looked in {Path.cwd()} and {recipe_dir}); for a hub dataset "
+                              f"give its org/name id or set format: hub")
         sources.append(dataclasses.replace(src, path=str(found)))
     data = dataclasses.replace(cfg.data, sources=sources)
     train = cfg.train
