@@ -47,12 +47,12 @@ def _format_of(src: Any) -> str:
     return fmt
 
 
-def _holds_no_rows(pattern: str, fmt: str) -> bool:
-    """Whether the local files ``pattern`` matches are all empty (blank, for json and text).
+def _files_with_rows(pattern: str, fmt: str) -> list[str] | str:
+    """The local files ``pattern`` matches that hold rows (blank json and text files and
+    0-row parquet files dropped), or ``pattern`` itself where it matches no local file.
 
-    ``datasets`` fails on such files with messages that do not say so (StopIteration, or "An
-    error occurred while generating the dataset"), so they are caught before it reads them.
-    A pattern that matches no local file is left to ``datasets``.
+    ``datasets`` fails on empty files with messages that do not say so (StopIteration, or "An
+    error occurred while generating the dataset"), so they never reach it.
     """
     import fsspec
 
@@ -69,11 +69,11 @@ def _holds_no_rows(pattern: str, fmt: str) -> bool:
         except Exception:  # unreadable: datasets says why when it reads it
             return False
 
-    files = glob.glob(pattern, recursive=True)
-    return bool(files) and all(blank(f) for f in files)
+    files = sorted(glob.glob(pattern, recursive=True))
+    return [f for f in files if not blank(f)] if files else pattern
 
 
-def _load(src: Any, fmt: str):
+def _load(src: Any, fmt: str, files: list[str] | str):
     """The source as a ``datasets.Dataset``; a load failure is one line naming the source."""
     import datasets
 
@@ -82,9 +82,9 @@ def _load(src: Any, fmt: str):
         if fmt == "hub":
             return datasets.load_dataset(src.path, src.name, split=src.split)
         if fmt == "text":  # a file is one document: lines keep their newlines and context
-            return datasets.load_dataset("text", data_files=src.path, split="train",
+            return datasets.load_dataset("text", data_files=files, split="train",
                                          sample_by="document")
-        return datasets.load_dataset(fmt, data_files=src.path, split="train")
+        return datasets.load_dataset(fmt, data_files=files, split="train")
     except Exception as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         where = "the hub is not reachable or the dataset does not exist" if fmt == "hub" \
@@ -101,7 +101,8 @@ def load_rows(src: Any) -> list[dict]:
     if src.name and fmt != "hub":
         raise DraftkitError(f"{src.path}: name '{src.name}' picks a hub dataset's config and a "
                             f"local file has none; remove it from the source")
-    ds = None if fmt != "hub" and _holds_no_rows(src.path, fmt) else _load(src, fmt)
+    files = src.path if fmt == "hub" else _files_with_rows(src.path, fmt)
+    ds = _load(src, fmt, files) if files else None
     if ds is None or len(ds) == 0:
         raise DraftkitError(f"{src.path} has no rows; give a non-empty data file")
     cols = src.columns

@@ -72,7 +72,8 @@ def test_empty_parquet_globs_and_compressed_files_say_so(tmp_path, capfd, caplog
     (tmp_path / "e.jsonl").write_text("")
     with gzip.open(tmp_path / "full.jsonl.gz", "wt") as f:
         f.write('{"text": "hi"}\n')
-    for path in (tmp_path / "*.jsonl", tmp_path / "full.jsonl.gz"):
+    pd.DataFrame({"text": ["x = 1"]}).to_parquet(tmp_path / "full.parquet")
+    for path in (tmp_path / "*.jsonl", tmp_path / "full.jsonl.gz", tmp_path / "*.parquet"):
         assert len(load_examples([DataSource(path=str(path), domain="x")])["x"]) == 1
 
 
