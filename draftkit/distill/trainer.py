@@ -171,21 +171,11 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
     """Run a recipe; returns the ``best/`` folder. ``stop_after`` ends early as a kill would."""
     from draftkit.config import dump_yaml
     from draftkit.distill import checkpoint as ckpt
-    from draftkit.distill.distributed import (all_reduce_mean, barrier, gathered,
-                                              init_distributed, zero_stage)
-    from draftkit.distill.evaluate import heldout_alpha, model_logits
-    from draftkit.distill.onpolicy import draft_rows, is_on_policy
-    from draftkit.distill.schedule import warmup_cosine
-    from draftkit.distill.teacher import MaskedLM, OnlineTeacher, cache_key
-    from draftkit.io import append_jsonl, atomic_write_json
+    from draftkit.distill.distributed import all_reduce_mean, barrier, init_distributed
     from draftkit.models import default_device
     from draftkit.tracking import Tracker
 
-    started, prior_minutes = time.perf_counter(), 0.0
-
-    def minutes() -> float:  # wall minutes of this out_dir's runs so far, set-up included
-        return prior_minutes + (time.perf_counter() - started) / 60
-
+    started = time.perf_counter()
     device = default_device() if cfg.train.device == "auto" else cfg.train.device
     dist = init_distributed(device)
     if device.startswith("cuda") and dist.world_size > 1:
@@ -202,210 +192,263 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
         dump_yaml(cfg, out / "config.yaml")  # the resolved config, overrides applied
     barrier(dist)  # no rank looks for checkpoints before the earlier run is set aside
 
-    target_ref, tokenizer, target = _load_target(cfg, device)
-    draft = build_draft(cfg, target, tokenizer, target_ref).to(device)
-    check_context(draft, cfg.data.seq_len, "draft")
-
-    train_rows, heldout = _rows(cfg, tokenizer, target, target_ref, dist, progress)
-    vocab = None
-    if cfg.draft.vocab_size:
-        vocab = choose_draft_vocab(cfg.draft.vocab_size, train_rows, heldout, tokenizer,
-                                   target.config.get_text_config().vocab_size)
-        if dist.is_main:
-            print(f"draft vocabulary: {len(vocab['ids'])} tokens cover "
-                  f"{vocab['covered']:.1%} of the held-out target tokens", flush=True)
-    teacher = _teacher(cfg, target, target_ref, train_rows, dist, progress)
-
-    online = OnlineTeacher(target, cfg.loss.temperature)  # on-policy rows need it
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else \
-        tokenizer.eos_token_id
-    student: Any = MaskedLM(draft)
-    if dist.world_size > 1 and not cfg.train.deepspeed:
-        student = torch.nn.parallel.DistributedDataParallel(student)
-    params = [p for p in draft.parameters() if p.requires_grad]
-    if not params:
-        raise DraftkitError("every draft parameter is frozen; shorten draft.freeze")
-    engine = None
-    stage = zero_stage(cfg)
-    if cfg.train.deepspeed:
-        from draftkit.distill.distributed import deepspeed_engine
-
-        # The engine owns accumulation, clipping, bf16 and the schedule's stepping.
-        engine, optimizer, scheduler = deepspeed_engine(
-            student, params, cfg.train.deepspeed, cfg.train, cfg.max_steps,
-            cfg.train.warmup_steps, cfg.train.min_lr_ratio)
-        student = engine
-    else:
-        optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, betas=tuple(cfg.train.betas),
-                                      weight_decay=cfg.train.weight_decay)
-        scheduler = warmup_cosine(optimizer, cfg.train.warmup_steps, cfg.max_steps,
-                                  cfg.train.min_lr_ratio)
-
-    step, best_alpha, last_alpha = 0, -1.0, None
-    data_key = cache_key("rows", train_rows, 0, 0.0)  # the data position only means these rows
-    ckpt_dir = out / "checkpoints"
-    found = ckpt.list_checkpoints(ckpt_dir) if cfg.resume else []
-    if found:
-        if engine is not None:
-            state = ckpt.load_deepspeed_checkpoint(engine, found[-1], dist.rank)
-        else:
-            state = ckpt.load_checkpoint(found[-1])
-            ckpt.restore(state, draft, optimizer, scheduler)
-        if state.get("data_key") not in (None, data_key):
-            raise DraftkitError(f"{found[-1]} was trained on other rows (the data, seq_len or "
-                                f"seed changed); resuming would not be exact: use another "
-                                f"out_dir or set resume=false")
-        step, best_alpha = state["step"], state["best_alpha"]
-        last_alpha = state.get("last_alpha")
-        # minutes in metrics.jsonl count every run of this out_dir, not just this one
-        prior_minutes = state.get("minutes", 0.0)
-        if dist.is_main:
-            _truncate_metrics(out / "metrics.jsonl", step)
-            print(f"resuming from {found[-1]} (step {step})", flush=True)
-            if step >= cfg.max_steps:
-                print(f"step {step} already reaches max_steps={cfg.max_steps}: nothing to "
-                      f"train; raise max_steps to continue", flush=True)
-
-    autocast = (lambda: torch.autocast(device.split(":")[0], dtype=torch.bfloat16)) \
-        if cfg.train.precision == "bf16" else contextlib.nullcontext
-
-    draft_logits = model_logits(draft, device, autocast)  # for evaluation
-    target_logits = model_logits(target, device)
-
-    seconds = {"step": 0.0, "eval": 0.0, "checkpoint": 0.0}  # the latest of each, for max_minutes
-
-    def evaluate(loss_value: float | None) -> dict:
-        nonlocal best_alpha, last_alpha
-        t = time.perf_counter()
-        draft.eval()
-        metrics = heldout_alpha(draft_logits, target_logits, heldout, cfg.eval.batch_size,
-                                cfg.eval.temperature)
-        draft.train()
-        # every rank evaluates the same rows; the mean makes the decision below bitwise the
-        # same on all of them (ZeRO-3's gather for the export is a collective)
-        last_alpha = all_reduce_mean(metrics["alpha"], dist)
-        row = {"step": step, "loss": loss_value,
-               "minutes": round(minutes(), 3), **metrics}
-        if dist.is_main:
-            append_jsonl(out / "metrics.jsonl", row)
-            tracker.log(metrics, step=step)
-        if last_alpha > best_alpha:
-            best_alpha = last_alpha
-            with gathered(draft, stage):
-                if dist.is_main:
-                    export_draft(draft, tokenizer, out / "best", vocab)
-                    atomic_write_json(out / "best.json", row)
-        seconds["eval"] = time.perf_counter() - t
-        return row
-
-    tracker = Tracker("distill", cfg, name=cfg.wandb.name, group=cfg.wandb.group,
-                      out_dir=out, project=cfg.wandb.project) if dist.is_main else _NoTracker()
-    cache_bytes = getattr(teacher, "bytes_per_token", None)
+    run = _Run(cfg, dist, device, out, started, progress)
+    run.resume()
+    run.tracker = Tracker("distill", cfg, name=cfg.wandb.name, group=cfg.wandb.group,
+                          out_dir=out, project=cfg.wandb.project) if dist.is_main \
+        else _NoTracker()
+    cache_bytes = getattr(run.teacher, "bytes_per_token", None)
     if dist.is_main and cache_bytes is not None:
-        tracker.summary({"teacher_cache/bytes_per_token": cache_bytes})
+        run.tracker.summary({"teacher_cache/bytes_per_token": cache_bytes})
         print(f"teacher cache: {cache_bytes:.0f} bytes per token, "
-              f"{teacher.total_bytes / 1e6:.1f} MB in {teacher.dir}", flush=True)
+              f"{run.teacher.total_bytes / 1e6:.1f} MB in {run.teacher.dir}", flush=True)
 
-    draft.train()
-    if step == 0:
-        first = evaluate(None)
+    run.draft.train()
+    if run.step == 0:
+        first = run.evaluate(None)
         if dist.is_main:
             print(f"held-out alpha before training: {_fmt_alpha(first)}", flush=True)
     bar = None
     if progress and dist.is_main:
         from tqdm import tqdm
 
-        bar = tqdm(total=cfg.max_steps, initial=step, desc="distill", unit="step",
+        bar = tqdm(total=cfg.max_steps, initial=run.step, desc="distill", unit="step",
                    dynamic_ncols=True)
     end = cfg.max_steps if stop_after is None else min(cfg.max_steps, stop_after)
     tokens_seen, t0, loss_value, tok_s = 0, time.perf_counter(), None, 0.0
     try:
-        while step < end:
+        while run.step < end:
             t_step = time.perf_counter()
-            total, n_tokens = 0.0, 0
-            on_policy = is_on_policy(cfg.seed, step, cfg.data.lmbda)
-            for micro in range(cfg.train.grad_accum):
-                m = step * cfg.train.grad_accum + micro
-                rows, idx, source = train_rows, batch_rows(
-                    m, len(train_rows), cfg.train.batch_size, cfg.seed, dist.rank,
-                    dist.world_size), teacher
-                if on_policy:  # the draft's own answers, scored by the target now
-                    g = cfg.data.generate
-                    rows = draft_rows(draft, train_rows, cfg.train.batch_size, cfg.seed, m,
-                                      dist.rank, g.max_new_tokens, g.temperature,
-                                      cfg.data.seq_len, pad_id, tokenizer.eos_token_id)
-                    idx, source = torch.arange(len(rows)), online
-                sync = contextlib.nullcontext()
-                if engine is None and hasattr(student, "no_sync") and \
-                        micro < cfg.train.grad_accum - 1:
-                    sync = student.no_sync()  # all-reduce gradients once per step
-                with sync:
-                    loss, n = micro_loss(student, source, rows, idx, cfg, autocast)
-                    # Checked before backward: a bad loss must never reach the weights.
-                    micro_value = all_reduce_mean(float(loss.detach()), dist)
-                    if not math.isfinite(micro_value):
-                        _stop_on_bad_loss(micro_value, step, ckpt.list_checkpoints(ckpt_dir))
-                    if engine is not None:
-                        engine.backward(loss)  # DeepSpeed divides by grad_accum itself
-                        engine.step()  # updates only at the accumulation boundary
-                    else:
-                        (loss / cfg.train.grad_accum).backward()
-                total += micro_value / cfg.train.grad_accum
-                n_tokens += n
-            loss_value = total
-            if engine is None:
-                if cfg.train.max_grad_norm > 0:
-                    torch.nn.utils.clip_grad_norm_(params, cfg.train.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-            step += 1
+            loss_value, n_tokens = run.train_step()
+            step = run.step
             tokens_seen += n_tokens
-            seconds["step"] = time.perf_counter() - t_step
+            run.seconds["step"] = time.perf_counter() - t_step
             if cfg.max_minutes is not None and all_reduce_mean(float(_out_of_time(
-                    cfg.max_minutes, time.perf_counter() - started, seconds,
+                    cfg.max_minutes, time.perf_counter() - started, run.seconds,
                     step % cfg.eval.every == 0, step % cfg.train.checkpoint_every == 0)),
                     dist) > 0:
                 end = step  # evaluate and checkpoint now, while they fit, then stop
             tok_s = tokens_seen * dist.world_size / max(1e-9, time.perf_counter() - t0)
             if dist.is_main and step % cfg.train.log_every == 0:
-                tracker.log({"loss": loss_value, "lr": scheduler.get_last_lr()[0],
-                             "tokens_per_s": tok_s}, step=step)
+                run.tracker.log({"loss": loss_value, "lr": run.scheduler.get_last_lr()[0],
+                                 "tokens_per_s": tok_s}, step=step)
             last = step == cfg.max_steps or (step == end and stop_after is None)
             if step % cfg.eval.every == 0 or last:
-                evaluate(loss_value)
+                run.evaluate(loss_value)
             if step % cfg.train.checkpoint_every == 0 or last:
-                t = time.perf_counter()
-                extra = {"best_alpha": best_alpha, "last_alpha": last_alpha,
-                         "data_key": data_key,
-                         "minutes": minutes()}
-                if engine is not None:
-                    ckpt.save_deepspeed_checkpoint(engine, ckpt_dir, step, extra,
-                                                   cfg.train.keep_checkpoints, dist.rank)
-                elif dist.is_main:
-                    ckpt.save_checkpoint(ckpt_dir, step, draft, optimizer, scheduler, extra,
-                                         cfg.train.keep_checkpoints)
-                barrier(dist)
-                seconds["checkpoint"] = time.perf_counter() - t
+                run.save()
             if bar is not None:
-                bar.set_postfix_str(f"loss {loss_value:.4f} | {tok_s:.0f} tok/s | alpha "
-                                    f"{last_alpha if last_alpha is None else f'{last_alpha:.3f}'}")
+                alpha = "None" if run.last_alpha is None else f"{run.last_alpha:.3f}"
+                bar.set_postfix_str(f"loss {loss_value:.4f} | {tok_s:.0f} tok/s | alpha {alpha}")
                 bar.update(1)
         if bar is not None:
             bar.close()
-        if dist.is_main and step == end and stop_after is None and (out / "best").is_dir():
-            if step < cfg.max_steps:
-                print(f"stopped at step {step} of {cfg.max_steps}: max_minutes="
+        if dist.is_main and run.step == end and stop_after is None and (out / "best").is_dir():
+            if run.step < cfg.max_steps:
+                print(f"stopped at step {run.step} of {cfg.max_steps}: max_minutes="
                       f"{cfg.max_minutes:g} ran out", flush=True)
-            tracker.summary({"best_alpha": best_alpha, "tokens_per_s": tok_s})
-            tracker.log_artifact(out / "best", name=f"draft-{out.name}", type="model",
-                                 aliases=["best"], metadata={"alpha": best_alpha})
-            print(f"best held-out alpha {best_alpha:.4f}; draft in {out / 'best'}", flush=True)
+            run.tracker.summary({"best_alpha": run.best_alpha, "tokens_per_s": tok_s})
+            run.tracker.log_artifact(out / "best", name=f"draft-{out.name}", type="model",
+                                     aliases=["best"], metadata={"alpha": run.best_alpha})
+            print(f"best held-out alpha {run.best_alpha:.4f}; draft in {out / 'best'}",
+                  flush=True)
     finally:
         if bar is not None:
             bar.close()
-        tracker.finish()
+        run.tracker.finish()
     return out / "best"
+
+
+class _Run:
+    """One process's share of a run: the models, rows, teacher and optimizer it set up, and
+    the state a checkpoint keeps (step, best and latest alpha, minutes so far)."""
+
+    def __init__(self, cfg: DistillConfig, dist: Any, device: str, out: Path, started: float,
+                 progress: bool):
+        from draftkit.distill.distributed import zero_stage
+        from draftkit.distill.evaluate import model_logits
+        from draftkit.distill.teacher import MaskedLM, OnlineTeacher, cache_key
+
+        self.cfg, self.dist, self.out, self.started = cfg, dist, out, started
+        target_ref, self.tokenizer, target = _load_target(cfg, device)
+        self.draft = build_draft(cfg, target, self.tokenizer, target_ref).to(device)
+        check_context(self.draft, cfg.data.seq_len, "draft")
+
+        self.rows, self.heldout = _rows(cfg, self.tokenizer, target, target_ref, dist, progress)
+        self.vocab = None
+        if cfg.draft.vocab_size:
+            self.vocab = choose_draft_vocab(cfg.draft.vocab_size, self.rows, self.heldout,
+                                            self.tokenizer,
+                                            target.config.get_text_config().vocab_size)
+            if dist.is_main:
+                print(f"draft vocabulary: {len(self.vocab['ids'])} tokens cover "
+                      f"{self.vocab['covered']:.1%} of the held-out target tokens", flush=True)
+        self.teacher = _teacher(cfg, target, target_ref, self.rows, dist, progress)
+        self.online = OnlineTeacher(target, cfg.loss.temperature)  # on-policy rows need it
+        tok = self.tokenizer
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+        student: Any = MaskedLM(self.draft)
+        if dist.world_size > 1 and not cfg.train.deepspeed:
+            student = torch.nn.parallel.DistributedDataParallel(student)
+        self.params = [p for p in self.draft.parameters() if p.requires_grad]
+        if not self.params:
+            raise DraftkitError("every draft parameter is frozen; shorten draft.freeze")
+        self.stage = zero_stage(cfg)
+        self.student, self.engine, self.optimizer, self.scheduler = _optimizer(
+            cfg, student, self.params)
+
+        self.step, self.best_alpha, self.last_alpha, self.prior_minutes = 0, -1.0, None, 0.0
+        # the data position only means these rows: a checkpoint of other rows cannot resume
+        self.data_key = cache_key("rows", self.rows, 0, 0.0)
+        self.ckpt_dir = out / "checkpoints"
+        self.autocast = (lambda: torch.autocast(device.split(":")[0], dtype=torch.bfloat16)) \
+            if cfg.train.precision == "bf16" else contextlib.nullcontext
+        self.draft_logits = model_logits(self.draft, device, self.autocast)  # for evaluation
+        self.target_logits = model_logits(target, device)
+        self.seconds = {"step": 0.0, "eval": 0.0, "checkpoint": 0.0}  # latest, for max_minutes
+        self.tracker: Any = _NoTracker()
+
+    def minutes(self) -> float:
+        """Wall minutes of this out_dir's runs so far, set-up included."""
+        return self.prior_minutes + (time.perf_counter() - self.started) / 60
+
+    def resume(self) -> None:
+        """Continue from the newest checkpoint in out_dir, exactly, if there is one."""
+        from draftkit.distill import checkpoint as ckpt
+
+        cfg, dist = self.cfg, self.dist
+        found = ckpt.list_checkpoints(self.ckpt_dir) if cfg.resume else []
+        if not found:
+            return
+        if self.engine is not None:
+            state = ckpt.load_deepspeed_checkpoint(self.engine, found[-1], dist.rank)
+        else:
+            state = ckpt.load_checkpoint(found[-1])
+            ckpt.restore(state, self.draft, self.optimizer, self.scheduler)
+        if state.get("data_key") not in (None, self.data_key):
+            raise DraftkitError(f"{found[-1]} was trained on other rows (the data, seq_len or "
+                                f"seed changed); resuming would not be exact: use another "
+                                f"out_dir or set resume=false")
+        self.step, self.best_alpha = state["step"], state["best_alpha"]
+        self.last_alpha = state.get("last_alpha")
+        # minutes in metrics.jsonl count every run of this out_dir, not just this one
+        self.prior_minutes = state.get("minutes", 0.0)
+        if dist.is_main:
+            _truncate_metrics(self.out / "metrics.jsonl", self.step)
+            print(f"resuming from {found[-1]} (step {self.step})", flush=True)
+            if self.step >= cfg.max_steps:
+                print(f"step {self.step} already reaches max_steps={cfg.max_steps}: nothing "
+                      f"to train; raise max_steps to continue", flush=True)
+
+    def train_step(self) -> tuple[float, int]:
+        """One optimizer step over ``grad_accum`` micro-batches; (mean loss, trained tokens)."""
+        from draftkit.distill import checkpoint as ckpt
+        from draftkit.distill.distributed import all_reduce_mean
+        from draftkit.distill.onpolicy import draft_rows, is_on_policy
+
+        cfg, dist, accum = self.cfg, self.dist, self.cfg.train.grad_accum
+        total, n_tokens = 0.0, 0
+        on_policy = is_on_policy(cfg.seed, self.step, cfg.data.lmbda)
+        for micro in range(accum):
+            m = self.step * accum + micro
+            rows, source = self.rows, self.teacher
+            idx = batch_rows(m, len(rows), cfg.train.batch_size, cfg.seed, dist.rank,
+                             dist.world_size)
+            if on_policy:  # the draft's own answers, scored by the target now
+                g = cfg.data.generate
+                rows = draft_rows(self.draft, self.rows, cfg.train.batch_size, cfg.seed, m,
+                                  dist.rank, g.max_new_tokens, g.temperature, cfg.data.seq_len,
+                                  self.pad_id, self.tokenizer.eos_token_id)
+                idx, source = torch.arange(len(rows)), self.online
+            sync = contextlib.nullcontext()
+            if self.engine is None and hasattr(self.student, "no_sync") and micro < accum - 1:
+                sync = self.student.no_sync()  # all-reduce gradients once per step
+            with sync:
+                loss, n = micro_loss(self.student, source, rows, idx, cfg, self.autocast)
+                # Checked before backward: a bad loss must never reach the weights.
+                value = all_reduce_mean(float(loss.detach()), dist)
+                if not math.isfinite(value):
+                    _stop_on_bad_loss(value, self.step, ckpt.list_checkpoints(self.ckpt_dir))
+                if self.engine is not None:
+                    self.engine.backward(loss)  # DeepSpeed divides by grad_accum itself
+                    self.engine.step()  # updates only at the accumulation boundary
+                else:
+                    (loss / accum).backward()
+            total += value / accum
+            n_tokens += n
+        if self.engine is None:
+            if cfg.train.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(self.params, cfg.train.max_grad_norm)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return total, n_tokens
+
+    def evaluate(self, loss_value: float | None) -> dict:
+        """Held-out alpha per domain to metrics.jsonl and W&B; a new best rewrites best/."""
+        from draftkit.distill.distributed import all_reduce_mean, gathered
+        from draftkit.distill.evaluate import heldout_alpha
+        from draftkit.io import append_jsonl, atomic_write_json
+
+        t, cfg, dist = time.perf_counter(), self.cfg, self.dist
+        self.draft.eval()
+        metrics = heldout_alpha(self.draft_logits, self.target_logits, self.heldout,
+                                cfg.eval.batch_size, cfg.eval.temperature)
+        self.draft.train()
+        # every rank evaluates the same rows; the mean makes the decision below bitwise the
+        # same on all of them (ZeRO-3's gather for the export is a collective)
+        self.last_alpha = all_reduce_mean(metrics["alpha"], dist)
+        row = {"step": self.step, "loss": loss_value, "minutes": round(self.minutes(), 3),
+               **metrics}
+        if dist.is_main:
+            append_jsonl(self.out / "metrics.jsonl", row)
+            self.tracker.log(metrics, step=self.step)
+        if self.last_alpha > self.best_alpha:
+            self.best_alpha = self.last_alpha
+            with gathered(self.draft, self.stage):
+                if dist.is_main:
+                    export_draft(self.draft, self.tokenizer, self.out / "best", self.vocab)
+                    atomic_write_json(self.out / "best.json", row)
+        self.seconds["eval"] = time.perf_counter() - t
+        return row
+
+    def save(self) -> None:
+        """An atomic checkpoint of everything an exact resume needs."""
+        from draftkit.distill import checkpoint as ckpt
+        from draftkit.distill.distributed import barrier
+
+        t, keep = time.perf_counter(), self.cfg.train.keep_checkpoints
+        extra = {"best_alpha": self.best_alpha, "last_alpha": self.last_alpha,
+                 "data_key": self.data_key, "minutes": self.minutes()}
+        if self.engine is not None:
+            ckpt.save_deepspeed_checkpoint(self.engine, self.ckpt_dir, self.step, extra, keep,
+                                           self.dist.rank)
+        elif self.dist.is_main:
+            ckpt.save_checkpoint(self.ckpt_dir, self.step, self.draft, self.optimizer,
+                                 self.scheduler, extra, keep)
+        barrier(self.dist)
+        self.seconds["checkpoint"] = time.perf_counter() - t
+
+
+def _optimizer(cfg: DistillConfig, student: Any, params: list) -> tuple[Any, Any, Any, Any]:
+    """(student, DeepSpeed engine or None, optimizer, scheduler): AdamW with warmup + cosine,
+    or the engine of ``train.deepspeed``, which then owns accumulation, clipping, bf16 and the
+    schedule's stepping."""
+    from draftkit.distill.schedule import warmup_cosine
+
+    if cfg.train.deepspeed:
+        from draftkit.distill.distributed import deepspeed_engine
+
+        engine, optimizer, scheduler = deepspeed_engine(
+            student, params, cfg.train.deepspeed, cfg.train, cfg.max_steps,
+            cfg.train.warmup_steps, cfg.train.min_lr_ratio)
+        return engine, engine, optimizer, scheduler
+    optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, betas=tuple(cfg.train.betas),
+                                  weight_decay=cfg.train.weight_decay)
+    return student, None, optimizer, warmup_cosine(optimizer, cfg.train.warmup_steps,
+                                                   cfg.max_steps, cfg.train.min_lr_ratio)
 
 
 def prepare(cfg: DistillConfig, progress: bool = True) -> dict:
