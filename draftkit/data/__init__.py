@@ -13,12 +13,13 @@ import random
 from pathlib import Path
 from typing import Any, Callable
 
-from draftkit.data.pack import Rows, Tokenized, pack, positions, tokenize_example
+from draftkit.data.pack import (Rows, Tokenized, pack, passages, positions,
+                                 tokenize_example)
 from draftkit.data.sources import Example, load_examples
 from draftkit.errors import DraftkitError
 
-__all__ = ["Example", "Rows", "Tokenized", "build_rows", "load_examples", "pack", "positions",
-           "split_heldout", "tokenize_example"]
+__all__ = ["Example", "Rows", "Tokenized", "build_rows", "load_examples", "pack", "passages",
+           "positions", "split_heldout", "tokenize_example"]
 
 
 def split_heldout(by_domain: dict[str, list[Example]], per_domain: int,
@@ -52,7 +53,8 @@ def build_rows(data: Any, tokenizer: Any, seed: int, generate: Callable | None =
     ``data.generate.extra_samples`` the training prompts get that many more sampled answers,
     each a further training example of the same prompt.
     """
-    by_domain = load_examples(data.sources)
+    by_domain = {domain: [p for ex in examples for p in passages(ex, tokenizer, data.seq_len)]
+                 for domain, examples in load_examples(data.sources).items()}
     domains = list(by_domain)
     train, heldout = split_heldout(by_domain, data.heldout_per_domain, seed)
     examples = train + heldout

@@ -17,6 +17,7 @@ teacher scored, on the context each example has when it is served alone.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +71,29 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
+
+
+def passages(ex: Example, tokenizer: Any, seq_len: int) -> list[Example]:
+    """A whole text file (``ex.document``) as runs of whole lines that fit ``seq_len`` tokens,
+    so that one file gives held-out passages as well as training ones; any other example as it
+    is. A single line longer than that is a passage of its own, which :func:`pack` cuts.
+    """
+    if not ex.document or ex.text is None:
+        return [ex]
+    lines = ex.text.splitlines(keepends=True)
+    budget = seq_len - len(tokenizer("")["input_ids"])  # room for a BOS the tokenizer adds
+    counts = tokenizer(lines, add_special_tokens=False)["input_ids"] if lines else []
+    groups: list[list[str]] = [[]]
+    used = 0
+    for line, ids in zip(lines, counts):
+        if groups[-1] and used + len(ids) > budget:
+            groups.append([])
+            used = 0
+        groups[-1].append(line)
+        used += len(ids)
+    texts = ["".join(g) for g in groups if "".join(g).strip()]
+    return [dataclasses.replace(ex, text=t, origin=f"{ex.origin} passage {i + 1}",
+                                document=False) for i, t in enumerate(texts)]
 
 
 def tokenize_example(tokenizer: Any, ex: Example, response_only: bool = True,

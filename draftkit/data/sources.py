@@ -4,8 +4,8 @@ Each row becomes an :class:`Example` of one domain, in one of three shapes:
 
 - ``messages``: an OpenAI-style chat; a final assistant turn is the response;
 - ``prompt`` (and optionally ``response``): a user prompt and the answer to it;
-- ``text``: plain text, every token trained; a ``.txt`` file is one such row (the packer cuts
-  it into ``seq_len`` pieces).
+- ``text``: plain text, every token trained; a ``.txt`` file is one such row, a ``document``
+  that :func:`draftkit.data.pack.passages` cuts into runs of whole lines.
 
 The domain comes from the source (``domain: code``) or from the row's ``domain`` column. A
 source's ``columns`` renames other columns to these first (``{question: prompt}``).
@@ -32,6 +32,7 @@ class Example:
     text: str | None = None  # plain text rows
     origin: str = ""  # "file:row" for error messages
     heldout: bool = True  # may be drawn for the held-out split (its source's ``heldout``)
+    document: bool = False  # a whole text file, cut into passages before the held-out split
 
 
 def _format_of(src: Any) -> str:
@@ -69,7 +70,7 @@ def _files_with_rows(pattern: str, fmt: str) -> list[str] | str:
         except Exception:  # unreadable: datasets says why when it reads it
             return False
 
-    files = sorted(glob.glob(pattern, recursive=True))
+    files = sorted(f for f in glob.glob(pattern, recursive=True) if Path(f).is_file())
     return [f for f in files if not blank(f)] if files else pattern
 
 
@@ -104,7 +105,9 @@ def load_rows(src: Any) -> list[dict]:
     files = src.path if fmt == "hub" else _files_with_rows(src.path, fmt)
     ds = _load(src, fmt, files) if files else None
     if ds is None or len(ds) == 0:
-        raise DraftkitError(f"{src.path} has no rows; give a non-empty data file")
+        fix = f"check its split '{src.split}' and name" if fmt == "hub" else \
+            "give a non-empty data file"
+        raise DraftkitError(f"{src.path} has no rows; {fix}")
     cols = src.columns
     missing = [c for c in cols if c not in ds.column_names]
     if missing:
@@ -128,10 +131,11 @@ def to_example(row: dict, domain: str | None, origin: str) -> Example:
             # Arrow gives every message the keys of all rows' messages, so absent ones are None.
             if not (isinstance(m, dict) and isinstance(m.get("role"), str)
                     and isinstance(m.get("content"), str)):
-                has = ", ".join(k for k, v in m.items() if v is not None) \
-                    if isinstance(m, dict) else type(m).__name__
+                has = ", ".join(f"{k} ({type(v).__name__})" for k, v in m.items()
+                                if v is not None) if isinstance(m, dict) else type(m).__name__
                 raise DraftkitError(f"{origin}: message {j + 1} has {has or 'nothing'}; a chat "
-                                    f"message needs a 'role' and a 'content' string; fix the row")
+                                    f"message needs a 'role' and a 'content' string (text "
+                                    f"only); fix the row")
         messages = [{"role": m["role"], "content": m["content"]} for m in row["messages"]]
         response = None
         if messages[-1]["role"] == "assistant":
@@ -155,9 +159,10 @@ def load_examples(sources: list) -> dict[str, list[Example]]:
     for src in sources:
         rows = load_rows(src)
         name = Path(src.path).name
+        document = _format_of(src) == "text"
         for i, row in enumerate(rows):
             ex = to_example(row, src.domain, f"{name}:{i + 1}")
-            ex.heldout = src.heldout
+            ex.heldout, ex.document = src.heldout, document
             by_domain.setdefault(ex.domain, []).append(ex)
     if not by_domain:
         raise DraftkitError("the dataset is empty; list data files under data.sources")

@@ -71,11 +71,11 @@ def list_checkpoints(root: Path) -> list[Path]:
 
 
 def remove_partial_writes(root: Path) -> None:
-    """Drop the temporary folders of checkpoint writes a kill interrupted (never finished ones:
-    those were renamed into place)."""
+    """Drop the ``.step-*.tmp`` folders of checkpoint writes a kill interrupted before their
+    rename into place (a finished checkpoint is never in one)."""
     root = Path(root)
     if root.is_dir():
-        for tmp in root.glob(".step-*"):
+        for tmp in root.glob(".step-*.tmp"):
             shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -90,8 +90,8 @@ class DataSource:
     """One data file set or hub dataset; each row becomes one example of one domain."""
 
     path: str = option(help="a local .jsonl/.json/.parquet/.txt file (globs allowed; a .txt "
-                            "file is one plain-text example), or a hub dataset id where the "
-                            "hub is reachable")
+                            "file is one plain-text document, cut into passages of whole "
+                            "lines), or a hub dataset id where the hub is reachable")
     domain: str | None = option(None, help="domain of every row; null to read the rows' "
                                            "'domain' column")
     format: Literal["auto", "json", "parquet", "text", "hub"] = option(

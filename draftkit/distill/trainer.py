@@ -483,7 +483,9 @@ def _load_target(cfg: DistillConfig, device: str) -> tuple[Any, Any, Any]:
 
 def check_context(model: Any, seq_len: int, role: str) -> None:
     """Packed rows of ``seq_len`` tokens must fit the model's position embeddings."""
-    context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    from draftkit.decode.runners import context_window
+
+    context = context_window(model)
     if context and seq_len > context:
         raise DraftkitError(f"data.seq_len={seq_len} is longer than the {role}'s context "
                             f"window ({context}); lower data.seq_len")

@@ -73,6 +73,7 @@ def test_empty_parquet_globs_and_compressed_files_say_so(tmp_path, capfd, caplog
     with gzip.open(tmp_path / "full.jsonl.gz", "wt") as f:
         f.write('{"text": "hi"}\n')
     pd.DataFrame({"text": ["x = 1"]}).to_parquet(tmp_path / "full.parquet")
+    (tmp_path / "sub.jsonl").mkdir()  # a glob may match a folder too: it is not a data file
     for path in (tmp_path / "*.jsonl", tmp_path / "full.jsonl.gz", tmp_path / "*.parquet"):
         assert len(load_examples([DataSource(path=str(path), domain="x")])["x"]) == 1
 
@@ -86,9 +87,15 @@ def test_bad_inputs_are_clear(tmp_path):
         load_examples([DataSource(path=str(odd), domain="x")])
     chat = _jsonl(tmp_path / "c.jsonl", [{"messages": [{"role": "user", "content": "hi"}]},
                                          {"messages": [{"role": "user", "text": "hi"}]}])
-    with pytest.raises(DraftkitError, match="c.jsonl:2: message 1 has role, text; a chat "
-                                            "message needs a 'role' and a 'content' string"):
+    with pytest.raises(DraftkitError, match=re.escape(
+            "c.jsonl:2: message 1 has role (str), text (str); a chat message needs a 'role' "
+            "and a 'content' string (text only)")):
         load_examples([DataSource(path=str(chat), domain="x")])
+    parts = _jsonl(tmp_path / "m.jsonl", [{"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]}]}])
+    with pytest.raises(DraftkitError, match=re.escape("m.jsonl:1: message 1 has role (str), "
+                                                      "content (list)")):
+        load_examples([DataSource(path=str(parts), domain="x")])
     by = load_examples([DataSource(path=str(nodom), domain="x")])
     with pytest.raises(DraftkitError, match="domain 'x' has 1 rows that may be held out"):
         split_heldout(by, 1, 0)
@@ -122,6 +129,11 @@ def test_hub_dataset_config_name_and_column_mapping(tmp_path, monkeypatch):
     with pytest.raises(DraftkitError, match="openai/gsm8k has no column 'solution' .*"
                                             "its columns: question, answer"):
         load_examples([missing])
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_dict(
+        {"question": [], "answer": []}))
+    with pytest.raises(DraftkitError, match="openai/gsm8k has no rows; check its split 'train' "
+                                            "and name"):
+        load_examples([src])
 
 
 def test_column_mapping_on_local_files_and_bad_mappings(tmp_path):
@@ -268,6 +280,25 @@ def test_build_rows_target_regime(tmp_path, tok):
     assert sorted(held.domain_ids.tolist()) == [0, 0, 1, 1]
     assert train.loss_mask.sum() == 3 * (3 + 2)  # 3 answer tokens per training example
     assert (held.loss_mask.sum(1) == 3).all()
+
+
+def test_one_text_file_gives_training_and_heldout_passages(tmp_path, tok):
+    from draftkit.data import passages
+
+    lines = [f"the {w} is long and the water is {w}\n" for w in "a of to in it on as".split()]
+    text = "".join(lines * 6)
+    (tmp_path / "one.txt").write_text(text)
+    data = DataSection(sources=[DataSource(path=str(tmp_path / "one.txt"), domain="prose")],
+                       regime="fixed", seq_len=48, heldout_per_domain=2)
+    train, held = build_rows(data, tok, seed=0)
+    assert len(held) == 2 and len(train) >= 1  # one file, yet passages to hold out
+    (doc,) = load_examples(data.sources)["prose"]
+    cut = passages(doc, tok, 48)
+    assert "".join(ex.text for ex in cut) == text  # whole lines, nothing lost or repeated
+    assert all(len(tok(ex.text)["input_ids"]) <= 48 for ex in cut) and len(cut) > 3
+    chat = load_examples([DataSource(path=str(_jsonl(tmp_path / "c.jsonl", [{"text": text}])),
+                                     domain="prose")])["prose"][0]
+    assert passages(chat, tok, 48) == [chat]  # a JSONL text row stays one example
 
 
 def test_extra_sampled_answers_add_training_examples_only(tmp_path, tok):

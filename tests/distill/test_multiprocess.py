@@ -48,6 +48,12 @@ def test_torchrun_two_processes_gloo(tmp_path, tiny_dirs):
     assert _steps(run) == [0, 3]  # written once (rank 0), not once per process
     assert (run / "best" / "model.safetensors").is_file()
     assert (run / "checkpoints" / "step-0000003" / "manifest.json").is_file()
+    # starting over: rank 0 sets the first run aside before any rank looks for checkpoints
+    recipe = tmp_path / "tiny_to_2l" / "fkl.yaml"
+    _launch(recipe, 29534, ["resume=false", "max_steps=2", "eval.every=2"], timeout=300)
+    assert _steps(run) == [0, 2]
+    (aside,) = run.glob("earlier-*")
+    assert _steps(aside) == [0, 3]
 
 
 def test_deepspeed_zero2_two_processes_and_resume(tmp_path, tiny_dirs):
