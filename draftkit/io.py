@@ -21,6 +21,7 @@ def atomic_write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # as open() would make it, not mkstemp's 0600
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
@@ -46,6 +47,12 @@ def append_jsonl(path: Path, obj) -> None:
         os.fsync(f.fileno())
 
 
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_dir(path: Path, overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary directory next to ``path``; rename it to ``path`` on success.
@@ -56,6 +63,8 @@ def atomic_dir(path: Path, overwrite: bool = False) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    tmp.chmod(0o777 & ~_umask())  # as mkdir would make it: mkdtemp's 0700 hides a bundle
+    # from a serving process of another user
     try:
         yield tmp
         if path.exists():

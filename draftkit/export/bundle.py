@@ -60,6 +60,9 @@ class CheckArgs:
     """Verify a bundle: every file's hash, the draft's config, and the pairing with its target."""
 
     bundle: str = option(help="bundle directory", positional=True)
+    target: str | None = option(None, help="the target model, where the bundle's recorded "
+                                           "one is not found on this machine (checked against "
+                                           "its recorded sha256)")
 
 
 # --- hashing ------------------------------------------------------------------------------------
@@ -108,6 +111,10 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
     if out.exists() and not force:
         raise DraftkitError(f"{out} already exists; pass --force to replace it or choose "
                             f"another --out")
+    if out.exists() and not (out.is_dir() and (not any(out.iterdir())
+                                               or (out / MANIFEST).is_file())):
+        raise DraftkitError(f"{out} is not a draftkit bundle (no {MANIFEST}), so --force will "
+                            f"not replace it; choose another --out or remove it yourself")
     report_data = _read_report(report) if report else None
     k, k_source = _recommended_k(k, report_data)
     target_ref = resolve_model(target, "target")
@@ -256,8 +263,10 @@ def export(args: ExportArgs) -> Path:
 
 # --- check --------------------------------------------------------------------------------------
 
-def check_bundle(bundle: str | Path, check_target: bool = True) -> dict:
-    """Verify every file's sha256 and the draft/target pairing; return the manifest."""
+def check_bundle(bundle: str | Path, check_target: bool = True,
+                 target: str | None = None) -> dict:
+    """Verify every file's sha256 and the draft/target pairing (with ``target``, or the
+    target the manifest records); return the manifest."""
     from transformers import AutoConfig
 
     root = Path(bundle)
@@ -270,7 +279,10 @@ def check_bundle(bundle: str | Path, check_target: bool = True) -> dict:
     except json.JSONDecodeError as e:
         raise ModelError(f"{manifest_path} is corrupt (invalid JSON at line {e.lineno}); "
                          f"re-export the bundle") from None
-    files = manifest.get("files") or {}
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise ModelError(f"{manifest_path} is not a bundle manifest (no 'files' mapping); "
+                         f"re-export the bundle")
+    files = manifest["files"]
     for rel, digest in files.items():
         path = root / rel
         if not path.is_file():
@@ -291,7 +303,7 @@ def check_bundle(bundle: str | Path, check_target: bool = True) -> dict:
     if check_target:
         from draftkit.models import check_compatible, load_tokenizer, resolve_model
 
-        target_ref = resolve_model(str(root), "target")
+        target_ref = resolve_model(target or str(root), "target")
         check_compatible(load_tokenizer(target_ref, "target"),
                          load_tokenizer(resolve_model(str(root), "draft"), "draft"),
                          AutoConfig.from_pretrained(target_ref.path), draft_cfg)
@@ -304,7 +316,7 @@ def check_bundle(bundle: str | Path, check_target: bool = True) -> dict:
 
 def check(args: CheckArgs) -> dict:
     """``draftkit check BUNDLE``."""
-    manifest = check_bundle(args.bundle)
+    manifest = check_bundle(args.bundle, target=args.target)
     print(f"bundle {args.bundle} OK: {len(manifest['files'])} files verified, target "
           f"{manifest['target']['name']}, K={manifest['num_speculative_tokens']}")
     return manifest

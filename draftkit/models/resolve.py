@@ -81,7 +81,8 @@ def _resolve_bundle(spec: str, path: Path, role: Role) -> ResolvedModel:
                 continue
             return ResolvedModel(spec, found.path, "bundle", target.get("name") or found.name)
     raise ModelError(f"bundle {path} names target {target.get('name')!r} at "
-                     f"{target.get('path')!r}, which cannot be found here; pass --target DIR")
+                     f"{target.get('path')!r}, which cannot be found here; pass the target "
+                     f"with --target DIR")
 
 
 def _download(repo_id: str, role: Role) -> Path:

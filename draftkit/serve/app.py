@@ -22,6 +22,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from draftkit.chat import encode_prompt
 from draftkit.decode.sampling import SamplingParams
@@ -132,6 +133,13 @@ def create_app(engine, tokenizer, *, model_name: str, k: int | str = "auto", k_m
     async def _bad(request, exc: RequestError):
         return error(exc.status, exc.message, exc.param)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request, exc: StarletteHTTPException):  # unknown route, wrong method
+        what = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed "
+                f"on {request.url.path}"}.get(exc.status_code, str(exc.detail))
+        return error(exc.status_code, f"{what}; see /v1/models, /v1/completions and "
+                                      f"/v1/chat/completions")
+
     app.add_middleware(BodyLimit, limit=max_body_bytes, on_reject=lambda: metrics.reject(413))
 
     @app.get("/health")
@@ -149,7 +157,7 @@ def create_app(engine, tokenizer, *, model_name: str, k: int | str = "auto", k_m
     async def models():
         return {"object": "list", "data": [{
             "id": model_name, "object": "model", "created": created, "owned_by": "draftkit",
-            "root": model_name, "max_model_len": scheduler.state.max_len}]}
+            "root": model_name, "max_model_len": scheduler.context}]}
 
     def check_model(name: str | None) -> None:
         if name is not None and name != model_name:

@@ -27,16 +27,17 @@ class StreamOptions(BaseModel):
 
 
 class _Sampling(BaseModel):
-    """Fields shared by both endpoints."""
+    """Fields shared by both endpoints. Strict: ``"stream": "yes"`` or ``"max_tokens": "4"``
+    is a 400, not a guess (OpenAI rejects them too)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1)  # vLLM extension; -1 or 0 = off
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)  # what a torch.Generator takes
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None

@@ -181,16 +181,23 @@ class Scheduler:
         if not batch:
             return
         dev = self.engine.device
-        gens = []
-        for job in batch:
-            g = None
-            if job.seed is not None and not job.params.greedy:
-                g = torch.Generator(device=dev)
-                g.manual_seed(job.seed)
-            gens.append(g)
-        now = time.perf_counter()
-        slots = self.engine.admit(self.state, [j.prompt for j in batch],
-                                  [j.params for j in batch], [j.max_tokens for j in batch], gens)
+        try:
+            gens = []
+            for job in batch:
+                g = None
+                if job.seed is not None and not job.params.greedy:
+                    g = torch.Generator(device=dev)
+                    g.manual_seed(job.seed)
+                gens.append(g)
+            now = time.perf_counter()
+            slots = self.engine.admit(self.state, [j.prompt for j in batch],
+                                      [j.params for j in batch], [j.max_tokens for j in batch],
+                                      gens)
+        except Exception as e:
+            # off the queue but not running yet: _fail_all would not reach them
+            for job in batch:
+                job.push("error", f"decoding failed: {type(e).__name__}: {e}")
+            raise
         for job, slot in zip(batch, slots):
             job.slot = slot
             self.jobs[slot] = job

@@ -116,3 +116,42 @@ def test_k_zero_recommendation_is_said_in_serving_files(tiny_dirs, tmp_path):
     assert json.loads((out / "serving" / "vllm.json").read_text())["num_speculative_tokens"] == 1
     assert "recommends K = 0" in (out / "serving" / "vllm.sh").read_text()
     assert "recommends K = 0" in (out / "serving" / "sglang.sh").read_text()
+
+
+def test_force_replaces_only_a_bundle_and_files_are_readable_by_others(tiny_dirs, tmp_path):
+    import os
+
+    target_dir, draft_dir = tiny_dirs
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("keep")
+    with pytest.raises(DraftkitError, match="is not a draftkit bundle .* --force will not "
+                                            "replace it"):
+        export_bundle(str(target_dir), str(draft_dir), mine, k=2, force=True)
+    assert (mine / "keep.txt").read_text() == "keep"
+    (tmp_path / "empty").mkdir()
+    old = os.umask(0o022)
+    try:
+        out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "empty", k=2,
+                            force=True)
+    finally:
+        os.umask(old)
+    # as mkdir and open make them: a vLLM or SGLang process of another user can read them
+    assert out.stat().st_mode & 0o777 == 0o755
+    assert (out / "draftkit.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_check_takes_the_target_from_the_command_line(tiny_dirs, tmp_path):
+    import shutil
+
+    target_dir, draft_dir = tiny_dirs
+    moved = tmp_path / "target-here"
+    shutil.copytree(target_dir, moved)
+    out = export_bundle(str(moved), str(draft_dir), tmp_path / "b", k=2)
+    shutil.rmtree(moved)  # the bundle travelled; its target lives elsewhere on this machine
+    with pytest.raises(ModelError, match="cannot be found here; pass the target with --target"):
+        check_bundle(out)
+    assert check_bundle(out, target=str(target_dir))["num_speculative_tokens"] == 2
+    (out / "draftkit.json").write_text("[]")
+    with pytest.raises(ModelError, match="is not a bundle manifest"):
+        check_bundle(out)

@@ -153,9 +153,13 @@ def test_seeded_sampling_is_reproducible(server):
     ({"model": "tiny", "prompt": "hello " * 200, "max_tokens": 60}, "max_tokens"),
     ({"model": "gpt-4", "prompt": "hi"}, "model"),
     ({"model": "tiny", "prompt": "hi", "frequency_penalty": 0.5}, "frequency_penalty"),
+    ({"model": "tiny", "prompt": "hi", "seed": 2**64}, "seed"),
+    ({"model": "tiny", "prompt": "hi", "stream": "yes"}, "stream"),
+    ({"model": "tiny", "prompt": "hi", "max_tokens": "4"}, "max_tokens"),
+    ({"model": "tiny", "prompt": "hi", "max_tokens": True}, "max_tokens"),
 ], ids=["json", "unknown-field", "negative-max-tokens", "zero-max-tokens", "temperature",
         "top-p", "n", "over-limit", "overlong-prompt", "prompt-plus-output", "model",
-        "penalty"])
+        "penalty", "seed-beyond-64-bits", "string-bool", "string-int", "bool-int"])
 def test_bad_requests_are_400_with_openai_body(server, body, param):
     kw = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(
         body, bytes) else {"json": body}
@@ -176,9 +180,21 @@ def test_bad_chat_and_body_limit(server):
     assert r.status_code == 413 and "error" in r.json()
 
 
+def test_unknown_routes_get_the_openai_error_body(server):
+    for r, status in ((httpx.get(f"{server.url}/nothing"), 404),
+                      (httpx.get(f"{server.url}/completions"), 405)):
+        assert r.status_code == status and r.json()["error"]["message"], r.text
+
+
 def test_models_health_metrics(server):
     c = server.client()
     assert [m.id for m in c.models.list().data] == ["tiny"]
+    # max_model_len is what a request may use: prompt + max_tokens up to it, and no more
+    usable = httpx.get(f"{server.url}/models").json()["data"][0]["max_model_len"]
+    fits = {"model": "tiny", "prompt": [5] * (usable - 10), "max_tokens": 10, "temperature": 0}
+    assert httpx.post(f"{server.url}/completions", json=fits).status_code == 200
+    r = httpx.post(f"{server.url}/completions", json=dict(fits, max_tokens=11))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
     assert httpx.get(f"{server.base}/health").json() == {"status": "ok"}
     c.completions.create(model="tiny", prompt="hello", max_tokens=8, temperature=0)
     text = httpx.get(f"{server.base}/metrics").text
@@ -262,5 +278,27 @@ def test_general_runner_serves_in_cohorts(tiny_models):
         refs = offline(tiny_models, [tok(p)["input_ids"] for p in prompts], 10)
         assert [o.choices[0].text for o in out] == [
             tok.decode(r.tokens, skip_special_tokens=True) for r in refs]
+    finally:
+        srv.stop()
+
+
+def test_a_failed_admission_answers_its_requests_and_the_server_goes_on(tiny_models):
+    """Requests taken off the queue when admission fails get an error, not a hang."""
+    srv = start_server(tiny_models, k=2, max_batch=4)
+    try:
+        admit = srv.app.state.scheduler.engine.admit
+        calls = {"n": 0}
+
+        def fails_once(*a, **k):
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError("out of memory")
+            return admit(*a, **k)
+
+        srv.app.state.scheduler.engine.admit = fails_once
+        body = {"model": "tiny", "prompt": "hello", "max_tokens": 4, "temperature": 0}
+        r = httpx.post(f"{srv.url}/completions", json=body, timeout=30)
+        assert r.status_code == 500 and "out of memory" in r.json()["error"]["message"]
+        assert httpx.post(f"{srv.url}/completions", json=body, timeout=30).status_code == 200
     finally:
         srv.stop()
