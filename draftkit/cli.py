@@ -103,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     except DraftkitError as e:
         print(f"draftkit {ns.command}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        if e.filename is None:  # not about a path the user gave: a bug, keep the traceback
+            raise
+        print(f"draftkit {ns.command}: error: cannot use {e.filename} ({e.strerror}); check "
+              f"the path (a folder where one is expected, a file where one is) and its "
+              f"permissions", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"draftkit {ns.command}: interrupted", file=sys.stderr)
         return 130

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -117,9 +118,13 @@ def coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     if origin is list:
         (elem,) = typing.get_args(inner)
         if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()] if value.strip() else []
+            value = [value]
         if not isinstance(value, (list, tuple)):
             raise fail()
+        # a command-line word may hold several values: --batch-sizes 1,2 4
+        words = [v.split(",") if isinstance(v, str) else [v] for v in value]
+        value = [p.strip() if isinstance(p, str) else p for w in words for p in w
+                 if not isinstance(p, str) or p.strip()]
         return [coerce(v, elem, key, source) for v in value]
     if origin is dict:
         key_tp, value_tp = typing.get_args(inner)
@@ -149,13 +154,14 @@ def coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     if inner is float:
         if isinstance(value, bool):
             raise fail()
-        if isinstance(value, (int, float)):
-            return float(value)
+        number = value
         if isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 raise fail() from None
+        if isinstance(number, (int, float)) and math.isfinite(number):  # not nan or inf
+            return float(number)
         raise fail()
     if inner is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
@@ -360,7 +366,10 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         else:
             if meta.get("nargs"):
                 kwargs["nargs"] = meta["nargs"]
-                tp = typing.get_args(inner)[0]
+                if meta.get("positional"):  # words taken whole: an override may hold commas
+                    tp = typing.get_args(inner)[0]
+                # a flag's word may hold several values (--batch-sizes 1,2 4): each converts
+                # to a list, joined in from_namespace
             kwargs["type"] = _argparse_type(tp, f.name)
             kwargs["metavar"] = meta.get("metavar") or (None if choices else f.name.upper())
             if choices:
@@ -389,6 +398,11 @@ def _argparse_type(tp: Any, name: str):
 def from_namespace(cls: type, ns: argparse.Namespace) -> Any:
     """Build the dataclass from parsed flags and run its ``validate()``."""
     kwargs = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if hasattr(ns, f.name)}
+    for f in dataclasses.fields(cls):
+        words = kwargs.get(f.name)
+        if f.metadata.get("nargs") and not f.metadata.get("positional") and words and \
+                all(isinstance(w, list) for w in words):
+            kwargs[f.name] = [v for w in words for v in w]
     cfg = cls(**kwargs)
     _validate(cfg, "command line")
     return cfg

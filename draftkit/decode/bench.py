@@ -52,6 +52,8 @@ class BenchArgs:
         if self.repeats < 1 or self.max_new_tokens < 1:
             raise ConfigError("--repeats and --max-new-tokens must be >= 1")
         bad = [m for m in self.methods if m not in METHODS]
+        if not self.methods:
+            raise ConfigError(f"--methods is empty; choose from {', '.join(METHODS)}")
         if bad:
             raise ConfigError(f"unknown method {bad[0]!r}; choose from {', '.join(METHODS)}")
 

@@ -59,7 +59,9 @@ class GenerateArgs:
     top_p: float = option(1.0, help="nucleus sampling mass in (0, 1]; 1 = off")
     top_k: int = option(0, help="keep the top-k tokens; 0 = off")
     max_new_tokens: int = option(128, help="new tokens per prompt at most")
-    seed: int = option(0, help="random seed for sampling")
+    seed: int = option(0, help="random seed for sampling; the same seed repeats the output "
+                               "exactly with a fixed --k (with --k auto, K follows measured "
+                               "timings, and the draws follow K)")
     prompt: str | None = option(None, help="one prompt (text)")
     prompts: str | None = option(None, help="JSONL file of prompts (string, {\"prompt\"} or "
                                             "{\"messages\"} per line)")

@@ -34,8 +34,9 @@ class SamplingParams:
     top_p: float = 1.0  # 1 = off
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise DraftkitError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 <= self.temperature < float("inf"):  # also NaN
+            raise DraftkitError(f"temperature must be a finite number >= 0 (0 = greedy), got "
+                                f"{self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise DraftkitError(f"top-p must lie in (0, 1], got {self.top_p}")
         if self.top_k < 0:

@@ -39,7 +39,8 @@ class EvalArgs:
     k_sweep: list[int] = option([1, 2, 4, 6], help="K values measured in the K sweep (empty "
                                                    "to skip; predictions cover 1..k_max)")
     limit: int | None = option(None, help="at most N prompts per domain")
-    domains: list[str] | None = option(None, help="only these domains")
+    domains: list[str] | None = option(None, nargs="*", metavar="DOMAIN",
+                                       help="only these domains (space- or comma-separated)")
     repeats: int = option(1, help="timing repeats (medians reported)")
     seed: int = option(0, help="sampling seed")
     dtype: str = option("auto", help="auto, float32, bfloat16 or float16")
@@ -63,6 +64,8 @@ class EvalArgs:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
         if self.limit is not None and self.limit < 1:
             raise ConfigError("--limit must be >= 1")
+        if self.domains is not None and not self.domains:
+            raise ConfigError("--domains names no domain; name some, or leave it out for all")
         if any(b < 1 for b in self.batch_sizes) or any(k < 1 for k in self.k_sweep):
             raise ConfigError("--batch-sizes and --k-sweep take positive integers")
 
@@ -75,7 +78,7 @@ def run_eval(args: EvalArgs, tracker=None, extra_drafts: dict[str, Any] | None =
     from draftkit.chat import encode_prompt
     from draftkit.evaluate import runner
     from draftkit.evaluate.suite import builtin_suites_dir, by_domain, load_suite
-    from draftkit.models import load_model, load_pair, resolve_model
+    from draftkit.models import load_another_draft, load_pair
 
     suite = builtin_suites_dir() if args.suite == "builtin" else Path(args.suite)
     rows = load_suite(suite, limit=args.limit, domains=args.domains)
@@ -88,9 +91,8 @@ def run_eval(args: EvalArgs, tracker=None, extra_drafts: dict[str, Any] | None =
         batch_sizes=args.batch_sizes)
     baselines = dict(extra_drafts or {})
     if args.baseline_draft:
-        ref = resolve_model(args.baseline_draft, "draft")
-        baselines["alpha_before"] = load_model(ref, "draft", device=args.device,
-                                               dtype=args.dtype)
+        baselines["alpha_before"] = load_another_draft(pair, args.baseline_draft,
+                                                       device=args.device, dtype=args.dtype)
     groups = by_domain(rows)
     prompts = {name: [encode_prompt(pair.tokenizer, r.prompt) for r in group]
                for name, group in groups.items()}

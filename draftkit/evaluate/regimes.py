@@ -58,7 +58,8 @@ class RegimesArgs:
                                           f"{DEFAULT_DRAFT_LAYERS} layers)")
     suite: str = option("builtin", help="JSONL suite file or folder of them; 'builtin' = the "
                                         "shipped eval/suites")
-    domains: list[str] | None = option(None, help="only these domains (comma-separated)")
+    domains: list[str] | None = option(None, nargs="*", metavar="DOMAIN",
+                                       help="only these domains (space- or comma-separated)")
     out: str = option("runs/regimes", help="output directory for the report")
     drafts_by_domain: list[str] = option([], nargs="*", metavar="DOMAIN=PATH",
                                          help="drafts distilled on one domain each, for the "
@@ -82,6 +83,8 @@ class RegimesArgs:
     device: str | None = option(None, help="cpu or cuda (default: cuda if available)")
 
     def validate(self) -> None:
+        if self.domains is not None and not self.domains:
+            raise ConfigError("--domains names no domain; name some, or leave it out for all")
         for name in ("prompts_per_domain", "max_new_tokens", "k", "k_max"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")

@@ -15,6 +15,7 @@ v(B) and speedup at each B, with the break-even batch where speedup drops to 1).
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -273,6 +274,9 @@ def verdict(fig: dict, k_max: int) -> str:
         return "do not speculate: the draft never ran, so its cost is unknown"
     v_est = v if v is not None else 1.0
     be = metrics.break_even_alpha_any_k(c, k_max, v_est)
+    if not math.isfinite(be):  # no alpha below 1 pays at this c and v
+        return (f"do not speculate: at this draft's c={c:.2f} and verification cost v="
+                f"{v_est:.2f} no acceptance rate pays")
     if alpha < be:
         why = f"alpha {alpha:.2f} is below the break-even {be:.2f} at this draft's c={c:.2f}"
         if c >= 0.5:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from draftkit.errors import ModelError
 from draftkit.models.resolve import ResolvedModel, Role, resolve_model
@@ -17,6 +17,21 @@ def default_device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_device(device: str) -> None:
+    """A device this machine has, or one clear error (torch would assert or raise deep down)."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ModelError(f"--device {device!r} is not a device; use cpu, cuda or cuda:N") \
+            from None
+    if dev.type == "cuda" and (not torch.cuda.is_available()
+                               or (dev.index or 0) >= torch.cuda.device_count()):
+        raise ModelError(f"--device {device}: this machine or PyTorch build has no such CUDA "
+                         f"device ({torch.cuda.device_count()} found); use --device cpu")
 
 
 def parse_dtype(name: str | None, device: str) -> "torch.dtype":
@@ -60,6 +75,7 @@ def load_model(model: str | ResolvedModel, role: Role = "target", device: str | 
     (``model.draft_vocab``, see :mod:`draftkit.models.draft_vocab`)."""
     resolved = model if isinstance(model, ResolvedModel) else resolve_model(model, role)
     device = device or default_device()
+    check_device(device)
     _quiet_transformers()
     lm, _ = load_causal_lm(resolved.path, parse_dtype(dtype, device), role)
     if role == "draft" and Path(resolved.path).is_dir():
@@ -116,17 +132,30 @@ class ModelPair:
 def load_pair(target: str, draft: str | None = None, device: str | None = None,
               dtype: str | None = "auto") -> ModelPair:
     """Resolve and load target (and draft), checking compatibility before loading weights."""
-    from draftkit.models.compat import check_compatible
-
     target_ref = resolve_model(target, "target")
     draft_ref = resolve_model(draft, "draft") if draft else None
     tokenizer = load_tokenizer(target_ref, "target")
     if draft_ref is not None:
-        from transformers import AutoConfig
-
-        check_compatible(tokenizer, load_tokenizer(draft_ref, "draft"),
-                         AutoConfig.from_pretrained(target_ref.path),
-                         AutoConfig.from_pretrained(draft_ref.path))
+        _check_draft(tokenizer, target_ref, draft_ref)
     target_model = load_model(target_ref, "target", device, dtype)
     draft_model = load_model(draft_ref, "draft", device, dtype) if draft_ref else None
     return ModelPair(target_model, tokenizer, draft_model, target_ref, draft_ref)
+
+
+def load_another_draft(pair: ModelPair, draft: str, device: str | None = None,
+                       dtype: str | None = "auto") -> "PreTrainedModel":
+    """One more draft for ``pair``'s target (a baseline, say), checked like the pair's own."""
+    draft_ref = resolve_model(draft, "draft")
+    _check_draft(pair.tokenizer, pair.target_ref, draft_ref)
+    return load_model(draft_ref, "draft", device, dtype)
+
+
+def _check_draft(tokenizer: Any, target_ref: ResolvedModel, draft_ref: ResolvedModel) -> None:
+    """Vocabulary, special tokens and chat template must match, before any weights load."""
+    from transformers import AutoConfig
+
+    from draftkit.models.compat import check_compatible
+
+    check_compatible(tokenizer, load_tokenizer(draft_ref, "draft"),
+                     AutoConfig.from_pretrained(target_ref.path),
+                     AutoConfig.from_pretrained(draft_ref.path))

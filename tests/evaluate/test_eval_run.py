@@ -104,6 +104,19 @@ def test_verdicts_say_why():
     assert "per-round overhead 3.0 ms" in verdict(overhead, 8)
     never = dict(base, speedup_measured=1.0, alpha=0.0, c=None, k=0, v=None)
     assert "never ran" in verdict(never, 8)
+    costly = dict(base, speedup_measured=0.5, alpha=0.8, c=2.0, k=1)
+    assert verdict(costly, 8).endswith("no acceptance rate pays")  # not "break-even inf"
+
+
+def test_a_baseline_draft_of_another_vocabulary_is_refused(tiny_dirs, suite, tmp_path):
+    from draftkit.errors import ModelError
+    from tests.tiny import make_llama, make_tokenizer, save_model
+
+    target, draft = tiny_dirs
+    other = make_tokenizer(extra_words=("zebra",))
+    mismatched = save_model(make_llama(len(other), num_layers=1), other, tmp_path / "mm")
+    with pytest.raises(ModelError, match="vocab"):
+        run_eval(tiny_args(target, draft, suite, tmp_path / "o", baseline_draft=str(mismatched)))
 
 
 def test_k_used_names_the_speculative_k_of_an_auto_run():

@@ -99,3 +99,50 @@ def test_a_stray_word_after_a_subcommand_is_still_an_error(capsys):
         main(["derive", "--out", "d", "--layers", "0", "extra"])
     assert e.value.code == 2
     assert "unrecognized arguments: extra" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,field,value", [
+    (["eval", "--draft", "d", "--domains", "code", "math"], "domains", ["code", "math"]),
+    (["eval", "--draft", "d", "--domains", "code,math"], "domains", ["code", "math"]),
+    (["eval", "--draft", "d", "--batch-sizes", "1,2"], "batch_sizes", [1, 2]),
+    (["eval", "--draft", "d", "--batch-sizes="], "batch_sizes", []),
+    (["regimes", "--batch-sizes", "1,2", "4"], "batch_sizes", [1, 2, 4]),
+    (["regimes", "--temperatures", "0,1.5"], "temperatures", [0.0, 1.5]),
+    (["regimes"], "layer_sizes", [1, 2, 4, 8, 15, 24, 30]),
+    (["distill", "R.yaml", "data.sources=[{path: a, domain: b}]"], "overrides",
+     ["data.sources=[{path: a, domain: b}]"]),  # an override's commas are its own
+])
+def test_list_flags_take_words_and_commas(argv, field, value):
+    import importlib
+
+    from draftkit.cli import build_parser, parse
+    from draftkit.config import from_namespace
+
+    entry = next(c for c in COMMANDS if c[0] == argv[0])
+    args = from_namespace(getattr(importlib.import_module(entry[1]), entry[2]),
+                          parse(build_parser(), argv))
+    assert getattr(args, field) == value
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["generate", "--prompt", "hi", "--temperature", "nan"], "expects float, got 'nan'"),
+    (["regimes", "--temperatures", "0,inf"], "expects float, got 'inf'"),
+    (["eval", "--draft", "d", "--domains="], "--domains names no domain"),
+    (["regimes", "--domains"], "--domains names no domain"),
+    (["bench", "--draft", "d", "--prompts", "p", "--methods="], "--methods is empty"),
+])
+def test_meaningless_values_are_one_line_errors(argv, message, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    assert code == 2 and message in capsys.readouterr().err
+
+
+def test_a_path_that_cannot_be_written_is_one_line(tiny_dirs, tmp_path, capsys):
+    (tmp_path / "afile").write_text("")
+    out = tmp_path / "afile" / "draft"  # under a file: no folder can be made there
+    assert main(["derive", "--target", str(tiny_dirs[0]), "--layers", "0",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot use {tmp_path / 'afile'}" in err and "Traceback" not in err

@@ -128,3 +128,12 @@ def test_load_model_dtype(tiny_dirs):
     assert next(model.parameters()).dtype == torch.bfloat16 and not model.training
     with pytest.raises(ModelError, match="unknown dtype"):
         load_model(str(target_dir), device="cpu", dtype="int3")
+
+
+def test_a_device_this_machine_lacks_is_one_clear_error(tiny_dirs):
+    from draftkit.models import load_model
+
+    with pytest.raises(ModelError, match="'foo' is not a device"):
+        load_model(str(tiny_dirs[0]), device="foo")
+    with pytest.raises(ModelError, match="no such CUDA device"):
+        load_model(str(tiny_dirs[0]), device=f"cuda:{torch.cuda.device_count()}")
