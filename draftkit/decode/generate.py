@@ -88,7 +88,8 @@ def read_prompts(path: str | Path) -> list:
     """Prompts from a JSONL file: strings, {"prompt": ...} or {"messages": [...]} per line."""
     path = Path(path)
     if not path.is_file():
-        raise DraftkitError(f"prompts file {path} does not exist")
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise DraftkitError(f"prompts file {path} {what}; pass a JSONL file")
     out = []
     for i, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
@@ -100,9 +101,9 @@ def read_prompts(path: str | Path) -> list:
                                 f"line") from None
         if isinstance(row, dict):
             row = row.get("messages", row.get("prompt"))
-        if not isinstance(row, (str, list)):
-            raise DraftkitError(f"{path}:{i}: expected a string, {{\"prompt\": ...}} or "
-                                f"{{\"messages\": [...]}}")
+        if not isinstance(row, (str, list)) or not row:
+            raise DraftkitError(f"{path}:{i}: expected a non-empty string, {{\"prompt\": ...}} "
+                                f"or {{\"messages\": [...]}}")
         out.append(row)
     if not out:
         raise DraftkitError(f"{path} holds no prompts")

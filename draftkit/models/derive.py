@@ -86,7 +86,10 @@ def derive_by_layers(target: "PreTrainedModel", layers: list[int]) -> "PreTraine
     prefix, module_list = decoder_layers(target)
     n = len(module_list)
     bad = [i for i in layers if not 0 <= i < n]
-    if bad or not layers:
+    if not layers:
+        raise DraftkitError(f"--layers names no layer; give target layer indices in 0..{n - 1}, "
+                            f"e.g. --layers 0,1,{n - 1}")
+    if bad:
         raise DraftkitError(f"--layers {','.join(map(str, layers))}: the target has layers "
                             f"0..{n - 1}; pick indices in that range")
     config = copy.deepcopy(target.config)

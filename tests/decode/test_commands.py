@@ -86,3 +86,15 @@ def test_bench_reports_all_methods(tiny_dirs, tmp_path, capsys):
     for key in ("measured_speedup", "predicted_speedup", "measured_over_predicted", "alpha",
                 "tau", "c", "v", "k0_over_hf_generate", "spec_over_hf_assisted"):
         assert r[key] is not None, key
+
+
+def test_prompt_files_that_hold_no_usable_prompt_are_one_clear_error(tmp_path):
+    from draftkit.decode.generate import read_prompts
+    from draftkit.errors import DraftkitError
+
+    with pytest.raises(DraftkitError, match="is a folder; pass a JSONL file"):
+        read_prompts(tmp_path)
+    blank = tmp_path / "p.jsonl"
+    blank.write_text('"hello"\n{"prompt": ""}\n')
+    with pytest.raises(DraftkitError, match=r"p.jsonl:2: expected a non-empty string"):
+        read_prompts(blank)

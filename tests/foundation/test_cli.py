@@ -60,7 +60,7 @@ def test_missing_model_path_is_one_line(tmp_path):
     assert not (tmp_path / "d").exists()
 
 
-def test_derive_cli_writes_loadable_draft(tiny_dirs, tmp_path):
+def test_derive_cli_writes_loadable_draft(tiny_dirs, tmp_path, capsys):
     target_dir, _ = tiny_dirs
     out = tmp_path / "derived"
     proc = run_cli("derive", "--target", str(target_dir), "--layers", "0,3", "--out", str(out))
@@ -72,6 +72,9 @@ def test_derive_cli_writes_loadable_draft(tiny_dirs, tmp_path):
     assert_one_line_error(proc, "already exists", "--force")
     proc = run_cli("derive", "--target", str(target_dir), "--out", str(tmp_path / "x"))
     assert_one_line_error(proc, "--layers")
+    assert main(["derive", "--target", str(target_dir), "--layers=", "--out",
+                 str(tmp_path / "y")]) == 2
+    assert "--layers names no layer" in capsys.readouterr().err
 
 
 def test_bad_flag_value_is_rejected(tmp_path):
