@@ -11,7 +11,7 @@ import html
 from pathlib import Path
 
 from draftkit.evaluate.report import (fmt, html_image, html_page, html_table, markdown_table,
-                                      write_files)
+                                      save_png, write_files)
 from draftkit.evaluate.regimes import describe, entropy_model_text
 
 # report key, title
@@ -175,12 +175,7 @@ def write_plots(report: dict, out_dir: Path) -> dict[str, Path]:
         sec = report.get(key)
         if not sec or (key == "batch" and not sec.get("domains")):
             continue
-        fig = makers[key](plt, sec)
-        fig.tight_layout()
-        path = out_dir / PLOTS[key]
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        plots[key] = path
+        plots[key] = save_png(makers[key](plt, sec), out_dir / PLOTS[key])
     return plots
 
 

@@ -101,6 +101,22 @@ def format_text_table(header: list[str], rows: list[list[str]]) -> str:
 
 # --- plots --------------------------------------------------------------------------------------
 
+def save_png(fig, path: Path, dpi: int = 110) -> Path:
+    """Write a matplotlib figure atomically (a killed run leaves no half a PNG), close it."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    from draftkit.io import atomic_write_bytes
+
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
 def write_plots(report: dict, out_dir: Path) -> dict[str, Path]:
     """PNG plots for the sections present; returns {title: path}."""
     import matplotlib
@@ -113,11 +129,7 @@ def write_plots(report: dict, out_dir: Path) -> dict[str, Path]:
     domains = report.get("domains") or {}
 
     def save(fig, name: str, title: str) -> None:
-        path = out_dir / name
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        plots[title] = path
+        plots[title] = save_png(fig, out_dir / name)
 
     if report.get("k_sweep"):
         fig, ax = plt.subplots(figsize=(6.4, 4))
