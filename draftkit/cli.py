@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import sys
 
@@ -85,6 +86,18 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
+def _cpu_accelerator_for_deepspeed() -> None:
+    """Where a library imports DeepSpeed (transformers does) on a machine without a GPU,
+    DeepSpeed warns "Setting accelerator to CPU. If you have GPU ...": name CPU up front."""
+    if "DS_ACCELERATOR" in os.environ or importlib.util.find_spec("deepspeed") is None:
+        return
+    import torch
+
+    mps = getattr(torch.backends, "mps", None)
+    if not torch.cuda.is_available() and not (mps and mps.is_available()):
+        os.environ["DS_ACCELERATOR"] = "cpu"
+
+
 def main(argv: list[str] | None = None) -> int:
     from draftkit.config import from_namespace
     from draftkit.errors import DraftkitError
@@ -96,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     entry = next(c for c in COMMANDS if c[0] == ns.command)
+    _cpu_accelerator_for_deepspeed()
     module = importlib.import_module(entry[1])
     try:
         args = from_namespace(getattr(module, entry[2]), ns)

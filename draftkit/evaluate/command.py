@@ -55,6 +55,8 @@ class EvalArgs:
                     from None
             if k < 0:
                 raise ConfigError(f"--k must be >= 0 or 'auto', got {k}")
+            if k > self.k_max:  # predictions and the K sweep stop at k_max
+                raise ConfigError(f"--k {k} is above --k-max {self.k_max}; raise --k-max")
         if self.temperature < 0:
             raise ConfigError(f"--temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:

@@ -133,6 +133,7 @@ def test_list_flags_take_words_and_commas(argv, field, value):
     (["eval", "--draft", "d", "--domains="], "--domains names no domain"),
     (["regimes", "--domains"], "--domains names no domain"),
     (["bench", "--draft", "d", "--prompts", "p", "--methods="], "--methods is empty"),
+    (["eval", "--draft", "d", "--k", "5", "--k-max", "2"], "--k 5 is above --k-max 2"),
 ])
 def test_meaningless_values_are_one_line_errors(argv, message, capsys):
     try:
