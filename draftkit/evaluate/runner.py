@@ -123,10 +123,11 @@ class Evaluator:
 
     # --- teacher-forced figures on the decoded continuations ----------------------------------
 
-    def teacher_forced(self, sequences, drafts: dict[str, Any]) -> dict[str, Any]:
+    def teacher_forced(self, sequences, drafts: dict[str, Any],
+                       with_draft: bool = True) -> dict[str, Any]:
         """Target entropy, each extra draft's acceptance on the same continuations, and
-        ``by_entropy``: the draft's and each extra draft's acceptance per bucket of the
-        target's entropy (:mod:`draftkit.evaluate.entropy`).
+        ``by_entropy``: the draft's (unless not ``with_draft``) and each extra draft's
+        acceptance per bucket of the target's entropy (:mod:`draftkit.evaluate.entropy`).
 
         Acceptance here is teacher-forced: at each continuation position, greedy decoding
         accepts when the draft's argmax equals the target's; sampling accepts with
@@ -138,7 +139,7 @@ class Evaluator:
         from draftkit.decode.sampling import SamplingParams, probabilities
 
         params = SamplingParams(self.s.temperature or 1.0, self.s.top_k, self.s.top_p)
-        models = {"draft": self.draft_model, **drafts}
+        models = {"draft": self.draft_model, **drafts} if with_draft else dict(drafts)
         buckets = entropy.EntropyBuckets(list(models))
         with torch.inference_mode():
             for prompt, new in sequences:
