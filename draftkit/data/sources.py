@@ -111,9 +111,9 @@ def load_rows(src: Any) -> list[dict]:
     cols = src.columns
     missing = [c for c in cols if c not in ds.column_names]
     if missing:
-        raise DraftkitError(f"{src.path} has no column '{missing[0]}' to rename (the source's "
-                            f"columns); its columns: {', '.join(ds.column_names)}; fix the "
-                            f"source's columns")
+        raise DraftkitError(f"{src.path} has no column '{missing[0]}' for the source's columns "
+                            f"to rename (its columns: {', '.join(ds.column_names)}); fix the "
+                            f"mapping")
     if src.max_rows is not None:
         ds = ds.select(range(min(src.max_rows, len(ds))))
     replaced = [c for c in cols.values() if c in ds.column_names and c not in cols]
