@@ -27,9 +27,16 @@ from typing import Any
 import torch
 
 from draftkit.data import Rows, positions
+from draftkit.distill import checkpoint as ckpt
 from draftkit.distill.config import DistillConfig
+from draftkit.distill.distributed import (Dist, all_reduce_mean, barrier, deepspeed_engine,
+                                          gathered, init_distributed, zero_stage)
 from draftkit.distill.losses import dense_logprobs, divergence, next_token_ce, sparse_logprobs
+from draftkit.distill.schedule import warmup_cosine
+from draftkit.distill.teacher import (MaskedLM, OnlineTeacher, TopKCache, cache_key,
+                                      default_cache_dir)
 from draftkit.errors import DraftkitError
+from draftkit.io import append_jsonl, atomic_write_json, atomic_write_text
 
 
 # --- the draft ----------------------------------------------------------------------------------
@@ -170,8 +177,6 @@ def micro_loss(student: Any, teacher: Any, rows: Rows, idx: torch.Tensor, cfg: D
 def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = True) -> Path:
     """Run a recipe; returns the ``best/`` folder. ``stop_after`` ends early as a kill would."""
     from draftkit.config import dump_yaml
-    from draftkit.distill import checkpoint as ckpt
-    from draftkit.distill.distributed import all_reduce_mean, barrier, init_distributed
     from draftkit.models import default_device
     from draftkit.tracking import Tracker
 
@@ -265,9 +270,7 @@ class _Run:
 
     def __init__(self, cfg: DistillConfig, dist: Any, device: str, out: Path, started: float,
                  progress: bool):
-        from draftkit.distill.distributed import zero_stage
         from draftkit.distill.evaluate import model_logits
-        from draftkit.distill.teacher import MaskedLM, OnlineTeacher, cache_key
 
         self.cfg, self.dist, self.out, self.started = cfg, dist, out, started
         target_ref, self.tokenizer, target = _load_target(cfg, device)
@@ -315,8 +318,6 @@ class _Run:
 
     def resume(self) -> None:
         """Continue from the newest checkpoint in out_dir, exactly, if there is one."""
-        from draftkit.distill import checkpoint as ckpt
-
         cfg, dist = self.cfg, self.dist
         found = ckpt.list_checkpoints(self.ckpt_dir) if cfg.resume else []
         if not found:
@@ -343,9 +344,7 @@ class _Run:
 
     def train_step(self) -> tuple[float, int]:
         """One optimizer step over ``grad_accum`` micro-batches; (mean loss, trained tokens)."""
-        from draftkit.distill import checkpoint as ckpt
-        from draftkit.distill.distributed import all_reduce_mean
-        from draftkit.distill.onpolicy import draft_rows, is_on_policy
+        from draftkit.distill.onpolicy import draft_rows, is_on_policy  # here: tests patch them
 
         cfg, dist, accum = self.cfg, self.dist, self.cfg.train.grad_accum
         total, n_tokens = 0.0, 0
@@ -388,9 +387,7 @@ class _Run:
 
     def evaluate(self, loss_value: float | None) -> dict:
         """Held-out alpha per domain to metrics.jsonl and W&B; a new best rewrites best/."""
-        from draftkit.distill.distributed import all_reduce_mean, gathered
         from draftkit.distill.evaluate import heldout_alpha
-        from draftkit.io import append_jsonl, atomic_write_json
 
         t, cfg, dist = time.perf_counter(), self.cfg, self.dist
         self.draft.eval()
@@ -416,9 +413,6 @@ class _Run:
 
     def save(self) -> None:
         """An atomic checkpoint of everything an exact resume needs."""
-        from draftkit.distill import checkpoint as ckpt
-        from draftkit.distill.distributed import barrier
-
         t, keep = time.perf_counter(), self.cfg.train.keep_checkpoints
         extra = {"best_alpha": self.best_alpha, "last_alpha": self.last_alpha,
                  "data_key": self.data_key, "minutes": self.minutes()}
@@ -436,11 +430,7 @@ def _optimizer(cfg: DistillConfig, student: Any, params: list) -> tuple[Any, Any
     """(student, DeepSpeed engine or None, optimizer, scheduler): AdamW with warmup + cosine,
     or the engine of ``train.deepspeed``, which then owns accumulation, clipping, bf16 and the
     schedule's stepping."""
-    from draftkit.distill.schedule import warmup_cosine
-
     if cfg.train.deepspeed:
-        from draftkit.distill.distributed import deepspeed_engine
-
         engine, optimizer, scheduler = deepspeed_engine(
             student, params, cfg.train.deepspeed, cfg.train, cfg.max_steps,
             cfg.train.warmup_steps, cfg.train.min_lr_ratio)
@@ -457,7 +447,6 @@ def prepare(cfg: DistillConfig, progress: bool = True) -> dict:
     cache). A :func:`train` of the same recipe then starts training at once, so a
     ``max_minutes`` budget buys steps, not set-up. One process; returns what was built.
     """
-    from draftkit.distill.distributed import Dist
     from draftkit.models import default_device
 
     device = default_device() if cfg.train.device == "auto" else cfg.train.device
@@ -525,7 +514,6 @@ def _truncate_metrics(path: Path, step: int) -> None:
     """Evaluations after the resumed checkpoint will run again: drop their old lines."""
     import json
 
-    from draftkit.io import atomic_write_text
 
     if not path.is_file():
         return
@@ -544,7 +532,6 @@ def _rows(cfg: DistillConfig, tokenizer: Any, target: Any, target_ref: Any, dist
     """Packed rows; target answers are generated by rank 0 first, then read from its cache."""
     from draftkit.data import build_rows, default_generation_dir
     from draftkit.data.generate import cache_file, generate_responses
-    from draftkit.distill.distributed import barrier
 
     g = cfg.data.generate
     gen_dir = Path(g.cache_dir) if g.cache_dir else default_generation_dir()
@@ -564,8 +551,6 @@ def _rows(cfg: DistillConfig, tokenizer: Any, target: Any, target_ref: Any, dist
 
 def _teacher(cfg: DistillConfig, target: Any, target_ref: Any, rows: Rows, dist: Any,
              progress: bool):
-    from draftkit.distill.distributed import barrier
-    from draftkit.distill.teacher import OnlineTeacher, TopKCache, cache_key, default_cache_dir
 
     if cfg.teacher.mode == "online" or cfg.loss.divergence == "ce":  # ce reads no teacher
         return OnlineTeacher(target, cfg.loss.temperature)
