@@ -91,7 +91,7 @@ def passages(ex: Example, tokenizer: Any, seq_len: int) -> list[Example]:
             used = 0
         groups[-1].append(line)
         used += len(ids)
-    texts = ["".join(g) for g in groups if "".join(g).strip()]
+    texts = [t for t in map("".join, groups) if t.strip()]
     return [dataclasses.replace(ex, text=t, origin=f"{ex.origin} passage {i + 1}",
                                 document=False) for i, t in enumerate(texts)]
 

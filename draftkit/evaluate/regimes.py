@@ -198,7 +198,8 @@ def measure_prompts(ev, prompts: dict[str, list[list[int]]], entropy: bool) -> d
             run = ev.run_domain([ids])
             fig = runner.domain_figures(run, 1, ev.s)
             if entropy:
-                fig["target_entropy"] = ev.teacher_forced(run.sequences, {}, with_draft=False)["target_entropy"]
+                tf = ev.teacher_forced(run.sequences, {}, with_draft=False)
+                fig["target_entropy"] = tf["target_entropy"]
             figs[str(i)], runs[str(i)] = fig, run
             all_figs[f"{domain}/{i}"], all_runs[f"{domain}/{i}"] = fig, run
         per_prompt[domain] = [compact(f) for f in figs.values()]
