@@ -403,6 +403,10 @@ def from_namespace(cls: type, ns: argparse.Namespace) -> Any:
         if f.metadata.get("nargs") and not f.metadata.get("positional") and words and \
                 all(isinstance(w, list) for w in words):
             kwargs[f.name] = [v for w in words for v in w]
+        if kwargs.get(f.name) == [] and f.default is None:
+            # unset (None) is how such a flag says "all" or "none": given empty, it is a slip
+            flag = "--" + f.name.replace("_", "-")
+            raise ConfigError(f"{flag} names nothing; name some, or leave {flag} out")
     cfg = cls(**kwargs)
     _validate(cfg, "command line")
     return cfg

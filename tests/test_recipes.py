@@ -55,7 +55,9 @@ def _recipe(tmp_path, text):
     path = tmp_path / "r.yaml"
     data = tmp_path / "d.jsonl"
     data.write_text('{"text": "hello world", "domain": "code"}\n')
-    path.write_text(text.replace("DATA", str(data)))
+    csv = tmp_path / "d.csv"
+    csv.write_text("text,domain\nhello world,code\n")
+    path.write_text(text.replace("DATA", str(data)).replace("CSV", str(csv)))
     return path
 
 
@@ -70,12 +72,18 @@ def _recipe(tmp_path, text):
     ("data: {sources: [{path: DATA}]}\ndraft: {model: /no/such/dir}\n", "draft.model"),
     ("data: {sources: [{path: DATA}], generate: {extra_samples: 1, extra_temperature: 0}}\n",
      "extra_temperature must be > 0"),
+    ("data: {sources: [{path: DATA, name: main}]}\n",
+     "data.sources[0]: DATA: name 'main' picks a hub dataset's config"),
+    ("data: {sources: [{path: CSV}]}\n", "data.sources[0]: cannot tell the format of CSV"),
+    ("data: {sources: [{path: DATA}]}\ndraft: {derive_layers: []}\n",
+     "draft.derive_layers is empty"),
 ])
 def test_bad_recipes_name_key_and_file(tmp_path, text, expect):
     path = _recipe(tmp_path, text)
     with pytest.raises(ConfigError) as e:
         check_config(load_config(path), str(path))
-    assert expect in str(e.value)
+    assert expect.replace("DATA", str(tmp_path / "d.jsonl")).replace(
+        "CSV", str(tmp_path / "d.csv")) in str(e.value)
     if "does not exist" not in expect:
         assert str(path) in str(e.value)
 

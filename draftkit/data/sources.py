@@ -35,6 +35,16 @@ class Example:
     document: bool = False  # a whole text file, cut into passages before the held-out split
 
 
+def source_format(src: Any) -> str:
+    """The reader a source needs (json / parquet / text / hub); a source that cannot be read
+    as it is written is an error, which ``draftkit distill --dry-run`` reports too."""
+    fmt = _format_of(src)
+    if src.name and fmt != "hub":
+        raise DraftkitError(f"{src.path}: name '{src.name}' picks a hub dataset's config and a "
+                            f"local file has none; remove it from the source")
+    return fmt
+
+
 def _format_of(src: Any) -> str:
     if src.format != "auto":
         return src.format
@@ -93,15 +103,12 @@ def _load(src: Any, fmt: str, files: list[str] | str):
         raise DraftkitError(f"cannot read {src.path} as {fmt} ({msg}); {where}") from None
 
 
-def load_rows(src: Any) -> list[dict]:
-    """The raw rows of one source (a ``DataSource`` from the recipe), its ``columns`` renamed.
+def load_rows(src: Any, fmt: str) -> list[dict]:
+    """The raw rows of one source (a ``DataSource`` from the recipe, read as ``fmt``, its
+    :func:`source_format`), its ``columns`` renamed.
 
     A source without rows is an error: a blank local file, or an empty hub split.
     """
-    fmt = _format_of(src)
-    if src.name and fmt != "hub":
-        raise DraftkitError(f"{src.path}: name '{src.name}' picks a hub dataset's config and a "
-                            f"local file has none; remove it from the source")
     files = src.path if fmt == "hub" else _files_with_rows(src.path, fmt)
     ds = _load(src, fmt, files) if files else None
     if ds is None or len(ds) == 0:
@@ -157,9 +164,10 @@ def load_examples(sources: list) -> dict[str, list[Example]]:
     """All sources, grouped by domain in first-seen order. Empty inputs are errors."""
     by_domain: dict[str, list[Example]] = {}
     for src in sources:
-        rows = load_rows(src)
+        fmt = source_format(src)
+        rows = load_rows(src, fmt)
         name = Path(src.path).name
-        document = _format_of(src) == "text"
+        document = fmt == "text"
         for i, row in enumerate(rows):
             ex = to_example(row, src.domain, f"{name}:{i + 1}")
             ex.heldout, ex.document = src.heldout, document

@@ -26,7 +26,7 @@ from typing import ClassVar
 
 from draftkit.config import load_recipe, option
 from draftkit.distill.config import DistillConfig
-from draftkit.errors import ConfigError
+from draftkit.errors import ConfigError, DraftkitError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 _FILE_EXT = (".jsonl", ".json", ".parquet", ".txt", ".text", ".gz")
@@ -120,6 +120,7 @@ def _looks_remote(spec: str) -> bool:
 
 def check_config(cfg: DistillConfig, source: str) -> list[str]:
     """The cheap checks of ``--dry-run``; returns notes on what was not checked."""
+    from draftkit.data.sources import source_format  # draftkit.data imports torch
     from draftkit.distill.distributed import zero_stage
     from draftkit.errors import ModelError
 
@@ -144,7 +145,11 @@ def check_config(cfg: DistillConfig, source: str) -> list[str]:
                 resolve_model(spec, role)
             except ModelError as e:
                 raise ConfigError(f"{source}: {role}: {e}") from None
-    for src in cfg.data.sources:
+    for i, src in enumerate(cfg.data.sources):
+        try:
+            source_format(src)
+        except DraftkitError as e:
+            raise ConfigError(f"{source}: data.sources[{i}]: {e}") from None
         if src.format == "hub":
             notes.append(f"dataset '{src.path}' is a hub id: loaded when the run starts")
     return notes

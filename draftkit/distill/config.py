@@ -77,6 +77,9 @@ class DraftSection:
             raise ConfigError("draft: give exactly one of draft.model (a path or spec), "
                               "draft.derive_layers (copy target layers) or draft.num_layers "
                               "(random init)")
+        if self.derive_layers == []:
+            raise ConfigError("draft.derive_layers is empty; list the target layers to copy, "
+                              "such as [0, 1, 2, 29]")
         if (self.hidden_size or self.intermediate_size) and self.num_layers is None:
             raise ConfigError("draft.hidden_size / draft.intermediate_size need draft.num_layers")
 

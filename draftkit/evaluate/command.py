@@ -66,8 +66,6 @@ class EvalArgs:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
         if self.limit is not None and self.limit < 1:
             raise ConfigError("--limit must be >= 1")
-        if self.domains is not None and not self.domains:
-            raise ConfigError("--domains names no domain; name some, or leave it out for all")
         if any(b < 1 for b in self.batch_sizes) or any(k < 1 for k in self.k_sweep):
             raise ConfigError("--batch-sizes and --k-sweep take positive integers")
 

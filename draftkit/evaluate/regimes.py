@@ -83,8 +83,6 @@ class RegimesArgs:
     device: str | None = option(None, help="cpu or cuda (default: cuda if available)")
 
     def validate(self) -> None:
-        if self.domains is not None and not self.domains:
-            raise ConfigError("--domains names no domain; name some, or leave it out for all")
         for name in ("prompts_per_domain", "max_new_tokens", "k", "k_max"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")

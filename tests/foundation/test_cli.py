@@ -74,7 +74,7 @@ def test_derive_cli_writes_loadable_draft(tiny_dirs, tmp_path, capsys):
     assert_one_line_error(proc, "--layers")
     assert main(["derive", "--target", str(target_dir), "--layers=", "--out",
                  str(tmp_path / "y")]) == 2
-    assert "--layers names no layer" in capsys.readouterr().err
+    assert "--layers names nothing; name some, or leave --layers out" in capsys.readouterr().err
 
 
 def test_bad_flag_value_is_rejected(tmp_path):
@@ -130,8 +130,9 @@ def test_list_flags_take_words_and_commas(argv, field, value):
 @pytest.mark.parametrize("argv,message", [
     (["generate", "--prompt", "hi", "--temperature", "nan"], "expects float, got 'nan'"),
     (["regimes", "--temperatures", "0,inf"], "expects float, got 'inf'"),
-    (["eval", "--draft", "d", "--domains="], "--domains names no domain"),
-    (["regimes", "--domains"], "--domains names no domain"),
+    (["eval", "--draft", "d", "--domains="], "--domains names nothing; name some, or leave "
+                                             "--domains out\n"),
+    (["regimes", "--domains"], "--domains names nothing"),
     (["bench", "--draft", "d", "--prompts", "p", "--methods="], "--methods is empty"),
     (["eval", "--draft", "d", "--k", "5", "--k-max", "2"], "--k 5 is above --k-max 2"),
 ])
