@@ -74,9 +74,10 @@ def build_rows(data: Any, tokenizer: Any, seed: int, generate: Callable | None =
         answers = generate(list(prompts.values()), g.temperature, seed)
         for i, ans in zip(prompts, answers):
             responses[i] = ans
-    tokens = [tokenize_example(tokenizer, ex, data.response_only, responses[i])
-              for i, ex in enumerate(examples)]
     n = len(train)
+    # Held-out alpha is measured where a draft drafts: on responses, whatever the loss covers.
+    tokens = [tokenize_example(tokenizer, ex, data.response_only or i >= n, responses[i])
+              for i, ex in enumerate(examples)]
     train_prompts = [i for i in sorted(prompts) if i < n]  # example indices
     extra = _extra_answers(data, tokenizer, [(train[i], prompts[i]) for i in train_prompts],
                            seed, generate)

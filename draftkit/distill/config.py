@@ -165,7 +165,9 @@ class DataSection:
     lmbda: float = option(0.0, help="on-policy fraction of steps (DistillSpec's lambda)")
     seq_len: int = option(256, help="tokens per packed row; must fit the target's context")
     pack: bool = option(True, help="pack several examples into each row (per domain)")
-    response_only: bool = option(True, help="loss only on response tokens of chat rows")
+    response_only: bool = option(True, help="loss only on response tokens of chat rows; "
+                                            "false adds their prompts (held-out alpha is "
+                                            "always on responses)")
     truncate: bool = option(False, help="cut examples longer than seq_len instead of failing")
     heldout_per_domain: int = option(8, help="examples per domain held out for evaluation")
     generate: GenerateSection = section(GenerateSection, "generation settings")

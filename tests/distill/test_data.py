@@ -280,6 +280,10 @@ def test_build_rows_target_regime(tmp_path, tok):
     assert sorted(held.domain_ids.tolist()) == [0, 0, 1, 1]
     assert train.loss_mask.sum() == 3 * (3 + 2)  # 3 answer tokens per training example
     assert (held.loss_mask.sum(1) == 3).all()
+    data.response_only = False  # the prompts join the loss; held-out alpha stays on answers
+    train_all, held_all = build_rows(data, tok, seed=0, generate=answers)
+    assert train_all.loss_mask.sum() > train.loss_mask.sum() + 5 * 3
+    assert torch.equal(held_all.loss_mask, held.loss_mask)
 
 
 def test_one_text_file_gives_training_and_heldout_passages(tmp_path, tok):
