@@ -105,7 +105,7 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
     from draftkit.models import check_compatible, load_tokenizer, resolve_model
     from draftkit.models.compat import _vocab_size
     from draftkit.models import draft_vocab
-    from draftkit.models.load import load_causal_lm
+    from draftkit.models.load import load_causal_lm, save_tokenizer
 
     out = Path(out)
     if out.exists() and not force:
@@ -138,7 +138,7 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
     with atomic_dir(out, overwrite=force) as tmp:
         draft_dir = tmp / "draft"
         draft_model.save_pretrained(draft_dir, safe_serialization=True)
-        target_tok.save_pretrained(draft_dir)  # the target's tokenizer files, exactly
+        save_tokenizer(target_tok, draft_dir)  # the target's tokenizer
         ids = draft_vocab.load(draft_ref.path, _vocab_size(target_cfg)) if \
             Path(draft_ref.path).is_dir() else None
         if ids is not None:  # our decoder's reduced head; other engines ignore the file
@@ -319,4 +319,9 @@ def check(args: CheckArgs) -> dict:
     manifest = check_bundle(args.bundle, target=args.target)
     print(f"bundle {args.bundle} OK: {len(manifest['files'])} files verified, target "
           f"{manifest['target']['name']}, K={manifest['num_speculative_tokens']}")
+    draft, spec = Path(args.bundle).resolve() / "draft", Path(args.bundle) / "serving/vllm.json"
+    named = json.loads(spec.read_text()).get("model") if spec.is_file() else str(draft)
+    if named != str(draft):  # hashed, so it keeps the path the bundle was exported at
+        print(f"note: the bundle has moved; serving/vllm.json names the draft at {named}, now "
+              f"at {draft} (serving/vllm.sh and sglang.sh find it where it is)")
     return manifest

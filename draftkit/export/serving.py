@@ -23,17 +23,20 @@ def sglang_flags(draft_dir: str, k: int) -> list[str]:
             "--speculative-num-draft-tokens", str(k + 1)]
 
 
-def hf_snippet(target: str, draft_dir: str) -> str:
+def hf_snippet(target: str) -> str:
     return f'''"""Speculative decoding with HF transformers and this bundle's draft.
 
 The draft's generation_config.json already sets num_assistant_tokens (K), a constant
 schedule and confidence threshold 0, so generate() uses exactly the recommended K.
 """
+from pathlib import Path
+
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+draft_dir = Path(__file__).resolve().parent.parent / "draft"  # found wherever the bundle is
 target = AutoModelForCausalLM.from_pretrained({target!r})
-draft = AutoModelForCausalLM.from_pretrained({draft_dir!r})
-tokenizer = AutoTokenizer.from_pretrained({draft_dir!r})
+draft = AutoModelForCausalLM.from_pretrained(draft_dir)
+tokenizer = AutoTokenizer.from_pretrained(draft_dir)
 
 messages = [{{"role": "user", "content": "Write a Python function that reverses a string."}}]
 ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
@@ -41,6 +44,12 @@ ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return
 out = target.generate(ids, assistant_model=draft, max_new_tokens=128, do_sample=False)
 print(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
 '''
+
+
+# The scripts find the draft next to themselves, so a bundle still serves after it is moved or
+# copied; vllm.json (for a config file or the Python API) names it where it was exported.
+_HERE = ('here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
+         'draft="$(cd "$here/../draft" && pwd)"\n')
 
 
 def write_serving(folder: Path, target: str, draft_dir: str, k: int) -> None:
@@ -58,12 +67,16 @@ def write_serving(folder: Path, target: str, draft_dir: str, k: int) -> None:
         k = 1
     spec = vllm_speculative_config(draft_dir, k)
     (folder / "vllm.json").write_text(json.dumps(spec, indent=2) + "\n")
+    relocate = ("import json, sys; spec = json.load(open(sys.argv[1])); "
+                "spec['model'] = sys.argv[2]; print(json.dumps(spec))")
     (folder / "vllm.sh").write_text(
         "#!/usr/bin/env bash\n# Serve the target with this bundle's draft in vLLM.\n" + note +
-        f"vllm serve {shlex.quote(target)} --speculative-config "
-        f"{shlex.quote(json.dumps(spec))} \"$@\"\n")
+        _HERE + f'spec="$(python3 -c {shlex.quote(relocate)} "$here/vllm.json" "$draft")"\n'
+        f'vllm serve {shlex.quote(target)} --speculative-config "$spec" "$@"\n')
+    flags = " ".join('"$draft"' if a == "DRAFT" else shlex.quote(a)
+                     for a in sglang_flags("DRAFT", k))
     (folder / "sglang.sh").write_text(
         "#!/usr/bin/env bash\n# Serve the target with this bundle's draft in SGLang.\n" + note +
-        f"python -m sglang.launch_server --model-path {shlex.quote(target)} "
-        f"{' '.join(shlex.quote(a) for a in sglang_flags(draft_dir, k))} \"$@\"\n")
-    (folder / "hf_transformers.py").write_text(hf_snippet(target, draft_dir))
+        _HERE + f"python -m sglang.launch_server --model-path {shlex.quote(target)} {flags} "
+        f'"$@"\n')
+    (folder / "hf_transformers.py").write_text(hf_snippet(target))

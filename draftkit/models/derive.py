@@ -180,6 +180,7 @@ def derive_random(target: "PreTrainedModel", num_layers: int | None, hidden_size
 def save_draft(draft: "PreTrainedModel", tokenizer, out: Path, force: bool = False) -> Path:
     """Write a plain HF model directory (safetensors + the target's tokenizer files)."""
     from draftkit.io import atomic_dir
+    from draftkit.models.load import save_tokenizer
 
     out = Path(out)
     if out.exists() and not force:
@@ -187,7 +188,7 @@ def save_draft(draft: "PreTrainedModel", tokenizer, out: Path, force: bool = Fal
                             f"another --out")
     with atomic_dir(out, overwrite=force) as tmp:
         draft.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        save_tokenizer(tokenizer, tmp)
     return out
 
 

@@ -52,9 +52,22 @@ def embedded_dir() -> Path:
     return gguf_to_dir(embedded_gguf_path(), name=EMBEDDED_NAME)
 
 
+# Raised when _convert writes something different, so older conversions are not reused.
+CONVERSION = 2
+
+
 def _gguf_key(gguf: Path) -> str:
-    st = gguf.stat()
-    return hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    """The file's content, not its path: each virtual environment installs the wheel in its
+    own place, and one conversion serves them all. Size plus the first and last 4 MiB (the
+    header, metadata and tensor table lead the file) tell GGUF files apart in well under a
+    second."""
+    size = gguf.stat().st_size
+    h = hashlib.sha256(f"{CONVERSION}:{size}".encode())
+    with open(gguf, "rb") as f:
+        h.update(f.read(4 << 20))
+        f.seek(max(size - (4 << 20), 0))
+        h.update(f.read(4 << 20))
+    return h.hexdigest()[:12]
 
 
 def gguf_to_dir(gguf: Path, name: str | None = None) -> Path:
@@ -88,6 +101,8 @@ def _convert(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from draftkit.models.load import save_tokenizer
+
     print(f"draftkit: converting {gguf.name} to safetensors once (cached in {out.parent})",
           flush=True)
     try:
@@ -114,4 +129,4 @@ def _convert(gguf: Path, out: Path) -> None:
     model.tie_weights()
     model.generation_config = loaded.generation_config
     model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    save_tokenizer(tokenizer, out)

@@ -55,6 +55,23 @@ def _quiet_transformers() -> None:
     logging.disable_progress_bar()
 
 
+def save_tokenizer(tokenizer: "PreTrainedTokenizerBase", folder: str | Path) -> None:
+    """``tokenizer.save_pretrained(folder)``, readable by transformers 4.x as well.
+
+    transformers 5 records a tokenizer.json-backed tokenizer as class 'TokenizersBackend',
+    which 4.x (still pinned by some vLLM and SGLang releases) cannot import; its 4.x name,
+    PreTrainedTokenizerFast, loads the same tokenizer under both.
+    """
+    import json
+
+    tokenizer.save_pretrained(folder)
+    path = Path(folder) / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    if config.get("tokenizer_class") == "TokenizersBackend":
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
 def load_tokenizer(model: str | ResolvedModel, role: Role = "target") -> "PreTrainedTokenizerBase":
     from transformers import AutoTokenizer
 

@@ -155,3 +155,37 @@ def test_check_takes_the_target_from_the_command_line(tiny_dirs, tmp_path):
     (out / "draftkit.json").write_text("[]")
     with pytest.raises(ModelError, match="is not a bundle manifest"):
         check_bundle(out)
+
+
+def test_a_moved_bundle_still_serves_from_its_scripts(tiny_dirs, tmp_path, capsys):
+    """The serving scripts find the draft next to themselves; check says vllm.json is stale."""
+    import os
+    import shutil
+    import subprocess
+
+    from draftkit.export.bundle import CheckArgs, check
+
+    target_dir, draft_dir = tiny_dirs
+    out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "bundle", k=2)
+    moved = tmp_path / "elsewhere" / "bundle"
+    moved.parent.mkdir()
+    shutil.move(out, moved)
+    check(CheckArgs(bundle=str(moved)))
+    assert f"now at {moved.resolve() / 'draft'}" in capsys.readouterr().out
+    fake = tmp_path / "bin"  # stand-ins for the engines: they print what they were given
+    fake.mkdir()
+    for name in ("vllm", "python"):
+        (fake / name).write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
+        (fake / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+    said = subprocess.run(["bash", str(moved / "serving" / "vllm.sh"), "--port", "9"], env=env,
+                          capture_output=True, text=True, check=True).stdout.splitlines()
+    assert said[:2] == ["serve", str(target_dir.resolve())] and said[-2:] == ["--port", "9"]
+    assert json.loads(said[3]) == {"method": "draft_model", "num_speculative_tokens": 2,
+                                   "model": str(moved.resolve() / "draft")}
+    said = subprocess.run(["bash", str(moved / "serving" / "sglang.sh")], env=env,
+                          capture_output=True, text=True, check=True).stdout.splitlines()
+    assert said[said.index("--speculative-draft-model-path") + 1] == str(moved.resolve() / "draft")
+    # transformers 4.x (which some vLLM and SGLang releases pin) knows this tokenizer class
+    config = json.loads((moved / "draft" / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"

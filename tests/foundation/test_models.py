@@ -137,3 +137,32 @@ def test_a_device_this_machine_lacks_is_one_clear_error(tiny_dirs):
         load_model(str(tiny_dirs[0]), device="foo")
     with pytest.raises(ModelError, match="no such CUDA device"):
         load_model(str(tiny_dirs[0]), device=f"cuda:{torch.cuda.device_count()}")
+
+
+def test_gguf_cache_key_follows_content_not_path(tmp_path):
+    """Every virtual environment installs the wheel's GGUF in its own place; one conversion
+    serves them all, and a different file never reuses another's."""
+    from draftkit.models.embedded import _gguf_key
+
+    body = bytes(range(256)) * (40 << 10)  # 10 MiB: the head and tail windows differ
+    a, b, c = tmp_path / "a.gguf", tmp_path / "venv2" / "a.gguf", tmp_path / "c.gguf"
+    b.parent.mkdir()
+    a.write_bytes(body)
+    b.write_bytes(body)
+    c.write_bytes(body[:-1] + b"\x01")
+    assert _gguf_key(a) == _gguf_key(b) != _gguf_key(c)
+
+
+def test_saved_tokenizers_load_under_transformers_4(tmp_path):
+    """transformers 5 names the class 'TokenizersBackend', unknown to 4.x (vLLM, SGLang)."""
+    from draftkit.models.load import save_tokenizer
+
+    tok = make_tokenizer()
+    save_tokenizer(tok, tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    from transformers import AutoTokenizer
+
+    again = AutoTokenizer.from_pretrained(tmp_path)
+    text = "def f(x):\n    return x + 1"
+    assert again(text)["input_ids"] == tok(text)["input_ids"]
