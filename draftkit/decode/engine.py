@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from draftkit.decode.runners import context_window, make_runner, text_config
+from draftkit.decode.runners import decoding_context, make_runner, text_config
 from draftkit.decode.sampling import Generators, SamplingParams, row_probabilities, sample
 from draftkit.decode.stats import DecodeStats, RoundStats
 from draftkit.decode.verify import verify_greedy, verify_sampled
@@ -168,7 +168,7 @@ class SpeculativeEngine:
         ids = eos_token_id if isinstance(eos_token_id, (list, tuple)) else (
             [] if eos_token_id is None else [eos_token_id])
         self.eos = set(int(i) for i in ids)
-        self.context = context_window(target_model)
+        self.context = decoding_context(target_model, draft_model)
         # slots (admit at any round) need runners that can write a subset of cache rows
         self.slotted = self.target.supports_rows and (
             self.draft is None or self.draft.supports_rows)

@@ -42,11 +42,32 @@ def context_window(model) -> int | None:
     return getattr(text_config(model), "max_position_embeddings", None)
 
 
+def sliding_window(model) -> int | None:
+    """The attention window of a model that uses one (Mistral v0.1, Phi-3, Gemma 2/3), else
+    None."""
+    cfg = text_config(model)
+    window = getattr(cfg, "sliding_window", None)
+    return window if window and getattr(cfg, "use_sliding_window", True) else None
+
+
+def decoding_context(*models) -> int | None:
+    """The longest sequence the decoder runs exactly for all of ``models``.
+
+    A sliding window caps it: the general runner's caches hold rolled-back holes and padding,
+    so a window counted in cache columns would not be the model's window counted in tokens
+    (and transformers' sliding-window caches cannot be cropped once full). Within the window
+    every layer attends to everything, which is exact.
+    """
+    limits = [n for m in models if m is not None
+              for n in (context_window(m), sliding_window(m)) if n]
+    return min(limits) if limits else None
+
+
 def supports_fast_path(model) -> bool:
     cfg = text_config(model)
     if getattr(cfg, "model_type", None) not in FAST_MODEL_TYPES:
         return False
-    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
+    if sliding_window(model):
         return False
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)

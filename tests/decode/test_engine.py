@@ -252,3 +252,27 @@ def test_reduced_draft_vocab_proposes_only_its_tokens(models, reference, fast):
     res = engine.generate(PROMPTS, k=3, max_new_tokens=N_NEW)
     assert [r.tokens for r in res] == reference  # lossless under greedy too
     assert drafted and set(drafted) <= set(ids)
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_a_sliding_window_caps_the_context_so_decoding_stays_exact(k):
+    """Mistral-style windowed attention: the decoder runs sequences that fit the window, where
+    every layer sees everything, and says so for a prompt that does not fit."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    def make(layers, seed):
+        torch.manual_seed(seed)
+        cfg = MistralConfig(vocab_size=100, hidden_size=32, intermediate_size=64,
+                            num_hidden_layers=layers, num_attention_heads=4,
+                            num_key_value_heads=2, max_position_embeddings=256, sliding_window=16)
+        return MistralForCausalLM(cfg).eval()
+
+    target, draft = make(2, 0), make(1, 1)
+    engine = SpeculativeEngine(target, draft, eos_token_id=None)
+    assert engine.context == 16
+    prompts = [[5, 9, 22, 31, 7], [11, 12, 13]]
+    for p, r in zip(prompts, engine.generate(prompts, k=k, max_new_tokens=30)):
+        assert len(r.tokens) == 16 - len(p) - (k + 2) and r.finish_reason == "length"
+        assert r.tokens == hf_greedy(target, p, 30)[:len(r.tokens)]
+    with pytest.raises(DraftkitError, match="the context window is 16"):
+        engine.generate([list(range(5, 20))], k=k, max_new_tokens=4)
