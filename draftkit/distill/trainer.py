@@ -188,6 +188,8 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
     out = Path(cfg.out_dir)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
+    # Models, rows and teacher first: a recipe that fails there leaves out_dir as it was.
+    run = _Run(cfg, dist, device, out, started, progress)
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
         aside = None if cfg.resume else ckpt.set_aside_earlier_run(out)
@@ -196,8 +198,6 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
         ckpt.remove_partial_writes(out / "checkpoints")
         dump_yaml(cfg, out / "config.yaml")  # the resolved config, overrides applied
     barrier(dist)  # no rank looks for checkpoints before the earlier run is set aside
-
-    run = _Run(cfg, dist, device, out, started, progress)
     run.resume()
     run.tracker = Tracker("distill", cfg, name=cfg.wandb.name, group=cfg.wandb.group,
                           out_dir=out, project=cfg.wandb.project) if dist.is_main \

@@ -113,6 +113,22 @@ def test_resume_false_starts_over_and_keeps_the_earlier_run(tmp_path, tiny_dirs)
         == [0, 2, 4, 6]
 
 
+def test_a_recipe_that_fails_to_start_leaves_the_earlier_run_as_it_was(tmp_path, tiny_dirs):
+    from draftkit.distill.trainer import train
+    from draftkit.models import load_model
+
+    run = tmp_path / "run"
+    train(_cfg(tmp_path, tiny_dirs, max_steps=2), progress=False)
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    too_long = load_model(str(tiny_dirs[0]), device="cpu").config.max_position_embeddings + 1
+    for resume in (True, False):
+        with pytest.raises(DraftkitError, match="longer than the target's context window"):
+            train(_cfg(tmp_path, tiny_dirs, resume=resume, **{"data.seq_len": too_long}),
+                  progress=False)
+        assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*")
+                if p.is_file()} == before  # config.yaml too: it still says what was trained
+
+
 def test_nan_loss_stops_and_keeps_checkpoint(tmp_path, tiny_dirs, monkeypatch):
     from draftkit.distill import trainer
 
