@@ -29,7 +29,18 @@ _MISSING = dataclasses.MISSING
 
 
 class _Loader(yaml.SafeLoader):
-    """PyYAML follows YAML 1.1, where ``1e-4`` is a string; recipes mean a float."""
+    """PyYAML follows YAML 1.1, where ``1e-4`` is a string; recipes mean a float. A key given
+    twice is an error (PyYAML would keep the last one without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key}' is given twice; keep one", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(
@@ -263,14 +274,20 @@ def apply_overrides(data: dict, overrides: list[str], source: str = "command lin
 def load_recipe(cls: type, path: str | Path, overrides: list[str] | None = None) -> Any:
     """Read a YAML recipe into ``cls``, then apply ``key=value`` overrides."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"recipe {path} is a folder; pass one of its YAML files")
     if not path.is_file():
         raise ConfigError(f"recipe {path} does not exist; pass a YAML file "
                           f"(see the recipes/ folder for examples)")
     try:
-        data = _yaml_load(path.read_text()) or {}
+        data = _yaml_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError:
+        raise ConfigError(f"recipe {path} is not UTF-8 text; save it as UTF-8") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
+        if isinstance(e, yaml.constructor.ConstructorError) and "twice" in str(e.problem):
+            raise ConfigError(f"{path}:{where}: {e.problem}") from None
         raise ConfigError(f"{path}:{where} is not valid YAML; fix the syntax") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a recipe must be a mapping of keys")

@@ -66,6 +66,7 @@ def _recipe(tmp_path, text):
     ("max_steps: three\ndata: {sources: [{path: DATA}]}\n", "key 'max_steps' expects int"),
     ("data: {sources: [{path: DATA, domian: x}]}\n", "unknown key 'data.sources.domian'"),
     ("data: {sources: [{path: missing.jsonl}]}\n", "missing.jsonl' does not exist"),
+    ("data: {sources: [{path: data/Rows.JSONL.zst}]}\n", "Rows.JSONL.zst' does not exist"),
     ("data: {sources: []}\n", "data.sources is empty"),
     ("data: {sources: [{path: DATA}]}\nloss: {divergence: jsd, beta: 1.0}\n", "loss.beta"),
     ("data: {sources: [{path: DATA}]}\ntrain: {deepspeed: nope.json}\n", "nope.json"),
@@ -77,6 +78,14 @@ def _recipe(tmp_path, text):
     ("data: {sources: [{path: CSV}]}\n", "data.sources[0]: cannot tell the format of CSV"),
     ("data: {sources: [{path: DATA}]}\ndraft: {derive_layers: []}\n",
      "draft.derive_layers is empty"),
+    ("max_steps: 3\nmax_steps: 9\ndata: {sources: [{path: DATA}]}\n",
+     "line 2: key 'max_steps' is given twice; keep one"),
+    ("data: {sources: [{path: DATA}], regime: on_policy}\n", "never draws on-policy rows"),
+    ("data: {sources: [{path: DATA}], generate: {extra_samples: 2}}\n",
+     "regime 'fixed' does not generate"),
+    ("data: {sources: [{path: DATA}], regime: target, seq_len: 48, "
+     "generate: {max_new_tokens: 64}}\n", "leaves no room for the prompt in data.seq_len=48"),
+    ("data: {sources: [{path: DATA}]}\ndraft: {num_layers: 0}\n", "draft.num_layers must be >= 1"),
 ])
 def test_bad_recipes_name_key_and_file(tmp_path, text, expect):
     path = _recipe(tmp_path, text)
@@ -86,6 +95,15 @@ def test_bad_recipes_name_key_and_file(tmp_path, text, expect):
         "CSV", str(tmp_path / "d.csv")) in str(e.value)
     if "does not exist" not in expect:
         assert str(path) in str(e.value)
+
+
+def test_recipe_files_that_are_not_recipes(tmp_path):
+    with pytest.raises(ConfigError, match="is a folder; pass one of its YAML files"):
+        load_config(tmp_path)
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"# caf\xe9\nmax_steps: 3\n")
+    with pytest.raises(ConfigError, match="latin.yaml is not UTF-8 text; save it as UTF-8"):
+        load_config(latin)
 
 
 def test_override_typo_names_key(tmp_path):

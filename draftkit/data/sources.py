@@ -39,8 +39,14 @@ def source_format(src: Any) -> str:
     """The reader a source needs (json / parquet / text / hub); a source that cannot be read
     as it is written is an error, which ``draftkit distill --dry-run`` reports too."""
     fmt = _format_of(src)
+    if fmt != "hub" and Path(src.path).is_dir():
+        raise DraftkitError(f"{src.path} is a folder; give its files, such as "
+                            f"{Path(src.path) / '*.jsonl'}")
     if src.name and fmt != "hub":
         raise DraftkitError(f"{src.path}: name '{src.name}' picks a hub dataset's config and a "
+                            f"local file has none; remove it from the source")
+    if src.split != "train" and fmt != "hub":
+        raise DraftkitError(f"{src.path}: split '{src.split}' picks a hub dataset's split and a "
                             f"local file has none; remove it from the source")
     return fmt
 
@@ -58,9 +64,9 @@ def _format_of(src: Any) -> str:
     return fmt
 
 
-def _files_with_rows(pattern: str, fmt: str) -> list[str] | str:
+def _files_with_rows(pattern: str, fmt: str) -> list[str]:
     """The local files ``pattern`` matches that hold rows (blank json and text files and
-    0-row parquet files dropped), or ``pattern`` itself where it matches no local file.
+    0-row parquet files dropped), or ``[pattern]`` where it matches no local file.
 
     ``datasets`` fails on empty files with messages that do not say so (StopIteration, or "An
     error occurred while generating the dataset"), so they never reach it.
@@ -80,51 +86,75 @@ def _files_with_rows(pattern: str, fmt: str) -> list[str] | str:
         except Exception:  # unreadable: datasets says why when it reads it
             return False
 
+    if Path(pattern).is_file():  # a name such as rows[v2].jsonl is itself, not a pattern
+        return [] if blank(pattern) else [pattern]
     files = sorted(f for f in glob.glob(pattern, recursive=True) if Path(f).is_file())
-    return [f for f in files if not blank(f)] if files else pattern
+    return [f for f in files if not blank(f)] if files else [pattern]
 
 
-def _load(src: Any, fmt: str, files: list[str] | str):
+def _load(src: Any, fmt: str, files: list[str]):
     """The source as a ``datasets.Dataset``; a load failure is one line naming the source."""
     import datasets
 
     datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # we report its failures, once
+    escaped = [glob.escape(f) for f in files]  # datasets globs them: rows[v2].jsonl is itself
     try:
         if fmt == "hub":
             return datasets.load_dataset(src.path, src.name, split=src.split)
         if fmt == "text":  # a file is one document: lines keep their newlines and context
-            return datasets.load_dataset("text", data_files=files, split="train",
+            return datasets.load_dataset("text", data_files=escaped, split="train",
                                          sample_by="document")
-        return datasets.load_dataset(fmt, data_files=files, split="train")
+        return datasets.load_dataset(fmt, data_files=escaped, split="train")
     except Exception as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        where = "the hub is not reachable or the dataset does not exist" if fmt == "hub" \
-            else "check the file"
-        raise DraftkitError(f"cannot read {src.path} as {fmt} ({msg}); {where}") from None
+        raise _unreadable(src.path if fmt == "hub" else files[0], fmt, e) from None
 
 
-def load_rows(src: Any, fmt: str) -> list[dict]:
+def _unreadable(path: str, fmt: str, e: BaseException) -> DraftkitError:
+    """One line for a source that does not load: the first cause in ``e``'s chain that says
+    more than ``datasets``' "An error occurred while generating the dataset"."""
+    while type(e).__name__ == "DatasetGenerationError" and (e.__cause__ or e.__context__):
+        e = e.__cause__ or e.__context__
+    if isinstance(e, UnicodeDecodeError):
+        return DraftkitError(f"{path} is not UTF-8 text (byte {e.object[e.start]:#04x} at "
+                             f"offset {e.start}); save it as UTF-8")
+    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    where = "the hub is not reachable or the dataset does not exist" if fmt == "hub" \
+        else "check the file"
+    return DraftkitError(f"cannot read {path} as {fmt} ({msg}); {where}")
+
+
+def load_rows(src: Any, fmt: str) -> list[tuple[str, dict]]:
     """The raw rows of one source (a ``DataSource`` from the recipe, read as ``fmt``, its
-    :func:`source_format`), its ``columns`` renamed.
+    :func:`source_format`), its ``columns`` renamed, each with its origin ("file:row").
 
-    A source without rows is an error: a blank local file, or an empty hub split.
+    Each file of a glob is read on its own, so an origin names the file the row is in and
+    files need not share one schema. A source without rows is an error: a blank local file,
+    or an empty hub split.
     """
-    files = src.path if fmt == "hub" else _files_with_rows(src.path, fmt)
-    ds = _load(src, fmt, files) if files else None
-    if ds is None or len(ds) == 0:
+    files = [src.path] if fmt == "hub" else _files_with_rows(src.path, fmt)
+    parts = [(f if fmt == "hub" else Path(f).name, _load(src, fmt, [f])) for f in files]
+    if sum(len(ds) for _, ds in parts) == 0:
         fix = f"check its split '{src.split}' and name" if fmt == "hub" else \
             "give a non-empty data file"
         raise DraftkitError(f"{src.path} has no rows; {fix}")
-    cols = src.columns
-    missing = [c for c in cols if c not in ds.column_names]
-    if missing:
-        raise DraftkitError(f"{src.path} has no column '{missing[0]}' for the source's columns "
-                            f"to rename (its columns: {', '.join(ds.column_names)}); fix the "
-                            f"mapping")
-    if src.max_rows is not None:
-        ds = ds.select(range(min(src.max_rows, len(ds))))
-    replaced = [c for c in cols.values() if c in ds.column_names and c not in cols]
-    return list(ds.remove_columns(replaced).rename_columns(cols))
+    rows: list[tuple[str, dict]] = []
+    for name, ds in parts:
+        missing = [c for c in src.columns if c not in ds.column_names]
+        if missing:
+            raise DraftkitError(f"{name} has no column '{missing[0]}' for the source's "
+                                f"columns to rename (its columns: "
+                                f"{', '.join(ds.column_names)}); fix the mapping")
+        replaced = [c for c in src.columns.values() if c in ds.column_names
+                    and c not in src.columns]
+        try:  # rows are decoded as they are read
+            rows += [(f"{name}:{i + 1}", row) for i, row in
+                     enumerate(ds.remove_columns(replaced).rename_columns(src.columns))]
+        except UnicodeDecodeError as e:
+            raise _unreadable(name, fmt, e) from None
+        if src.max_rows is not None and len(rows) >= src.max_rows:
+            return rows[:src.max_rows]
+    return rows
 
 
 def to_example(row: dict, domain: str | None, origin: str) -> Example:
@@ -151,6 +181,14 @@ def to_example(row: dict, domain: str | None, origin: str) -> Example:
         if not messages:
             raise DraftkitError(f"{origin}: the chat has only an assistant turn")
         return Example(str(domain), messages=messages, response=response, origin=origin)
+    row = dict(row)
+    for key in ("prompt", "response", "text"):
+        value = row.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            row[key] = str(value)  # a numeric answer (gsm8k-style) is its digits
+        elif value is not None and not isinstance(value, str):
+            raise DraftkitError(f"{origin}: '{key}' is a {type(value).__name__} "
+                                f"({value!r:.40}); it must be a string: fix the row")
     if row.get("prompt"):
         return Example(str(domain), messages=[{"role": "user", "content": row["prompt"]}],
                        response=row.get("response") or None, origin=origin)
@@ -165,11 +203,9 @@ def load_examples(sources: list) -> dict[str, list[Example]]:
     by_domain: dict[str, list[Example]] = {}
     for src in sources:
         fmt = source_format(src)
-        rows = load_rows(src, fmt)
-        name = Path(src.path).name
         document = fmt == "text"
-        for i, row in enumerate(rows):
-            ex = to_example(row, src.domain, f"{name}:{i + 1}")
+        for origin, row in load_rows(src, fmt):
+            ex = to_example(row, src.domain, origin)
             ex.heldout, ex.document = src.heldout, document
             by_domain.setdefault(ex.domain, []).append(ex)
     if not by_domain:

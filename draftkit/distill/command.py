@@ -29,7 +29,9 @@ from draftkit.distill.config import DistillConfig
 from draftkit.errors import ConfigError, DraftkitError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
-_FILE_EXT = (".jsonl", ".json", ".parquet", ".txt", ".text", ".gz")
+# a path ending in one of these is a file, never a hub id (compared in lower case)
+_FILE_EXT = (".jsonl", ".json", ".parquet", ".txt", ".text", ".csv", ".gz", ".bz2", ".xz",
+             ".zst")
 
 
 @dataclass
@@ -70,7 +72,7 @@ def _local(path: str, recipe_dir: Path) -> Path | None:
 
 
 def is_hub_id(path: str) -> bool:
-    return bool(_HUB_ID.match(path)) and not path.endswith(_FILE_EXT)
+    return bool(_HUB_ID.match(path)) and not path.lower().endswith(_FILE_EXT)
 
 
 def resolve_paths(cfg: DistillConfig, recipe_dir: Path, source: str) -> DistillConfig:

@@ -77,6 +77,8 @@ class DraftSection:
             raise ConfigError("draft: give exactly one of draft.model (a path or spec), "
                               "draft.derive_layers (copy target layers) or draft.num_layers "
                               "(random init)")
+        if self.num_layers is not None and self.num_layers < 1:
+            raise ConfigError(f"draft.num_layers must be >= 1, got {self.num_layers}")
         if self.derive_layers == []:
             raise ConfigError("draft.derive_layers is empty; list the target layers to copy, "
                               "such as [0, 1, 2, 29]")
@@ -181,6 +183,17 @@ class DataSection:
             raise ConfigError(f"data.lmbda must be in [0, 1], got {self.lmbda}")
         if self.lmbda > 0 and self.regime != "on_policy":
             raise ConfigError("data.lmbda > 0 needs data.regime: on_policy")
+        if self.regime == "on_policy" and self.lmbda == 0:
+            raise ConfigError("data.regime: on_policy with data.lmbda: 0 never draws on-policy "
+                              "rows; set lmbda (the on-policy fraction) or use regime: target")
+        if self.regime == "fixed" and self.generate.extra_samples:
+            raise ConfigError("data.generate.extra_samples adds target answers, which regime "
+                              "'fixed' does not generate; use regime: target or drop it")
+        if self.regime != "fixed" and not self.truncate and \
+                self.generate.max_new_tokens >= self.seq_len:
+            raise ConfigError(f"data.generate.max_new_tokens={self.generate.max_new_tokens} "
+                              f"leaves no room for the prompt in data.seq_len={self.seq_len}; "
+                              f"raise seq_len or lower max_new_tokens")
         if self.heldout_per_domain < 1:
             raise ConfigError("data.heldout_per_domain must be at least 1 (alpha picks the "
                               "best checkpoint)")

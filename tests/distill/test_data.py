@@ -328,3 +328,30 @@ def test_extra_sampled_answers_add_training_examples_only(tmp_path, tok):
     data.generate.temperature, calls[:] = 1.0, []
     build_rows(data, tok, seed=5, generate=answers)
     assert [c[2] for c in calls] == [5, 6, 7]
+
+
+def test_rows_name_their_own_file_and_bad_values_are_one_line(tmp_path):
+    from draftkit.data.sources import source_format
+
+    _jsonl(tmp_path / "a.jsonl", [{"prompt": "what is 2 + 2 ?", "response": 4}])
+    _jsonl(tmp_path / "b.jsonl", [{"text": "x = 1"}, {"text": ["x", "=", "1"]}])
+    glob_src = DataSource(path=str(tmp_path / "*.jsonl"), domain="d")
+    with pytest.raises(DraftkitError, match=r"^b.jsonl:2: 'text' is a list .* must be a string"):
+        load_examples([glob_src])  # the file and row it is in, not the glob's running count
+    _jsonl(tmp_path / "b.jsonl", [{"text": "x = 1"}])
+    first, second = load_examples([glob_src])["d"]  # files of different schemas
+    assert first.response == "4" and second.text == "x = 1"  # a numeric answer is its digits
+    (tmp_path / "latin.jsonl").write_bytes(b'{"text": "caf\xe9"}\n')
+    (tmp_path / "broken.jsonl").write_text('{"text": "a" "b"}\n')
+    (tmp_path / "rows[v2].jsonl").write_text('{"text": "kept"}\n')
+    (tmp_path / "folder").mkdir()
+    cases = {"latin.jsonl": "latin.jsonl is not UTF-8 text .*; save it as UTF-8",
+             "broken.jsonl": "cannot read .*broken.jsonl as json \\(JSON parse error",
+             "folder": "folder is a folder; give its files, such as .*folder/\\*.jsonl"}
+    for name, message in cases.items():
+        with pytest.raises(DraftkitError, match=message):
+            load_examples([DataSource(path=str(tmp_path / name), domain="d", format="json")])
+    with pytest.raises(DraftkitError, match="split 'test' picks a hub dataset's split"):
+        source_format(DataSource(path=str(tmp_path / "b.jsonl"), split="test"))
+    (kept,) = load_examples([DataSource(path=str(tmp_path / "rows[v2].jsonl"), domain="d")])["d"]
+    assert kept.text == "kept"
