@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any, Callable
@@ -24,24 +25,47 @@ __all__ = ["Example", "Rows", "Tokenized", "build_rows", "load_examples", "pack"
 
 def split_heldout(by_domain: dict[str, list[Example]], per_domain: int,
                   seed: int) -> tuple[list[Example], list[Example]]:
-    """(train, heldout): ``per_domain`` examples of every domain held out, chosen by ``seed``.
+    """(train, heldout): ``per_domain`` prompts of every domain held out, chosen by ``seed``.
 
-    Only examples whose source allows it (``heldout: true``, the default) are drawn, so adding a
+    The draw is by prompt: one example of each drawn prompt is held out, and no example with
+    that prompt (another answer to it, a duplicate row, a copy in another source or domain) is
+    trained on, so held-out alpha is measured on prompts the draft has never seen. Only prompts
+    of examples whose source allows it (``heldout: true``, the default) are drawn, so adding a
     train-only source leaves the held-out rows as they were.
     """
-    train, heldout = [], []
+    drawn = {}  # domain -> its eligible examples grouped by prompt, in draw order
     for domain, examples in by_domain.items():
-        eligible = [i for i, ex in enumerate(examples) if ex.heldout]
-        if len(eligible) < per_domain or len(examples) <= per_domain:
-            raise DraftkitError(f"domain '{domain}' has {len(eligible)} rows that may be held "
-                                f"out and {len(examples)} in all, not enough to hold out "
-                                f"data.heldout_per_domain={per_domain} and train on the rest; "
-                                f"add rows or lower data.heldout_per_domain")
-        random.Random(f"{seed}:{domain}").shuffle(eligible)
-        heldout += [examples[i] for i in eligible[:per_domain]]
-        train += [examples[i] for i in eligible[per_domain:]]
-        train += [ex for ex in examples if not ex.heldout]
+        groups = _by_prompt([ex for ex in examples if ex.heldout])
+        total = len(_by_prompt(examples))
+        if len(groups) < per_domain or total <= per_domain:
+            raise DraftkitError(f"domain '{domain}' has {len(groups)} rows that may be held "
+                                f"out and {total} in all (rows with the same prompt count "
+                                f"once), not enough to hold out data.heldout_per_domain="
+                                f"{per_domain} and train on the rest; add rows or lower "
+                                f"data.heldout_per_domain")
+        random.Random(f"{seed}:{domain}").shuffle(groups)
+        drawn[domain] = groups
+    heldout = [group[0] for groups in drawn.values() for group in groups[:per_domain]]
+    held_prompts = {_prompt_of(ex) for ex in heldout}
+    train = []
+    for domain, examples in by_domain.items():
+        kept = [ex for group in drawn[domain][per_domain:] for ex in group] + \
+            [ex for ex in examples if not ex.heldout]
+        train += [ex for ex in kept if _prompt_of(ex) not in held_prompts]
     return train, heldout
+
+
+def _prompt_of(ex: Example) -> str:
+    """What an example asks (its chat up to the response, or its text), as a comparable key."""
+    return json.dumps({"messages": ex.messages, "text": ex.text}, sort_keys=True)
+
+
+def _by_prompt(examples: list[Example]) -> list[list[Example]]:
+    """``examples`` grouped by prompt, groups in order of first appearance."""
+    groups: dict[str, list[Example]] = {}
+    for ex in examples:
+        groups.setdefault(_prompt_of(ex), []).append(ex)
+    return list(groups.values())
 
 
 def build_rows(data: Any, tokenizer: Any, seed: int, generate: Callable | None = None,
@@ -53,6 +77,7 @@ def build_rows(data: Any, tokenizer: Any, seed: int, generate: Callable | None =
     ``data.generate.extra_samples`` the training prompts get that many more sampled answers,
     each a further training example of the same prompt.
     """
+    tokenizer = _FixedDate(tokenizer)
     by_domain = {domain: [p for ex in examples for p in passages(ex, tokenizer, data.seq_len)]
                  for domain, examples in load_examples(data.sources).items()}
     domains = list(by_domain)
@@ -106,12 +131,36 @@ def _extra_answers(data: Any, tokenizer: Any, train: list[tuple[Example, list[in
         return []
     out = []
     for j in range(g.extra_samples):
-        # a seed of its own per draw; never the one that drew the first answers
-        draw_seed = seed + 1 + j if g.temperature == g.extra_temperature else seed + j
+        # a seed of its own per draw; never ``seed``, which sampled the first answers unless
+        # they are greedy
+        draw_seed = seed + 1 + j if g.temperature > 0 else seed + j
         answers = generate([p for _, p in train], g.extra_temperature, draw_seed)
         out += [tokenize_example(tokenizer, ex, data.response_only, ans)
                 for (ex, _), ans in zip(train, answers)]
     return out
+
+
+# The day training prompts are rendered on, whatever today is: Llama 3.x chat templates print
+# the date into the system header, which would change the prompts, their cached answers and the
+# data key of a run resumed on another day. They take it from ``date_string`` where one is given
+# (and fall back to this same day where strftime_now is missing).
+TRAINING_DATE = "26 Jul 2024"
+
+
+class _FixedDate:
+    """A tokenizer whose chat template renders on ``TRAINING_DATE``; all else is its own."""
+
+    def __init__(self, tokenizer: Any):
+        self._tokenizer = tokenizer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tokenizer, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._tokenizer(*args, **kwargs)
+
+    def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
+        return self._tokenizer.apply_chat_template(*args, date_string=TRAINING_DATE, **kwargs)
 
 
 def default_generation_dir() -> Path:

@@ -4,14 +4,15 @@ DistillSpec (arXiv 2310.08461) finds target-generated data better than fixed tex
 learns the distribution it will be asked to match when serving. Generation is batched HF
 ``generate`` with left padding; every finished batch is appended to a JSONL cache, so a killed
 run resumes where it stopped and a second run with the same target and settings reuses it.
+A sampled answer depends on the seed and its prompt alone, so a resumed run gets the answers an
+uninterrupted one would.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-from collections.abc import Iterator
+import os
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,25 @@ def read_cache(path: Path) -> dict[str, list[int]]:
     return done
 
 
+def cut_torn_tail(path: Path) -> None:
+    """Drop a torn last line (a run killed mid-write): the next append would glue its answer
+    onto it, and :func:`read_cache` would then skip that answer with the torn line."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with open(path, "rb+") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) == b"\n":
+            return
+        f.seek(0)
+        f.truncate(f.read().rfind(b"\n") + 1)
+
+
+def prompt_seed(seed: int, key: str) -> int:
+    """The seed of one prompt's sampled answer: the run's seed and the prompt, nothing else (not
+    the batch it falls in, nor which prompts a killed run had already answered)."""
+    return int(hashlib.sha256(f"{seed}:{key}".encode()).hexdigest()[:15], 16)
+
+
 def generate_responses(model: Any, tokenizer: Any, prompts: list[list[int]], path: Path,
                        max_new_tokens: int, batch_size: int, temperature: float = 0.0,
                        seed: int = 0, progress: bool = True) -> list[list[int]]:
@@ -50,6 +70,7 @@ def generate_responses(model: Any, tokenizer: Any, prompts: list[list[int]], pat
 
     prompts: lists of token ids (already rendered through the chat template).
     """
+    cut_torn_tail(path)
     done = read_cache(path)
     keys = [prompt_key(p) for p in prompts]
     todo = [i for i, k in enumerate(keys) if k not in done]
@@ -64,10 +85,10 @@ def generate_responses(model: Any, tokenizer: Any, prompts: list[list[int]], pat
         bar = tqdm(total=len(todo), desc="target answers", unit="prompt", dynamic_ncols=True)
     for b in range(0, len(todo), batch_size):
         batch = todo[b:b + batch_size]
-        with _seeded(model, seed + b if temperature > 0 else None):
-            answers = generate_responses_in_memory(model, [prompts[i] for i in batch],
-                                                   max_new_tokens, temperature, pad_id,
-                                                   tokenizer.eos_token_id)
+        seeds = [prompt_seed(seed, keys[i]) for i in batch] if temperature > 0 else None
+        answers = generate_responses_in_memory(model, [prompts[i] for i in batch],
+                                               max_new_tokens, temperature, pad_id,
+                                               tokenizer.eos_token_id, seeds)
         for i, new in zip(batch, answers):
             done[keys[i]] = new
             append_jsonl(path, {"key": keys[i], "response_ids": new})
@@ -78,26 +99,39 @@ def generate_responses(model: Any, tokenizer: Any, prompts: list[list[int]], pat
     return [done[k] for k in keys]
 
 
-@contextlib.contextmanager
-def _seeded(model: Any, seed: int | None) -> Iterator[None]:
-    """Sample under ``seed`` and leave the caller's RNG as it was: sampled answers depend on
-    the seed only, and a run that generates them trains exactly like one that reads them from
-    the cache."""
-    if seed is None:
-        yield
-        return
-    import torch
+class RowSampler:
+    """A logits processor that turns greedy decoding into sampling at ``temperature``, each row
+    drawing from a generator of its own seed (the Gumbel-max trick: the argmax of the scores
+    over ``temperature`` plus Gumbel noise is a draw from their softmax).
 
-    device = next(model.parameters()).device
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)
-        yield
+    ``generate(do_sample=True)`` draws every row from the one global RNG, so a row's answer
+    would depend on the rows batched with it; here it depends on its seed alone.
+    """
+
+    def __init__(self, seeds: list[int], temperature: float):
+        self.seeds, self.temperature = seeds, temperature
+        self.generators: list | None = None  # made on the device the scores are on
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        if self.generators is None:
+            self.generators = [torch.Generator(scores.device).manual_seed(s) for s in self.seeds]
+        uniform = torch.stack([torch.rand(scores.shape[1], generator=g, device=scores.device)
+                               for g in self.generators])
+        # clamped away from 0 so the noise stays finite and a -inf score stays unreachable
+        uniform = uniform.clamp_min(torch.finfo(uniform.dtype).tiny)
+        return scores / self.temperature - torch.log(-torch.log(uniform))
 
 
 def generate_responses_in_memory(model: Any, prompts: list[list[int]], max_new_tokens: int,
-                                 temperature: float, pad_id: int, eos_id: int
-                                 ) -> list[list[int]]:
-    """One batched ``generate`` call with left padding; response ids up to and incl. EOS."""
+                                 temperature: float, pad_id: int, eos_id: int,
+                                 seeds: list[int] | None = None) -> list[list[int]]:
+    """One batched ``generate`` call with left padding; response ids up to and incl. EOS.
+
+    Sampled with ``seeds`` (one a prompt), each answer depends on its own seed only; without,
+    on the global RNG.
+    """
     import torch
 
     device = next(model.parameters()).device
@@ -108,7 +142,9 @@ def generate_responses_in_memory(model: Any, prompts: list[list[int]], max_new_t
         ids[j, width - len(p):] = torch.tensor(p)
         attn[j, width - len(p):] = 1
     kwargs: dict = {"do_sample": False}
-    if temperature > 0:
+    if temperature > 0 and seeds is not None:
+        kwargs["logits_processor"] = [RowSampler(seeds, temperature)]
+    elif temperature > 0:
         kwargs = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
     with torch.no_grad():
         out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device),

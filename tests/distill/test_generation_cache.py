@@ -1,0 +1,180 @@
+"""The generation cache across killed runs, sampled answers' seeds, held-out prompts that never
+reach training, and training prompts that do not change with the date."""
+
+import datetime
+import json
+import math
+from unittest import mock
+
+import pytest
+import torch
+
+from draftkit.data import build_rows, load_examples, split_heldout
+from draftkit.data.generate import RowSampler, generate_responses, prompt_key, read_cache
+from draftkit.distill.config import DataSection, DataSource
+from draftkit.errors import DraftkitError
+from tests.tiny import CHAT_TEMPLATE, make_llama, make_tokenizer
+
+WORDS = ("hello", "sum of x", "what is 2 + 2", "the water is long", "print 1", "how do you do")
+
+
+@pytest.fixture
+def tok():
+    return make_tokenizer()
+
+
+def _prompts(tok):
+    return [tok(f"<|im_start|>user {w} <|im_end|> <|im_start|>assistant ")["input_ids"]
+            for w in WORDS]
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_torn_last_line_is_cut_before_the_next_answer_is_appended(tmp_path, tok):
+    model = make_llama(len(tok), num_layers=1)
+    prompts = _prompts(tok)
+    path = tmp_path / "r.jsonl"
+    generate_responses(model, tok, prompts[:2], path, 5, 2, progress=False)
+    with open(path, "a") as f:
+        f.write('{"key": "torn')  # a run killed mid-write
+    generate_responses(model, tok, prompts, path, 5, 2, progress=False)
+    # every answer is on a line of its own, none glued onto the torn one
+    assert set(read_cache(path)) == {prompt_key(p) for p in prompts}
+    assert all(json.loads(line) for line in path.read_text().splitlines())
+
+
+def test_sampled_answers_are_the_same_after_a_resume(tmp_path, tok):
+    model = make_llama(len(tok), num_layers=1)
+    prompts = _prompts(tok)
+    whole = generate_responses(model, tok, prompts, tmp_path / "whole.jsonl", 6, 2, 1.0,
+                               seed=5, progress=False)
+
+    # killed after its first batch
+    killed = tmp_path / "killed.jsonl"
+    orig, calls = model.generate, []
+
+    def dies_after_one_batch(**kw):
+        calls.append(1)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return orig(**kw)
+
+    model.generate = dies_after_one_batch
+    with pytest.raises(KeyboardInterrupt):
+        generate_responses(model, tok, prompts, killed, 6, 2, 1.0, seed=5, progress=False)
+    model.generate = orig
+    assert len(read_cache(killed)) == 2
+    assert generate_responses(model, tok, prompts, killed, 6, 2, 1.0, seed=5,
+                              progress=False) == whole
+
+    # a cache that an earlier run over some of the prompts began: other batches, same answers
+    partial = tmp_path / "partial.jsonl"
+    generate_responses(model, tok, prompts[1:4], partial, 6, 2, 1.0, seed=5, progress=False)
+    assert generate_responses(model, tok, prompts, partial, 6, 3, 1.0, seed=5,
+                              progress=False) == whole
+
+    greedy = generate_responses(model, tok, prompts, tmp_path / "greedy.jsonl", 6, 2,
+                                progress=False)
+    assert whole != greedy  # they were sampled
+    other = generate_responses(model, tok, prompts, tmp_path / "other.jsonl", 6, 2, 1.0,
+                               seed=6, progress=False)
+    assert other != whole  # and depend on the seed
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_the_row_sampler_draws_from_the_tempered_softmax(temperature):
+    p = torch.tensor([0.6, 0.3, 0.1, 0.0])
+    n = 4000
+    scores = p.log().expand(n, -1)
+    picks = RowSampler(list(range(n)), temperature)(None, scores).argmax(-1)
+    freq = torch.bincount(picks, minlength=4).float() / n
+    want = p ** (1 / temperature) / (p ** (1 / temperature)).sum()
+    assert freq[3] == 0  # a token of probability 0 is never drawn
+    assert torch.allclose(freq, want, atol=3 * math.sqrt(0.25 / n))
+    # a row's draw depends on its seed alone, not on the rows beside it
+    alone = RowSampler([7], temperature)(None, scores[:1]).argmax(-1)
+    assert alone.item() == picks[7].item()
+
+
+def test_extra_answers_never_reuse_the_first_answers_seed(tmp_path, tok):
+    src = _jsonl(tmp_path / "p.jsonl", [{"prompt": f"what is {i} + {i} ?", "domain": "math"}
+                                        for i in range(5)])
+    data = DataSection(sources=[DataSource(path=str(src))], regime="target", seq_len=64,
+                       heldout_per_domain=2)
+    data.generate.temperature, data.generate.extra_temperature = 0.7, 1.0
+    data.generate.extra_samples = 2
+    calls = []
+
+    def answers(prompts, temperature, seed):
+        calls.append((temperature, seed))
+        return [[7, 2] for _ in prompts]
+
+    build_rows(data, tok, 5, answers)
+    assert calls == [(0.7, 5), (1.0, 6), (1.0, 7)]
+
+
+def test_heldout_prompts_never_reach_training(tmp_path):
+    # several answers per prompt, duplicate rows, and a train-only source repeating prompts
+    multi = _jsonl(tmp_path / "multi.jsonl",
+                   [{"prompt": f"what is {i} + {i} ?", "response": r, "domain": "math"}
+                    for i in range(6) for r in ("the answer", "it is")] +
+                   [{"text": f"def f{i} ( ) : return 1", "domain": "code"}
+                    for i in range(4) for _ in range(2)])
+    extra = _jsonl(tmp_path / "extra.jsonl", [{"prompt": f"what is {i} + {i} ?",
+                                               "domain": "math"} for i in range(6)])
+    by = load_examples([DataSource(path=str(multi)),
+                        DataSource(path=str(extra), heldout=False)])
+    train, held = split_heldout(by, 2, 0)
+    prompt = lambda ex: ex.text or ex.messages[0]["content"]  # noqa: E731
+    held_prompts = [prompt(ex) for ex in held]
+    assert len(held) == 4 and len(set(held_prompts)) == 4  # two distinct prompts a domain
+    assert not set(held_prompts) & {prompt(ex) for ex in train}
+    # every other row still trains: 4 math prompts x (2 answers + 1 train-only), 2 code x 2
+    assert len(train) == 4 * 3 + 2 * 2
+    again_train, again_held = split_heldout(by, 2, 0)
+    assert again_held == held and again_train == train  # deterministic by seed
+    with pytest.raises(DraftkitError, match="has 2 rows that may be held out and 2 in all "
+                                        r"\(rows with the same prompt count once\)"):
+        split_heldout({"code": by["code"][:4]}, 2, 0)
+
+
+def test_training_prompts_do_not_change_with_the_date(tmp_path):
+    import transformers.utils.chat_template_utils as ctu
+
+    from draftkit.chat import encode_prompt
+
+    # Llama 3.x's way: the system header carries date_string, or today's date without one
+    tok = make_tokenizer(("26", "Jul", "2024", "30", "Nov", "01", "Dec", "2026"))
+    tok.chat_template = (
+        "{%- if not date_string is defined %}{%- set date_string = strftime_now('%d %b %Y') %}"
+        "{%- endif %}{{ '<|im_start|>system ' + date_string + ' <|im_end|> ' }}" + CHAT_TEMPLATE)
+    src = _jsonl(tmp_path / "p.jsonl", [{"prompt": f"what is {i} + {i} ?", "response": "4",
+                                         "domain": "math"} for i in range(5)])
+    built, served = [], []
+    for day in (datetime.datetime(2026, 11, 30), datetime.datetime(2026, 12, 1)):
+        class Day(datetime.datetime):
+            @classmethod
+            def now(cls, tz=None):
+                return day
+
+        sent = []
+
+        def answers(prompts, temperature, seed):
+            sent.extend(prompts)
+            return [[7, 2] for _ in prompts]
+
+        with mock.patch.object(ctu, "datetime", Day):
+            for regime in ("fixed", "target"):
+                data = DataSection(sources=[DataSource(path=str(src))], regime=regime,
+                                   seq_len=64, heldout_per_domain=2)
+                train, held = build_rows(data, tok, 0, answers)
+                built.append((train.input_ids.tolist(), held.input_ids.tolist()))
+            built.append(sent)
+            served.append(tok.decode(encode_prompt(tok, "hello")))
+    assert built[:3] == built[3:]
+    assert "26 Jul 2024" in tok.decode(built[0][0][0])
+    # serving still sends today's date
+    assert "30 Nov 2026" in served[0] and "01 Dec 2026" in served[1]
