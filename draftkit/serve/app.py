@@ -5,8 +5,9 @@ server-sent events in the OpenAI chunk format, ending with ``data: [DONE]``),
 ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text format).
 
 Every 4xx answer carries the OpenAI error body
-``{"error": {"message", "type": "invalid_request_error", "param", "code": null}}``; FastAPI's
-422 for a body that does not validate becomes a 400 in that shape. A client that disconnects,
+``{"error": {"message", "type": "invalid_request_error", "param", "code"}}``; FastAPI's 422 for
+a body that does not validate becomes a 400 in that shape, and an unexpected exception (a bug)
+a 500 of type "server_error", its traceback logged. A client that disconnects,
 streaming or not, has its slot freed before the next round.
 
 fastapi is imported at the top: only ``draftkit serve`` imports this module. (FastAPI reads
@@ -30,16 +31,21 @@ from draftkit.errors import DraftkitError
 from draftkit.serve.detok import TextStream
 from draftkit.serve.metrics import ServeMetrics
 from draftkit.serve.protocol import (ChatCompletionRequest, CompletionRequest, chat_body,
-                                     completion_body, error_body, new_id, usage, usage_chunk)
+                                     completion_body, error_body, error_param, new_id, usage,
+                                     usage_chunk)
 from draftkit.serve.scheduler import Job, Scheduler
 
 DISCONNECT_POLL_S = 0.25
+# Below this, logits / temperature overflow to inf and the probabilities are NaN; such a
+# temperature is greedy in all but name, and is served as greedy (as vLLM does).
+MIN_TEMPERATURE = 1e-5
 
 
 class RequestError(Exception):
-    def __init__(self, message: str, param: str | None = None, status: int = 400):
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 code: str | None = None):
         super().__init__(message)
-        self.message, self.param, self.status = message, param, status
+        self.message, self.param, self.status, self.code = message, param, status, code
 
 
 class _TooLarge(Exception):
@@ -112,29 +118,37 @@ def create_app(engine, tokenizer, *, model_name: str, k: int | str = "auto", k_m
     app.state.scheduler, app.state.metrics = scheduler, metrics
     created = int(time.time())
 
-    def error(status: int, message: str, param: str | None = None) -> JSONResponse:
+    def error(status: int, message: str, param: str | None = None,
+              code: str | None = None) -> JSONResponse:
         metrics.reject(status)
         kind = "invalid_request_error" if status < 500 else "server_error"
-        return JSONResponse(error_body(message, param, kind), status_code=status)
+        return JSONResponse(error_body(message, param, kind, code), status_code=status)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-        param = ".".join(loc) or None
         if first.get("type") == "json_invalid":
             return error(400, "the request body is not valid JSON", None)
-        if first.get("type") == "extra_forbidden":
+        unknown = first.get("type") == "extra_forbidden"
+        param = error_param(first.get("loc", ()), unknown)
+        if unknown:
             return error(400, f"unknown field '{param}'", param)
         msg = first.get("msg", "invalid request").removeprefix("Value error, ")
         return error(400, f"{param}: {msg}" if param else msg, param)
 
     @app.exception_handler(RequestError)
     async def _bad(request, exc: RequestError):
-        return error(exc.status, exc.message, exc.param)
+        return error(exc.status, exc.message, exc.param, exc.code)
+
+    @app.exception_handler(Exception)
+    async def _bug(request, exc: Exception):
+        # Starlette raises the exception again once this is sent: uvicorn logs its traceback
+        return error(500, f"internal error ({type(exc).__name__}); see the server's log")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, exc: StarletteHTTPException):  # unknown route, wrong method
+        if isinstance(exc.__cause__, _TooLarge):  # FastAPI made a failed body read a 400:
+            raise exc.__cause__  # on to BodyLimit, which answers 413
         what = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed "
                 f"on {request.url.path}"}.get(exc.status_code, str(exc.detail))
         return error(exc.status_code, f"{what}; see /v1/models, /v1/completions and "
@@ -162,7 +176,7 @@ def create_app(engine, tokenizer, *, model_name: str, k: int | str = "auto", k_m
     def check_model(name: str | None) -> None:
         if name is not None and name != model_name:
             raise RequestError(f"the model '{name}' does not exist; this server serves "
-                               f"'{model_name}'", "model")
+                               f"'{model_name}'", "model", 404, "model_not_found")
 
     def make_job(req, prompt_ids: list[int], default_max: int | None) -> Job:
         n = len(prompt_ids)
@@ -171,25 +185,28 @@ def create_app(engine, tokenizer, *, model_name: str, k: int | str = "auto", k_m
             raise RequestError(f"the prompt has {n} tokens; this server's context is "
                                f"{scheduler.context} tokens; shorten the prompt", "messages"
                                if isinstance(req, ChatCompletionRequest) else "prompt")
-        max_tokens = req.max_tokens
+        field = req.max_tokens_field
+        max_tokens = getattr(req, field)
         if max_tokens is None:
             max_tokens = min(default_max or max_tokens_limit, max_tokens_limit, room)
         if max_tokens > max_tokens_limit:
-            raise RequestError(f"max_tokens is {max_tokens}; this server's limit is "
-                               f"{max_tokens_limit}", "max_tokens")
+            raise RequestError(f"{field} is {max_tokens}; this server's limit is "
+                               f"{max_tokens_limit}", field)
         if n + max_tokens > scheduler.context:
             raise RequestError(f"this server's context is {scheduler.context} tokens; you "
                                f"requested {n + max_tokens} ({n} in the prompt, {max_tokens} "
-                               f"for the completion); lower max_tokens or shorten the prompt",
-                               "max_tokens")
+                               f"for the completion); lower {field} or shorten the prompt",
+                               field)
         temperature = 1.0 if req.temperature is None else req.temperature
+        if temperature < MIN_TEMPERATURE:
+            temperature = 0.0
         try:
             params = SamplingParams(temperature, max(req.top_k or 0, 0),
                                     1.0 if req.top_p is None else req.top_p)
         except DraftkitError as e:
             raise RequestError(str(e)) from None
-        return Job(prompt_ids, params, max_tokens, req.seed, TextStream(tokenizer, req.stop),
-                   asyncio.get_running_loop())
+        return Job(prompt_ids, params, max_tokens, req.seed,
+                   TextStream(tokenizer, req.stop, prompt_ids), asyncio.get_running_loop())
 
     def encode(prompt, raw: bool) -> list[int]:
         if raw and isinstance(prompt, list):  # token ids
@@ -201,16 +218,23 @@ def create_app(engine, tokenizer, *, model_name: str, k: int | str = "auto", k_m
             return encode_prompt(tokenizer, prompt, raw=raw)
         except DraftkitError as e:
             raise RequestError(str(e), "messages" if not raw else "prompt") from None
+        except Exception as e:
+            if raw:
+                raise
+            # a template may refuse messages itself: raise_exception("System role not
+            # supported") is a jinja2 TemplateError; an odd message may break it otherwise
+            raise RequestError(f"the chat template cannot render these messages: "
+                               f"{type(e).__name__}: {e}", "messages") from None
 
     async def run(request: Request, req, job: Job, chat: bool):
-        rid = new_id("chatcmpl" if chat else "cmpl")
+        rid, created = new_id("chatcmpl" if chat else "cmpl"), int(time.time())
         try:
             scheduler.submit(job)
         except RuntimeError as e:
             raise RequestError(str(e), status=503) from None
         prompt_n = len(job.prompt)
         if req.stream:
-            return StreamingResponse(stream(rid, req, job, chat, prompt_n),
+            return StreamingResponse(stream(rid, created, req, job, chat, prompt_n),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         parts: list[str] = []
@@ -236,38 +260,40 @@ def create_app(engine, tokenizer, *, model_name: str, k: int | str = "auto", k_m
                     _, reason, n_out, spec = event
                     use = usage(prompt_n, n_out)
                     build = chat_body if chat else completion_body
-                    return build(rid, model_name, "".join(parts), reason, use, spec)
+                    return build(rid, created, model_name, "".join(parts), reason, use, spec)
         finally:  # no-op for a finished job; frees the slot of an abandoned one
             scheduler.cancel(job)
 
-    async def stream(rid: str, req, job: Job, chat: bool, prompt_n: int):
+    async def stream(rid: str, created: int, req, job: Job, chat: bool, prompt_n: int):
         obj = "chat.completion.chunk" if chat else "text_completion"
 
         def sse(body: dict) -> str:
             return f"data: {json.dumps(body)}\n\n"
 
+        def chunk(text: str | None, finish: str | None = None, spec: dict | None = None,
+                  first: bool = False) -> str:
+            if chat:
+                return sse(chat_body(rid, created, model_name, text, finish, None, spec,
+                                     chunk=True, first=first))
+            return sse(completion_body(rid, created, model_name, text or "", finish, None,
+                                       spec))
+
         try:
             if chat:
-                yield sse(chat_body(rid, model_name, None, None, None, None, chunk=True,
-                                    first=True))
+                yield chunk(None, first=True)  # the role
             while True:
                 event = await job.events.get()
                 if event[0] == "text":
-                    build = chat_body if chat else completion_body
-                    yield sse(build(rid, model_name, event[1], None, None, None, chunk=True))
+                    yield chunk(event[1])
                 elif event[0] == "error":
                     yield sse(error_body(event[1], None, "server_error"))
                     break
-                else:
+                else:  # usage only in a chunk of its own, when asked for (as OpenAI)
                     _, reason, n_out, spec = event
-                    use = usage(prompt_n, n_out)
-                    if chat:
-                        yield sse(chat_body(rid, model_name, None, reason, use, spec, chunk=True))
-                    else:
-                        yield sse(completion_body(rid, model_name, "", reason, use, spec,
-                                                  chunk=True))
+                    yield chunk(None, reason, spec)
                     if req.include_usage:
-                        yield sse(usage_chunk(rid, model_name, obj, use, spec))
+                        yield sse(usage_chunk(rid, created, model_name, obj,
+                                              usage(prompt_n, n_out), spec))
                     break
             yield "data: [DONE]\n\n"
         finally:  # the client went away (the response task is cancelled) or we are done

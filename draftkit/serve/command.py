@@ -22,6 +22,8 @@ from pathlib import Path
 from draftkit.config import option
 from draftkit.errors import ConfigError
 
+NO_DRAFT = "none"  # --draft none: plain decoding, even when the bundle holds a draft
+
 # Slots' caches are allocated up front: 16 x 8192 positions of a 30-layer model is ~6 GB in
 # fp32, too much for a default on a CPU box; --max-model-len raises it.
 DEFAULT_MAX_MODEL_LEN = 2048
@@ -35,8 +37,9 @@ class ServeArgs:
                                 "export` (target and draft), or a plain model directory")
     target: str | None = option(None, help="target model (overrides the bundle's): HF "
                                            "directory, hub id or 'embedded'")
-    draft: str | None = option(None, help="draft model (overrides the bundle's); none = plain "
-                                          "decoding")
+    # "" (not None) when unset: the config layer reads "none" as None, and "none" must stay
+    # distinct from "take the bundle's"
+    draft: str = option("", help="draft model (overrides the bundle's); none = plain decoding")
     host: str = option("127.0.0.1", help="address to listen on")
     port: int = option(8000, help="port to listen on")
     k: str = option("auto", help="drafted tokens per round: 'auto' (chosen each round for the "
@@ -68,9 +71,10 @@ class ServeArgs:
             raise ConfigError("give a BUNDLE directory, or --target (and --draft)")
         if not 0 < self.port < 65536:
             raise ConfigError(f"--port must lie in 1..65535, got {self.port}")
-        for name in ("max_batch", "max_tokens_limit", "max_body_bytes", "k_max"):
-            if getattr(self, name) < (0 if name == "k_max" else 1):
-                raise ConfigError(f"--{name.replace('_', '-')} must be positive, got "
+        for name, low in (("max_batch", 1), ("max_tokens_limit", 1), ("max_body_bytes", 1),
+                          ("k_max", 0), ("shutdown_timeout", 0)):
+            if getattr(self, name) < low:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= {low}, got "
                                   f"{getattr(self, name)}")
         if self.max_model_len is not None and self.max_model_len < 8:
             raise ConfigError(f"--max-model-len must be >= 8, got {self.max_model_len}")
@@ -78,14 +82,17 @@ class ServeArgs:
 
 def resolve_models(args: ServeArgs) -> tuple[str, str | None, str]:
     """(target spec, draft spec or None, served model name) from the bundle and flags."""
-    target, draft, name = args.target, args.draft, args.served_model_name
+    target, name = args.target, args.served_model_name
+    plain = args.draft.lower() == NO_DRAFT
+    draft = None if plain else args.draft or None
     if args.bundle is not None:
         path = Path(args.bundle).expanduser()
         if not path.is_dir():
             raise ConfigError(f"{path} is not a directory; pass a bundle from `draftkit export` "
                               f"or a model directory")
         if (path / "draftkit.json").is_file():  # target reference and draft/ inside
-            target, draft = target or str(path), draft or str(path)
+            target = target or str(path)
+            draft = None if plain else draft or str(path)
         else:  # a plain model directory: the target
             target = target or str(path)
         name = name or path.resolve().name

@@ -2,9 +2,10 @@
 
 Requests follow the OpenAI API reference for ``/v1/completions`` and ``/v1/chat/completions``
 (https://platform.openai.com/docs/api-reference). Unknown fields are rejected
-(``extra="forbid"``); the fields the official client commonly sends are accepted, and those we
-do not implement are accepted only at their no-op value (``n=1``, penalties 0, no logprobs),
-anything else is a 400 that names the field. ``top_k`` is accepted as vLLM does.
+(``extra="forbid"``) and a field sent as null takes its default, as OpenAI's API does. The
+fields the official client commonly sends are accepted, and those we do not implement are
+accepted only at their no-op value (``n=1``, penalties 0, no logprobs), anything else is a
+400 that names the field. ``top_k`` is accepted as vLLM does.
 
 Responses are plain dicts built here, with one extra field per choice-level response:
 ``"draftkit": {"drafted", "accepted", "tau", "k", ...}`` (speculation stats of the request).
@@ -12,21 +13,30 @@ Responses are plain dicts built here, with one extra field per choice-level resp
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
-class StreamOptions(BaseModel):
+class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        # clients send null for a field they leave unset ("n": null, "stop": null)
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+
+class StreamOptions(_Body):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's; accepted, usage comes at the end
 
 
-class _Sampling(BaseModel):
+class _Sampling(_Body):
     """Fields shared by both endpoints. Strict: ``"stream": "yes"`` or ``"max_tokens": "4"``
     is a 400, not a guess (OpenAI rejects them too)."""
 
@@ -72,6 +82,11 @@ class _Sampling(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def max_tokens_field(self) -> str:
+        """The field that holds the completion's token limit, named as the client sent it."""
+        return "max_tokens"
 
 
 class CompletionRequest(_Sampling):
@@ -138,9 +153,14 @@ class ChatCompletionRequest(_Sampling):
                              None, "none"))):
             if not ok:
                 raise ValueError(f"{name} is not supported")
-        if self.max_tokens is None:  # the newer name for the same limit
-            self.max_tokens = self.max_completion_tokens
         return self
+
+    @property
+    def max_tokens_field(self) -> str:
+        # max_completion_tokens is the newer name for max_tokens; max_tokens wins if both come
+        if self.max_tokens is None and self.max_completion_tokens is not None:
+            return "max_completion_tokens"
+        return "max_tokens"
 
     def chat(self) -> list[dict[str, str]]:
         # "developer" is the newer name for "system"; chat templates know the latter
@@ -150,9 +170,25 @@ class ChatCompletionRequest(_Sampling):
 
 # --- responses ------------------------------------------------------------------------------
 
-def error_body(message: str, param: str | None = None,
-               type_: str = "invalid_request_error") -> dict:
-    return {"error": {"message": message, "type": type_, "param": param, "code": None}}
+# Every field name a request body may hold: an error's location mixes them with pydantic's
+# tags for the member of a union it tried ("prompt", "list[int]", 0).
+_FIELDS = frozenset(name for model in (CompletionRequest, ChatCompletionRequest, Message,
+                                       TextPart, StreamOptions) for name in model.model_fields)
+
+
+def error_param(loc: tuple, unknown: bool = False) -> str | None:
+    """The ``param`` of a validation error: the field's path as the client wrote it
+    (``messages.1.content``, not ``messages.1.content.str``). ``unknown``: the location ends
+    with a field the request may not hold, which is the one to name."""
+    last = len(loc) - 1
+    path = [str(x) for i, x in enumerate(loc)
+            if isinstance(x, int) or x in _FIELDS or (unknown and i == last)]
+    return ".".join(path) or None
+
+
+def error_body(message: str, param: str | None = None, type_: str = "invalid_request_error",
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 def new_id(prefix: str) -> str:
@@ -164,16 +200,19 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def completion_body(rid: str, model: str, text: str, finish: str | None, use: dict | None,
-                    spec: dict | None, chunk: bool = False) -> dict:
-    body = {"id": rid, "object": "text_completion", "created": int(time.time()),
+def completion_body(rid: str, created: int, model: str, text: str, finish: str | None,
+                    use: dict | None, spec: dict | None) -> dict:
+    """A response, or a streamed chunk; ``created`` is the request's, the same in every
+    chunk."""
+    body = {"id": rid, "object": "text_completion", "created": created,
             "model": model, "choices": [{"index": 0, "text": text, "logprobs": None,
                                          "finish_reason": finish}]}
     return _extras(body, use, spec)
 
 
-def chat_body(rid: str, model: str, text: str | None, finish: str | None, use: dict | None,
-              spec: dict | None, chunk: bool = False, first: bool = False) -> dict:
+def chat_body(rid: str, created: int, model: str, text: str | None, finish: str | None,
+              use: dict | None, spec: dict | None, chunk: bool = False,
+              first: bool = False) -> dict:
     if chunk:
         delta: dict = {"role": "assistant", "content": ""} if first else (
             {} if text is None else {"content": text})
@@ -183,14 +222,14 @@ def chat_body(rid: str, model: str, text: str | None, finish: str | None, use: d
         choice = {"index": 0, "message": {"role": "assistant", "content": text},
                   "logprobs": None, "finish_reason": finish}
         obj = "chat.completion"
-    body = {"id": rid, "object": obj, "created": int(time.time()), "model": model,
+    body = {"id": rid, "object": obj, "created": created, "model": model,
             "choices": [choice]}
     return _extras(body, use, spec)
 
 
-def usage_chunk(rid: str, model: str, obj: str, use: dict, spec: dict) -> dict:
+def usage_chunk(rid: str, created: int, model: str, obj: str, use: dict, spec: dict) -> dict:
     """The last streamed chunk when ``stream_options.include_usage`` is set: no choices."""
-    return {"id": rid, "object": obj, "created": int(time.time()), "model": model,
+    return {"id": rid, "object": obj, "created": created, "model": model,
             "choices": [], "usage": use, "draftkit": spec}
 
 

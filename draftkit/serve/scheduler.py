@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draftkit.decode.sampling import SamplingParams
+from draftkit.errors import ConfigError
 from draftkit.serve.detok import TextStream
 from draftkit.serve.metrics import ServeMetrics
 
@@ -77,9 +78,15 @@ class Scheduler:
         limit = engine.context
         if max_model_len is not None and limit is not None:
             max_model_len = min(max_model_len, limit)
-        self.state = engine.open(max_batch, k_max, max_model_len or limit)
-        self.max_batch = max_batch
+        max_len = max_model_len or limit
         # a round may write K + 1 positions past the committed length (see the engine)
+        if max_len is not None and max_len - (k_max + 2) < 1:
+            raise ConfigError(f"{max_len} positions per slot (--max-model-len, at most the "
+                              f"target's context) leave no room for a prompt: a round needs "
+                              f"K + 2 = {k_max + 2} of them (K: --k, or --k-max under --k "
+                              f"auto); raise --max-model-len or lower K")
+        self.state = engine.open(max_batch, k_max, max_len)
+        self.max_batch = max_batch
         self.context = self.state.max_len - (k_max + 2)
         self.waiting: deque[Job] = deque()
         self.jobs: dict[int, Job] = {}  # slot -> job
@@ -235,7 +242,7 @@ class Scheduler:
         self.metrics.running.set(len(self.jobs))
         self.metrics.finished(reason)
         self.metrics.e2e.observe(time.perf_counter() - job.arrived)
-        job.push("done", reason, len(out), spec)
+        job.push("done", reason, job.stream.tokens, spec)  # none after a stop string
 
     def _fail_all(self, message: str) -> None:
         for slot, job in list(self.jobs.items()):

@@ -9,8 +9,11 @@ import sys
 import time
 
 import httpx
+import pytest
 
-from draftkit.cli import main
+from draftkit.cli import build_parser, main, parse
+from draftkit.config import from_namespace
+from draftkit.errors import ConfigError
 from draftkit.serve.command import ServeArgs, build, resolve_models
 
 
@@ -21,6 +24,8 @@ def test_bad_flags_are_one_line_errors(capsys, tmp_path):
     assert "not a directory" in capsys.readouterr().err
     assert main(["serve", "--target", "x", "--k", "lots"]) == 2
     assert "--k" in capsys.readouterr().err
+    assert main(["serve", "--target", "x", "--shutdown-timeout", "-1"]) == 2
+    assert "--shutdown-timeout must be >= 0, got -1" in capsys.readouterr().err
 
 
 def test_resolve_bundle_and_plain_dirs(tmp_path):
@@ -33,6 +38,23 @@ def test_resolve_bundle_and_plain_dirs(tmp_path):
     plain.mkdir()
     assert resolve_models(ServeArgs(bundle=str(plain), draft="d", served_model_name="m")) == (
         str(plain), "d", "m")
+    # --draft none: plain decoding, though the bundle holds a draft
+    args = from_namespace(ServeArgs, parse(build_parser(), ["serve", str(bundle), "--draft",
+                                                            "none"]))
+    assert resolve_models(args) == (str(bundle), None, "smol-bundle")
+
+
+def test_a_context_with_no_room_is_a_one_line_error(tiny_dirs):
+    """A round takes K + 2 positions of each slot: 10 positions leave none under --k auto
+    with K up to 8."""
+    target, draft = tiny_dirs
+    with pytest.raises(ConfigError, match=r"10 positions per slot \(--max-model-len.*raise "
+                                          r"--max-model-len or lower K"):
+        build(ServeArgs(bundle=str(target), draft=str(draft), max_model_len=10, k="auto",
+                        k_max=8, device="cpu"))
+    app, _ = build(ServeArgs(bundle=str(target), draft=str(draft), max_model_len=10, k="2",
+                             device="cpu"))
+    assert app.state.scheduler.context == 6
 
 
 def test_build_from_model_dirs(tiny_dirs):
@@ -66,7 +88,8 @@ def test_sigterm_finishes_in_flight_and_exits_0(tiny_dirs):
             time.sleep(0.2)
         lines = []
         with httpx.stream("POST", f"{base}/v1/completions", timeout=30, json={
-                "model": "target", "prompt": "hello", "max_tokens": 40, "stream": True}) as r:
+                "model": "target", "prompt": "hello", "max_tokens": 40, "stream": True,
+                "stream_options": {"include_usage": True}}) as r:
             for line in r.iter_lines():
                 if line and not lines:
                     proc.send_signal(signal.SIGTERM)  # mid-stream

@@ -1,6 +1,7 @@
 """The HTTP server end to end on tiny models, through the official ``openai`` client."""
 
 import json
+import logging
 import threading
 import time
 
@@ -20,6 +21,13 @@ def offline(tiny_models, prompts_ids, n):
     _, target, draft = tiny_models
     engine = SpeculativeEngine(target, draft)
     return [engine.generate([p], k=0, max_new_tokens=n)[0] for p in prompts_ids]
+
+
+def text_after(tok, prompt_ids, ids) -> str:
+    """The text ``ids`` add after the prompt: a completion's text (its first token keeps the
+    space before it)."""
+    before = tok.decode(prompt_ids, skip_special_tokens=True)
+    return tok.decode(prompt_ids + ids, skip_special_tokens=True)[len(before):]
 
 
 def metric(base: str, name: str, **labels) -> float:
@@ -68,14 +76,19 @@ def test_streaming_equals_plain(server, chat):
     assert chunks[-2].choices[0].finish_reason == whole.choices[0].finish_reason
 
 
-def test_raw_sse_ends_with_done(server):
+def test_raw_sse_ends_with_done(server, monkeypatch):
+    real = time.time
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(time, "time", lambda: real() + next(ticks))  # a second per call
     with httpx.stream("POST", f"{server.url}/completions", json={
             "model": "tiny", "prompt": "hello", "max_tokens": 4, "stream": True}) as r:
         lines = [ln for ln in r.iter_lines() if ln]
     assert r.headers["content-type"].startswith("text/event-stream")
     assert lines[-1] == "data: [DONE]" and all(ln.startswith("data: ") for ln in lines)
-    final = json.loads(lines[-2][6:])
-    assert final["usage"]["completion_tokens"] >= 1  # usage even without include_usage
+    chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
+    assert len({c["created"] for c in chunks}) == 1  # the request's time, in every chunk
+    # as OpenAI: usage only in a chunk of its own, with stream_options.include_usage
+    assert chunks[-1]["choices"][0]["finish_reason"] and "usage" not in chunks[-1]
 
 
 def test_concurrent_greedy_equals_offline(tiny_models):
@@ -104,13 +117,13 @@ def test_concurrent_greedy_equals_offline(tiny_models):
             if tok.eos_token_id in toks:
                 toks = toks[:toks.index(tok.eos_token_id) + 1]
             assert out[i].usage.completion_tokens == len(toks), i
-            assert out[i].choices[0].text == tok.decode(toks, skip_special_tokens=True), i
+            assert out[i].choices[0].text == text_after(tok, ids[i], toks), i
         assert metric(srv.base, "draftkit:request_success_total") == 32
     finally:
         srv.stop()
 
 
-def test_stop_strings_are_cut(server):
+def test_stop_strings_are_cut(server, tiny_models):
     c = server.client()
     full = c.completions.create(model="tiny", prompt="what is", max_tokens=12, temperature=0)
     words = full.choices[0].text.split()
@@ -122,6 +135,17 @@ def test_stop_strings_are_cut(server):
     s = list(c.completions.create(model="tiny", prompt="what is", max_tokens=12, temperature=0,
                                   stop=stop, stream=True))
     assert "".join(ch.choices[0].text for ch in s if ch.choices) == r.choices[0].text
+    # usage counts the tokens up to the one that completed the stop, not the rest of its
+    # round; stops at several places end rounds early or late
+    tok = tiny_models[0]
+    prompt = tok("what is")["input_ids"]
+    toks = offline(tiny_models, [prompt], 12)[0].tokens
+    for i in range(1, 6):
+        stop = " " + words[i]
+        r = c.completions.create(model="tiny", prompt="what is", max_tokens=12,
+                                 temperature=0, stop=stop)
+        assert r.usage.completion_tokens == next(
+            n for n in range(13) if stop in text_after(tok, prompt, toks[:n])), stop
 
 
 def test_seeded_sampling_is_reproducible(server):
@@ -151,14 +175,14 @@ def test_seeded_sampling_is_reproducible(server):
     ({"model": "tiny", "prompt": "hi", "max_tokens": 65}, "max_tokens"),
     ({"model": "tiny", "prompt": "hello " * 260}, "prompt"),
     ({"model": "tiny", "prompt": "hello " * 200, "max_tokens": 60}, "max_tokens"),
-    ({"model": "gpt-4", "prompt": "hi"}, "model"),
+    ({"model": "tiny", "prompt": 5}, "prompt"),
     ({"model": "tiny", "prompt": "hi", "frequency_penalty": 0.5}, "frequency_penalty"),
     ({"model": "tiny", "prompt": "hi", "seed": 2**64}, "seed"),
     ({"model": "tiny", "prompt": "hi", "stream": "yes"}, "stream"),
     ({"model": "tiny", "prompt": "hi", "max_tokens": "4"}, "max_tokens"),
     ({"model": "tiny", "prompt": "hi", "max_tokens": True}, "max_tokens"),
 ], ids=["json", "unknown-field", "negative-max-tokens", "zero-max-tokens", "temperature",
-        "top-p", "n", "over-limit", "overlong-prompt", "prompt-plus-output", "model",
+        "top-p", "n", "over-limit", "overlong-prompt", "prompt-plus-output", "prompt-type",
         "penalty", "seed-beyond-64-bits", "string-bool", "string-int", "bool-int"])
 def test_bad_requests_are_400_with_openai_body(server, body, param):
     kw = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(
@@ -170,14 +194,75 @@ def test_bad_requests_are_400_with_openai_body(server, body, param):
     assert err["param"] == param
 
 
+def test_unknown_model_is_404_model_not_found(server):
+    r = httpx.post(f"{server.url}/completions", json={"model": "gpt-4", "prompt": "hi"})
+    assert r.status_code == 404, r.text
+    assert r.json()["error"] == {"message": "the model 'gpt-4' does not exist; this server "
+                                            "serves 'tiny'", "type": "invalid_request_error",
+                                 "param": "model", "code": "model_not_found"}
+
+
 def test_bad_chat_and_body_limit(server):
-    r = httpx.post(f"{server.url}/chat/completions", json={
-        "model": "tiny", "messages": [{"role": "user", "content": "hi", "extra": 1}]})
+    def chat(**body):
+        return httpx.post(f"{server.url}/chat/completions", json={"model": "tiny", **body})
+
+    r = chat(messages=[{"role": "user", "content": "hi", "extra": 1}])
     assert r.status_code == 400 and "extra" in r.json()["error"]["message"]
-    r = httpx.post(f"{server.url}/chat/completions", json={"model": "tiny", "messages": []})
+    assert r.json()["error"]["param"] == "messages.0.extra"
+    r = chat(messages=[])
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    # the field's path, without pydantic's tag for the member of a union ("content.str")
+    r = chat(messages=[{"role": "user", "content": "hi"}, {"role": "user", "content": 5}])
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages.1.content"
+    # the limit named as the client sent it
+    r = chat(messages=[{"role": "user", "content": "hi"}], max_completion_tokens=65)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "max_completion_tokens"
+    assert err["message"].startswith("max_completion_tokens is 65")
     r = httpx.post(f"{server.url}/completions", json={"model": "tiny", "prompt": "x" * (2 << 20)})
     assert r.status_code == 413 and "error" in r.json()
+
+    def chunked():  # no Content-Length: counted as it arrives
+        for _ in range(3000):
+            yield b"x" * 1024
+
+    rejected = {s: metric(server.base, "draftkit:request_rejected_total", status=s)
+                for s in ("400", "413")}
+    r = httpx.post(f"{server.url}/completions", content=chunked(),
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 413, r.text
+    assert r.json()["error"]["message"].startswith("the request body is over 1048576 bytes")
+    assert {s: metric(server.base, "draftkit:request_rejected_total", status=s)
+            for s in ("400", "413")} == {"400": rejected["400"], "413": rejected["413"] + 1}
+
+
+def test_null_means_the_default(server):
+    for field in ("n", "stream", "presence_penalty", "frequency_penalty", "echo", "logprobs",
+                  "stop", "seed", "max_tokens", "temperature", "top_p", "top_k", "user",
+                  "stream_options", "logit_bias", "best_of", "suffix", "model"):
+        r = httpx.post(f"{server.url}/completions", json={"model": "tiny", "prompt": "hi",
+                                                          "max_tokens": 2, field: None})
+        assert r.status_code == 200, (field, r.text)
+        assert r.json()["usage"]["completion_tokens"] <= (16 if field == "max_tokens" else 2)
+    r = httpx.post(f"{server.url}/completions", json={
+        "model": "tiny", "prompt": "hi", "max_tokens": 2, "stream": True,
+        "stream_options": {"include_usage": None}})
+    assert r.status_code == 200 and "usage" not in r.text, r.text
+    r = httpx.post(f"{server.url}/chat/completions", json={
+        "model": "tiny", "messages": [{"role": "user", "content": "hi", "name": None}],
+        "max_tokens": 2, "max_completion_tokens": None, "logprobs": None,
+        "top_logprobs": None, "response_format": None, "tools": None, "tool_choice": None,
+        "parallel_tool_calls": None})
+    assert r.status_code == 200, r.text
+
+
+def test_a_tiny_temperature_is_greedy(server):
+    """1e-40 would overflow the logits to inf (NaN probabilities, token 0 every time)."""
+    body = {"model": "tiny", "prompt": "what is", "max_tokens": 8}
+    greedy = httpx.post(f"{server.url}/completions", json=dict(body, temperature=0)).json()
+    for t in (1e-40, 1e-8):
+        r = httpx.post(f"{server.url}/completions", json=dict(body, temperature=t))
+        assert r.json()["choices"][0]["text"] == greedy["choices"][0]["text"], t
 
 
 def test_unknown_routes_get_the_openai_error_body(server):
@@ -275,9 +360,10 @@ def test_general_runner_serves_in_cohorts(tiny_models):
             t.start()
         for t in threads:
             t.join(60)
-        refs = offline(tiny_models, [tok(p)["input_ids"] for p in prompts], 10)
+        ids = [tok(p)["input_ids"] for p in prompts]
+        refs = offline(tiny_models, ids, 10)
         assert [o.choices[0].text for o in out] == [
-            tok.decode(r.tokens, skip_special_tokens=True) for r in refs]
+            text_after(tok, p, r.tokens) for p, r in zip(ids, refs)]
     finally:
         srv.stop()
 
@@ -300,5 +386,48 @@ def test_a_failed_admission_answers_its_requests_and_the_server_goes_on(tiny_mod
         r = httpx.post(f"{srv.url}/completions", json=body, timeout=30)
         assert r.status_code == 500 and "out of memory" in r.json()["error"]["message"]
         assert httpx.post(f"{srv.url}/completions", json=body, timeout=30).status_code == 200
+    finally:
+        srv.stop()
+
+
+def test_template_errors_are_400_and_bugs_a_logged_500(tiny_models, caplog, monkeypatch):
+    """A chat template may refuse messages (jinja's raise_exception); anything else that
+    escapes is a bug: a 500 in the OpenAI shape, its traceback in the log."""
+    from draftkit.decode.engine import SpeculativeEngine
+    from draftkit.serve.app import create_app
+    from tests.serve.conftest import LiveServer
+    from tests.tiny import make_tokenizer
+
+    _, target, draft = tiny_models
+    tok = make_tokenizer()
+    tok.chat_template = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System "
+                         "role not supported') }}{% endif %}" + tok.chat_template)
+    srv = LiveServer(create_app(SpeculativeEngine(target, draft), tok, model_name="tiny", k=2,
+                                max_batch=2))
+    try:
+        body = {"model": "tiny", "max_tokens": 3, "messages": [
+            {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]}
+        r = httpx.post(f"{srv.url}/chat/completions", json=body)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "messages" and "System role not supported" in err["message"]
+        assert httpx.post(f"{srv.url}/chat/completions",
+                          json=dict(body, messages=body["messages"][1:])).status_code == 200
+
+        def bug(job):
+            raise KeyError("oops")
+
+        srv.scheduler.submit = bug
+        monkeypatch.setattr(logging.getLogger("uvicorn"), "propagate", True)  # to caplog
+        r = httpx.post(f"{srv.url}/completions", json={"model": "tiny", "prompt": "hi"})
+        assert r.status_code == 500, r.text
+        assert r.json()["error"] == {"message": "internal error (KeyError); see the server's "
+                                                "log", "type": "server_error", "param": None,
+                                     "code": None}
+        deadline = time.time() + 10  # uvicorn logs the traceback after the answer is sent
+        while "KeyError: 'oops'" not in caplog.text:
+            assert time.time() < deadline, "no traceback in the log"
+            time.sleep(0.05)
+        assert "Exception in ASGI application" in caplog.text
     finally:
         srv.stop()
