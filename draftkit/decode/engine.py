@@ -10,7 +10,9 @@ of which the target has processed the first L - 1:
 3. accept (verify.py): n drafted tokens plus one target token are committed; both caches roll
    back by position (the runners continue from the committed length: no tensor is copied).
 
-K = 0 is plain decoding in the same loop: one target step, no draft work at all.
+K = 0 is plain decoding in the same loop: one target step, no draft work at all. The next
+drafting round first feeds the draft the tokens those rounds decoded (catch-up, timed apart
+from the K drafting steps so c stays the cost of one drafting step).
 
 Rows of different lengths each keep their own position pointer, so a row's tokens do not
 depend on the other rows (under greedy decoding they equal decoding it alone). A round
@@ -77,7 +79,10 @@ class Result:
 
     @property
     def tau(self) -> float:
-        return len(self.tokens) / self.stats.target_calls if self.stats.target_calls else 0.0
+        """Tokens kept per target call over the decoding rounds, as :meth:`DecodeStats.tau`:
+        the prefill and the first token it emits are left out."""
+        rounds = self.stats.target_calls - 1
+        return (len(self.tokens) - 1) / rounds if rounds > 0 else 0.0
 
 
 @dataclass
@@ -365,8 +370,10 @@ class SpeculativeEngine:
             t2 = time.perf_counter()
             new = self._choose(logits[:, 0], state, rows)[:, None]  # (b, 1)
             counts = [1] * len(rows)
-            acc_pos, tested_pos, beta_sum, rejections, bonus = [], [], 0.0, 0, 0
+            acc_pos, tested_pos, beta_sum, rejections, full = [], [], 0.0, 0, []
+            catchup = 0.0
         else:
+            catchup = self._catch_up(state, rows, lengths)
             drafted, q = self._draft(state, rows, lengths, k)  # (b, K), (b, K, V) or None
             synchronize(dev)
             t1 = time.perf_counter()
@@ -399,7 +406,7 @@ class SpeculativeEngine:
             tested_pos = tested.sum(0).tolist()
             beta_sum = float((verdict.beta * tested).sum())
             rejections = sum(1 for i, x in enumerate(n_host) if active[i] and x < k)
-            bonus = sum(1 for i, x in enumerate(n_host) if active[i] and x == k)
+            full = [active[i] and x == k for i, x in enumerate(n_host)]
             for i, x in enumerate(n_host):
                 if active[i]:
                     row = state.rows[rows[i]]
@@ -410,13 +417,15 @@ class SpeculativeEngine:
             if active[i]:
                 state.rows[b].target_calls += 1
         kept = self._commit(state, rows, new, counts)
+        # the bonus token counts only when kept: EOS or the budget may cut the block before it
+        bonus = sum(1 for f, m in zip(full, kept) if f and m == k + 1)
         if k:  # the draft holds every committed position below L - 2 (see _draft)
             for b in rows:
                 state.draft_lengths[b] = state.lengths[b] - 2
         synchronize(dev)
         t3 = time.perf_counter()
-        r = RoundStats(k, sum(active), acc_pos, tested_pos, beta_sum, rejections, bonus, kept,
-                       t1 - t0, t2 - t1, t3 - t2)
+        r = RoundStats(k, sum(active), acc_pos, tested_pos, beta_sum, rejections, bonus,
+                       sum(kept), t1 - t0 - catchup, t2 - t1, t3 - t2, catchup)
         state.stats.add_round(r)
         return r
 
@@ -434,23 +443,42 @@ class SpeculativeEngine:
                                 f"too); shorten the prompt")
         return min(max_new_tokens, room)
 
+    def _catch_up(self, state: BatchState, rows: list[int], lengths: list[int]) -> float:
+        """Feed the draft the committed tokens it has not seen, up to position L - 3 (tokens
+        decoded by K = 0 rounds); returns the seconds it took, zero when there were none.
+
+        Separate from the first drafting step so that step costs the same as in any round at
+        a fixed K, and c measures drafting, not the length of the plain stretch before it.
+        Rows needing fewer tokens start earlier, re-writing positions they already hold with
+        the same values (a short row may write past its end, where nothing is read before the
+        next forwards overwrite it)."""
+        import torch
+
+        width = max(n - 2 - min(state.draft_lengths[b], n - 2) for b, n in zip(rows, lengths))
+        if width == 0:
+            return 0.0
+        dev = self.device
+        t0 = time.perf_counter()
+        starts = [max(0, n - 2 - width) for n in lengths]
+        idx = torch.tensor(starts, device=dev)[:, None] + torch.arange(width, device=dev)
+        inp = state.tokens[torch.tensor(rows, device=dev)[:, None], idx]  # (b, W)
+        self.draft.forward(inp, starts, last=[width - 1] * len(rows), rows=rows)
+        synchronize(dev)
+        return time.perf_counter() - t0
+
     def _draft(self, state: BatchState, rows: list[int], lengths: list[int], k: int):
         """K draft tokens per row (and their warped q unless every row is greedy)."""
         import torch
 
-        # Catch-up: feed each row's committed tokens from what its draft cache holds (at
-        # least the last two: after a round the draft holds every position below L - 2, so the
-        # bonus token of a fully accepted round and the last accepted draft token are fed
-        # here; after K = 0 rounds, every token decoded since). Rows needing fewer tokens start
-        # earlier, re-writing positions they already hold with the same values.
+        # The first step feeds the last two committed tokens at L - 2, L - 1: after a round
+        # the draft holds every position below L - 2 (after K = 0 rounds, _catch_up has fed
+        # them), so the bonus token of a fully accepted round and the last accepted draft
+        # token are fed here.
         dev = self.device
-        starts = [min(state.draft_lengths[b], n - 2) for b, n in zip(rows, lengths)]
-        width = max(n - s for s, n in zip(starts, lengths))
-        starts = [max(0, n - width) for n in lengths]
-        idx = torch.tensor(starts, device=dev)[:, None] + torch.arange(width, device=dev)
-        inp = state.tokens[torch.tensor(rows, device=dev)[:, None], idx]  # (b, W)
-        last = [n - 1 - s for s, n in zip(starts, lengths)]
-        logits = self.draft.forward(inp, starts, last=last, rows=rows)  # (b, V)
+        starts = [n - 2 for n in lengths]
+        idx = torch.tensor(starts, device=dev)[:, None] + torch.arange(2, device=dev)
+        inp = state.tokens[torch.tensor(rows, device=dev)[:, None], idx]  # (b, 2)
+        logits = self.draft.forward(inp, starts, last=[1] * len(rows), rows=rows)  # (b, V)
         params = [state.params[b] for b in rows]
         greedy = all(p.greedy for p in params)
         gens = None if greedy else state.rng(rows)
@@ -490,9 +518,9 @@ class SpeculativeEngine:
         return torch.where(torch.tensor(greedy, device=tok.device), logits.argmax(-1), tok)
 
     def _commit(self, state: BatchState, rows: list[int], new: "torch.Tensor",
-                counts: list[int]) -> int:
+                counts: list[int]) -> list[int]:
         """Append the first counts[i] tokens of new[i] to each active row rows[i], stopping at
-        EOS or the row's budget. new: (b, T). Returns the number of tokens kept."""
+        EOS or the row's budget. new: (b, T). Returns the tokens kept per row (0 when done)."""
         import torch
 
         t = new.shape[1]
@@ -502,7 +530,7 @@ class SpeculativeEngine:
         # Rows that are done write past their end, where nothing is ever read.
         state.tokens[torch.tensor(rows, device=dev)[:, None], cols] = new
         host = new.tolist()
-        kept = 0
+        kept = [0] * len(rows)
         for i, b in enumerate(rows):
             if state.done[b]:
                 continue
@@ -521,5 +549,5 @@ class SpeculativeEngine:
                 state.done[b] = True
             state.new_tokens[b].extend(host[i][:m])
             state.lengths[b] += m
-            kept += m
+            kept[i] = m
         return kept

@@ -5,6 +5,10 @@ alpha with the truncation correction (accepted / (accepted + rejections)), alpha
 1 - TV(p, q) at the tested positions, conditional alpha_i per draft position, tau (tokens per
 target call), c (draft step / target step time) and v(K) (verify inflation). Times are measured
 after synchronising the device.
+
+alpha counts every tested position, kept or not: each is one Bernoulli trial of the draft
+against the target, whatever EOS or the token budget later cut. tau counts only the tokens kept,
+so it is what a caller actually gets per target call.
 """
 
 from __future__ import annotations
@@ -24,11 +28,14 @@ class RoundStats:
     tested_per_position: list[int]  # rows that reached the accept test at position i
     beta_sum: float  # sum over tested positions of sum_x min(p, q)
     rejections: int  # rows that stopped at a rejection (n < K)
-    bonus: int  # rows that accepted all K and got the bonus token
+    bonus: int  # rows that accepted all K and kept the bonus token (not cut at EOS / budget)
     tokens: int  # tokens kept (after EOS / length truncation)
-    seconds_draft: float
+    seconds_draft: float  # the K drafting steps, catch-up excluded
     seconds_verify: float  # the target call (a plain step when K = 0)
     seconds_other: float  # sampling, acceptance, bookkeeping
+    # the draft reading tokens decoded while it sat out (K = 0 rounds): no token is drafted,
+    # so charging it to the K steps would inflate c by the length of the plain stretch
+    seconds_catchup: float = 0.0
 
 
 @dataclass
@@ -44,6 +51,7 @@ class DecodeStats:
     rejections: int = 0
     bonus: int = 0
     tokens: int = 0  # new tokens emitted, the prefill's first token included
+    decoded: int = 0  # tokens kept by decoding rounds (prefill's excluded): tau's numerator
     beta_sum: float = 0.0
     beta_count: int = 0
     drafted_per_position: list[int] = field(default_factory=list)
@@ -53,6 +61,7 @@ class DecodeStats:
     seconds_draft: float = 0.0
     seconds_verify: float = 0.0
     seconds_other: float = 0.0
+    seconds_catchup: float = 0.0
     # time per target call by tokens per row (1 = plain step, K + 1 = verify), summed / counted
     target_seconds_by_tokens: dict[int, float] = field(default_factory=dict)
     target_calls_by_tokens: dict[int, int] = field(default_factory=dict)
@@ -67,6 +76,7 @@ class DecodeStats:
         self.rejections += r.rejections
         self.bonus += r.bonus
         self.tokens += r.tokens
+        self.decoded += r.tokens
         self.beta_sum += r.beta_sum
         self.beta_count += sum(r.tested_per_position)
         for i in range(r.k):
@@ -76,6 +86,7 @@ class DecodeStats:
         self.seconds_draft += r.seconds_draft
         self.seconds_verify += r.seconds_verify
         self.seconds_other += r.seconds_other
+        self.seconds_catchup += r.seconds_catchup
         t = r.k + 1
         self.target_seconds_by_tokens[t] = self.target_seconds_by_tokens.get(t, 0.0) + \
             r.seconds_verify
@@ -90,7 +101,8 @@ class DecodeStats:
 
     @property
     def seconds(self) -> float:
-        return self.seconds_prefill + self.seconds_draft + self.seconds_verify + self.seconds_other
+        return (self.seconds_prefill + self.seconds_draft + self.seconds_catchup
+                + self.seconds_verify + self.seconds_other)
 
     def alpha(self) -> float:
         """accepted / tested positions (the truncation correction; see metrics)."""
@@ -105,9 +117,19 @@ class DecodeStats:
         return metrics.conditional_alphas(self.accepted_per_position, self.tested_per_position)
 
     def tau(self) -> float:
-        """Tokens per target call (per row), over decoding rounds (prefill excluded)."""
+        """Tokens kept per target verification call per row, over decoding rounds (prefill
+        excluded; K = 0 rounds count one token each).
+
+        The measured counterpart of tau = (1 - alpha^(K+1)) / (1 - alpha) (Leviathan et al.,
+        arXiv 2211.17192, eq. 1). A block cut at EOS or the token budget counts only the tokens
+        kept, so on short outputs tau falls below that prediction from alpha_i.
+        """
         rs = self.row_steps
-        return (self.accepted + rs) / rs if rs else 0.0
+        return self.decoded / rs if rs else 0.0
+
+    def rounds_by_k(self) -> dict[int, int]:
+        """Decoding rounds per K (K = 0: plain steps)."""
+        return {t - 1: n for t, n in self.target_calls_by_tokens.items()}
 
     def target_step_seconds(self, tokens: int = 1) -> float | None:
         n = self.target_calls_by_tokens.get(tokens)
@@ -117,7 +139,10 @@ class DecodeStats:
         return self.seconds_draft / self.draft_steps if self.draft_steps else None
 
     def c(self, target_step: float | None = None) -> float | None:
-        """Draft step / target step; ``target_step`` from a K = 0 run when this one had none."""
+        """Draft step / target step; ``target_step`` from a K = 0 run when this one had none.
+
+        Catch-up after K = 0 rounds is left out (``seconds_catchup``): c is the cost of one
+        drafting step, the same figure whether K was fixed or chosen per round."""
         t = target_step or self.target_step_seconds(1)
         d = self.draft_step_seconds()
         return d / t if (d and t) else None
@@ -141,8 +166,8 @@ class DecodeStats:
             "alpha": self.alpha(), "alpha_tv": self.alpha_tv(), "alpha_i": self.alphas(),
             "tau": self.tau(), "c": self.c(target_step), "v": self.v(k, target_step) if k else None,
             "seconds": self.seconds, "seconds_prefill": self.seconds_prefill,
-            "seconds_draft": self.seconds_draft, "seconds_verify": self.seconds_verify,
-            "seconds_other": self.seconds_other,
+            "seconds_draft": self.seconds_draft, "seconds_catchup": self.seconds_catchup,
+            "seconds_verify": self.seconds_verify, "seconds_other": self.seconds_other,
         }
 
 

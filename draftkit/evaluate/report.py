@@ -16,9 +16,9 @@ from typing import Any
 from draftkit.io import atomic_write_json, atomic_write_text
 
 DOMAIN_KEYS = ("n_prompts", "new_tokens", "alpha", "alpha_tv", "alpha_per_position", "tau", "c",
-               "v", "k", "speedup_predicted", "speedup_measured", "plain_tokens_per_s",
-               "spec_tokens_per_s", "target_entropy", "by_entropy", "overhead_per_round_ms",
-               "verdict")
+               "v", "k", "plain_round_share", "rounds_by_k", "speedup_predicted",
+               "speedup_measured", "plain_tokens_per_s", "spec_tokens_per_s", "target_entropy",
+               "by_entropy", "overhead_per_round_ms", "verdict")
 REPORT_KEYS = ("target", "draft", "device", "dtype", "temperature", "k", "created", "domains",
                "overall", "k_sweep", "batch_sweep", "break_even")
 
@@ -30,8 +30,9 @@ ENTROPY_NOTE = ("Teacher-forced on the decoded continuations; each cell is the a
 # (column title, key, format) of the per-domain table.
 TABLE = [("domain", None, "{}"), ("prompts", "n_prompts", "{}"), ("alpha before", "alpha_before",
          "{:.3f}"), ("alpha", "alpha", "{:.3f}"), ("tau", "tau", "{:.2f}"), ("c", "c", "{:.3f}"),
-         ("v", "v", "{:.2f}"), ("K", "k", "{}"), ("speedup measured", "speedup_measured",
-         "{:.2f}x"), ("speedup predicted", "speedup_predicted", "{:.2f}x"),
+         ("v", "v", "{:.2f}"), ("K", "k", "{}"), ("K=0 rounds", "plain_round_share", "{:.0%}"),
+         ("speedup measured", "speedup_measured", "{:.2f}x"),
+         ("speedup predicted", "speedup_predicted", "{:.2f}x"),
          ("plain tok/s", "plain_tokens_per_s", "{:.1f}"), ("spec tok/s", "spec_tokens_per_s",
          "{:.1f}"), ("verdict", "verdict", "{}")]
 

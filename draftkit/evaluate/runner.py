@@ -230,7 +230,7 @@ class Evaluator:
 def k_used(stats) -> int:
     """The positive K the run used most (auto varies it per round and starts every decode
     with plain steps, so K = 0 counts only when the run never speculated)."""
-    calls = {t - 1: n for t, n in stats.target_calls_by_tokens.items()}
+    calls = stats.rounds_by_k()
     spec = {k: n for k, n in calls.items() if k > 0}
     calls = spec or calls
     if not calls:
@@ -238,28 +238,54 @@ def k_used(stats) -> int:
     return max(calls, key=lambda k: (calls[k], k))
 
 
+def predicted_speedup(stats, target_step: float | None) -> float | None:
+    """Speedup the model predicts for the rounds the run actually had, K by K.
+
+    A round at K yields tau(alpha_1..alpha_K) tokens for K c + v(K) target steps (Leviathan et
+    al., arXiv 2211.17192, Theorem 3.8, with the measured verify inflation v); a K = 0 round
+    yields one token for one step. Summing both over the rounds gives expected tokens over
+    expected time, so under ``--k auto`` the prediction covers the same mix of K (plain
+    stretches included) as the measured speedup; at a fixed K it is ``metrics.speedup``.
+    None when c or some v(K) is unknown.
+    """
+    alphas = stats.alphas() or stats.alpha()
+    c = stats.c(target_step)
+    tokens = steps = 0.0
+    for k, n in stats.rounds_by_k().items():
+        v = stats.v(k, target_step) if k else 1.0
+        if k and (c is None or v is None):
+            return None
+        tokens += n * metrics.tau(alphas, k)
+        steps += n * (k * c + v if k else 1.0)
+    return tokens / steps if steps else 1.0  # no round at all: plain decoding by definition
+
+
 def domain_figures(run: DomainRun, n_prompts: int, settings: EvalSettings) -> dict:
-    """The report's per-domain fields from one domain's measurements."""
+    """The report's per-domain fields from one domain's measurements.
+
+    ``k`` (and ``v``, at that K) is the positive K the run used most; under ``--k auto``
+    ``plain_round_share`` and ``rounds_by_k`` say how the rounds were spread over K, and
+    ``speedup_predicted`` is for that spread (:func:`predicted_speedup`)."""
     stats = run.stats
     step = run.plain_stats.target_step_seconds(1)
     k = k_used(stats)
     plain_tps = statistics.median(run.tokens / s for s in run.plain_seconds if s > 0)
     spec_tps = statistics.median(run.spec_tokens / s for s in run.spec_seconds if s > 0)
     alphas = stats.alphas()
-    c = stats.c(step)
-    v = stats.v(k, step) if k else None
-    predicted = 1.0 if k == 0 else None  # K = 0 is plain decoding by definition
-    if k and c is not None and v is not None:
-        predicted = metrics.speedup(alphas or stats.alpha(), c, k, v)
+    by_k = stats.rounds_by_k()
     rounds = stats.rounds or 1
     # Round time the model does not explain: measured decode time per round minus the draft
-    # and verify forwards it accounts for.
-    overhead_ms = 1000 * stats.seconds_other / rounds
+    # and verify forwards it accounts for (the draft's catch-up after K = 0 rounds included).
+    overhead_ms = 1000 * (stats.seconds_other + stats.seconds_catchup) / rounds
     return {
         "n_prompts": n_prompts, "new_tokens": run.spec_tokens, "alpha": stats.alpha(),
         "alpha_tv": stats.alpha_tv() if settings.temperature > 0 else None,
-        "alpha_per_position": alphas, "tau": stats.tau(), "c": c, "v": v, "k": k,
-        "speedup_predicted": predicted, "speedup_measured": spec_tps / plain_tps,
+        "alpha_per_position": alphas, "tau": stats.tau(), "c": stats.c(step),
+        "v": stats.v(k, step) if k else None, "k": k,
+        "plain_round_share": by_k.get(0, 0) / rounds,
+        "rounds_by_k": {str(x): by_k[x] for x in sorted(by_k)},
+        "speedup_predicted": predicted_speedup(stats, step),
+        "speedup_measured": spec_tps / plain_tps,
         "plain_tokens_per_s": plain_tps, "spec_tokens_per_s": spec_tps,
         "target_entropy": None, "by_entropy": None, "overhead_per_round_ms": overhead_ms,
         "verdict": None,
