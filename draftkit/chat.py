@@ -34,8 +34,12 @@ def render_prompt(tokenizer: Any, prompt: Prompt, raw: bool = False) -> str:
             return prompt  # base models without a template take the text as it is
         raise DraftkitError("the target's tokenizer has no chat template; pass plain-text "
                             "prompts with --raw")
-    return tokenizer.apply_chat_template(as_messages(prompt), tokenize=False,
-                                         add_generation_prompt=True)
+    try:
+        return tokenizer.apply_chat_template(as_messages(prompt), tokenize=False,
+                                             add_generation_prompt=True)
+    except Exception as e:  # a template may refuse messages: raise_exception("System role...")
+        raise DraftkitError(f"the chat template cannot render these messages "
+                            f"({type(e).__name__}: {e})") from None
 
 
 def encode_prompt(tokenizer: Any, prompt: Prompt, raw: bool = False) -> list[int]:

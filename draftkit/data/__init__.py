@@ -14,8 +14,8 @@ import random
 from pathlib import Path
 from typing import Any, Callable
 
-from draftkit.data.pack import (Rows, Tokenized, pack, passages, positions,
-                                 tokenize_example)
+from draftkit.data.pack import (Rows, Tokenized, encode_example_prompt, pack, passages,
+                                 positions, tokenize_example)
 from draftkit.data.sources import Example, load_examples
 from draftkit.errors import DraftkitError
 
@@ -86,9 +86,7 @@ def build_rows(data: Any, tokenizer: Any, seed: int, generate: Callable | None =
     responses: list[list[int] | None] = [None] * len(examples)
     prompts: dict[int, list[int]] = {}
     if data.regime in ("target", "on_policy"):
-        from draftkit.chat import encode_prompt
-
-        prompts = {i: encode_prompt(tokenizer, ex.messages) for i, ex in enumerate(examples)
+        prompts = {i: encode_example_prompt(tokenizer, ex) for i, ex in enumerate(examples)
                    if ex.messages is not None}
         if not prompts:
             raise DraftkitError(f"data.regime: {data.regime} needs prompts ('prompt' or "

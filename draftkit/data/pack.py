@@ -96,6 +96,20 @@ def passages(ex: Example, tokenizer: Any, seq_len: int) -> list[Example]:
                                 document=False) for i, t in enumerate(texts)]
 
 
+def encode_example_prompt(tokenizer: Any, ex: Example) -> list[int]:
+    """The ids of a chat or prompt row's prompt, rendered with the target's chat template; a
+    row that cannot be rendered is an error naming it."""
+    from draftkit.chat import encode_prompt
+
+    if not getattr(tokenizer, "chat_template", None):
+        raise DraftkitError(f"{ex.origin}: the target's tokenizer has no chat template, so "
+                            f"prompt and chat rows cannot be rendered; give 'text' rows")
+    try:
+        return encode_prompt(tokenizer, ex.messages)
+    except DraftkitError as e:
+        raise DraftkitError(f"{ex.origin}: {e}") from None
+
+
 def tokenize_example(tokenizer: Any, ex: Example, response_only: bool = True,
                      response_ids: list[int] | None = None) -> Tokenized:
     """Ids and target flags of one example.
@@ -103,22 +117,21 @@ def tokenize_example(tokenizer: Any, ex: Example, response_only: bool = True,
     ``response_ids`` (from a generation cache) are appended to the rendered prompt as they
     are, so the draft learns exactly the tokens the target produced.
     """
-    from draftkit.chat import encode_prompt
-
     if ex.text is not None:
         ids = tokenizer(ex.text)["input_ids"]
         return Tokenized(list(ids), [True] * len(ids), ex.domain, ex.origin, splittable=True)
-    prompt = encode_prompt(tokenizer, ex.messages)
+    prompt = encode_example_prompt(tokenizer, ex)
     if response_ids is not None:
         ids = prompt + list(response_ids)
         start = len(prompt)
     elif ex.response is not None:
         full = ex.messages + [{"role": "assistant", "content": ex.response}]
-        if getattr(tokenizer, "chat_template", None):
+        try:
             text = tokenizer.apply_chat_template(full, tokenize=False)
-            ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-        else:
-            ids = prompt + list(tokenizer(ex.response, add_special_tokens=False)["input_ids"])
+        except Exception as e:
+            raise DraftkitError(f"{ex.origin}: the chat template cannot render the row "
+                                f"({type(e).__name__}: {e}); fix the row") from None
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
         # Templates may rewrite earlier turns once a response follows: the response starts
         # where the two renderings diverge.
         start = _common_prefix(prompt, ids)

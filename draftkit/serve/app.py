@@ -216,15 +216,8 @@ def create_app(engine, tokenizer, *, model_name: str, k: int | str = "auto", k_m
             return list(prompt)
         try:
             return encode_prompt(tokenizer, prompt, raw=raw)
-        except DraftkitError as e:
+        except DraftkitError as e:  # a template that refuses the messages too
             raise RequestError(str(e), "messages" if not raw else "prompt") from None
-        except Exception as e:
-            if raw:
-                raise
-            # a template may refuse messages itself: raise_exception("System role not
-            # supported") is a jinja2 TemplateError; an odd message may break it otherwise
-            raise RequestError(f"the chat template cannot render these messages: "
-                               f"{type(e).__name__}: {e}", "messages") from None
 
     async def run(request: Request, req, job: Job, chat: bool):
         rid, created = new_id("chatcmpl" if chat else "cmpl"), int(time.time())

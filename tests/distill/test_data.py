@@ -1,5 +1,6 @@
 """Loading, chat rendering, response-only masks, packing and the generation cache, on tiny files."""
 
+import copy
 import gzip
 import json
 import re
@@ -355,3 +356,23 @@ def test_rows_name_their_own_file_and_bad_values_are_one_line(tmp_path):
         source_format(DataSource(path=str(tmp_path / "b.jsonl"), split="test"))
     (kept,) = load_examples([DataSource(path=str(tmp_path / "rows[v2].jsonl"), domain="d")])["d"]
     assert kept.text == "kept"
+
+
+def test_rows_the_chat_template_cannot_render_are_named(tmp_path, tok):
+    from draftkit.data.sources import Example
+
+    system = Example("chat", messages=[{"role": "system", "content": "be brief"},
+                                       {"role": "user", "content": "hi"}], response="hello",
+                     origin="c.jsonl:3")
+    strict = copy.deepcopy(tok)
+    strict.chat_template = ("{% if messages[0]['role'] == 'system' %}"
+                            "{{ raise_exception('System role not supported') }}{% endif %}"
+                            + tok.chat_template)
+    with pytest.raises(DraftkitError, match=r"^c.jsonl:3: the chat template cannot render these "
+                                            r"messages \(TemplateError: System role not"):
+        tokenize_example(strict, system)
+    bare = copy.deepcopy(tok)
+    bare.chat_template = None
+    with pytest.raises(DraftkitError, match="c.jsonl:3: the target's tokenizer has no chat "
+                                            "template, .* give 'text' rows"):
+        tokenize_example(bare, system)
