@@ -4,6 +4,7 @@ YAML recipes go through the same path as ``draftkit distill RECIPE --dry-run``;
 recipes/deepspeed/*.json are checked for the keys DeepSpeed needs.
 """
 
+import json
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,15 @@ def test_bad_recipes_name_key_and_file(tmp_path, text, expect):
         "CSV", str(tmp_path / "d.csv")) in str(e.value)
     if "does not exist" not in expect:
         assert str(path) in str(e.value)
+
+
+def test_dry_run_checks_seq_len_against_a_local_target(tmp_path, tiny_dirs):
+    context = json.loads((tiny_dirs[0] / "config.json").read_text())["max_position_embeddings"]
+    path = _recipe(tmp_path, f"target: {tiny_dirs[0]}\ndata: {{sources: [{{path: DATA}}], "
+                             f"seq_len: {context + 1}}}\n")
+    with pytest.raises(ConfigError, match=f"target: data.seq_len={context + 1} is longer than "
+                                          f"the target's context window \\({context}\\)"):
+        check_config(load_config(path), str(path))
 
 
 def test_recipe_files_that_are_not_recipes(tmp_path):
