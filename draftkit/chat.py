@@ -44,7 +44,7 @@ def render_prompt(tokenizer: Any, prompt: Prompt, raw: bool = False) -> str:
 
 def encode_prompt(tokenizer: Any, prompt: Prompt, raw: bool = False) -> list[int]:
     """Token ids of a prompt; an empty prompt is an error."""
-    if (isinstance(prompt, str) and not prompt.strip()) or (isinstance(prompt, list) and not prompt):
+    if not (prompt.strip() if isinstance(prompt, str) else prompt):
         raise DraftkitError("empty prompt; give some text")
     text = render_prompt(tokenizer, prompt, raw)
     # The template already holds any special tokens; raw text gets the tokenizer's defaults.

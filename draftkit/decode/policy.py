@@ -1,50 +1,86 @@
-"""``--k auto``: choose K per round from running estimates, with hysteresis.
+"""``--k auto``: choose K per round from running estimates of acceptance and cost.
 
 Each round the engine reports what happened (:class:`~draftkit.decode.stats.RoundStats`). The
-policy keeps exponential moving averages of the conditional acceptance alpha_i per draft
-position and of the seconds per target call by tokens verified, per draft step and per round of
-overhead, keyed by the active batch size (verification inflation v grows with it). It picks the
-K in 0..K_max that maximises the general speedup model of REFERENCE.md section 1,
+policy estimates the conditional acceptance alpha_i of every draft position and the seconds per
+target call by tokens verified, per draft step and per round of overhead, keyed by the active
+batch size (verify inflation v grows with it). It picks the K in 0..K_max that maximises the
+speedup model of Leviathan et al. (arXiv 2211.17192) in its general form (REFERENCE.md
+section 1),
 
     S(K) = tau(alpha_1..K) * (T_target(1) + T_overhead)
            / (K T_draft + T_target(K + 1) + T_overhead),
 
-and keeps the current K unless another is predicted to be better by a margin (hysteresis), so
-noise in the clocks does not make it thrash. K = 0 (plain decoding) wins when speculation
-loses; while at K = 0 it probes K = 1 now and then so its estimates stay current (SmartSpec /
-TurboSpec, arXiv 2406.14066, choose K from measured goodput the same way). A probe that does
-not bring speculation back doubles the gap to the next one (up to ``max_probe_every``
-rounds), so a pair that never pays costs well under 1% against plain decoding.
+with tau = 1 + sum_i prod_{j<=i} alpha_j, and moves off the current K only for a gain above a
+small margin (hysteresis), so noise in the clocks does not make it thrash.
+
+alpha_i is a Beta posterior mean over the last ~``window`` tested trials at position i (the
+weight of a trial decays per trial, not per round, so the memory means the same at any batch
+size), with the posterior of position i - 1 as its prior, so unmeasured deeper positions repeat
+the rate before them. A long window keeps one unlucky round from switching speculation off near
+break-even; to still follow a real change (a new prompt, a new domain) a ``recent`` window runs
+alongside, and when it departs from the long one by more than three standard errors the long
+one restarts from it.
+
+K = 0 (plain decoding) wins when speculation loses. Acceptance is then unobserved, so every
+``probe_gap`` plain rounds the policy drafts K = 1 until ``probe_trials`` positions have been
+tested: a fresh sample for the change test, extended while it leans above the estimate without
+settling it. The gap doubles (up to ``max_probe_every``) only when even the posterior's upper
+bound predicts a loss, so a pair that never pays costs about 1% against plain decoding while
+one near break-even is re-checked often (SmartSpec / TurboSpec, arXiv 2406.14066, choose K from
+measured goodput the same way).
 """
 
 from __future__ import annotations
+
+import math
 
 from draftkit import metrics
 from draftkit.decode.stats import RoundStats
 
 
+class _Rate:
+    """An acceptance rate over a window of trials: each trial's weight decays by
+    (1 - 1 / window) per later trial, so ``weight`` (effective trials) tends to ``window``."""
+
+    def __init__(self, window: float):
+        self.window = window
+        self.restart()
+
+    def restart(self) -> None:
+        self.rate, self.weight, self.trials = 0.0, 0.0, 0
+
+    def add(self, accepted: int, tested: int) -> None:
+        self.trials += tested
+        keep = (1 - 1 / self.window) ** tested
+        new = self.window * (1 - keep)  # the batch's trials count as if they came one by one
+        self.weight = keep * self.weight + new
+        self.rate += new / self.weight * (accepted / tested - self.rate)
+
+
 class KPolicy:
-    def __init__(self, k_max: int = 8, hysteresis: float = 0.05, probe_every: int = 16,
-                 decay: float = 0.8, prior_alpha: float = 0.5, prior_weight: float = 4.0,
-                 prior_v_slope: float = 0.15, max_probe_every: int = 256):
+    def __init__(self, k_max: int = 8, hysteresis: float = 0.02, probe_every: int = 16,
+                 max_probe_every: int = 256, probe_trials: int = 8, window: int = 128,
+                 recent: int = 16, prior_alpha: float = 0.5, prior_weight: float = 2.0,
+                 time_decay: float = 0.9, prior_v_slope: float = 0.15):
         if k_max < 0:
             raise ValueError("k_max must be >= 0")
-        self.k_max, self.hysteresis, self.probe_every = k_max, hysteresis, probe_every
-        self.max_probe_every = max(probe_every, max_probe_every)
-        self.probe_gap = probe_every  # rounds at K = 0 before the next probe
-        self.decay = decay  # weight of the past in every moving average
-        self.prior_slope = prior_v_slope  # v(K) ~ 1 + slope * K until measured
-        # acceptance per position as decayed counts; a position with less evidence than
-        # prior_weight takes the rate of the position before it (prior_alpha for the first)
+        self.k_max, self.hysteresis = k_max, hysteresis
+        self.probe_every, self.max_probe_every = probe_every, max(probe_every, max_probe_every)
+        self.probe_trials = probe_trials
+        self.probe_gap = probe_every  # plain rounds before the next probe
+        self.since_probe = 0
+        self.probe_left = 0  # rounds the running probe still has to go
+        self.probing = False
         self.prior_alpha, self.prior_weight = prior_alpha, prior_weight
-        self.acc = [0.0] * k_max
-        self.tested = [0.0] * k_max
+        self.long = [_Rate(window) for _ in range(k_max)]
+        self.recent = [_Rate(recent) for _ in range(k_max)]
+        self.time_decay = time_decay  # clocks are noisy per round but drift only slowly
+        self.prior_slope = prior_v_slope  # v(K) ~ 1 + slope * K until measured
         self.t_target: dict[tuple[int, int], float] = {}  # (batch, tokens) -> seconds
         self.t_draft: dict[int, float] = {}  # batch -> seconds per draft step
         self.t_other: dict[int, float] = {}  # batch -> seconds per round outside forwards
         self.k = 0
         self.rounds = 0
-        self.since_probe = 0
         self.last_positive = min(2, k_max)
 
     # --- estimates ----------------------------------------------------------------------------
@@ -54,25 +90,41 @@ class KPolicy:
         if r.rows == 0:
             return
         for i in range(r.k):
-            self.acc[i] = self.decay * self.acc[i] + r.accepted_per_position[i]
-            self.tested[i] = self.decay * self.tested[i] + r.tested_per_position[i]
-        self._ema(self.t_target, (r.rows, r.k + 1), r.seconds_verify)
+            tested = r.tested_per_position[i]
+            if tested == 0:
+                continue
+            self.long[i].add(r.accepted_per_position[i], tested)
+            self.recent[i].add(r.accepted_per_position[i], tested)
+            if abs(self._departure(i)) > 3:  # alpha moved: forget what came before it
+                long, recent = self.long[i], self.recent[i]
+                long.rate, long.weight = recent.rate, recent.weight
         if r.k:
             self._ema(self.t_draft, r.rows, r.seconds_draft / r.k)
+        self._ema(self.t_target, (r.rows, r.k + 1), r.seconds_verify)
         self._ema(self.t_other, r.rows, r.seconds_other)
+
+    def _departure(self, i: int) -> float:
+        """Recent minus long acceptance at position i, in standard errors of the recent window
+        if alpha had not moved; 0 until the recent window holds ``probe_trials`` trials."""
+        long, recent = self.long[i], self.recent[i]
+        if recent.trials < self.probe_trials:
+            return 0.0
+        p = min(max(long.rate, 0.05), 0.95)  # the floor keeps a few trials from alarming
+        return (recent.rate - long.rate) / math.sqrt(p * (1 - p) / recent.weight)
 
     def _ema(self, table: dict, key, value: float) -> None:
         old = table.get(key)
-        table[key] = value if old is None else self.decay * old + (1 - self.decay) * value
+        table[key] = value if old is None else self.time_decay * old + (1 - self.time_decay) * value
 
-    def alphas(self) -> list[float]:
-        """Conditional alpha_i; unmeasured deeper positions repeat the deepest measured one,
-        so the policy is willing to try a larger K and then measures it."""
-        out, last = [], self.prior_alpha
-        for a, t in zip(self.acc, self.tested):
-            w = min(t / self.prior_weight, 1.0)  # blend towards the previous position
-            last = w * (a / t if t else 0.0) + (1 - w) * last
-            out.append(last)
+    def alphas(self, upper: float = 0.0) -> list[float]:
+        """Posterior mean of the conditional alpha_i, or mean + ``upper`` standard deviations.
+        Each position's prior is the mean before it (``prior_alpha`` for the first)."""
+        out, prior = [], self.prior_alpha
+        for est in self.long:
+            n = est.weight + self.prior_weight
+            mean = (est.rate * est.weight + prior * self.prior_weight) / n
+            out.append(min(mean + upper * math.sqrt(mean * (1 - mean) / (n + 1)), 1.0))
+            prior = mean
         return out
 
     def _nearest(self, table: dict, batch: int):
@@ -100,7 +152,8 @@ class KPolicy:
         base = s / (1 + self.prior_slope * (t - 1))
         return base * (1 + self.prior_slope * (tokens - 1))
 
-    def predicted_speedup(self, k: int, batch: int) -> float | None:
+    def predicted_speedup(self, k: int, batch: int, alphas: list[float] | None = None
+                          ) -> float | None:
         if k == 0:
             return 1.0
         t1 = self.target_seconds(batch, 1)
@@ -109,7 +162,7 @@ class KPolicy:
         to = self._nearest(self.t_other, batch) or 0.0
         if t1 is None or tv is None or td is None:
             return None
-        tau = metrics.tau(self.alphas()[:k], k)
+        tau = metrics.tau((alphas or self.alphas())[:k], k)
         return metrics.speedup_from_times(tau, t1 + to, td, tv, to, k)
 
     # --- the choice ---------------------------------------------------------------------------
@@ -127,17 +180,35 @@ class KPolicy:
         scores = {k: self.predicted_speedup(k, batch) for k in range(self.k_max + 1)}
         scores = {k: s for k, s in scores.items() if s is not None}
         best = max(scores, key=lambda k: scores[k])
-        current = scores.get(self.k, 0.0)
-        if scores[best] > current * (1 + self.hysteresis):
+        if scores[best] > scores.get(self.k, 0.0) * (1 + self.hysteresis):
             self.k = best
         if self.k > 0:
-            self.last_positive = self.k
-            self.since_probe = 0
-            self.probe_gap = self.probe_every
+            self.last_positive, self.probe_gap, self.since_probe = self.k, self.probe_every, 0
+            self.probe_left, self.probing = 0, False
             return self.k
-        self.since_probe += 1
-        if self.since_probe >= self.probe_gap:  # refresh alpha and c at the cheapest K
-            self.since_probe = 0
-            self.probe_gap = min(2 * self.probe_gap, self.max_probe_every)
+        # plain decoding: probe K = 1 now and then for a fresh sample of alpha_1
+        if self.probe_left > 0:
+            self.probe_left -= 1
             return 1
-        return 0
+        if self.probing:
+            if self._departure(0) > 1 and self.recent[0].trials < 4 * self.probe_trials:
+                return self._probe(batch)  # leaning above the estimate: look longer
+            self.probing = False
+            optimistic = self.alphas(upper=2.0)
+            hope = max(self.predicted_speedup(k, batch, optimistic) or 0.0
+                       for k in range(1, self.k_max + 1))
+            # back off only when speculation surely loses; near break-even keep checking
+            self.probe_gap = (min(2 * self.probe_gap, self.max_probe_every) if hope < 1.0
+                              else self.probe_every)
+        self.since_probe += 1
+        if self.since_probe < self.probe_gap:
+            return 0
+        self.since_probe, self.probing = 0, True
+        for est in self.recent:
+            est.restart()
+        return self._probe(batch)
+
+    def _probe(self, batch: int) -> int:
+        """Run K = 1 for about ``probe_trials`` tested positions (rows test one each)."""
+        self.probe_left = math.ceil(self.probe_trials / max(batch, 1)) - 1  # this round is one
+        return 1

@@ -2,6 +2,8 @@
 
 import random
 
+import pytest
+
 from draftkit import metrics
 from draftkit.decode.policy import KPolicy
 from draftkit.decode.stats import RoundStats
@@ -63,3 +65,73 @@ def test_hysteresis_avoids_thrashing_under_clock_noise():
     chosen = simulate(p, alpha=0.7, noise=0.1, rounds=300)
     switches = sum(a != b for a, b in zip(chosen[50:], chosen[51:]))
     assert switches < 15
+
+
+# --- against the best fixed K, as a reviewer's simulation measured it --------------------------
+
+T_STEP, T_OVERHEAD = 0.010, 0.0002  # seconds: one target step, the per-round overhead
+
+
+def race(alpha, c, k="auto", rounds=2000, seed=0):
+    """Decode ``rounds`` rounds at batch 1 with i.i.d. acceptance (``alpha``: a rate, or a
+    function of the round), T_draft = c T_STEP, T_target(K + 1) = T_STEP (1 + 0.05 K) and
+    T_OVERHEAD per round; K fixed or chosen by a fresh KPolicy(k_max=8). Returns the speedup
+    over plain decoding (tokens per second) and the K of every round."""
+    rng = random.Random(seed)
+    policy = KPolicy(k_max=8)
+    tokens, seconds, chosen = 0, 0.0, []
+    for i in range(rounds):
+        a = alpha(i) if callable(alpha) else alpha
+        kk = policy.choose(1) if k == "auto" else k
+        chosen.append(kk)
+        accepted, tested = [0] * kk, [0] * kk
+        for j in range(kk):  # positions are tested until the first rejection
+            tested[j] = 1
+            if rng.random() >= a:
+                break
+            accepted[j] = 1
+        n = sum(accepted)
+        t_draft, t_verify = kk * c * T_STEP, T_STEP * (1 + 0.05 * kk)
+        tokens += n + 1
+        seconds += t_draft + t_verify + T_OVERHEAD
+        policy.observe(RoundStats(kk, 1, accepted, tested, 0.0, int(n < kk), int(n == kk), n + 1,
+                                  t_draft, t_verify, T_OVERHEAD))
+    return tokens / seconds * (T_STEP + T_OVERHEAD), chosen
+
+
+def best_fixed(alpha, c):
+    return metrics.optimal_k(alpha, c, k_max=8, v=lambda k: 1 + 0.05 * k,
+                             overhead=T_OVERHEAD / T_STEP)
+
+
+@pytest.mark.parametrize("alpha,c", [(0.9, 0.05), (0.7, 0.1), (0.5, 0.2)])
+def test_auto_is_within_5_percent_of_the_best_fixed_k(alpha, c):
+    """Near break-even too (0.5, 0.2: K = 1 gives 1.18x), where one rejected probe used to
+    turn speculation off for hundreds of rounds."""
+    k, speedup = best_fixed(alpha, c)
+    assert k > 0
+    auto, _ = race(alpha, c)
+    assert auto >= 0.95 * speedup, (auto, speedup)
+
+
+@pytest.mark.parametrize("alpha,c", [(0.2, 0.3), (0.4, 0.5)])
+def test_auto_decodes_plainly_where_speculation_loses(alpha, c):
+    """Probes (K = 1 for 8 tested positions, every 16 rounds doubling to 256 once even the
+    optimistic alpha loses) are all that speculates, and they cost about 1%."""
+    assert best_fixed(alpha, c)[0] == 0
+    auto, chosen = race(alpha, c)
+    assert auto >= 0.97
+    assert chosen[500:].count(0) >= 0.85 * len(chosen[500:])
+
+
+def test_auto_follows_alpha_down_and_back_up():
+    """alpha 0.8 -> 0.1 -> 0.8 at c = 0.3: plain decoding within a few dozen rounds of the drop,
+    speculation again once a probe sees the recovery (at most ~max_probe_every rounds)."""
+    def alpha(i):
+        return 0.1 if 600 <= i < 1200 else 0.8
+
+    _, chosen = race(alpha, 0.3, rounds=2000)
+    assert min(chosen[500:600]) >= 1
+    assert chosen[600:650].count(0) >= 10
+    assert chosen[650:1200].count(0) >= 0.85 * len(chosen[650:1200])
+    assert min(chosen[1500:]) >= 1
