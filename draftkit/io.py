@@ -7,6 +7,7 @@ Everything draftkit writes goes to a temporary sibling first and is renamed into
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -84,6 +85,18 @@ def atomic_dir(path: Path, overwrite: bool = False) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def recover_replaced(path: Path) -> None:
+    """Undo what a kill inside :func:`atomic_dir` (``overwrite``) left next to ``path``: the
+    old folder set aside but the new one not yet in place is moved back; then temporary and
+    set-aside leftovers are removed."""
+    path = Path(path)
+    olds = sorted(path.parent.glob(f".{glob.escape(path.name)}.old-*"))
+    if olds and not path.exists():
+        os.replace(olds.pop(), path)
+    for leftover in olds + list(path.parent.glob(f".{glob.escape(path.name)}.*.tmp")):
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 def sha256_file(path: Path) -> str:

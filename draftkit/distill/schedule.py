@@ -9,8 +9,10 @@ def lr_factor(step: int, warmup: int, total: int, min_lr_ratio: float) -> float:
     """Multiplier of the peak lr for optimizer step ``step`` (0-based)."""
     if warmup > 0 and step < warmup:
         return (step + 1) / warmup
-    span = max(1, total - warmup)
-    progress = min(1.0, (step - warmup) / span)
+    # From the peak (the last warmup step's, or step 0's) down to the floor on the last step:
+    # each factor used once, the floor reached.
+    peak = warmup - 1 if warmup > 0 else 0
+    progress = min(1.0, (step - peak) / max(1, total - 1 - peak))
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 

@@ -36,7 +36,7 @@ from draftkit.distill.schedule import warmup_cosine
 from draftkit.distill.teacher import (MaskedLM, OnlineTeacher, TopKCache, cache_key,
                                       default_cache_dir)
 from draftkit.errors import DraftkitError
-from draftkit.io import append_jsonl, atomic_write_json, atomic_write_text
+from draftkit.io import append_jsonl, atomic_write_json, atomic_write_text, recover_replaced
 
 
 # --- the draft ----------------------------------------------------------------------------------
@@ -196,6 +196,7 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
         if aside is not None:
             print(f"resume=false: moved the earlier run in {out} to {aside}", flush=True)
         ckpt.remove_partial_writes(out / "checkpoints")
+        recover_replaced(out / "best")  # a kill while a new best/ replaced the old one
         dump_yaml(cfg, out / "config.yaml")  # the resolved config, overrides applied
     barrier(dist)  # no rank looks for checkpoints before the earlier run is set aside
     run.resume()
@@ -235,7 +236,7 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
                 end = step  # evaluate and checkpoint now, while they fit, then stop
             tok_s = tokens_seen * dist.world_size / max(1e-9, time.perf_counter() - t0)
             if dist.is_main and step % cfg.train.log_every == 0:
-                run.tracker.log({"loss": loss_value, "lr": run.scheduler.get_last_lr()[0],
+                run.tracker.log({"loss": loss_value, "lr": run.lr,
                                  "tokens_per_s": tok_s}, step=step)
             last = step == cfg.max_steps or (step == end and stop_after is None)
             if step % cfg.eval.every == 0 or last:
@@ -320,7 +321,9 @@ class _Run:
         """Continue from the newest checkpoint in out_dir, exactly, if there is one."""
         cfg, dist = self.cfg, self.dist
         found = ckpt.list_checkpoints(self.ckpt_dir) if cfg.resume else []
-        if not found:
+        if not found:  # a run killed before its first checkpoint starts over, its lines too
+            if dist.is_main:
+                _truncate_metrics(self.out / "metrics.jsonl", -1)
             return
         if self.engine is not None:
             state = ckpt.load_deepspeed_checkpoint(self.engine, found[-1], dist.rank)
@@ -343,39 +346,33 @@ class _Run:
                       f"to train; raise max_steps to continue", flush=True)
 
     def train_step(self) -> tuple[float, int]:
-        """One optimizer step over ``grad_accum`` micro-batches; (mean loss, trained tokens)."""
-        from draftkit.distill.onpolicy import draft_rows, is_on_policy  # here: tests patch them
-
+        """One optimizer step over ``grad_accum`` micro-batches on every rank; (loss, trained
+        tokens). The loss is the mean over all the step's trained tokens, as one large batch
+        would give: each micro-batch weighs by its tokens, not equally."""
         cfg, dist, accum = self.cfg, self.dist, self.cfg.train.grad_accum
-        total, n_tokens = 0.0, 0
-        on_policy = is_on_policy(cfg.seed, self.step, cfg.data.lmbda)
-        for micro in range(accum):
-            m = self.step * accum + micro
-            rows, source = self.rows, self.teacher
-            idx = batch_rows(m, len(rows), cfg.train.batch_size, cfg.seed, dist.rank,
-                             dist.world_size)
-            if on_policy:  # the draft's own answers, scored by the target now
-                g = cfg.data.generate
-                rows = draft_rows(self.draft, self.rows, cfg.train.batch_size, cfg.seed, m,
-                                  dist.rank, g.max_new_tokens, g.temperature, cfg.data.seq_len,
-                                  self.pad_id, self.tokenizer.eos_token_id)
-                idx, source = torch.arange(len(rows)), self.online
+        self.lr = self.optimizer.param_groups[0]["lr"]  # this step's, for the log
+        batches = [self._micro_batch(self.step * accum + micro) for micro in range(accum)]
+        local = sum(int(rows.loss_mask[idx].sum()) for rows, idx, _ in batches)
+        step_tokens = max(all_reduce_mean(float(local), dist) * dist.world_size, 1.0)
+        total = 0.0
+        for micro, (rows, idx, source) in enumerate(batches):
             sync = contextlib.nullcontext()
             if self.engine is None and hasattr(self.student, "no_sync") and micro < accum - 1:
                 sync = self.student.no_sync()  # all-reduce gradients once per step
             with sync:
                 loss, n = micro_loss(self.student, source, rows, idx, cfg, self.autocast)
+                # its share of the step's mean, times the ranks: DDP averages over them
+                share = loss * (n * dist.world_size / step_tokens)
                 # Checked before backward: a bad loss must never reach the weights.
-                value = all_reduce_mean(float(loss.detach()), dist)
+                value = all_reduce_mean(float(share.detach()), dist)
                 if not math.isfinite(value):
                     _stop_on_bad_loss(value, self.step, ckpt.list_checkpoints(self.ckpt_dir))
                 if self.engine is not None:
-                    self.engine.backward(loss)  # DeepSpeed divides by grad_accum itself
+                    self.engine.backward(share * accum)  # DeepSpeed divides by grad_accum
                     self.engine.step()  # updates only at the accumulation boundary
                 else:
-                    (loss / accum).backward()
-            total += value / accum
-            n_tokens += n
+                    share.backward()
+            total += value
         if self.engine is None:
             if cfg.train.max_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_(self.params, cfg.train.max_grad_norm)
@@ -383,7 +380,22 @@ class _Run:
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        return total, n_tokens
+        return total, local
+
+    def _micro_batch(self, m: int) -> tuple[Rows, torch.Tensor, Any]:
+        """Micro-batch ``m`` of this rank: (rows, their indices, the teacher that scores them).
+        On-policy steps draw the draft's own answers, scored by the target now."""
+        from draftkit.distill.onpolicy import draft_rows, is_on_policy  # here: tests patch them
+
+        cfg, dist = self.cfg, self.dist
+        if not is_on_policy(cfg.seed, self.step, cfg.data.lmbda):
+            return self.rows, batch_rows(m, len(self.rows), cfg.train.batch_size, cfg.seed,
+                                         dist.rank, dist.world_size), self.teacher
+        g = cfg.data.generate
+        rows = draft_rows(self.draft, self.rows, cfg.train.batch_size, cfg.seed, m, dist.rank,
+                          g.max_new_tokens, g.temperature, cfg.data.seq_len, self.pad_id,
+                          self.tokenizer.eos_token_id)
+        return rows, torch.arange(len(rows)), self.online
 
     def evaluate(self, loss_value: float | None) -> dict:
         """Held-out alpha per domain to metrics.jsonl and W&B; a new best rewrites best/."""
@@ -513,7 +525,6 @@ def _fmt_alpha(metrics: dict) -> str:
 def _truncate_metrics(path: Path, step: int) -> None:
     """Evaluations after the resumed checkpoint will run again: drop their old lines."""
     import json
-
 
     if not path.is_file():
         return

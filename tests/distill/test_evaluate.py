@@ -45,10 +45,12 @@ def test_alpha_weights_tokens_by_domain():
 def test_schedule_and_data_order():
     assert lr_factor(0, 4, 100, 0.1) == pytest.approx(0.25)
     assert lr_factor(3, 4, 100, 0.1) == pytest.approx(1.0)
-    assert lr_factor(100, 4, 100, 0.1) == pytest.approx(0.1)
-    mid = 4 + 48
+    assert lr_factor(4, 4, 100, 0.1) < 1.0  # the peak is used once, on the last warmup step
+    assert lr_factor(99, 4, 100, 0.1) == pytest.approx(0.1)  # the last step is at the floor
+    mid = 3 + 48
     half = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5))
     assert lr_factor(mid, 4, 100, 0.1) == pytest.approx(half)
+    assert lr_factor(0, 0, 10, 0.1) == 1.0 and lr_factor(9, 0, 10, 0.1) == pytest.approx(0.1)
     # one epoch visits every row once; ranks split each global batch without overlap
     seen = torch.cat([batch_rows(m, 10, 2, seed=3) for m in range(5)]).tolist()
     assert sorted(seen) == list(range(10))

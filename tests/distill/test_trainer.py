@@ -113,6 +113,40 @@ def test_resume_false_starts_over_and_keeps_the_earlier_run(tmp_path, tiny_dirs)
         == [0, 2, 4, 6]
 
 
+def test_accumulated_micro_batches_weigh_by_their_tokens(tmp_path, tiny_dirs):
+    """grad_accum=4 x 1 row is one step over the same 4 rows as 1 x 4 rows: the same mean over
+    their tokens (rows of different lengths must not count equally)."""
+    from draftkit.distill.trainer import train
+
+    losses = []
+    for name, batch, accum in (("one", 4, 1), ("four", 1, 4)):
+        train(_cfg(tmp_path, tiny_dirs, name, max_steps=1, **{
+            "train.batch_size": batch, "train.grad_accum": accum, "eval.every": 1}),
+            progress=False)
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        losses.append(json.loads(lines[-1])["loss"])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+def test_a_kill_before_the_first_checkpoint_or_inside_a_best_write_is_undone(tmp_path,
+                                                                             tiny_dirs):
+    from draftkit.distill.trainer import train
+
+    run = tmp_path / "run"
+    cfg = _cfg(tmp_path, tiny_dirs, **{"train.checkpoint_every": 4, "eval.every": 1})
+    train(cfg, stop_after=3, progress=False)  # killed with no checkpoint written yet
+    train(cfg, progress=False)
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3, 4]  # the first attempt's lines are not kept twice
+    # killed between atomic_dir's two renames: the old best/ set aside, the new one unplaced
+    (run / "best").rename(run / ".best.old-4242")
+    (run / ".best.abc.tmp").mkdir()
+    train(_cfg(tmp_path, tiny_dirs, max_steps=5, **{"train.checkpoint_every": 4,
+                                                   "eval.every": 1}), progress=False)
+    assert (run / "best" / "model.safetensors").is_file()
+    assert not list(run.glob(".best.*"))
+
+
 def test_a_recipe_that_fails_to_start_leaves_the_earlier_run_as_it_was(tmp_path, tiny_dirs):
     from draftkit.distill.trainer import train
     from draftkit.models import load_model
