@@ -374,8 +374,11 @@ class _Run:
                     share.backward()
             total += value
         if self.engine is None:
-            if cfg.train.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(self.params, cfg.train.max_grad_norm)
+            clip = cfg.train.max_grad_norm if cfg.train.max_grad_norm > 0 else float("inf")
+            norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
+            if not math.isfinite(norm):  # a finite loss can still overflow on the way back
+                _stop_on_bad_loss(norm, self.step, ckpt.list_checkpoints(self.ckpt_dir),
+                                  "gradient norm")
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -504,9 +507,9 @@ def _out_of_time(max_minutes: float, elapsed: float, seconds: dict[str, float],
     return elapsed + ahead > 60 * max_minutes
 
 
-def _stop_on_bad_loss(value: float, step: int, kept: list[Path]) -> None:
+def _stop_on_bad_loss(value: float, step: int, kept: list[Path], what: str = "loss") -> None:
     where = f"the last good checkpoint is {kept[-1]}" if kept else "no checkpoint was written yet"
-    raise DraftkitError(f"loss is {value} at step {step + 1}; stopped without saving ({where}); "
+    raise DraftkitError(f"{what} is {value} at step {step + 1}; stopped without saving ({where}); "
                         f"lower train.lr, raise train.warmup_steps or use train.precision=fp32")
 
 
@@ -565,7 +568,9 @@ def _teacher(cfg: DistillConfig, target: Any, target_ref: Any, rows: Rows, dist:
 
     if cfg.teacher.mode == "online" or cfg.loss.divergence == "ce":  # ce reads no teacher
         return OnlineTeacher(target, cfg.loss.temperature)
-    key = cache_key(str(target_ref.path), rows, cfg.teacher.top_k, cfg.loss.temperature)
+    # the teacher's dtype too: a bf16 target's top-k is not an fp32 one's
+    key = cache_key(f"{target_ref.path}|{next(target.parameters()).dtype}", rows,
+                    cfg.teacher.top_k, cfg.loss.temperature)
     directory = Path(cfg.teacher.cache_dir) / key if cfg.teacher.cache_dir else \
         default_cache_dir(key)
     cache = TopKCache(directory, rows, cfg.teacher.top_k, cfg.loss.temperature, key)

@@ -181,6 +181,31 @@ def test_nan_loss_stops_and_keeps_checkpoint(tmp_path, tiny_dirs, monkeypatch):
     assert ckpts == ["step-0000002"]
 
 
+def test_a_finite_loss_with_overflowing_gradients_stops_too(tmp_path, tiny_dirs, monkeypatch):
+    from draftkit.distill import trainer
+
+    class Overflow(torch.autograd.Function):  # the loss as it is, its gradient infinite
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * float("inf")
+
+    real, calls = trainer.micro_loss, {"n": 0}
+
+    def poisoned(*a, **k):
+        loss, n = real(*a, **k)
+        calls["n"] += 1
+        return (Overflow.apply(loss) if calls["n"] > 6 else loss), n  # step 4 goes bad
+
+    monkeypatch.setattr(trainer, "micro_loss", poisoned)
+    with pytest.raises(DraftkitError, match="gradient norm is (inf|nan) at step 4.*step-0000002"):
+        trainer.train(_cfg(tmp_path, tiny_dirs), progress=False)
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["step-0000002"]
+
+
 def test_corrupted_checkpoint_is_clear(tmp_path, tiny_dirs):
     from draftkit.distill.trainer import train
 
