@@ -305,6 +305,8 @@ class _Run:
         self.step, self.best_alpha, self.last_alpha, self.prior_minutes = 0, -1.0, None, 0.0
         # the data position only means these rows: a checkpoint of other rows cannot resume
         self.data_key = cache_key("rows", self.rows, 0, 0.0)
+        # so is the order they are drawn in: rows per micro-batch, per step, per process
+        self.batching = [cfg.train.batch_size, cfg.train.grad_accum, dist.world_size]
         self.ckpt_dir = out / "checkpoints"
         self.autocast = (lambda: torch.autocast(device.split(":")[0], dtype=torch.bfloat16)) \
             if cfg.train.precision == "bf16" else contextlib.nullcontext
@@ -334,6 +336,12 @@ class _Run:
             raise DraftkitError(f"{found[-1]} was trained on other rows (the data, seq_len or "
                                 f"seed changed); resuming would not be exact: use another "
                                 f"out_dir or set resume=false")
+        if state.get("batching") not in (None, self.batching):
+            b, a, w = state["batching"]
+            raise DraftkitError(f"{found[-1]} was trained with train.batch_size={b}, "
+                                f"train.grad_accum={a} on {w} process(es); other values would "
+                                f"draw other rows from here: set them back, or use another "
+                                f"out_dir or resume=false")
         self.step, self.best_alpha = state["step"], state["best_alpha"]
         self.last_alpha = state.get("last_alpha")
         # minutes in metrics.jsonl count every run of this out_dir, not just this one
@@ -430,7 +438,8 @@ class _Run:
         """An atomic checkpoint of everything an exact resume needs."""
         t, keep = time.perf_counter(), self.cfg.train.keep_checkpoints
         extra = {"best_alpha": self.best_alpha, "last_alpha": self.last_alpha,
-                 "data_key": self.data_key, "minutes": self.minutes()}
+                 "data_key": self.data_key, "batching": self.batching,
+                 "minutes": self.minutes()}
         if self.engine is not None:
             ckpt.save_deepspeed_checkpoint(self.engine, self.ckpt_dir, self.step, extra, keep,
                                            self.dist.rank)

@@ -163,6 +163,17 @@ def test_a_recipe_that_fails_to_start_leaves_the_earlier_run_as_it_was(tmp_path,
                 if p.is_file()} == before  # config.yaml too: it still says what was trained
 
 
+def test_resuming_with_other_batching_is_refused(tmp_path, tiny_dirs):
+    """The data position means other rows under another batch size or accumulation."""
+    from draftkit.distill.trainer import train
+
+    train(_cfg(tmp_path, tiny_dirs, max_steps=2), progress=False)
+    with pytest.raises(DraftkitError, match="trained with train.batch_size=2, "
+                                            "train.grad_accum=2 on 1 process"):
+        train(_cfg(tmp_path, tiny_dirs, **{"train.grad_accum": 1}), progress=False)
+    train(_cfg(tmp_path, tiny_dirs), progress=False)  # the same batching resumes
+
+
 def test_nan_loss_stops_and_keeps_checkpoint(tmp_path, tiny_dirs, monkeypatch):
     from draftkit.distill import trainer
 
