@@ -34,10 +34,17 @@ def render_prompt(tokenizer: Any, prompt: Prompt, raw: bool = False) -> str:
             return prompt  # base models without a template take the text as it is
         raise DraftkitError("the target's tokenizer has no chat template; pass plain-text "
                             "prompts with --raw")
+    return apply_template(tokenizer, as_messages(prompt), add_generation_prompt=True)
+
+
+def apply_template(tokenizer: Any, messages: list[dict[str, str]],
+                   add_generation_prompt: bool) -> str:
+    """The chat template's text for ``messages``. A template may refuse them itself
+    (``raise_exception("System role not supported")``): that is one DraftkitError."""
     try:
-        return tokenizer.apply_chat_template(as_messages(prompt), tokenize=False,
-                                             add_generation_prompt=True)
-    except Exception as e:  # a template may refuse messages: raise_exception("System role...")
+        return tokenizer.apply_chat_template(messages, tokenize=False,
+                                             add_generation_prompt=add_generation_prompt)
+    except Exception as e:
         raise DraftkitError(f"the chat template cannot render these messages "
                             f"({type(e).__name__}: {e})") from None
 

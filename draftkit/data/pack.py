@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from draftkit.chat import apply_template, encode_prompt
 from draftkit.data.sources import Example
 from draftkit.errors import DraftkitError
 
@@ -99,8 +100,6 @@ def passages(ex: Example, tokenizer: Any, seq_len: int) -> list[Example]:
 def encode_example_prompt(tokenizer: Any, ex: Example) -> list[int]:
     """The ids of a chat or prompt row's prompt, rendered with the target's chat template; a
     row that cannot be rendered is an error naming it."""
-    from draftkit.chat import encode_prompt
-
     if not getattr(tokenizer, "chat_template", None):
         raise DraftkitError(f"{ex.origin}: the target's tokenizer has no chat template, so "
                             f"prompt and chat rows cannot be rendered; give 'text' rows")
@@ -127,10 +126,9 @@ def tokenize_example(tokenizer: Any, ex: Example, response_only: bool = True,
     elif ex.response is not None:
         full = ex.messages + [{"role": "assistant", "content": ex.response}]
         try:
-            text = tokenizer.apply_chat_template(full, tokenize=False)
-        except Exception as e:
-            raise DraftkitError(f"{ex.origin}: the chat template cannot render the row "
-                                f"({type(e).__name__}: {e}); fix the row") from None
+            text = apply_template(tokenizer, full, add_generation_prompt=False)
+        except DraftkitError as e:
+            raise DraftkitError(f"{ex.origin}: {e}") from None
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
         # Templates may rewrite earlier turns once a response follows: the response starts
         # where the two renderings diverge.

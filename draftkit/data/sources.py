@@ -92,13 +92,14 @@ def _files_with_rows(pattern: str, fmt: str) -> list[str]:
     return [f for f in files if not blank(f)] if files else [pattern]
 
 
-def _load(src: Any, fmt: str, files: list[str]):
-    """The source as a ``datasets.Dataset``; a load failure is one line naming the source."""
+def _load(src: Any, fmt: str, file: str):
+    """One file of the source (its hub id for the hub) as a ``datasets.Dataset``; a load
+    failure is one line naming it."""
     import datasets
 
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # we report its failures, once
-    escaped = [glob.escape(f) for f in files]  # datasets globs them: rows[v2].jsonl is itself
+    escaped = glob.escape(file)  # datasets globs data_files: rows[v2].jsonl is itself
     try:
         if fmt == "hub":
             return datasets.load_dataset(src.path, src.name, split=src.split)
@@ -107,7 +108,7 @@ def _load(src: Any, fmt: str, files: list[str]):
                                          sample_by="document")
         return datasets.load_dataset(fmt, data_files=escaped, split="train")
     except Exception as e:
-        raise _unreadable(src.path if fmt == "hub" else files[0], fmt, e) from None
+        raise _unreadable(file, fmt, e) from None
 
 
 def _unreadable(path: str, fmt: str, e: BaseException) -> DraftkitError:
@@ -133,7 +134,7 @@ def load_rows(src: Any, fmt: str) -> list[tuple[str, dict]]:
     or an empty hub split.
     """
     files = [src.path] if fmt == "hub" else _files_with_rows(src.path, fmt)
-    parts = [(f if fmt == "hub" else Path(f).name, _load(src, fmt, [f])) for f in files]
+    parts = [(f if fmt == "hub" else Path(f).name, _load(src, fmt, f)) for f in files]
     if sum(len(ds) for _, ds in parts) == 0:
         fix = f"check its split '{src.split}' and name" if fmt == "hub" else \
             "give a non-empty data file"
