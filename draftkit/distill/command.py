@@ -141,8 +141,6 @@ def check_config(cfg: DistillConfig, source: str) -> list[str]:
         elif _HUB_ID.match(spec) and not Path(spec).exists():
             notes.append(f"{role} '{spec}' is a hub id: resolved when the run starts")
         else:
-            from types import SimpleNamespace
-
             from transformers import AutoConfig
 
             from draftkit.distill.trainer import check_context
@@ -150,7 +148,7 @@ def check_config(cfg: DistillConfig, source: str) -> list[str]:
 
             try:
                 config = AutoConfig.from_pretrained(resolve_model(spec, role).path)
-                check_context(SimpleNamespace(config=config), cfg.data.seq_len, role)
+                check_context(config, cfg.data.seq_len, role)
             except (DraftkitError, ValueError, OSError) as e:  # ModelError is a DraftkitError
                 raise ConfigError(f"{source}: {role}: {e}") from None
     for i, src in enumerate(cfg.data.sources):

@@ -276,7 +276,7 @@ class _Run:
         self.cfg, self.dist, self.out, self.started = cfg, dist, out, started
         target_ref, self.tokenizer, target = _load_target(cfg, device)
         self.draft = build_draft(cfg, target, self.tokenizer, target_ref).to(device)
-        check_context(self.draft, cfg.data.seq_len, "draft")
+        check_context(self.draft.config, cfg.data.seq_len, "draft")
 
         self.rows, self.heldout = _rows(cfg, self.tokenizer, target, target_ref, dist, progress)
         self.vocab = None
@@ -313,6 +313,7 @@ class _Run:
         self.draft_logits = model_logits(self.draft, device, self.autocast)  # for evaluation
         self.target_logits = model_logits(target, device)
         self.seconds = {"step": 0.0, "eval": 0.0, "checkpoint": 0.0}  # latest, for max_minutes
+        self.lr = cfg.train.lr  # the latest step's learning rate, for the log
         self.tracker: Any = _NoTracker()
 
     def minutes(self) -> float:
@@ -358,7 +359,7 @@ class _Run:
         tokens). The loss is the mean over all the step's trained tokens, as one large batch
         would give: each micro-batch weighs by its tokens, not equally."""
         cfg, dist, accum = self.cfg, self.dist, self.cfg.train.grad_accum
-        self.lr = self.optimizer.param_groups[0]["lr"]  # this step's, for the log
+        self.lr = self.optimizer.param_groups[0]["lr"]  # before the scheduler moves it on
         batches = [self._micro_batch(self.step * accum + micro) for micro in range(accum)]
         local = sum(int(rows.loss_mask[idx].sum()) for rows, idx, _ in batches)
         step_tokens = max(all_reduce_mean(float(local), dist) * dist.world_size, 1.0)
@@ -490,15 +491,14 @@ def _load_target(cfg: DistillConfig, device: str) -> tuple[Any, Any, Any]:
     target_ref = resolve_model(cfg.target, "target")
     tokenizer = load_tokenizer(target_ref, "target")
     target = load_model(target_ref, "target", device=device, dtype=cfg.teacher.dtype)
-    check_context(target, cfg.data.seq_len, "target")
+    check_context(target.config, cfg.data.seq_len, "target")
     return target_ref, tokenizer, target
 
 
-def check_context(model: Any, seq_len: int, role: str) -> None:
-    """Packed rows of ``seq_len`` tokens must fit the model's position embeddings."""
-    from draftkit.decode.runners import context_window
-
-    context = context_window(model)
+def check_context(config: Any, seq_len: int, role: str) -> None:
+    """Packed rows of ``seq_len`` tokens must fit the position embeddings of a model of
+    ``config`` (its HF config: the dry run checks before any weights load)."""
+    context = getattr(config.get_text_config(), "max_position_embeddings", None)
     if context and seq_len > context:
         raise DraftkitError(f"data.seq_len={seq_len} is longer than the {role}'s context "
                             f"window ({context}); lower data.seq_len")
@@ -574,7 +574,6 @@ def _rows(cfg: DistillConfig, tokenizer: Any, target: Any, target_ref: Any, dist
 
 def _teacher(cfg: DistillConfig, target: Any, target_ref: Any, rows: Rows, dist: Any,
              progress: bool):
-
     if cfg.teacher.mode == "online" or cfg.loss.divergence == "ce":  # ce reads no teacher
         return OnlineTeacher(target, cfg.loss.temperature)
     # the teacher's dtype too: a bf16 target's top-k is not an fp32 one's
