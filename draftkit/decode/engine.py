@@ -70,6 +70,12 @@ class RowStats:
         return alpha_from_counts(self.accepted, self.rejections)
 
 
+def round_margin(k_max: int) -> int:
+    """Positions a row keeps free past its committed length: a round may write K + 1 there
+    (K drafted tokens and the target's own), with one to spare."""
+    return k_max + 2
+
+
 @dataclass
 class Result:
     tokens: list[int]  # new tokens only (EOS included when it ended the row)
@@ -228,10 +234,9 @@ class SpeculativeEngine:
         lens = [len(p) for p in prompts]
         if min(lens) == 0:
             raise DraftkitError("empty prompt; give some text")
-        margin = k_max + 2
         budgets = [self._budget(n, max_new_tokens, self.context, k_max, i)
                    for i, n in enumerate(lens)]
-        max_len = max(n + b for n, b in zip(lens, budgets)) + margin
+        max_len = max(n + b for n, b in zip(lens, budgets)) + round_margin(k_max)
         state = self.open(len(prompts), k_max, max_len, stats)
         if not params.greedy:
             state.generators = torch.Generator(device=self.device)
@@ -435,8 +440,7 @@ class SpeculativeEngine:
     def _budget(prompt_len: int, max_new_tokens: int, max_len: int | None, k_max: int,
                 i: int) -> int:
         """New tokens a row may have: its request, capped so a round's K + 1 writes fit."""
-        margin = k_max + 2  # a round may write K + 1 positions past the committed length
-        room = (max_len - prompt_len - margin) if max_len else max_new_tokens
+        room = (max_len - prompt_len - round_margin(k_max)) if max_len else max_new_tokens
         if room < 1:
             raise DraftkitError(f"prompt {i} has {prompt_len} tokens; the context window is "
                                 f"{max_len} (room is needed for K = {k_max} drafted tokens "

@@ -25,11 +25,16 @@ if TYPE_CHECKING:
 Generators = Union["torch.Generator", list["torch.Generator | None"], None]
 
 
+# Below this, logits / temperature overflow and the probabilities are NaN: such a temperature
+# is greedy in all but name, and decodes as greedy (vLLM does the same).
+MIN_TEMPERATURE = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How tokens are chosen; the same for target and draft."""
 
-    temperature: float = 0.0  # 0 = greedy
+    temperature: float = 0.0  # 0 (or below MIN_TEMPERATURE) = greedy
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
 
@@ -44,7 +49,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < MIN_TEMPERATURE
 
 
 def warp_logits(logits: "torch.Tensor", params: SamplingParams) -> "torch.Tensor":

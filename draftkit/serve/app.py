@@ -36,9 +36,6 @@ from draftkit.serve.protocol import (ChatCompletionRequest, CompletionRequest, c
 from draftkit.serve.scheduler import Job, Scheduler
 
 DISCONNECT_POLL_S = 0.25
-# Below this, logits / temperature overflow to inf and the probabilities are NaN; such a
-# temperature is greedy in all but name, and is served as greedy (as vLLM does).
-MIN_TEMPERATURE = 1e-5
 
 
 class RequestError(Exception):
@@ -198,9 +195,7 @@ def create_app(engine, tokenizer, *, model_name: str, k: int | str = "auto", k_m
                                f"for the completion); lower {field} or shorten the prompt",
                                field)
         temperature = 1.0 if req.temperature is None else req.temperature
-        if temperature < MIN_TEMPERATURE:
-            temperature = 0.0
-        try:
+        try:  # a temperature below MIN_TEMPERATURE decodes as greedy
             params = SamplingParams(temperature, max(req.top_k or 0, 0),
                                     1.0 if req.top_p is None else req.top_p)
         except DraftkitError as e:

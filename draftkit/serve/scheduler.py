@@ -31,6 +31,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from draftkit.decode.engine import round_margin
 from draftkit.decode.sampling import SamplingParams
 from draftkit.errors import ConfigError
 from draftkit.serve.detok import TextStream
@@ -79,15 +80,15 @@ class Scheduler:
         if max_model_len is not None and limit is not None:
             max_model_len = min(max_model_len, limit)
         max_len = max_model_len or limit
-        # a round may write K + 1 positions past the committed length (see the engine)
-        if max_len is not None and max_len - (k_max + 2) < 1:
+        margin = round_margin(k_max)
+        if max_len is not None and max_len - margin < 1:
             raise ConfigError(f"{max_len} positions per slot (--max-model-len, at most the "
                               f"target's context) leave no room for a prompt: a round needs "
-                              f"K + 2 = {k_max + 2} of them (K: --k, or --k-max under --k "
+                              f"K + 2 = {margin} of them (K: --k, or --k-max under --k "
                               f"auto); raise --max-model-len or lower K")
         self.state = engine.open(max_batch, k_max, max_len)
         self.max_batch = max_batch
-        self.context = self.state.max_len - (k_max + 2)
+        self.context = self.state.max_len - margin
         self.waiting: deque[Job] = deque()
         self.jobs: dict[int, Job] = {}  # slot -> job
         self.lock = threading.Lock()

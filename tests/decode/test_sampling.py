@@ -18,6 +18,12 @@ def test_top_k_and_top_p_keep_expected_tokens():
     assert p.sum().item() == pytest.approx(1.0) and (p > 0).sum() == 4
 
 
+def test_a_tiny_temperature_is_greedy():
+    """logits / 1e-40 overflow to NaN probabilities: such a temperature decodes as greedy."""
+    assert SamplingParams(1e-40).greedy and SamplingParams(0.0).greedy
+    assert not SamplingParams(1e-3).greedy
+
+
 def test_warp_identical_for_batched_shapes():
     x = torch.randn(3, 5, 50)
     params = SamplingParams(0.8, top_k=10, top_p=0.9)
