@@ -126,11 +126,12 @@ class RowSampler:
 
 def generate_responses_in_memory(model: Any, prompts: list[list[int]], max_new_tokens: int,
                                  temperature: float, pad_id: int, eos_id: int,
-                                 seeds: list[int] | None = None) -> list[list[int]]:
+                                 seeds: list[int] | None) -> list[list[int]]:
     """One batched ``generate`` call with left padding; response ids up to and incl. EOS.
 
-    Sampled with ``seeds`` (one a prompt), each answer depends on its own seed only; without,
-    on the global RNG.
+    Greedy at ``temperature`` 0; otherwise each answer is drawn from its own one of ``seeds``
+    (one a prompt) and depends on it alone, not on the global RNG: a resumed run, or another
+    process, draws the same answers.
     """
     import torch
 
@@ -142,10 +143,10 @@ def generate_responses_in_memory(model: Any, prompts: list[list[int]], max_new_t
         ids[j, width - len(p):] = torch.tensor(p)
         attn[j, width - len(p):] = 1
     kwargs: dict = {"do_sample": False}
-    if temperature > 0 and seeds is not None:
+    if temperature > 0:
+        if seeds is None or len(seeds) != len(prompts):
+            raise ValueError("sampled answers need one seed a prompt")
         kwargs["logits_processor"] = [RowSampler(seeds, temperature)]
-    elif temperature > 0:
-        kwargs = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
     with torch.no_grad():
         out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device),
                              max_new_tokens=max_new_tokens, pad_token_id=pad_id,

@@ -27,16 +27,22 @@ def is_on_policy(seed: int, step: int, lmbda: float) -> bool:
 def draft_rows(draft: Any, rows: Rows, n: int, seed: int, micro_step: int, rank: int,
                max_new_tokens: int, temperature: float, seq_len: int, pad_id: int,
                eos_id: int) -> Rows:
-    """``n`` rows of (training prompt + the draft's response), response tokens trained."""
-    from draftkit.data.generate import generate_responses_in_memory
+    """``n`` rows of (training prompt + the draft's response), response tokens trained.
+
+    The prompts and the answers' samples come from ``seed``, the micro-step and the rank alone
+    (not the global RNG), so a resumed run, on every rank, draws what the killed one would have.
+    """
+    from draftkit.data.generate import generate_responses_in_memory, prompt_seed
 
     pick = random.Random(f"{seed}:prompts:{micro_step}:{rank}")
     chosen = [pick.randrange(len(rows.prompts)) for _ in range(n)]
+    seeds = [prompt_seed(seed, f"on-policy:{micro_step}:{rank}:{j}") for j in range(n)]
     prompts = [rows.prompts[i] for i in chosen]
     budget = max(1, min(max_new_tokens, seq_len - max(len(p) for p in prompts)))
     was_training = draft.training
     draft.eval()
-    answers = generate_responses_in_memory(draft, prompts, budget, temperature, pad_id, eos_id)
+    answers = generate_responses_in_memory(draft, prompts, budget, temperature, pad_id, eos_id,
+                                          seeds)
     draft.train(was_training)
     examples = [Tokenized(p + a, [False] * len(p) + [True] * len(a),
                           rows.domains[rows.prompt_domains[i]], "on-policy")

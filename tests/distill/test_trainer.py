@@ -338,6 +338,33 @@ def test_on_policy_mix(tmp_path, tiny_dirs, monkeypatch):
     assert rows.input_ids.shape == (2, 48) and rows.loss_mask.any()
 
 
+def test_on_policy_answers_depend_on_the_seed_step_and_rank_not_the_global_rng():
+    """A resumed run, on every rank, must draw the answers the killed one would have: under
+    DDP a checkpoint kept rank 0's RNG only, so other ranks used to sample differently."""
+    from draftkit.data import Rows
+    from draftkit.distill.onpolicy import draft_rows
+    from tests.tiny import make_llama, make_tokenizer
+
+    tok = make_tokenizer()
+    draft = make_llama(len(tok), num_layers=1, seed=3)
+    prompts = [tok("<|im_start|>user write python code <|im_end|> <|im_start|>assistant ")
+               ["input_ids"]] * 3
+    rows = Rows(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.bool),
+                torch.zeros(1, dtype=torch.long), ["code"], prompts=prompts,
+                prompt_domains=[0, 0, 0])
+
+    def answers(global_seed, rank, micro_step=5):
+        torch.manual_seed(global_seed)
+        random.seed(global_seed)
+        out = draft_rows(draft, rows, 3, 0, micro_step, rank, 12, 1.0, 48, tok.pad_token_id,
+                         tok.eos_token_id)
+        return out.input_ids.tolist()
+
+    first = answers(1, rank=1)
+    assert answers(2, rank=1) == first
+    assert answers(1, rank=0) != first and answers(1, rank=1, micro_step=6) != first
+
+
 def test_tokenizer_mismatch_is_clear(tmp_path, tiny_dirs):
     from draftkit.distill.trainer import train
     from tests.tiny import make_llama, make_tokenizer, save_model
