@@ -5,6 +5,8 @@
 - Rank 0 only: other ranks get a tracker that does nothing.
 - The whole config is logged at ``init``.
 - ``wandb`` is imported only when a tracker starts, so the core imports fast.
+- Given a ``run_id``, a later tracker with the same id continues that W&B run
+  (``resume="allow"``), so a resumed training run is one W&B run, not one per restart.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ class Tracker:
 
     def __init__(self, job_type: str, config: Any = None, *, name: str | None = None,
                  group: str | None = None, out_dir: str | Path | None = None,
-                 project: str | None = None):
+                 project: str | None = None, run_id: str | None = None):
         self.run = None
         if not is_rank_zero():
             return
@@ -46,6 +48,7 @@ class Tracker:
                               name=name, group=group or os.environ.get("DRAFTKIT_WANDB_GROUP"),
                               job_type=job_type, config=config or {}, mode=mode,
                               dir=str(wandb_dir) if wandb_dir else None, reinit="finish_previous",
+                              id=run_id, resume="allow" if run_id else None,
                               settings=wandb.Settings(silent=True, console="off"))
 
     @property

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import secrets
 import shutil
 import tempfile
 import time
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 
 from draftkit.errors import DraftkitError
-from draftkit.io import atomic_dir, atomic_write_json, sha256_file
+from draftkit.io import atomic_dir, atomic_write_json, atomic_write_text, sha256_file
 
 
 def trainable_state(model: Any) -> dict[str, torch.Tensor]:
@@ -79,7 +80,18 @@ def remove_partial_writes(root: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-RUN_FILES = ("checkpoints", "metrics.jsonl", "best", "best.json", "config.yaml")
+RUN_FILES = ("checkpoints", "metrics.jsonl", "best", "best.json", "config.yaml",
+             "wandb_run_id")
+
+
+def wandb_run_id(out: Path) -> str:
+    """The W&B run id of the run in ``out``, made on its first start: every resume logs to
+    that one W&B run (``resume=false`` sets the file aside with the rest, so a new run gets a
+    new id)."""
+    path = Path(out) / "wandb_run_id"
+    if not path.is_file():
+        atomic_write_text(path, secrets.token_hex(6))
+    return path.read_text().strip()
 
 
 def set_aside_earlier_run(out: Path) -> Path | None:

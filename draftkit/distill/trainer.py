@@ -32,7 +32,7 @@ from draftkit.distill.config import DistillConfig
 from draftkit.distill.distributed import (Dist, all_reduce_mean, barrier, deepspeed_engine,
                                           gathered, init_distributed, zero_stage)
 from draftkit.distill.losses import dense_logprobs, divergence, next_token_ce, sparse_logprobs
-from draftkit.distill.schedule import warmup_cosine
+from draftkit.distill.schedule import lr_factor, warmup_cosine
 from draftkit.distill.teacher import (MaskedLM, OnlineTeacher, TopKCache, cache_key,
                                       default_cache_dir)
 from draftkit.errors import DraftkitError
@@ -201,8 +201,8 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
     barrier(dist)  # no rank looks for checkpoints before the earlier run is set aside
     run.resume()
     run.tracker = Tracker("distill", cfg, name=cfg.wandb.name, group=cfg.wandb.group,
-                          out_dir=out, project=cfg.wandb.project) if dist.is_main \
-        else _NoTracker()
+                          out_dir=out, project=cfg.wandb.project,
+                          run_id=ckpt.wandb_run_id(out)) if dist.is_main else _NoTracker()
     cache_bytes = getattr(run.teacher, "bytes_per_token", None)
     if dist.is_main and cache_bytes is not None:
         run.tracker.summary({"teacher_cache/bytes_per_token": cache_bytes})
@@ -345,6 +345,7 @@ class _Run:
                                 f"out_dir or resume=false")
         self.step, self.best_alpha = state["step"], state["best_alpha"]
         self.last_alpha = state.get("last_alpha")
+        self._follow_recipe(state.get("optimizer_settings", {}))
         # minutes in metrics.jsonl count every run of this out_dir, not just this one
         self.prior_minutes = state.get("minutes", 0.0)
         if dist.is_main:
@@ -353,6 +354,30 @@ class _Run:
             if self.step >= cfg.max_steps:
                 print(f"step {self.step} already reaches max_steps={cfg.max_steps}: nothing "
                       f"to train; raise max_steps to continue", flush=True)
+
+    def optimizer_settings(self) -> dict:
+        """The recipe's optimizer and schedule values, which a checkpoint records."""
+        t = self.cfg.train
+        return {"train.lr": t.lr, "train.betas": list(t.betas),
+                "train.weight_decay": t.weight_decay, "train.warmup_steps": t.warmup_steps,
+                "train.min_lr_ratio": t.min_lr_ratio, "max_steps": self.cfg.max_steps}
+
+    def _follow_recipe(self, saved: dict) -> None:
+        """The optimizer's state brings back the lr, betas and weight decay it was saved with;
+        the recipe's values win from the resumed step on (a longer max_steps stretches the
+        rest of the cosine, a new lr rescales it), and a changed value is said, not silent."""
+        t, now = self.cfg.train, self.optimizer_settings()
+        changed = [f"{k}={now[k]} (was {saved[k]})" for k in now
+                   if k in saved and saved[k] != now[k]]
+        if changed and self.dist.is_main:
+            print(f"resuming with {', '.join(changed)}: the schedule goes on from step "
+                  f"{self.step} with the recipe's values", flush=True)
+        factor = lr_factor(self.step, t.warmup_steps, self.cfg.max_steps, t.min_lr_ratio)
+        for group in self.optimizer.param_groups:
+            group.update(initial_lr=t.lr, lr=t.lr * factor, betas=tuple(t.betas),
+                         weight_decay=t.weight_decay)
+        self.scheduler.base_lrs = [t.lr] * len(self.optimizer.param_groups)
+        self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
     def train_step(self) -> tuple[float, int]:
         """One optimizer step over ``grad_accum`` micro-batches on every rank; (loss, trained
@@ -440,6 +465,7 @@ class _Run:
         t, keep = time.perf_counter(), self.cfg.train.keep_checkpoints
         extra = {"best_alpha": self.best_alpha, "last_alpha": self.last_alpha,
                  "data_key": self.data_key, "batching": self.batching,
+                 "optimizer_settings": self.optimizer_settings(),
                  "minutes": self.minutes()}
         if self.engine is not None:
             ckpt.save_deepspeed_checkpoint(self.engine, self.ckpt_dir, self.step, extra, keep,

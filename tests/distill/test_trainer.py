@@ -163,6 +163,20 @@ def test_a_recipe_that_fails_to_start_leaves_the_earlier_run_as_it_was(tmp_path,
                 if p.is_file()} == before  # config.yaml too: it still says what was trained
 
 
+def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path, tiny_dirs, monkeypatch):
+    from draftkit.distill.trainer import train
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run = tmp_path / "run"
+    train(_cfg(tmp_path, tiny_dirs), stop_after=2, progress=False)
+    train(_cfg(tmp_path, tiny_dirs), progress=False)
+    ids = {p.name.rsplit("-", 1)[1] for p in (run / "wandb").glob("offline-run-*")}
+    assert len(list((run / "wandb").glob("offline-run-*"))) == 2
+    assert ids == {(run / "wandb_run_id").read_text()}
+    train(_cfg(tmp_path, tiny_dirs, resume=False), progress=False)  # a new run, a new id
+    assert (run / "wandb_run_id").read_text() not in ids
+
+
 def test_resuming_with_other_batching_is_refused(tmp_path, tiny_dirs):
     """The data position means other rows under another batch size or accumulation."""
     from draftkit.distill.trainer import train
@@ -172,6 +186,30 @@ def test_resuming_with_other_batching_is_refused(tmp_path, tiny_dirs):
                                             "train.grad_accum=2 on 1 process"):
         train(_cfg(tmp_path, tiny_dirs, **{"train.grad_accum": 1}), progress=False)
     train(_cfg(tmp_path, tiny_dirs), progress=False)  # the same batching resumes
+
+
+def test_a_resume_follows_the_recipes_changed_lr_and_max_steps_and_says_so(tmp_path, tiny_dirs,
+                                                                          capsys):
+    """The optimizer's state carries the lr it was saved with; a recipe that changed it, or
+    lengthened the run, must not be silently overridden by the checkpoint."""
+    from draftkit.distill.checkpoint import list_checkpoints, load_checkpoint
+    from draftkit.distill.schedule import lr_factor
+    from draftkit.distill.trainer import train
+
+    train(_cfg(tmp_path, tiny_dirs), progress=False)
+    capsys.readouterr()
+    train(_cfg(tmp_path, tiny_dirs, max_steps=6, **{"train.lr": 2e-3}), progress=False)
+    said = capsys.readouterr().out
+    assert "train.lr=0.002 (was 0.01)" in said and "max_steps=6 (was 4)" in said
+    state = load_checkpoint(list_checkpoints(tmp_path / "run" / "checkpoints")[-1])
+    assert state["step"] == 6
+    assert state["scheduler"]["base_lrs"] == [2e-3]
+    # the lr the next step would use: the new peak on the new 6-step schedule
+    assert state["optimizer"]["param_groups"][0]["lr"] == pytest.approx(
+        2e-3 * lr_factor(6, 1, 6, 0.1))
+    assert state["optimizer_settings"]["train.lr"] == 2e-3
+    train(_cfg(tmp_path, tiny_dirs, max_steps=8, **{"train.lr": 2e-3}), progress=False)
+    assert "train.lr" not in capsys.readouterr().out  # unchanged values go unsaid
 
 
 def test_nan_loss_stops_and_keeps_checkpoint(tmp_path, tiny_dirs, monkeypatch):
