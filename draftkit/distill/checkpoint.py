@@ -80,8 +80,7 @@ def remove_partial_writes(root: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-RUN_FILES = ("checkpoints", "metrics.jsonl", "best", "best.json", "config.yaml",
-             "wandb_run_id")
+RUN_FILES = ("checkpoints", "metrics.jsonl", "best", "config.yaml", "wandb_run_id")
 
 
 def wandb_run_id(out: Path) -> str:

@@ -90,9 +90,12 @@ def apply_freeze(model: Any, parts: list[str]) -> None:
             p.requires_grad_(False)
 
 
-def export_draft(draft: Any, tokenizer: Any, path: Path, vocab: dict | None = None) -> Path:
+def export_draft(draft: Any, tokenizer: Any, path: Path, vocab: dict | None = None,
+                 row: dict | None = None) -> Path:
     """Write ``path`` as a plain HF model folder; LoRA adapters are merged first. ``vocab``:
-    a reduced draft vocabulary to store beside it (keyword arguments of draft_vocab.save)."""
+    a reduced draft vocabulary to store in it (keyword arguments of draft_vocab.save);
+    ``row``: the evaluation that chose it, as ``best.json``. All of it lands in one rename, so
+    a kill never leaves weights without their vocabulary or evaluation."""
     import copy
 
     from draftkit.models import draft_vocab
@@ -101,10 +104,13 @@ def export_draft(draft: Any, tokenizer: Any, path: Path, vocab: dict | None = No
     model = draft
     if hasattr(draft, "merge_and_unload"):  # a peft model: serving engines take no adapters
         model = copy.deepcopy(draft).merge_and_unload()
-    out = save_draft(model, tokenizer, path, force=True)
-    if vocab is not None:
-        draft_vocab.save(out, **vocab)
-    return out
+    def also(folder: Path) -> None:
+        if vocab is not None:
+            draft_vocab.save(folder, **vocab)
+        if row is not None:
+            atomic_write_json(folder / "best.json", row)
+
+    return save_draft(model, tokenizer, path, force=True, also=also)
 
 
 def choose_draft_vocab(size: int, train_rows: Rows, heldout: Rows, tokenizer: Any,
@@ -455,8 +461,8 @@ class _Run:
             self.best_alpha = self.last_alpha
             with gathered(self.draft, self.stage):
                 if dist.is_main:
-                    export_draft(self.draft, self.tokenizer, self.out / "best", self.vocab)
-                    atomic_write_json(self.out / "best.json", row)
+                    export_draft(self.draft, self.tokenizer, self.out / "best", self.vocab,
+                                 row)
         self.seconds["eval"] = time.perf_counter() - t
         return row
 

@@ -19,7 +19,7 @@ import copy
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from draftkit.config import option
 from draftkit.errors import DraftkitError, ModelError
@@ -177,8 +177,10 @@ def derive_random(target: "PreTrainedModel", num_layers: int | None, hidden_size
     return draft.eval()
 
 
-def save_draft(draft: "PreTrainedModel", tokenizer, out: Path, force: bool = False) -> Path:
-    """Write a plain HF model directory (safetensors + the target's tokenizer files)."""
+def save_draft(draft: "PreTrainedModel", tokenizer, out: Path, force: bool = False,
+               also: Callable[[Path], None] | None = None) -> Path:
+    """Write a plain HF model directory (safetensors + the target's tokenizer files), whole or
+    not at all; ``also(folder)`` adds files to it before it is renamed into place."""
     from draftkit.io import atomic_dir
     from draftkit.models.load import save_tokenizer
 
@@ -189,6 +191,8 @@ def save_draft(draft: "PreTrainedModel", tokenizer, out: Path, force: bool = Fal
     with atomic_dir(out, overwrite=force) as tmp:
         draft.save_pretrained(tmp, safe_serialization=True)
         save_tokenizer(tokenizer, tmp)
+        if also is not None:
+            also(tmp)
     return out
 
 

@@ -11,7 +11,7 @@ It prints, and writes to ``--out/quality.md`` with a plot ``alpha_vs_minutes.png
 1. held-out alpha per domain of the recipe against the cross-entropy control, and the margin
    the bar asks for (>= 0.1 on every trained domain), twice: at the last step both evaluated
    (the same tokens: both recipes draw the same rows in the same order), and between the two
-   drafts each run keeps in ``best/`` (the evaluation its ``best.json`` records). The bar is
+   drafts each run keeps in ``best/`` (the evaluation its ``best/best.json`` records). The bar is
    judged on the second: a control that peaks early and then overfits ships its peak (for a
    95% interval on that margin over the held-out rows, run ``acceptance_by_entropy.py
    --control``);
@@ -48,8 +48,8 @@ def domains_of(row: dict) -> list[str]:
 
 
 def read_best(run: Path) -> dict:
-    """The evaluation row of the draft the trainer exported to ``best/`` (it writes best.json)."""
-    path = run / "best.json"
+    """The evaluation row of the draft the trainer exported to ``best/`` (``best/best.json``)."""
+    path = run / "best" / "best.json"
     if not path.is_file():
         raise SystemExit(f"{path} is missing: point --run/--control at a draftkit distill out_dir")
     return json.loads(path.read_text())

@@ -107,11 +107,12 @@ def test_quality_bar_is_judged_on_the_drafts_each_run_keeps(tmp_path, capsys):
 
     def run(name, curve):
         d = tmp_path / name
-        d.mkdir()
+        (d / "best").mkdir(parents=True)
         rows = [{"step": 40 * i, "minutes": 6.0 * i, "alpha/code": a, "alpha/math": a,
                  "alpha": a} for i, a in enumerate(curve)]
         d.joinpath("metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        d.joinpath("best.json").write_text(json.dumps(max(rows, key=lambda r: r["alpha"])))
+        best = max(rows, key=lambda r: r["alpha"])
+        d.joinpath("best", "best.json").write_text(json.dumps(best))
         return d
 
     recipe = run("fkl", [0.0, 0.30, 0.40, 0.45])

@@ -71,7 +71,7 @@ def test_train_writes_run_folder(tmp_path, tiny_dirs):
     assert {"alpha/math", "alpha/code", "loss", "alpha", "minutes"} <= set(lines[-1])
     assert all(0.0 <= x["alpha/math"] <= 1.0 for x in lines)
     assert 0 < lines[0]["minutes"] <= lines[-1]["minutes"]  # for alpha-against-minutes curves
-    best_row = json.loads((run / "best.json").read_text())
+    best_row = json.loads((run / "best" / "best.json").read_text())
     assert best_row["alpha"] == max(x["alpha"] for x in lines)  # chosen by alpha
 
 
@@ -101,7 +101,7 @@ def test_resume_false_starts_over_and_keeps_the_earlier_run(tmp_path, tiny_dirs)
     (aside,) = run.glob("earlier-*")
     assert (aside / "metrics.jsonl").read_text() == old_metrics
     assert sorted(p.name for p in (aside / "checkpoints").glob("step-*"))[-1] == "step-0000006"
-    assert (aside / "best.json").is_file() and (aside / "best" / "config.json").is_file()
+    assert (aside / "best" / "best.json").is_file() and (aside / "best" / "config.json").is_file()
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 2, 4]  # the new run alone, from step 0
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == \
@@ -438,6 +438,32 @@ def test_draft_vocab_is_chosen_saved_exported_and_loaded(tmp_path, tiny_dirs):
     assert (bundle / "draft" / FILE).is_file()
     pair = load_pair(str(tiny_dirs[0]), str(bundle), device="cpu")
     assert pair.draft.draft_vocab.tolist() == data["token_ids"]
+
+
+def test_best_is_replaced_whole_with_its_vocabulary_and_evaluation(tmp_path, tiny_dirs,
+                                                                   monkeypatch):
+    """A kill while a new best/ is written leaves the old one, weights, vocabulary and
+    best.json together: they are written in one folder and renamed in once."""
+    from draftkit.distill.trainer import export_draft
+    from draftkit.distill.trainer import train
+    from draftkit.models import draft_vocab, load_model, load_tokenizer, resolve_model
+
+    best = train(_cfg(tmp_path, tiny_dirs, **{"draft.vocab_size": 40, "max_steps": 2}),
+                 progress=False)
+    before = {p.name: p.read_bytes() for p in best.iterdir()}
+    assert {"best.json", draft_vocab.FILE, "model.safetensors"} <= set(before)
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(draft_vocab, "save", killed)
+    ref = resolve_model(str(tiny_dirs[1]), "draft")
+    with pytest.raises(KeyboardInterrupt):
+        export_draft(load_model(ref, "draft", device="cpu"), load_tokenizer(ref, "draft"), best,
+                     {"ids": [0], "vocab_size": 1, "covered": 1.0, "source": "x"},
+                     {"step": 99})
+    assert {p.name: p.read_bytes() for p in best.iterdir()} == before
+    assert not list(best.parent.glob(".best.*"))
 
 
 def test_bf16_autocast_and_jsd(tmp_path, tiny_dirs):
