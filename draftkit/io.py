@@ -7,7 +7,6 @@ Everything draftkit writes goes to a temporary sibling first and is renamed into
 from __future__ import annotations
 
 import contextlib
-import glob
 import hashlib
 import json
 import os
@@ -87,16 +86,23 @@ def atomic_dir(path: Path, overwrite: bool = False) -> Iterator[Path]:
         raise
 
 
-def recover_replaced(path: Path) -> None:
-    """Undo what a kill inside :func:`atomic_dir` (``overwrite``) left next to ``path``: the
-    old folder set aside but the new one not yet in place is moved back; then temporary and
-    set-aside leftovers are removed."""
-    path = Path(path)
-    olds = sorted(path.parent.glob(f".{glob.escape(path.name)}.old-*"))
-    if olds and not path.exists():
-        os.replace(olds.pop(), path)
-    for leftover in olds + list(path.parent.glob(f".{glob.escape(path.name)}.*.tmp")):
-        shutil.rmtree(leftover, ignore_errors=True)
+def recover_writes(folder: Path) -> None:
+    """Undo what kills inside :func:`atomic_dir` and :func:`atomic_write_bytes` left in
+    ``folder``: a folder set aside by ``overwrite`` whose replacement never landed is moved
+    back; then temporary and set-aside leftovers are removed. Call it before anything writes
+    in ``folder`` (a live write's temporary would go too)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    for old in sorted(folder.glob(".*.old-*")):
+        path = folder / old.name[1:].rsplit(".old-", 1)[0]
+        if not path.exists():
+            os.replace(old, path)
+    for leftover in [*folder.glob(".*.old-*"), *folder.glob(".*.tmp")]:
+        if leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)
 
 
 def sha256_file(path: Path) -> str:

@@ -71,15 +71,6 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("-")[1]))
 
 
-def remove_partial_writes(root: Path) -> None:
-    """Drop the ``.step-*.tmp`` folders of checkpoint writes a kill interrupted before their
-    rename into place (a finished checkpoint is never in one)."""
-    root = Path(root)
-    if root.is_dir():
-        for tmp in root.glob(".step-*.tmp"):
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
 RUN_FILES = ("checkpoints", "metrics.jsonl", "best", "config.yaml", "wandb_run_id")
 
 

@@ -36,7 +36,7 @@ from draftkit.distill.schedule import lr_factor, warmup_cosine
 from draftkit.distill.teacher import (MaskedLM, OnlineTeacher, TopKCache, cache_key,
                                       default_cache_dir)
 from draftkit.errors import DraftkitError
-from draftkit.io import append_jsonl, atomic_write_json, atomic_write_text, recover_replaced
+from draftkit.io import append_jsonl, atomic_write_json, atomic_write_text, recover_writes
 
 
 # --- the draft ----------------------------------------------------------------------------------
@@ -201,8 +201,8 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
         aside = None if cfg.resume else ckpt.set_aside_earlier_run(out)
         if aside is not None:
             print(f"resume=false: moved the earlier run in {out} to {aside}", flush=True)
-        ckpt.remove_partial_writes(out / "checkpoints")
-        recover_replaced(out / "best")  # a kill while a new best/ replaced the old one
+        for folder in (out, out / "checkpoints"):  # what a kill inside a write left behind
+            recover_writes(folder)
         dump_yaml(cfg, out / "config.yaml")  # the resolved config, overrides applied
     barrier(dist)  # no rank looks for checkpoints before the earlier run is set aside
     run.resume()

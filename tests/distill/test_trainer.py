@@ -141,10 +141,12 @@ def test_a_kill_before_the_first_checkpoint_or_inside_a_best_write_is_undone(tmp
     # killed between atomic_dir's two renames: the old best/ set aside, the new one unplaced
     (run / "best").rename(run / ".best.old-4242")
     (run / ".best.abc.tmp").mkdir()
+    (run / ".config.yaml.xyz.tmp").write_text("half a yaml")  # a kill inside a file write
+    (run / "checkpoints" / ".step-0000004.old-77").mkdir()  # a replaced checkpoint's leftover
     train(_cfg(tmp_path, tiny_dirs, max_steps=5, **{"train.checkpoint_every": 4,
                                                    "eval.every": 1}), progress=False)
     assert (run / "best" / "model.safetensors").is_file()
-    assert not list(run.glob(".best.*"))
+    assert not list(run.glob(".*")) and not list((run / "checkpoints").glob(".*"))
 
 
 def test_a_recipe_that_fails_to_start_leaves_the_earlier_run_as_it_was(tmp_path, tiny_dirs):
