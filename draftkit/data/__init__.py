@@ -99,8 +99,8 @@ def build_rows(data: Any, tokenizer: Any, seed: int, generate: Callable | None =
             responses[i] = ans
     n = len(train)
     # Held-out alpha is measured where a draft drafts: on responses, whatever the loss covers.
-    tokens = [tokenize_example(tokenizer, ex, data.response_only or i >= n, responses[i])
-              for i, ex in enumerate(examples)]
+    tokens = [tokenize_example(tokenizer, ex, data.response_only or i >= n, responses[i],
+                               prompts.get(i)) for i, ex in enumerate(examples)]
     train_prompts = [i for i in sorted(prompts) if i < n]  # example indices
     extra = _extra_answers(data, tokenizer, [(train[i], prompts[i]) for i in train_prompts],
                            seed, generate)
@@ -133,8 +133,8 @@ def _extra_answers(data: Any, tokenizer: Any, train: list[tuple[Example, list[in
         # they are greedy
         draw_seed = seed + 1 + j if g.temperature > 0 else seed + j
         answers = generate([p for _, p in train], g.extra_temperature, draw_seed)
-        out += [tokenize_example(tokenizer, ex, data.response_only, ans)
-                for (ex, _), ans in zip(train, answers)]
+        out += [tokenize_example(tokenizer, ex, data.response_only, ans, prompt)
+                for (ex, prompt), ans in zip(train, answers)]
     return out
 
 

@@ -110,16 +110,19 @@ def encode_example_prompt(tokenizer: Any, ex: Example) -> list[int]:
 
 
 def tokenize_example(tokenizer: Any, ex: Example, response_only: bool = True,
-                     response_ids: list[int] | None = None) -> Tokenized:
+                     response_ids: list[int] | None = None,
+                     prompt: list[int] | None = None) -> Tokenized:
     """Ids and target flags of one example.
 
     ``response_ids`` (from a generation cache) are appended to the rendered prompt as they
-    are, so the draft learns exactly the tokens the target produced.
+    are, so the draft learns exactly the tokens the target produced. ``prompt``: the prompt's
+    ids (:func:`encode_example_prompt`), when the caller has rendered it already.
     """
     if ex.text is not None:
         ids = tokenizer(ex.text)["input_ids"]
         return Tokenized(list(ids), [True] * len(ids), ex.domain, ex.origin, splittable=True)
-    prompt = encode_example_prompt(tokenizer, ex)
+    if prompt is None:
+        prompt = encode_example_prompt(tokenizer, ex)
     if response_ids is not None:
         ids = prompt + list(response_ids)
         start = len(prompt)
