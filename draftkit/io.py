@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -86,19 +86,23 @@ def atomic_dir(path: Path, overwrite: bool = False) -> Iterator[Path]:
         raise
 
 
-def recover_writes(folder: Path) -> None:
+def recover_writes(folder: Path, names: Iterable[str] = ("*",)) -> None:
     """Undo what kills inside :func:`atomic_dir` and :func:`atomic_write_bytes` left in
-    ``folder``: a folder set aside by ``overwrite`` whose replacement never landed is moved
-    back; then temporary and set-aside leftovers are removed. Call it before anything writes
-    in ``folder`` (a live write's temporary would go too)."""
+    ``folder`` for the files and folders ``names`` (glob patterns): one set aside by
+    ``overwrite`` whose replacement never landed is moved back; then temporary and set-aside
+    leftovers are removed. Call it before anything writes there (a live write's temporary
+    would go too)."""
     folder = Path(folder)
     if not folder.is_dir():
         return
-    for old in sorted(folder.glob(".*.old-*")):
+    olds = sorted(p for n in names for p in folder.glob(f".{n}.old-*"))
+    for old in olds:
         path = folder / old.name[1:].rsplit(".old-", 1)[0]
         if not path.exists():
             os.replace(old, path)
-    for leftover in [*folder.glob(".*.old-*"), *folder.glob(".*.tmp")]:
+    for leftover in [p for n in names for p in (*folder.glob(f".{n}.old-*"),
+                                                *folder.glob(f".{n}.*.tmp"),
+                                                *folder.glob(f".{n}.tmp"))]:
         if leftover.is_dir():
             shutil.rmtree(leftover, ignore_errors=True)
         else:

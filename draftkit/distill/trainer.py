@@ -18,6 +18,7 @@ the progress bar and W&B counts trained (response) tokens per second, all proces
 from __future__ import annotations
 
 import contextlib
+import glob
 import math
 import random
 import time
@@ -104,6 +105,7 @@ def export_draft(draft: Any, tokenizer: Any, path: Path, vocab: dict | None = No
     model = draft
     if hasattr(draft, "merge_and_unload"):  # a peft model: serving engines take no adapters
         model = copy.deepcopy(draft).merge_and_unload()
+
     def also(folder: Path) -> None:
         if vocab is not None:
             draft_vocab.save(folder, **vocab)
@@ -201,8 +203,9 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
         aside = None if cfg.resume else ckpt.set_aside_earlier_run(out)
         if aside is not None:
             print(f"resume=false: moved the earlier run in {out} to {aside}", flush=True)
-        for folder in (out, out / "checkpoints"):  # what a kill inside a write left behind
-            recover_writes(folder)
+        # what a kill inside a write left behind
+        recover_writes(out, [glob.escape(name) for name in ckpt.RUN_FILES])
+        recover_writes(out / "checkpoints")
         dump_yaml(cfg, out / "config.yaml")  # the resolved config, overrides applied
     barrier(dist)  # no rank looks for checkpoints before the earlier run is set aside
     run.resume()
