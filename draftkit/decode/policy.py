@@ -21,13 +21,20 @@ break-even; to still follow a real change (a new prompt, a new domain) a ``recen
 alongside, and when it departs from the long one by more than three standard errors the long
 one restarts from it.
 
-K = 0 (plain decoding) wins when speculation loses. Acceptance is then unobserved, so every
-``probe_gap`` plain rounds the policy drafts K = 1 until ``probe_trials`` positions have been
-tested: a fresh sample for the change test, extended while it leans above the estimate without
-settling it. The gap doubles (up to ``max_probe_every``) only when even the posterior's upper
-bound predicts a loss, so a pair that never pays costs about 1% against plain decoding while
-one near break-even is re-checked often (SmartSpec / TurboSpec, arXiv 2406.14066, choose K from
-measured goodput the same way).
+The first speculative round drafts K = 1, the cheapest K, and evidence raises it. K = 0 (plain
+decoding) wins when speculation loses. Acceptance is then unobserved, so the policy probes: it
+drafts K = 1 until ``probe_trials`` positions have been tested (8: one round at batch 8, eight
+at batch 1), a fresh sample for the change test, once every ``probe_gap`` probe lengths of plain
+rounds, so below the cap of ``max_probe_every`` rounds probing takes the same share of rounds at
+any batch size. Whenever plain decoding takes over (after the first rounds, after speculation,
+at the end of a probe) the last sample is judged: K = 1 goes on a round at a time, up to 4 x
+``probe_trials`` positions, while the posterior's upper bound (mean + 2 standard deviations)
+still predicts a gain or the sample leans above the estimate. So a short decode at alpha ~0
+drafts only the few rounds that rule speculation out, and a pair near break-even is not dropped
+for one unlucky run. The gap doubles only when even the upper bound predicts a loss, so a pair
+that never pays costs one probe every ``max_probe_every`` rounds (about 1% against plain
+decoding at batch 1 and c = 0.2, 2% at c = 0.6) while one near break-even is re-checked often
+(SmartSpec / TurboSpec, arXiv 2406.14066, choose K from measured goodput the same way).
 """
 
 from __future__ import annotations
@@ -67,10 +74,10 @@ class KPolicy:
         self.k_max, self.hysteresis = k_max, hysteresis
         self.probe_every, self.max_probe_every = probe_every, max(probe_every, max_probe_every)
         self.probe_trials = probe_trials
-        self.probe_gap = probe_every  # plain rounds before the next probe
+        self.probe_gap = probe_every  # plain rounds before the next probe, in probe lengths
         self.since_probe = 0
         self.probe_left = 0  # rounds the running probe still has to go
-        self.probing = False
+        self.sampling = True  # the recent window holds a sample still to judge (the first rounds)
         self.prior_alpha, self.prior_weight = prior_alpha, prior_weight
         self.long = [_Rate(window) for _ in range(k_max)]
         self.recent = [_Rate(recent) for _ in range(k_max)]
@@ -81,7 +88,6 @@ class KPolicy:
         self.t_other: dict[int, float] = {}  # batch -> seconds per round outside forwards
         self.k = 0
         self.rounds = 0
-        self.last_positive = min(2, k_max)
 
     # --- estimates ----------------------------------------------------------------------------
 
@@ -174,41 +180,43 @@ class KPolicy:
         if self.rounds == 0:  # measure the plain step first
             self.k = 0
             return 0
-        if not self.t_draft:  # then one speculative round
-            self.k = self.last_positive
-            return self.k
+        if not self.t_draft:  # then one speculative round, at the cheapest K: evidence raises it
+            self.k = 1
+            return 1
         scores = {k: self.predicted_speedup(k, batch) for k in range(self.k_max + 1)}
         scores = {k: s for k, s in scores.items() if s is not None}
         best = max(scores, key=lambda k: scores[k])
         if scores[best] > scores.get(self.k, 0.0) * (1 + self.hysteresis):
             self.k = best
         if self.k > 0:
-            self.last_positive, self.probe_gap, self.since_probe = self.k, self.probe_every, 0
-            self.probe_left, self.probing = 0, False
+            self.probe_gap, self.since_probe, self.probe_left = self.probe_every, 0, 0
+            self.sampling = True  # judged below if plain decoding takes over
             return self.k
-        # plain decoding: probe K = 1 now and then for a fresh sample of alpha_1
+        # plain decoding: judge the last sample of alpha_1; probe K = 1 now and then for a new one
         if self.probe_left > 0:
             self.probe_left -= 1
             return 1
-        if self.probing:
-            if self._departure(0) > 1 and self.recent[0].trials < 4 * self.probe_trials:
-                return self._probe(batch)  # leaning above the estimate: look longer
-            self.probing = False
+        if self.sampling:
             optimistic = self.alphas(upper=2.0)
             hope = max(self.predicted_speedup(k, batch, optimistic) or 0.0
                        for k in range(1, self.k_max + 1))
+            unsettled = hope >= 1.0 or self._departure(0) > 1  # may pay, or leans above
+            if unsettled and self.recent[0].trials < 4 * self.probe_trials:
+                return 1  # look one round longer
+            self.sampling = False
             # back off only when speculation surely loses; near break-even keep checking
             self.probe_gap = (min(2 * self.probe_gap, self.max_probe_every) if hope < 1.0
                               else self.probe_every)
         self.since_probe += 1
-        if self.since_probe < self.probe_gap:
+        if self.since_probe < min(self.probe_gap * self._probe_rounds(batch),
+                                  self.max_probe_every):
             return 0
-        self.since_probe, self.probing = 0, True
+        self.since_probe, self.sampling = 0, True
+        self.probe_left = self._probe_rounds(batch) - 1  # this round is one
         for est in self.recent:
             est.restart()
-        return self._probe(batch)
-
-    def _probe(self, batch: int) -> int:
-        """Run K = 1 for about ``probe_trials`` tested positions (rows test one each)."""
-        self.probe_left = math.ceil(self.probe_trials / max(batch, 1)) - 1  # this round is one
         return 1
+
+    def _probe_rounds(self, batch: int) -> int:
+        """Rounds of K = 1 that test ``probe_trials`` positions (rows test one each)."""
+        return math.ceil(self.probe_trials / max(batch, 1))
