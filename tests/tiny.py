@@ -26,7 +26,8 @@ def make_tokenizer(extra_words: tuple[str, ...] = ()):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(SPECIAL + list(dict.fromkeys(WORDS + list(extra_words))))}
+    words = list(dict.fromkeys(WORDS + list(extra_words)))
+    vocab = {tok: i for i, tok in enumerate(SPECIAL + words)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>",
