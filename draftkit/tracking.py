@@ -6,7 +6,10 @@
 - The whole config is logged at ``init``.
 - ``wandb`` is imported only when a tracker starts, so the core imports fast.
 - Given a ``run_id``, a later tracker with the same id continues that W&B run
-  (``resume="allow"``), so a resumed training run is one W&B run, not one per restart.
+  (``resume="allow"``), so a resumed training run is one W&B run, not one per restart. W&B
+  keeps only rising steps: the steps a resume repeats (those after the last checkpoint) keep
+  the values the killed run logged, which an exact resume logs again unchanged (unless the
+  resume changed the recipe's lr or schedule).
 """
 
 from __future__ import annotations

@@ -71,7 +71,8 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("-")[1]))
 
 
-RUN_FILES = ("checkpoints", "metrics.jsonl", "best", "config.yaml", "wandb_run_id")
+# best.json: where runs before best/best.json kept it
+RUN_FILES = ("checkpoints", "metrics.jsonl", "best", "best.json", "config.yaml", "wandb_run_id")
 
 
 def wandb_run_id(out: Path) -> str:
@@ -91,7 +92,7 @@ def set_aside_earlier_run(out: Path) -> Path | None:
     no run."""
     out = Path(out)
     if not (list_checkpoints(out / "checkpoints") or (out / "metrics.jsonl").exists()
-            or (out / "best").exists()):
+            or (out / "best").exists() or (out / "wandb_run_id").exists()):
         return None
     aside = Path(tempfile.mkdtemp(prefix=f"earlier-{time.strftime('%Y%m%d-%H%M%S')}-", dir=out))
     for name in RUN_FILES:

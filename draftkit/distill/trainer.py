@@ -200,12 +200,12 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
     run = _Run(cfg, dist, device, out, started, progress)
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
+        # first what a kill inside a write left behind, so an earlier run set aside is whole
+        recover_writes(out, [glob.escape(name) for name in ckpt.RUN_FILES])
+        recover_writes(out / "checkpoints")
         aside = None if cfg.resume else ckpt.set_aside_earlier_run(out)
         if aside is not None:
             print(f"resume=false: moved the earlier run in {out} to {aside}", flush=True)
-        # what a kill inside a write left behind
-        recover_writes(out, [glob.escape(name) for name in ckpt.RUN_FILES])
-        recover_writes(out / "checkpoints")
         dump_yaml(cfg, out / "config.yaml")  # the resolved config, overrides applied
     barrier(dist)  # no rank looks for checkpoints before the earlier run is set aside
     run.resume()
@@ -373,14 +373,16 @@ class _Run:
 
     def _follow_recipe(self, saved: dict) -> None:
         """The optimizer's state brings back the lr, betas and weight decay it was saved with;
-        the recipe's values win from the resumed step on (a longer max_steps stretches the
-        rest of the cosine, a new lr rescales it), and a changed value is said, not silent."""
+        the recipe's values win from the resumed step on (the lr is the recipe's schedule at
+        this step: a longer max_steps puts it back up the longer cosine, a new lr rescales it),
+        and a changed value is said, not silent."""
         t, now = self.cfg.train, self.optimizer_settings()
         changed = [f"{k}={now[k]} (was {saved[k]})" for k in now
                    if k in saved and saved[k] != now[k]]
-        if changed and self.dist.is_main:
-            print(f"resuming with {', '.join(changed)}: the schedule goes on from step "
-                  f"{self.step} with the recipe's values", flush=True)
+        if self.dist.is_main and self.step < self.cfg.max_steps and (changed or not saved):
+            what = ", ".join(changed) if saved else "a checkpoint that does not record them"
+            print(f"resuming with {what}: the recipe's lr, betas, weight decay and schedule "
+                  f"apply from step {self.step}", flush=True)
         factor = lr_factor(self.step, t.warmup_steps, self.cfg.max_steps, t.min_lr_ratio)
         for group in self.optimizer.param_groups:
             group.update(initial_lr=t.lr, lr=t.lr * factor, betas=tuple(t.betas),

@@ -50,6 +50,8 @@ def domains_of(row: dict) -> list[str]:
 def read_best(run: Path) -> dict:
     """The evaluation row of the draft the trainer exported to ``best/`` (``best/best.json``)."""
     path = run / "best" / "best.json"
+    if not path.is_file() and (run / "best.json").is_file():  # a run from before best/best.json
+        path = run / "best.json"
     if not path.is_file():
         raise SystemExit(f"{path} is missing: point --run/--control at a draftkit distill out_dir")
     return json.loads(path.read_text())

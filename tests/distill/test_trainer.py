@@ -97,6 +97,8 @@ def test_resume_false_starts_over_and_keeps_the_earlier_run(tmp_path, tiny_dirs)
     run = tmp_path / "run"
     train(_cfg(tmp_path, tiny_dirs, max_steps=6), progress=False)
     old_metrics = (run / "metrics.jsonl").read_text()
+    # killed inside a best/ write: recovered into the earlier run before it is set aside
+    (run / "best").rename(run / ".best.old-4242")
     train(_cfg(tmp_path, tiny_dirs, resume=False), progress=False)
     (aside,) = run.glob("earlier-*")
     assert (aside / "metrics.jsonl").read_text() == old_metrics
@@ -177,6 +179,12 @@ def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path, tiny_dirs, monkeypat
     assert ids == {(run / "wandb_run_id").read_text()}
     train(_cfg(tmp_path, tiny_dirs, resume=False), progress=False)  # a new run, a new id
     assert (run / "wandb_run_id").read_text() not in ids
+    # a run killed after W&B started but before its first evaluation holds only its id
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "wandb_run_id").write_text("0123456789ab")
+    train(_cfg(tmp_path, tiny_dirs, "fresh", resume=False, max_steps=1), progress=False)
+    assert (fresh / "wandb_run_id").read_text() != "0123456789ab"
 
 
 def test_resuming_with_other_batching_is_refused(tmp_path, tiny_dirs):
