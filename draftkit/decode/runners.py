@@ -33,12 +33,15 @@ FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def text_config(model):
-    cfg = model.config
+    """The text part of ``model``'s config (a model or its HF config, as a dry run has it
+    before any weights load)."""
+    cfg = getattr(model, "config", model)
     get = getattr(cfg, "get_text_config", None)
     return get() if callable(get) else cfg
 
 
 def context_window(model) -> int | None:
+    """Positions ``model`` (a model or its HF config) can attend to, if its config says."""
     return getattr(text_config(model), "max_position_embeddings", None)
 
 

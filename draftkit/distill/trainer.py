@@ -33,7 +33,7 @@ from draftkit.distill.config import DistillConfig
 from draftkit.distill.distributed import (Dist, all_reduce_mean, barrier, deepspeed_engine,
                                           gathered, init_distributed, zero_stage)
 from draftkit.distill.losses import dense_logprobs, divergence, next_token_ce, sparse_logprobs
-from draftkit.distill.schedule import lr_factor, warmup_cosine
+from draftkit.distill.schedule import warmup_cosine
 from draftkit.distill.teacher import (MaskedLM, OnlineTeacher, TopKCache, cache_key,
                                       default_cache_dir)
 from draftkit.errors import DraftkitError
@@ -383,9 +383,9 @@ class _Run:
             what = ", ".join(changed) if saved else "a checkpoint that does not record them"
             print(f"resuming with {what}: the recipe's lr, betas, weight decay and schedule "
                   f"apply from step {self.step}", flush=True)
-        factor = lr_factor(self.step, t.warmup_steps, self.cfg.max_steps, t.min_lr_ratio)
-        for group in self.optimizer.param_groups:
-            group.update(initial_lr=t.lr, lr=t.lr * factor, betas=tuple(t.betas),
+        # the scheduler's own lr_lambdas were built from this recipe; only its base came back
+        for group, factor in zip(self.optimizer.param_groups, self.scheduler.lr_lambdas):
+            group.update(initial_lr=t.lr, lr=t.lr * factor(self.step), betas=tuple(t.betas),
                          weight_decay=t.weight_decay)
         self.scheduler.base_lrs = [t.lr] * len(self.optimizer.param_groups)
         self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
@@ -535,7 +535,9 @@ def _load_target(cfg: DistillConfig, device: str) -> tuple[Any, Any, Any]:
 def check_context(config: Any, seq_len: int, role: str) -> None:
     """Packed rows of ``seq_len`` tokens must fit the position embeddings of a model of
     ``config`` (its HF config: the dry run checks before any weights load)."""
-    context = getattr(config.get_text_config(), "max_position_embeddings", None)
+    from draftkit.decode.runners import context_window
+
+    context = context_window(config)
     if context and seq_len > context:
         raise DraftkitError(f"data.seq_len={seq_len} is longer than the {role}'s context "
                             f"window ({context}); lower data.seq_len")

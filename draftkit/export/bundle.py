@@ -101,6 +101,7 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
+    from draftkit.decode.runners import context_window
     from draftkit.io import atomic_dir
     from draftkit.models import check_compatible, load_tokenizer, resolve_model
     from draftkit.models.compat import _vocab_size
@@ -127,8 +128,7 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
     if any(Path(draft_ref.path).glob("tokenizer*")):
         draft_tok = load_tokenizer(draft_ref, "draft")
     check_compatible(target_tok, draft_tok, target_cfg, draft_model.config)  # vocab_size too
-    t_max = getattr(target_cfg.get_text_config(), "max_position_embeddings", None)
-    d_max = getattr(draft_model.config.get_text_config(), "max_position_embeddings", None)
+    t_max, d_max = context_window(target_cfg), context_window(draft_model)
     if t_max and d_max and d_max < t_max:
         raise ModelError(f"draft max_position_embeddings {d_max} is below the target's {t_max}; "
                          f"serving would cut contexts short. Set it to {t_max} in the draft's "
