@@ -1,4 +1,4 @@
-"""``--k auto`` in the decode simulator of tests/decode/test_policy.py (``race``): the speedup
+"""``--k auto`` in the decode simulator (draftkit/decode/simulate.py): the speedup
 over plain decoding at batch 1, i.i.d. alpha and draft cost ratio c, as the mean over seeds
 0..``--seeds``-1, beside the same simulation at the K that the speedup model finds best.
 ``--rev`` adds a column for the policy as committed at a git revision, to compare a change
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from draftkit.decode.policy import KPolicy  # noqa: E402
-from tests.decode.test_policy import best_fixed, race  # noqa: E402
+from draftkit.decode.simulate import best_fixed_k, simulate_speedup  # noqa: E402
 
 
 def policy_at(rev: str) -> type:
@@ -46,9 +46,9 @@ def main() -> None:
     for rounds in args.rounds:
         for c in args.cs:
             for alpha in args.alphas:
-                k, _ = best_fixed(alpha, c)
+                k, _ = best_fixed_k(alpha, c)
                 runs = [("auto", p) for p in policies.values()] + [(k, KPolicy)]
-                cells = [statistics.mean(race(alpha, c, kk, rounds, seed, p)[0]
+                cells = [statistics.mean(simulate_speedup(alpha, c, kk, rounds, seed, p)[0]
                                          for seed in range(args.seeds)) for kk, p in runs]
                 print(f"| {rounds} | {c} | {alpha} | "
                       + " | ".join(f"{x:.4f}" for x in cells[:-1])

@@ -6,6 +6,7 @@ import pytest
 
 from draftkit import metrics
 from draftkit.decode.policy import KPolicy
+from draftkit.decode.simulate import best_fixed_k, simulate_speedup
 from draftkit.decode.stats import RoundStats
 
 
@@ -67,50 +68,16 @@ def test_hysteresis_avoids_thrashing_under_clock_noise():
     assert switches < 15
 
 
-# --- against the best fixed K, as a reviewer's simulation measured it --------------------------
-
-T_STEP, T_OVERHEAD = 0.010, 0.0002  # seconds: one target step, the per-round overhead
-
-
-def race(alpha, c, k="auto", rounds=2000, seed=0, policy_class=KPolicy):
-    """Decode ``rounds`` rounds at batch 1 with i.i.d. acceptance (``alpha``: a rate, or a
-    function of the round), T_draft = c T_STEP, T_target(K + 1) = T_STEP (1 + 0.05 K) and
-    T_OVERHEAD per round; K fixed or chosen by a fresh policy_class(k_max=8). Returns the
-    speedup over plain decoding (tokens per second) and the K of every round."""
-    rng = random.Random(seed)
-    policy = policy_class(k_max=8)
-    tokens, seconds, chosen = 0, 0.0, []
-    for i in range(rounds):
-        a = alpha(i) if callable(alpha) else alpha
-        kk = policy.choose(1) if k == "auto" else k
-        chosen.append(kk)
-        accepted, tested = [0] * kk, [0] * kk
-        for j in range(kk):  # positions are tested until the first rejection
-            tested[j] = 1
-            if rng.random() >= a:
-                break
-            accepted[j] = 1
-        n = sum(accepted)
-        t_draft, t_verify = kk * c * T_STEP, T_STEP * (1 + 0.05 * kk)
-        tokens += n + 1
-        seconds += t_draft + t_verify + T_OVERHEAD
-        policy.observe(RoundStats(kk, 1, accepted, tested, 0.0, int(n < kk), int(n == kk), n + 1,
-                                  t_draft, t_verify, T_OVERHEAD))
-    return tokens / seconds * (T_STEP + T_OVERHEAD), chosen
-
-
-def best_fixed(alpha, c):
-    return metrics.optimal_k(alpha, c, k_max=8, v=lambda k: 1 + 0.05 * k,
-                             overhead=T_OVERHEAD / T_STEP)
+# --- against the best fixed K, in the decode simulator (draftkit/decode/simulate.py) -----------
 
 
 @pytest.mark.parametrize("alpha,c", [(0.9, 0.05), (0.7, 0.1), (0.5, 0.2)])
 def test_auto_is_within_5_percent_of_the_best_fixed_k(alpha, c):
     """Near break-even too (0.5, 0.2: K = 1 gives 1.18x), where one rejected probe used to
     turn speculation off for hundreds of rounds."""
-    k, speedup = best_fixed(alpha, c)
+    k, speedup = best_fixed_k(alpha, c)
     assert k > 0
-    auto, _ = race(alpha, c)
+    auto, _ = simulate_speedup(alpha, c)
     assert auto >= 0.95 * speedup, (auto, speedup)
 
 
@@ -118,8 +85,8 @@ def test_auto_is_within_5_percent_of_the_best_fixed_k(alpha, c):
 def test_auto_decodes_plainly_where_speculation_loses(alpha, c):
     """Probes (K = 1 for 8 tested positions, every 16 probe lengths doubling to at most 256
     rounds once even the optimistic alpha loses) are all that speculates, and they cost ~1%."""
-    assert best_fixed(alpha, c)[0] == 0
-    auto, chosen = race(alpha, c)
+    assert best_fixed_k(alpha, c)[0] == 0
+    auto, chosen = simulate_speedup(alpha, c)
     assert auto >= 0.97
     assert chosen[500:].count(0) >= 0.85 * len(chosen[500:])
 
@@ -129,11 +96,11 @@ def test_short_decode_at_alpha_0_drafts_no_more_than_one_probe(c):
     """128 rounds where no draft is ever accepted: K = 1 only, for at most the first round and
     one probe's ``probe_trials`` (enough to rule a gain out), so the loss against plain decoding
     is bounded by that. It used to open at K = 2 and probe 8 rounds in every 24: 0.96x."""
-    auto, chosen = race(0.0, c, rounds=128)
+    auto, chosen = simulate_speedup(0.0, c, rounds=128)
     drafted = [k for k in chosen if k > 0]
     n = 1 + KPolicy().probe_trials
     assert set(drafted) == {1} and len(drafted) <= n, chosen
-    k1_speedup, _ = race(0.0, c, k=1, rounds=1)  # one token per K = 1 round
+    k1_speedup, _ = simulate_speedup(0.0, c, k=1, rounds=1)  # one token per K = 1 round
     assert auto >= 128 / (128 - n + n / k1_speedup) - 1e-9
 
 
@@ -141,9 +108,9 @@ def test_short_decode_at_alpha_0_drafts_no_more_than_one_probe(c):
 def test_short_decodes_near_break_even_keep_the_gain(alpha, c):
     """What the alpha ~0 case saves must not come from giving up on a pair that pays a little:
     over 128 rounds (mean of 20 seeds) auto stays within 3% of the best fixed K."""
-    k, _ = best_fixed(alpha, c)
+    k, _ = best_fixed_k(alpha, c)
     assert k > 0
-    auto, fixed = ([race(alpha, c, kk, rounds=128, seed=s)[0] for s in range(20)]
+    auto, fixed = ([simulate_speedup(alpha, c, kk, rounds=128, seed=s)[0] for s in range(20)]
                    for kk in ("auto", k))
     assert sum(auto) >= 0.97 * sum(fixed), (sum(auto) / 20, sum(fixed) / 20)
 
@@ -154,7 +121,7 @@ def test_auto_follows_alpha_down_and_back_up():
     def alpha(i):
         return 0.1 if 600 <= i < 1200 else 0.8
 
-    _, chosen = race(alpha, 0.3, rounds=2000)
+    _, chosen = simulate_speedup(alpha, 0.3, rounds=2000)
     assert min(chosen[500:600]) >= 1
     assert chosen[600:650].count(0) >= 10
     assert chosen[650:1200].count(0) >= 0.85 * len(chosen[650:1200])
