@@ -388,7 +388,6 @@ class _Run:
             group.update(initial_lr=t.lr, lr=t.lr * factor(self.step), betas=tuple(t.betas),
                          weight_decay=t.weight_decay)
         self.scheduler.base_lrs = [t.lr] * len(self.optimizer.param_groups)
-        self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
     def train_step(self) -> tuple[float, int]:
         """One optimizer step over ``grad_accum`` micro-batches on every rank; (loss, trained
