@@ -9,8 +9,10 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import random
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -140,13 +142,29 @@ def _extra_answers(data: Any, tokenizer: Any, train: list[tuple[Example, list[in
 
 # The day training prompts are rendered on, whatever today is: Llama 3.x chat templates print
 # the date into the system header, which would change the prompts, their cached answers and the
-# data key of a run resumed on another day. They take it from ``date_string`` where one is given
-# (and fall back to this same day where strftime_now is missing).
-TRAINING_DATE = "26 Jul 2024"
+# data key of a run resumed on another day. They take it from ``date_string`` where one is given;
+# templates that call ``strftime_now`` directly (Mistral's) get a ``strftime_now`` macro of the
+# same name that formats this day instead of today.
+TRAINING_DAY = datetime.date(2024, 7, 26)
+TRAINING_DATE = "26 Jul 2024"  # TRAINING_DAY as Llama 3.x's templates write it
+_STRFTIME_CALL = re.compile(r"strftime_now\(\s*(['\"])(.*?)\1\s*\)")
+
+
+def fixed_date_template(template: str) -> str:
+    """``template`` with a ``strftime_now`` of its own ahead of it, which formats
+    ``TRAINING_DAY``: a template's macro hides the renderer's global of the same name. The
+    formats are the literal ones the template passes (transformers' sandbox turns a Python
+    callable passed in into an inert string, so the macro looks each one up in a table)."""
+    if "strftime_now" not in template:
+        return template
+    table = {f: TRAINING_DAY.strftime(f) for _, f in _STRFTIME_CALL.findall(template)}
+    # trim_blocks eats one newline after the macro's last tag: give it one of its own
+    return ("{%- macro strftime_now(format) -%}{{ " + json.dumps(table)
+            + "[format] }}{%- endmacro %}\n" + template)
 
 
 class _FixedDate:
-    """A tokenizer whose chat template renders on ``TRAINING_DATE``; all else is its own."""
+    """A tokenizer whose chat template renders on ``TRAINING_DAY``; all else is its own."""
 
     def __init__(self, tokenizer: Any):
         self._tokenizer = tokenizer
@@ -157,8 +175,12 @@ class _FixedDate:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._tokenizer(*args, **kwargs)
 
-    def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
-        return self._tokenizer.apply_chat_template(*args, date_string=TRAINING_DATE, **kwargs)
+    def apply_chat_template(self, conversation: Any, *args: Any, chat_template: str | None = None,
+                            **kwargs: Any) -> Any:
+        template = self._tokenizer.get_chat_template(chat_template, kwargs.get("tools"))
+        return self._tokenizer.apply_chat_template(
+            conversation, *args, chat_template=fixed_date_template(template),
+            date_string=TRAINING_DATE, **kwargs)
 
 
 def default_generation_dir() -> Path:

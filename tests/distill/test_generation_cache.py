@@ -141,16 +141,21 @@ def test_heldout_prompts_never_reach_training(tmp_path):
         split_heldout({"code": by["code"][:4]}, 2, 0)
 
 
-def test_training_prompts_do_not_change_with_the_date(tmp_path):
+@pytest.mark.parametrize("dating", [
+    # Llama 3.x's way: the system header carries date_string, or today's date without one
+    "{%- if not date_string is defined %}{%- set date_string = strftime_now('%d %b %Y') %}"
+    "{%- endif %}{{ '<|im_start|>system ' + date_string + ' <|im_end|> ' }}",
+    # Mistral's way: today's date, whatever the caller passes
+    "{%- set today = strftime_now(\"%d %b %Y\") %}"
+    "{{ '<|im_start|>system ' + today + ' <|im_end|> ' }}",
+], ids=["date_string", "strftime_now"])
+def test_training_prompts_do_not_change_with_the_date(tmp_path, dating):
     import transformers.utils.chat_template_utils as ctu
 
     from draftkit.chat import encode_prompt
 
-    # Llama 3.x's way: the system header carries date_string, or today's date without one
     tok = make_tokenizer(("26", "Jul", "2024", "30", "Nov", "01", "Dec", "2026"))
-    tok.chat_template = (
-        "{%- if not date_string is defined %}{%- set date_string = strftime_now('%d %b %Y') %}"
-        "{%- endif %}{{ '<|im_start|>system ' + date_string + ' <|im_end|> ' }}" + CHAT_TEMPLATE)
+    tok.chat_template = dating + CHAT_TEMPLATE
     src = _jsonl(tmp_path / "p.jsonl", [{"prompt": f"what is {i} + {i} ?", "response": "4",
                                          "domain": "math"} for i in range(5)])
     built, served = [], []
