@@ -31,8 +31,8 @@ from draftkit.errors import DraftkitError
 from draftkit.serve.detok import TextStream
 from draftkit.serve.metrics import ServeMetrics
 from draftkit.serve.protocol import (ChatCompletionRequest, CompletionRequest, chat_body,
-                                     completion_body, error_body, error_param, new_id, usage,
-                                     usage_chunk)
+                                     completion_body, error_body, error_param, main_error, new_id,
+                                     usage, usage_chunk)
 from draftkit.serve.scheduler import Job, Scheduler
 
 DISCONNECT_POLL_S = 0.25
@@ -123,7 +123,7 @@ def create_app(engine, tokenizer, *, model_name: str, k: int | str = "auto", k_m
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
-        first = exc.errors()[0] if exc.errors() else {}
+        first = main_error(exc.errors())
         if first.get("type") == "json_invalid":
             return error(400, "the request body is not valid JSON", None)
         unknown = first.get("type") == "extra_forbidden"

@@ -14,9 +14,29 @@ Responses are plain dicts built here, with one extra field per choice-level resp
 from __future__ import annotations
 
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo,
+                      field_validator, model_validator)
+
+
+def _whole_characters(v: str) -> str:
+    # JSON may carry half of a UTF-16 surrogate pair ("\ud800": a client that cut an emoji in
+    # two); valid JSON, but no tokenizer can encode it
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("the text holds a lone UTF-16 surrogate (half of a character such as "
+                         "an emoji); send whole characters") from None
+    return v
+
+
+Text = Annotated[str, AfterValidator(_whole_characters)]
+
+
+def _refuse_unsupported(name: str, ok: bool) -> None:
+    if not ok:
+        raise ValueError(f"{name} is not supported")
 
 
 class _Body(BaseModel):
@@ -48,7 +68,7 @@ class _Sampling(_Body):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1)  # vLLM extension; -1 or 0 = off
     seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)  # what a torch.Generator takes
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1, description="only n = 1 is supported")
@@ -90,7 +110,7 @@ class _Sampling(_Body):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int]
+    prompt: Text | list[Text] | list[int]
     echo: bool = False
     logprobs: int | None = None
     best_of: int | None = None
@@ -107,27 +127,27 @@ class CompletionRequest(_Sampling):
             raise ValueError("empty prompt")
         return v
 
-    @model_validator(mode="after")
-    def _unsupported(self):
-        for name, ok in (("echo", not self.echo), ("logprobs", self.logprobs is None),
-                         ("best_of", self.best_of in (None, 1)), ("suffix", self.suffix is None)):
-            if not ok:
-                raise ValueError(f"{name} is not supported")
-        return self
+    @field_validator("echo", "logprobs", "best_of", "suffix")
+    @classmethod
+    def _unsupported(cls, v, info: ValidationInfo):
+        # a field validator, so the 400's param names the field
+        no_op = {"echo": v is False, "best_of": v == 1}.get(info.field_name, v is None)
+        _refuse_unsupported(info.field_name, no_op)
+        return v
 
 
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    content: Text | list[TextPart]
     name: str | None = None
 
     def text(self) -> str:
@@ -145,15 +165,13 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: str | None = None
     parallel_tool_calls: bool | None = None
 
-    @model_validator(mode="after")
-    def _unsupported(self):
-        for name, ok in (("logprobs", not self.logprobs), ("top_logprobs", not self.top_logprobs),
-                         ("response_format", self.response_format in (None, {"type": "text"})),
-                         ("tools", not self.tools), ("tool_choice", self.tool_choice in (
-                             None, "none"))):
-            if not ok:
-                raise ValueError(f"{name} is not supported")
-        return self
+    @field_validator("logprobs", "top_logprobs", "response_format", "tools", "tool_choice")
+    @classmethod
+    def _unsupported(cls, v, info: ValidationInfo):
+        no_op = {"response_format": v == {"type": "text"},
+                 "tool_choice": v == "none"}.get(info.field_name, not v)
+        _refuse_unsupported(info.field_name, no_op)
+        return v
 
     @property
     def max_tokens_field(self) -> str:
@@ -184,6 +202,15 @@ def error_param(loc: tuple, unknown: bool = False) -> str | None:
     path = [str(x) for i, x in enumerate(loc)
             if isinstance(x, int) or x in _FIELDS or (unknown and i == last)]
     return ".".join(path) or None
+
+
+def main_error(errors: list[dict]) -> dict:
+    """The error to report of a body's validation errors. A field that takes one of several
+    types (``content``: a string or a list of parts) gets one error per type; the one whose
+    location reaches deepest into the body is about the type the client sent."""
+    def depth(e: dict) -> int:
+        return sum(isinstance(x, int) or x in _FIELDS for x in e.get("loc", ()))
+    return max(errors, key=depth) if errors else {}  # the first of equals
 
 
 def error_body(message: str, param: str | None = None, type_: str = "invalid_request_error",

@@ -235,7 +235,7 @@ class Scheduler:
         row = st.rows[slot]
         rounds = max(row.target_calls - 1, 0)  # the prefill is not a round
         spec = {"drafted": row.drafted, "accepted": row.accepted,
-                "tau": round(len(out) / row.target_calls, 4) if row.target_calls else 0.0,
+                "tau": round((len(out) - 1) / rounds, 4) if rounds else 0.0,  # as Result.tau
                 "alpha": round(row.alpha, 4), "k": round(row.drafted / rounds, 4) if rounds
                 else 0.0, "target_calls": row.target_calls}
         self.engine.release(st, slot)

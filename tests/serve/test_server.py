@@ -52,6 +52,21 @@ def test_completion_and_chat(server):
     assert r.usage.completion_tokens <= 10 and r.model_extra["draftkit"]["tau"] >= 1.0
 
 
+def test_a_requests_tau_is_the_engines(server, tiny_models):
+    """Tokens per decoding round, the prefill left out, as Result.tau and the metrics say
+    (it used to count the prefill as a round: 1.333 where the engine says 1.375)."""
+    from draftkit.decode.engine import SpeculativeEngine
+
+    tok, target, draft = tiny_models
+    r = httpx.post(f"{server.url}/completions", json={
+        "model": "tiny", "prompt": "what is", "max_tokens": 12, "temperature": 0}).json()
+    alone = SpeculativeEngine(target, draft).generate([tok("what is")["input_ids"]], k=2,
+                                                      max_new_tokens=12)[0]
+    assert r["usage"]["completion_tokens"] == len(alone.tokens)
+    assert r["draftkit"]["tau"] == round(alone.tau, 4)
+    assert r["draftkit"]["target_calls"] == alone.stats.target_calls
+
+
 @pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
 def test_streaming_equals_plain(server, chat):
     c = server.client()
@@ -181,9 +196,15 @@ def test_seeded_sampling_is_reproducible(server):
     ({"model": "tiny", "prompt": "hi", "stream": "yes"}, "stream"),
     ({"model": "tiny", "prompt": "hi", "max_tokens": "4"}, "max_tokens"),
     ({"model": "tiny", "prompt": "hi", "max_tokens": True}, "max_tokens"),
+    # valid JSON (json.dumps escapes it as \\ud800) that no tokenizer can encode
+    (json.dumps({"model": "tiny", "prompt": "hello \ud800"}).encode(), "prompt"),
+    (json.dumps({"model": "tiny", "prompt": "hi", "stop": ["\udc00"]}).encode(), "stop.0"),
+    ({"model": "tiny", "prompt": "hi", "logprobs": 1}, "logprobs"),
+    ({"model": "tiny", "prompt": "hi", "echo": True}, "echo"),
 ], ids=["json", "unknown-field", "negative-max-tokens", "zero-max-tokens", "temperature",
         "top-p", "n", "over-limit", "overlong-prompt", "prompt-plus-output", "prompt-type",
-        "penalty", "seed-beyond-64-bits", "string-bool", "string-int", "bool-int"])
+        "penalty", "seed-beyond-64-bits", "string-bool", "string-int", "bool-int",
+        "lone-surrogate", "lone-surrogate-stop", "logprobs", "echo"])
 def test_bad_requests_are_400_with_openai_body(server, body, param):
     kw = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(
         body, bytes) else {"json": body}
@@ -214,6 +235,23 @@ def test_bad_chat_and_body_limit(server):
     # the field's path, without pydantic's tag for the member of a union ("content.str")
     r = chat(messages=[{"role": "user", "content": "hi"}, {"role": "user", "content": 5}])
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages.1.content"
+    r = httpx.post(f"{server.url}/chat/completions", headers={"content-type": "application/json"},
+                   content=json.dumps({"model": "tiny", "messages": [
+                       {"role": "user", "content": [{"type": "text", "text": "hi \ud83d"}]}]}))
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "messages.0.content.0.text", err
+    assert "lone UTF-16 surrogate" in err["message"]
+    # of a union's errors, the member the client sent (the list), not the first (the string)
+    r = chat(messages=[{"role": "user", "content": [{"type": "text", "text": 5}]}])
+    err = r.json()["error"]
+    assert err["param"] == "messages.0.content.0.text", err
+    assert err["message"] == "messages.0.content.0.text: Input should be a valid string"
+    for field, value in (("logprobs", True), ("tools", [{"type": "function"}]),
+                         ("tool_choice", "auto")):  # refused, and named
+        r = chat(messages=[{"role": "user", "content": "hi"}], **{field: value})
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == field, err
+        assert err["message"] == f"{field}: {field} is not supported"
     # the limit named as the client sent it
     r = chat(messages=[{"role": "user", "content": "hi"}], max_completion_tokens=65)
     err = r.json()["error"]
