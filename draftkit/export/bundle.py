@@ -106,7 +106,7 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
     from draftkit.models import check_compatible, load_tokenizer, resolve_model
     from draftkit.models.compat import _vocab_size
     from draftkit.models import draft_vocab
-    from draftkit.models.load import load_causal_lm, save_tokenizer
+    from draftkit.models.load import load_causal_lm, save_model, save_tokenizer
 
     out = Path(out)
     if out.exists() and not force:
@@ -137,7 +137,7 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
     recipe_data = _read_recipe(recipe) if recipe else None
     with atomic_dir(out, overwrite=force) as tmp:
         draft_dir = tmp / "draft"
-        draft_model.save_pretrained(draft_dir, safe_serialization=True)
+        save_model(draft_model, draft_dir)
         save_tokenizer(target_tok, draft_dir)  # the target's tokenizer
         ids = draft_vocab.load(draft_ref.path, _vocab_size(target_cfg)) if \
             Path(draft_ref.path).is_dir() else None

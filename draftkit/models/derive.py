@@ -182,14 +182,14 @@ def save_draft(draft: "PreTrainedModel", tokenizer, out: Path, force: bool = Fal
     """Write a plain HF model directory (safetensors + the target's tokenizer files), whole or
     not at all; ``also(folder)`` adds files to it before it is renamed into place."""
     from draftkit.io import atomic_dir
-    from draftkit.models.load import save_tokenizer
+    from draftkit.models.load import save_model, save_tokenizer
 
     out = Path(out)
     if out.exists() and not force:
         raise DraftkitError(f"{out} already exists; pass --force to replace it or choose "
                             f"another --out")
     with atomic_dir(out, overwrite=force) as tmp:
-        draft.save_pretrained(tmp, safe_serialization=True)
+        save_model(draft, tmp)
         save_tokenizer(tokenizer, tmp)
         if also is not None:
             also(tmp)

@@ -53,7 +53,7 @@ def embedded_dir() -> Path:
 
 
 # Raised when _convert writes something different, so older conversions are not reused.
-CONVERSION = 2
+CONVERSION = 3
 
 
 def _gguf_key(gguf: Path) -> str:
@@ -101,7 +101,7 @@ def _convert(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from draftkit.models.load import save_tokenizer
+    from draftkit.models.load import save_model, save_tokenizer
 
     print(f"draftkit: converting {gguf.name} to safetensors once (cached in {out.parent})",
           flush=True)
@@ -128,5 +128,5 @@ def _convert(gguf: Path, out: Path) -> None:
     model.load_state_dict(loaded.state_dict(), assign=True)
     model.tie_weights()
     model.generation_config = loaded.generation_config
-    model.save_pretrained(out, safe_serialization=True)
+    save_model(model, out)
     save_tokenizer(tokenizer, out)

@@ -72,6 +72,43 @@ def save_tokenizer(tokenizer: "PreTrainedTokenizerBase", folder: str | Path) -> 
         path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
+def save_model(model: "PreTrainedModel", folder: str | Path) -> None:
+    """``model.save_pretrained(folder)`` as safetensors, its config readable by transformers 4.x
+    as well.
+
+    transformers 5 keeps the RoPE base and scaling only in ``rope_parameters``. 4.x (still pinned
+    by some vLLM and SGLang releases) reads ``rope_theta`` and ``rope_scaling`` instead and,
+    finding neither, runs at its default base of 10000: the model loads and serves, with every
+    attention score wrong. So the 4.x keys are written beside the new ones, for the model and
+    any nested ``text_config``.
+    """
+    import json
+
+    model.save_pretrained(folder, safe_serialization=True)
+    path = Path(folder) / "config.json"
+    config = json.loads(path.read_text())
+    before = json.dumps(config, sort_keys=True)
+    for section in (config, config.get("text_config")):
+        if isinstance(section, dict):
+            _add_legacy_keys(section)
+    if json.dumps(config, sort_keys=True) != before:
+        path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
+def _add_legacy_keys(config: dict[str, Any]) -> None:
+    """transformers 4.x's names for what 5 records as ``rope_parameters`` and ``dtype``."""
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict) and "rope_theta" in rope:
+        if config.get("rope_theta") is None:
+            config["rope_theta"] = rope["rope_theta"]
+        if config.get("rope_scaling") is None:
+            scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+            config["rope_scaling"] = scaling if scaling.get("rope_type", "default") != \
+                "default" else None
+    if "dtype" in config and "torch_dtype" not in config:
+        config["torch_dtype"] = config["dtype"]
+
+
 def load_tokenizer(model: str | ResolvedModel, role: Role = "target") -> "PreTrainedTokenizerBase":
     from transformers import AutoTokenizer
 

@@ -189,3 +189,16 @@ def test_a_moved_bundle_still_serves_from_its_scripts(tiny_dirs, tmp_path, capsy
     # transformers 4.x (which some vLLM and SGLang releases pin) knows this tokenizer class
     config = json.loads((moved / "draft" / "tokenizer_config.json").read_text())
     assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+
+
+def test_the_bundles_draft_keeps_its_rope_base_for_transformers_4(tmp_path):
+    """vLLM and SGLang builds on transformers 4.x read rope_theta, which 5 no longer writes:
+    a draft exported without it serves at a base of 10000 and accepts next to nothing."""
+    tok = make_tokenizer()
+    target, draft = make_llama(len(tok), num_layers=2), make_llama(len(tok), num_layers=1, seed=1)
+    for model in (target, draft):  # SmolLM2-135M's base
+        model.config.rope_parameters = {"rope_theta": 100000.0, "rope_type": "default"}
+    out = export_bundle(str(save_model(target, tok, tmp_path / "t")),
+                        str(save_model(draft, tok, tmp_path / "d")), tmp_path / "b", k=2)
+    config = json.loads((out / "draft" / "config.json").read_text())
+    assert config["rope_theta"] == 100000.0 and config["rope_scaling"] is None

@@ -166,3 +166,30 @@ def test_saved_tokenizers_load_under_transformers_4(tmp_path):
     again = AutoTokenizer.from_pretrained(tmp_path)
     text = "def f(x):\n    return x + 1"
     assert again(text)["input_ids"] == tok(text)["input_ids"]
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_theta": 100000.0, "rope_type": "default"},  # SmolLM2
+    {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},  # Llama 3.x
+], ids=["default", "llama3"])
+def test_saved_models_keep_their_rope_under_transformers_4(tmp_path, rope):
+    """transformers 5 writes rope_parameters alone; 4.x (vLLM, SGLang) reads rope_theta and
+    rope_scaling, and without them runs at a base of 10000. Both ways must describe one RoPE,
+    and every draft folder draftkit writes (derive, best/, bundles) goes through save_model."""
+    from transformers import AutoConfig
+
+    from draftkit.models.load import save_model as save_for_both
+
+    model = make_llama(len(make_tokenizer()), num_layers=1)
+    model.config.rope_parameters = dict(rope)
+    save_for_both(model, tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert config["rope_theta"] == rope["rope_theta"]
+    legacy = {k: v for k, v in rope.items() if k != "rope_theta"}
+    assert config["rope_scaling"] == (legacy if rope["rope_type"] != "default" else None)
+    assert config["torch_dtype"] == config["dtype"] == "float32"
+    assert AutoConfig.from_pretrained(tmp_path / "m").rope_parameters == rope  # 5 reads it alike
+    save_draft(model, make_tokenizer(), tmp_path / "d")
+    assert json.loads((tmp_path / "d" / "config.json").read_text())["rope_theta"] == \
+        rope["rope_theta"]
