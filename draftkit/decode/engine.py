@@ -44,7 +44,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from draftkit.decode.runners import decoding_context, make_runner, text_config
+from draftkit.decode.runners import decoding_context, make_runner, sliding_window, text_config
 from draftkit.decode.sampling import Generators, SamplingParams, row_probabilities, sample
 from draftkit.decode.stats import DecodeStats, RoundStats
 from draftkit.decode.verify import verify_greedy, verify_sampled
@@ -183,6 +183,11 @@ class SpeculativeEngine:
         # slots (admit at any round) need runners that can write a subset of cache rows
         self.slotted = self.target.supports_rows and (
             self.draft is None or self.draft.supports_rows)
+        # transformers' sliding-window masks and caches count cache columns, and a batched
+        # general cache holds padding and rolled-back holes besides a row's tokens: only a
+        # batch of one keeps columns and positions equal, so decoding_context's cap is exact
+        self.one_row_cohorts = not self.slotted and any(
+            sliding_window(m) for m in (target_model, draft_model) if m is not None)
 
     # --- one-call API ---------------------------------------------------------------------
 
@@ -207,6 +212,12 @@ class SpeculativeEngine:
             k_max = policy.k_max
         if self.draft is None:
             k, k_max, policy = 0, 0, None
+        if self.one_row_cohorts and len(prompts) > 1:  # one policy learns from every row
+            return [self.generate([p], k=k, max_new_tokens=max_new_tokens,
+                                  temperature=temperature, top_k=top_k, top_p=top_p,
+                                  seed=None if seed is None else seed + i, k_max=k_max,
+                                  policy=policy, stats=stats)[0]
+                    for i, p in enumerate(prompts)]
         with torch.inference_mode():
             state = self.start(prompts, params, max_new_tokens, seed, k_max, stats)
             while not state.finished:
@@ -290,6 +301,9 @@ class SpeculativeEngine:
         if not self.slotted and any(state.occupied):
             raise DraftkitError("the general decoding path admits rows only into an empty "
                                 "batch; wait until every slot is released")
+        if self.one_row_cohorts and n > 1:
+            raise DraftkitError("a sliding-window model on the general decoding path decodes "
+                                "one row at a time; admit one prompt")
         if n == 0 or n > len(free):
             raise DraftkitError(f"cannot admit {n} rows: {len(free)} slots are free")
         lens = [len(p) for p in prompts]

@@ -56,10 +56,11 @@ def sliding_window(model) -> int | None:
 def decoding_context(*models) -> int | None:
     """The longest sequence the decoder runs exactly for all of ``models``.
 
-    A sliding window caps it: the general runner's caches hold rolled-back holes and padding,
-    so a window counted in cache columns would not be the model's window counted in tokens
-    (and transformers' sliding-window caches cannot be cropped once full). Within the window
-    every layer attends to everything, which is exact.
+    A sliding window caps it: within the window every layer attends to everything, which is
+    exact (and transformers' sliding-window caches cannot be cropped once full). transformers
+    counts the window in cache columns, which equal a row's positions only at batch 1: a
+    batched general-runner cache also holds padding and rolled-back holes, so the engine
+    decodes such models one row at a time (``SpeculativeEngine.one_row_cohorts``).
     """
     limits = [n for m in models if m is not None
               for n in (context_window(m), sliding_window(m)) if n]

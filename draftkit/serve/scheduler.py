@@ -14,7 +14,8 @@ loop:
 5. frees the slot of every request that finished (EOS, its token budget, a stop string).
 
 On the general (non-Llama) runner the engine admits only into an empty batch, so requests
-are admitted in cohorts: a new cohort starts when the last one has left.
+are admitted in cohorts: a new cohort starts when the last one has left; a cohort of one for
+a model with a sliding window (``SpeculativeEngine.one_row_cohorts``).
 
 Requests talk to the thread through :class:`Job`: the event loop puts it in the waiting
 queue and reads its events from an ``asyncio.Queue`` the thread fills with
@@ -179,6 +180,8 @@ class Scheduler:
         free = self.max_batch - len(self.jobs)
         if not self.engine.slotted and self.jobs:
             free = 0  # cohorts: wait for the whole batch to leave
+        if self.engine.one_row_cohorts:
+            free = min(free, 1)  # a sliding window on the general path: one row at a time
         batch: list[Job] = []
         with self.lock:
             while self.waiting and len(batch) < free:

@@ -256,20 +256,26 @@ def test_reduced_draft_vocab_proposes_only_its_tokens(models, reference, fast):
     assert drafted and set(drafted) <= set(ids)
 
 
+def mistral(layers: int, seed: int, window: int, vocab: int = 100):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = MistralConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                        max_position_embeddings=256, sliding_window=window)
+    model = MistralForCausalLM(cfg).eval()
+    with torch.no_grad():  # peaked distributions, as tests/tiny.py's models
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.2)
+    return model
+
+
 @pytest.mark.parametrize("k", [0, 3])
 def test_a_sliding_window_caps_the_context_so_decoding_stays_exact(k):
     """Mistral-style windowed attention: the decoder runs sequences that fit the window, where
     every layer sees everything, and says so for a prompt that does not fit."""
-    from transformers import MistralConfig, MistralForCausalLM
-
-    def make(layers, seed):
-        torch.manual_seed(seed)
-        cfg = MistralConfig(vocab_size=100, hidden_size=32, intermediate_size=64,
-                            num_hidden_layers=layers, num_attention_heads=4,
-                            num_key_value_heads=2, max_position_embeddings=256, sliding_window=16)
-        return MistralForCausalLM(cfg).eval()
-
-    target, draft = make(2, 0), make(1, 1)
+    target, draft = mistral(2, 0, 16), mistral(1, 1, 16)
     engine = SpeculativeEngine(target, draft, eos_token_id=None)
     assert engine.context == 16
     prompts = [[5, 9, 22, 31, 7], [11, 12, 13]]
@@ -278,3 +284,21 @@ def test_a_sliding_window_caps_the_context_so_decoding_stays_exact(k):
         assert r.tokens == hf_greedy(target, p, 30)[:len(r.tokens)]
     with pytest.raises(DraftkitError, match="the context window is 16"):
         engine.generate([list(range(5, 20))], k=k, max_new_tokens=4)
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_a_sliding_window_batch_of_unequal_prompts_stays_exact(k):
+    """transformers counts the window in cache columns; a batched general cache holds padding
+    and rolled-back holes besides a row's tokens, so a short row lost its early context at
+    K = 0 and cropping raised at K = 2. Such a pair decodes one row at a time, exactly."""
+    target, draft = mistral(2, 0, 32), mistral(1, 1, 32)
+    engine = SpeculativeEngine(target, draft, eos_token_id=None)
+    assert engine.one_row_cohorts
+    prompts = [[5, 9], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]]
+    results = engine.generate(prompts, k=k, max_new_tokens=100)
+    for p, r in zip(prompts, results):
+        assert len(r.tokens) == 32 - len(p) - (k + 2)
+        assert r.tokens == hf_greedy(target, p, 100)[:len(r.tokens)]
+    state = engine.open(2, k)
+    with pytest.raises(DraftkitError, match="one row at a time"):
+        engine.admit(state, prompts, SamplingParams(), 8)
