@@ -137,4 +137,8 @@ def sample(probs: "torch.Tensor", generator: Generators) -> "torch.Tensor":
     import torch
 
     noise = _draw(torch.empty_like(probs), generator, "exp")
+    # a draw of exactly 0 (possible on some devices' generators) would make 0 / 0 = nan at a
+    # zero entry, and argmax takes nan as the largest; draws below the smallest normal float
+    # are as good as never, so clamping them leaves the distribution as it is
+    noise.clamp_min_(torch.finfo(noise.dtype).tiny)
     return (probs / noise).argmax(-1)

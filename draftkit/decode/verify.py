@@ -51,16 +51,19 @@ def verify_greedy(draft_tokens: "torch.Tensor", target_logits: "torch.Tensor") -
 
 def accept_test(draft_tokens: "torch.Tensor", q: "torch.Tensor", p: "torch.Tensor",
                 uniform: "torch.Tensor") -> "torch.Tensor":
-    """Accept x_i when u_i <= p_i(x_i) / q_i(x_i), i.e. with probability min(1, p/q).
+    """Accept x_i when u_i < p_i(x_i) / q_i(x_i), i.e. with probability min(1, p/q).
 
     draft_tokens: (B, K); q: (B, K, V); p: (B, K + 1, V) (only the first K are used here);
     uniform: (B, K) in [0, 1). Returns accepted: (B, K) bool. q(x) > 0 since x was drawn from q;
-    the test is written as u * q <= p to avoid dividing.
+    the test is written as u * q < p to avoid dividing. Strict, because u is exactly 0 about
+    once in 2^24 float32 draws: ``<=`` would then accept a token the target gives p = 0 (one
+    its top-k or top-p cut), which plain sampling never emits; for u in [0, 1) the strict test
+    accepts with probability min(1, p/q) all the same.
     """
     idx = draft_tokens[..., None]
     q_x = q.gather(-1, idx).squeeze(-1)
     p_x = p[:, :-1].gather(-1, idx).squeeze(-1)
-    return uniform * q_x <= p_x
+    return uniform * q_x < p_x
 
 
 def residual(p_n: "torch.Tensor", q_n: "torch.Tensor") -> "torch.Tensor":

@@ -56,6 +56,16 @@ def test_accept_test_threshold():
     assert not accept_test(d, q, p, torch.tensor([[0.51]])).item()
 
 
+def test_a_token_the_target_rules_out_is_never_accepted():
+    """float32 uniform draws are exactly 0 about once in 2^24: u * q <= p accepted a drafted
+    token whose target probability top-k / top-p had set to 0, which plain sampling never
+    emits. u = 0 must still accept every token the target allows."""
+    q = torch.tensor([[[0.9, 0.1], [0.9, 0.1]]])
+    p = torch.tensor([[[0.0, 1.0], [1e-30, 1.0], [0.5, 0.5]]])  # token 0: ruled out, then not
+    d = torch.tensor([[0, 0]])
+    assert accept_test(d, q, p, torch.zeros(1, 2)).tolist() == [[False, True]]
+
+
 def test_residual_falls_back_to_p_when_empty():
     p = torch.tensor([[0.3, 0.7]])
     assert torch.allclose(residual(p, p.clone()), p)
@@ -111,3 +121,13 @@ def test_chi_square_catches_broken_rule():
     p, q = probabilities(lp, params), probabilities(lq[:k], params)
     first, _ = _emit_first(broken_verify, p, q, 40_000, gen)
     assert chi_square_p(torch.bincount(first, minlength=vocab), p[0]) < 0.01
+
+
+def test_a_zero_noise_draw_never_samples_a_zero_entry(monkeypatch):
+    """argmax(p / E): an exponential draw of exactly 0 gave 0 / 0 = nan at a zero entry, and
+    argmax takes nan as the largest."""
+    import draftkit.decode.sampling as sampling
+
+    monkeypatch.setattr(sampling, "_draw", lambda out, generator, fill: out.zero_())
+    probs = torch.tensor([[0.0, 0.3, 0.7, 0.0]])
+    assert sample(probs, None).tolist() == [2]
