@@ -40,9 +40,10 @@ changes which sample is drawn (never its distribution). Greedy rows never depend
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Callable, Literal
 
 from draftkit.decode.runners import decoding_context, make_runner, sliding_window, text_config
 from draftkit.decode.sampling import Generators, SamplingParams, row_probabilities, sample
@@ -89,6 +90,19 @@ class Result:
         the prefill and the first token it emits are left out."""
         rounds = self.stats.target_calls - 1
         return (len(self.tokens) - 1) / rounds if rounds > 0 else 0.0
+
+
+def _no_grad(method: Callable) -> Callable:
+    """Run ``method`` without autograd: a caller of the step-wise API outside
+    ``torch.inference_mode()`` would otherwise chain every round's KV cache into one graph,
+    and memory would grow with every token."""
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        import torch
+
+        with torch.no_grad():
+            return method(*args, **kwargs)
+    return wrapper
 
 
 @dataclass
@@ -229,6 +243,7 @@ class SpeculativeEngine:
 
     # --- step-wise API ----------------------------------------------------------------------
 
+    @_no_grad
     def start(self, prompts: list[list[int]], params: SamplingParams, max_new_tokens: int,
               seed: int | None = None, k_max: int = 0, stats: DecodeStats | None = None
               ) -> BatchState:
@@ -255,6 +270,7 @@ class SpeculativeEngine:
         self.admit(state, prompts, params, budgets)
         return state
 
+    @_no_grad
     def open(self, slots: int, k_max: int = 0, max_len: int | None = None,
              stats: DecodeStats | None = None) -> BatchState:
         """An empty batch of ``slots`` rows whose caches hold ``max_len`` positions (default:
@@ -283,6 +299,7 @@ class SpeculativeEngine:
                 self.draft.reset(slots, max_len)
         return state
 
+    @_no_grad
     def admit(self, state: BatchState, prompts: list[list[int]],
               params: SamplingParams | list[SamplingParams], max_new_tokens: int | list[int],
               generators: list["torch.Generator | None"] | None = None) -> list[int]:
@@ -360,6 +377,7 @@ class SpeculativeEngine:
             state.finish[slot] = "abort"
         state.done[slot], state.occupied[slot] = True, False
 
+    @_no_grad
     def step(self, state: BatchState, k: int) -> RoundStats:
         """One round at K drafted tokens (K = 0: a plain target step) over the live rows."""
         import torch

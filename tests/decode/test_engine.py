@@ -302,3 +302,20 @@ def test_a_sliding_window_batch_of_unequal_prompts_stays_exact(k):
     state = engine.open(2, k)
     with pytest.raises(DraftkitError, match="one row at a time"):
         engine.admit(state, prompts, SamplingParams(), 8)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_step_api_builds_no_graph_outside_inference_mode(fast):
+    """decode/__init__.py shows start() and step() bare; under autograd every round's cache
+    would hang on the last one's graph."""
+    from tests.tiny import make_llama
+
+    target = make_llama(100, num_layers=2)
+    engine = SpeculativeEngine(target, noisy_copy(target), eos_token_id=None, fast_path=fast)
+    state = engine.start([[5, 9, 22], [11, 12]], SamplingParams(), 8, k_max=2)
+    while not state.finished:
+        engine.step(state, 2)
+    caches = [r.cache for r in (engine.target, engine.draft)]
+    tensors = [t for c in caches for t in ([c.k, c.v] if fast else [
+        x for layer in c.layers for x in (layer.keys, layer.values)])]
+    assert tensors and not any(t.requires_grad for t in tensors)
