@@ -20,6 +20,8 @@ import asyncio
 import json
 import time
 from contextlib import asynccontextmanager
+from typing import Callable
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -92,6 +94,23 @@ class BodyLimit:
         await send({"type": "http.response.start", "status": 413, "headers": [
             (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
+
+
+class Stream(StreamingResponse):
+    """An SSE response that calls ``on_exit`` however it ends. The body generator's own
+    ``finally`` runs only once the generator has started, and a client that leaves before
+    the first chunk is pulled never starts it: its request would decode on to max_tokens."""
+
+    def __init__(self, content, on_exit: Callable[[], None], **kwargs):
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"}, **kwargs)
+        self.on_exit = on_exit
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_exit()
 
 
 def create_app(engine, tokenizer, *, model_name: str, k: int | str = "auto", k_max: int = 8,
@@ -222,9 +241,8 @@ def create_app(engine, tokenizer, *, model_name: str, k: int | str = "auto", k_m
             raise RequestError(str(e), status=503) from None
         prompt_n = len(job.prompt)
         if req.stream:
-            return StreamingResponse(stream(rid, created, req, job, chat, prompt_n),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return Stream(stream(rid, created, req, job, chat, prompt_n),
+                          on_exit=lambda: scheduler.cancel(job))
         parts: list[str] = []
         checked = time.monotonic()
         try:

@@ -91,6 +91,13 @@ class _Sampling(_Body):
             raise ValueError("logit_bias is not supported")
         return v
 
+    @field_validator("stream_options")
+    @classmethod
+    def _only_streamed(cls, v, info: ValidationInfo):
+        if not info.data.get("stream"):  # stream is declared first, so it is validated
+            raise ValueError("stream_options is only allowed when stream is true")
+        return v
+
     @field_validator("stop")
     @classmethod
     def _stops(cls, v):

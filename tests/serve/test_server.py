@@ -201,10 +201,12 @@ def test_seeded_sampling_is_reproducible(server):
     (json.dumps({"model": "tiny", "prompt": "hi", "stop": ["\udc00"]}).encode(), "stop.0"),
     ({"model": "tiny", "prompt": "hi", "logprobs": 1}, "logprobs"),
     ({"model": "tiny", "prompt": "hi", "echo": True}, "echo"),
+    ({"model": "tiny", "prompt": "hi", "stream_options": {"include_usage": True}},
+     "stream_options"),
 ], ids=["json", "unknown-field", "negative-max-tokens", "zero-max-tokens", "temperature",
         "top-p", "n", "over-limit", "overlong-prompt", "prompt-plus-output", "prompt-type",
         "penalty", "seed-beyond-64-bits", "string-bool", "string-int", "bool-int",
-        "lone-surrogate", "lone-surrogate-stop", "logprobs", "echo"])
+        "lone-surrogate", "lone-surrogate-stop", "logprobs", "echo", "stream-options-unstreamed"])
 def test_bad_requests_are_400_with_openai_body(server, body, param):
     kw = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(
         body, bytes) else {"json": body}
@@ -379,6 +381,33 @@ def test_client_gone_mid_stream_frees_its_slot(tiny_models):
         assert metric(srv.base, "draftkit:request_success_total", finished_reason="abort") == 2
     finally:
         srv.stop()
+
+
+def test_a_stream_whose_client_left_before_its_first_chunk_is_cancelled():
+    """Its body generator never starts, so the generator's own finally cannot free the slot;
+    the response does, however it ends."""
+    import asyncio
+
+    from starlette.requests import ClientDisconnect
+
+    from draftkit.serve.app import Stream
+
+    started, exits = [], []
+
+    async def body():
+        started.append(1)
+        yield "data: x\n\n"
+
+    async def receive():
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        raise OSError("the client is gone")
+
+    response = Stream(body(), on_exit=lambda: exits.append(1))
+    with pytest.raises(ClientDisconnect):  # Starlette's name for the OSError
+        asyncio.run(response({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, send))
+    assert exits == [1] and not started
 
 
 def test_general_runner_serves_in_cohorts(tiny_models):
