@@ -114,6 +114,11 @@ def build_rows(data: Any, tokenizer: Any, seed: int, generate: Callable | None =
     train_rows.prompt_domains = [domains.index(examples[i].domain) for i in train_prompts]
     # Held-out rows are never packed together: alpha is a mean over whole examples.
     heldout_rows = pack(tokens[n:], data.seq_len, pad_id, domains, False, data.truncate)
+    scored = {domains[d] for d in heldout_rows.domain_ids.tolist()}
+    lost = [d for d in dict.fromkeys(ex.domain for ex in heldout) if d not in scored]
+    if lost:  # else alpha/<domain> would quietly go missing
+        raise DraftkitError(f"domain '{lost[0]}' has no held-out row left: data.truncate cut "
+                            f"every one to its prompt; raise data.seq_len")
     return train_rows, heldout_rows
 
 

@@ -18,6 +18,7 @@ teacher scored, on the context each example has when it is served alone.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,6 +137,12 @@ def tokenize_example(tokenizer: Any, ex: Example, response_only: bool = True,
         # Templates may rewrite earlier turns once a response follows: the response starts
         # where the two renderings diverge.
         start = _common_prefix(prompt, ids)
+        # ... and ends at the turn's end token: what a template writes after it (ChatML's
+        # newline) is never drafted, as decoding stops there, as the target's answers do
+        special = set(tokenizer.all_special_ids)
+        end = next((i for i in range(start, len(ids)) if ids[i] in special), None)
+        if end is not None:
+            ids = ids[:end + 1]
     else:
         raise DraftkitError(f"{ex.origin}: a prompt without a response; use data.regime: "
                             f"target to have the target answer it")
@@ -160,6 +167,7 @@ def pack(examples: list[Tokenized], seq_len: int, pad_id: int, domains: list[str
         else:
             pieces.append(ex)
     examples = pieces
+    cut_bare: list[str] = []  # truncated until nothing of theirs was trained
     rows_ids: list[list[int]] = []
     rows_tgt: list[list[bool]] = []
     rows_dom: list[int] = []
@@ -174,6 +182,9 @@ def pack(examples: list[Tokenized], seq_len: int, pad_id: int, domains: list[str
                                     f"target's context), shorten the row, or set "
                                     f"data.truncate=true")
             ids, tgt = ids[:seq_len], tgt[:seq_len]
+            if not any(tgt[1:]):  # the prompt alone fills seq_len: a row that trains nothing
+                cut_bare.append(ex.origin)
+                continue
         r = open_row.get(ex.domain)
         if not pack or r is None or len(rows_ids[r]) + len(ids) > seq_len:
             rows_ids.append([])
@@ -186,8 +197,15 @@ def pack(examples: list[Tokenized], seq_len: int, pad_id: int, domains: list[str
         rows_ids[r].extend(ids)
         rows_tgt[r].extend([False] + list(tgt[1:]))
         rows_pos[r].extend(range(len(ids)))
+    if cut_bare:
+        print(f"draftkit: {len(cut_bare)} example(s) left out: their prompt fills "
+              f"data.seq_len={seq_len}, so data.truncate would leave no response to train on "
+              f"(first: {cut_bare[0]}); raise data.seq_len to keep them", file=sys.stderr,
+              flush=True)
     if not rows_ids:
-        raise DraftkitError("no rows to pack; the dataset is empty")
+        raise DraftkitError("no rows to pack; the dataset is empty" if not cut_bare else
+                            f"no rows to pack: every example's prompt fills data.seq_len="
+                            f"{seq_len}; raise data.seq_len")
     n = len(rows_ids)
     input_ids = torch.full((n, seq_len), pad_id, dtype=torch.long)
     loss_mask = torch.zeros((n, seq_len), dtype=torch.bool)

@@ -186,6 +186,40 @@ def test_response_only_mask(tok):
     assert all(full.target)
 
 
+def test_nothing_the_template_writes_after_the_end_of_turn_is_trained(tok):
+    """ChatML ends a turn with '<|im_end|>' and a newline; decoding stops at the end token, so
+    the newline after it was trained (and scored) where no draft ever drafts."""
+    from draftkit.data.sources import Example
+
+    tok.chat_template = tok.chat_template.replace("' <|im_end|> '", "' <|im_end|> .'")
+    ex = Example("math", messages=[{"role": "user", "content": "what is 2 + 2 ?"}],
+                 response="4", origin="t:1")
+    t = tokenize_example(tok, ex)
+    assert tok.convert_ids_to_tokens([i for i, m in zip(t.ids, t.target) if m]) == [
+        "4", "<|im_end|>"]
+
+
+def test_truncation_leaves_out_rows_it_would_leave_without_a_response(tmp_path, tok, capfd):
+    """A prompt that fills data.seq_len on its own: truncating keeps the prompt and trains
+    nothing. Such rows are left out and said; a domain left with no held-out row is an error
+    (its alpha would quietly go missing)."""
+    long = " ".join(["the"] * 80)
+    rows = [{"prompt": f"what is {i} ?", "response": "4 .", "domain": "math"} for i in range(6)]
+    src = _jsonl(tmp_path / "r.jsonl", rows + [{"prompt": long, "response": "4 .",
+                                               "domain": "math"}])
+    data = DataSection(sources=[DataSource(path=str(src), heldout=False)], seq_len=32,
+                       truncate=True, heldout_per_domain=1)
+    data.sources.append(DataSource(path=str(_jsonl(tmp_path / "h.jsonl", rows[:2]))))
+    train, held = build_rows(data, tok, seed=0)
+    assert (train.loss_mask.sum(1) > 0).all() and (held.loss_mask.sum(1) > 0).all()
+    assert "1 example(s) left out: their prompt fills data.seq_len=32" in capfd.readouterr().err
+    only_long = _jsonl(tmp_path / "l.jsonl", [{"prompt": f"{i} {long}", "response": "4 .",
+                                               "domain": "code"} for i in range(2)])
+    data.sources.append(DataSource(path=str(only_long)))
+    with pytest.raises(DraftkitError, match="domain 'code' has no held-out row left"):
+        build_rows(data, tok, seed=0)
+
+
 def test_packing_and_shifted_mask(tok):
     from draftkit.data.pack import Tokenized
 
