@@ -319,7 +319,8 @@ class _Run:
         self.ckpt_dir = out / "checkpoints"
         self.autocast = (lambda: torch.autocast(device.split(":")[0], dtype=torch.bfloat16)) \
             if cfg.train.precision == "bf16" else contextlib.nullcontext
-        self.draft_logits = model_logits(self.draft, device, self.autocast)  # for evaluation
+        self.draft_logits = model_logits(  # for evaluation: with the head it will decode with
+            self.draft, device, self.autocast, None if self.vocab is None else self.vocab["ids"])
         self.target_logits = model_logits(target, device)
         self.seconds = {"step": 0.0, "eval": 0.0, "checkpoint": 0.0}  # latest, for max_minutes
         self.lr = cfg.train.lr  # the latest step's learning rate, for the log

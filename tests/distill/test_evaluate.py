@@ -30,6 +30,29 @@ def test_alpha_is_one_minus_tv_per_domain():
     assert same["alpha/code"] == pytest.approx(1.0)
 
 
+def test_a_reduced_head_is_scored_as_it_decodes():
+    """A draft with a reduced head vocabulary proposes from q renormalised over it: q = (0.4,
+    0.4, 0.2) on tokens {0, 2} is (2/3, 0, 1/3), and 1 - TV against p = (0.7, 0.2, 0.1) is
+    2/3 + 0.1, not the whole head's 0.7."""
+    from types import SimpleNamespace
+
+    from draftkit.distill.evaluate import model_logits
+
+    class Draft(torch.nn.Module):
+        draft_vocab = torch.tensor([0, 2])  # what load_model attaches from draft_vocab.json
+
+        def forward(self, input_ids, position_ids, use_cache):
+            q = torch.log(torch.tensor([0.4, 0.4, 0.2]))
+            return SimpleNamespace(logits=q.expand(*input_ids.shape, 3).clone())
+
+    p = torch.log(torch.tensor([0.7, 0.2, 0.1]))
+    target = lambda ids, pos: p.expand(*ids.shape, 3).clone()  # noqa: E731
+    out = heldout_alpha(model_logits(Draft(), "cpu"), target, _rows())
+    assert out["alpha"] == pytest.approx(2 / 3 + 0.1)
+    whole = model_logits(Draft(), "cpu", head_ids=torch.arange(3))
+    assert heldout_alpha(whole, target, _rows())["alpha"] == pytest.approx(0.7)
+
+
 def test_alpha_weights_tokens_by_domain():
     def target(ids, pos):  # row-dependent: rows of token 3 (math) get a uniform target
         out = torch.zeros(*ids.shape, 2)

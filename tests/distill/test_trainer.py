@@ -440,14 +440,28 @@ def test_draft_vocab_is_chosen_saved_exported_and_loaded(tmp_path, tiny_dirs):
     from draftkit.models import load_pair
     from draftkit.models.draft_vocab import FILE
 
-    best = train(_cfg(tmp_path, tiny_dirs, **{"draft.vocab_size": 40, "max_steps": 2}),
-                 progress=False)
+    cfg = _cfg(tmp_path, tiny_dirs, **{"draft.vocab_size": 40, "max_steps": 2})
+    best = train(cfg, progress=False)
     data = json.loads((best / FILE).read_text())
     assert len(data["token_ids"]) == 40 and 0 < data["coverage"] <= 1
     bundle = export_bundle(str(tiny_dirs[0]), str(best), tmp_path / "bundle")
     assert (bundle / "draft" / FILE).is_file()
     pair = load_pair(str(tiny_dirs[0]), str(bundle), device="cpu")
     assert pair.draft.draft_vocab.tolist() == data["token_ids"]
+    # the held-out alpha that picked best/ is the one of the draft as it decodes, with its
+    # 40 tokens (it was the whole head's: 0.60 where the served draft had 0.08)
+    from draftkit.distill.distributed import Dist
+    from draftkit.distill.evaluate import heldout_alpha, model_logits
+    from draftkit.distill.trainer import _load_target, _rows
+
+    ref, tok, target = _load_target(cfg, "cpu")
+    _, heldout = _rows(cfg, tok, target, ref, Dist(), False)
+    served = heldout_alpha(model_logits(pair.draft, "cpu"), model_logits(target, "cpu"),
+                           heldout)["alpha"]
+    whole = heldout_alpha(model_logits(pair.draft, "cpu", head_ids=torch.arange(
+        target.config.vocab_size)), model_logits(target, "cpu"), heldout)["alpha"]
+    assert json.loads((best / "best.json").read_text())["alpha"] == pytest.approx(served, abs=1e-4)
+    assert served < whole
 
 
 def test_best_is_replaced_whole_with_its_vocabulary_and_evaluation(tmp_path, tiny_dirs,
