@@ -49,8 +49,13 @@ def jsd(p_logp: Tensor, q_logp: Tensor, beta: float = 0.5) -> Tensor:
     """
     if not 0.0 < beta < 1.0:
         raise ValueError(f"beta must be strictly between 0 and 1, got {beta}")
-    # log m computed in log space so tiny probabilities do not underflow.
-    m_logp = torch.logaddexp(p_logp + math.log(beta), q_logp + math.log(1.0 - beta))
+    # log m computed in log space so tiny probabilities do not underflow. Where p = q = 0
+    # (both masked to -inf) logaddexp's gradient is nan even though every term there is 0,
+    # so such entries get a finite stand-in: m = 0 there either way.
+    both = torch.isneginf(p_logp) & torch.isneginf(q_logp)
+    m_logp = torch.logaddexp(torch.where(both, 0.0, p_logp) + math.log(beta),
+                             torch.where(both, 0.0, q_logp) + math.log(1.0 - beta))
+    m_logp = torch.where(both, float("-inf"), m_logp)
     return beta * forward_kl(p_logp, m_logp) + (1.0 - beta) * forward_kl(q_logp, m_logp)
 
 
@@ -116,5 +121,5 @@ def next_token_ce(logits: Tensor, labels: Tensor) -> Tensor:
 
 def masked_mean(per_token: Tensor, mask: Tensor) -> Tensor:
     """Mean of (B, T) values over positions where mask (B, T) is true; 0 if none are."""
-    mask = mask.to(per_token.dtype)
-    return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+    kept = torch.where(mask.bool(), per_token, 0.0)  # an inf or nan left out stays out
+    return kept.sum() / mask.to(per_token.dtype).sum().clamp(min=1.0)

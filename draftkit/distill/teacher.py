@@ -44,7 +44,26 @@ class MaskedLM(torch.nn.Module):
         decoder = self.model.get_decoder()
         hidden = decoder(input_ids=input_ids, position_ids=position_ids,
                          use_cache=False).last_hidden_state  # (B, T, H); no cache: see pack.py
-        return self.model.get_output_embeddings()(hidden[mask])  # (N, V)
+        logits = self.model.get_output_embeddings()(hidden[mask])  # (N, V)
+        return final_logits(self.model, logits)
+
+
+def final_logits(model: Any, logits: torch.Tensor) -> torch.Tensor:
+    """What some ``*ForCausalLM.forward`` do to the head's output before returning it, which
+    calling the decoder and the head directly skips: Gemma 2/3 soft-cap the logits, Granite
+    divides them by ``logits_scaling``, Cohere multiplies them by ``logit_scale``. Without
+    it the teacher's distribution would not be the target's."""
+    cfg = model.config.get_text_config()
+    scale = getattr(cfg, "logit_scale", None)  # Cohere
+    if scale is not None:
+        logits = logits * scale
+    scaling = getattr(cfg, "logits_scaling", None)  # Granite
+    if scaling is not None:
+        logits = logits / scaling
+    cap = getattr(cfg, "final_logit_softcapping", None)  # Gemma 2 / 3
+    if cap is not None:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
 
 
 class OnlineTeacher:
@@ -120,6 +139,7 @@ class TopKCache:
         if start >= self.n_rows:
             return
         lm = MaskedLM(model)
+        dev = next(model.parameters()).device  # the rows live on the CPU, beside the files
         logp_mm, ids_mm = self._arrays("r+" if start > 0 else "w+")
         bar = None
         if progress:
@@ -132,12 +152,13 @@ class TopKCache:
             mask = rows.loss_mask[b:e]
             if mask.any():
                 with torch.no_grad():
-                    logits = lm(rows.input_ids[b:e], mask, positions(rows, slice(b, e)))
+                    logits = lm(rows.input_ids[b:e].to(dev), mask.to(dev),
+                                positions(rows, slice(b, e)).to(dev))
                     p_logp = dense_logprobs(logits, self.temperature)
                     top = p_logp.topk(self.top_k, dim=-1)  # (N, k)
                 lo, hi = int(self.offsets[b]), int(self.offsets[e])
-                logp_mm[lo:hi] = top.values.to(torch.float16).numpy()
-                ids_mm[lo:hi] = top.indices.to(torch.int32).numpy()
+                logp_mm[lo:hi] = top.values.to(torch.float16).cpu().numpy()
+                ids_mm[lo:hi] = top.indices.to(torch.int32).cpu().numpy()
                 logp_mm.flush()
                 ids_mm.flush()
             self._write_meta(e)  # only after the data is on disk

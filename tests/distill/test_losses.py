@@ -65,6 +65,24 @@ def test_teacher_zero_mass_has_finite_loss_and_grads():
         assert torch.isfinite(loss) and torch.isfinite(grad).all(), name
 
 
+def test_a_token_both_rule_out_leaves_every_gradient_finite():
+    """Top-k / top-p masks or a padded vocabulary put -inf in both models' logits at the same
+    token: JSD's log m there had a nan gradient, which spread over the whole row."""
+    t = torch.randn(1, 2, 6)
+    t[..., 0] = float("-inf")
+    s = torch.randn(1, 2, 6)
+    s[..., 0] = float("-inf")
+    for name in ("fkl", "rkl", "jsd", "tvd"):
+        student = s.clone().requires_grad_()
+        loss = divergence(name, dense_logprobs(t), dense_logprobs(student), 0.5).sum()
+        (grad,) = torch.autograd.grad(loss, student)
+        assert torch.isfinite(loss) and torch.isfinite(grad[..., 1:]).all(), name
+    beta = 0.3  # the value is unchanged: p = q = 0 at token 0 contributes nothing
+    value = divergence("jsd", dense_logprobs(t), dense_logprobs(s), beta)
+    ref = divergence("jsd", dense_logprobs(t[..., 1:]), dense_logprobs(s[..., 1:]), beta)
+    assert torch.allclose(value, ref)
+
+
 @pytest.mark.parametrize("name", ["fkl", "rkl", "jsd", "tvd"])
 def test_sparse_with_tail_matches_brute_force(name):
     teacher, student = _dists(2, shape=(1, 2, 9))
@@ -119,3 +137,9 @@ def test_tail_and_masked_mean():
     mask = torch.tensor([[0, 1, 1], [0, 0, 1]], dtype=torch.bool)
     assert masked_mean(vals, mask).item() == pytest.approx((2 + 3 + 6) / 3)
     assert masked_mean(vals, torch.zeros_like(mask)).item() == 0.0
+
+
+def test_masked_mean_leaves_out_what_the_mask_leaves_out():
+    values = torch.tensor([[1.0, float("inf")], [3.0, float("nan")]])
+    mask = torch.tensor([[True, False], [True, False]])
+    assert masked_mean(values, mask).item() == pytest.approx(2.0)

@@ -619,3 +619,32 @@ def test_rows_longer_than_the_draft_context_are_an_error(tmp_path, tiny_dirs):
     with pytest.raises(DraftkitError, match="data.seq_len=48 is longer than the draft's "
                                             "context window \\(32\\)"):
         train(cfg, progress=False)
+
+
+@pytest.mark.parametrize("arch,extra", [
+    ("Gemma2", {"final_logit_softcapping": 2.0, "head_dim": 8}),  # soft-capped
+    ("Granite", {"logits_scaling": 8.0}),  # divided
+    ("Cohere", {"logit_scale": 0.5}),  # multiplied
+])
+def test_the_teacher_sees_the_logits_the_model_returns(arch, extra):
+    """The teacher calls the decoder and head directly, to skip prompt positions; what these
+    architectures' forward does after the head must follow (a Gemma 2 target's distribution
+    was off by logits up to 12)."""
+    import transformers
+
+    from draftkit.distill.teacher import MaskedLM
+
+    torch.manual_seed(0)
+    config = getattr(transformers, f"{arch}Config")(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, **extra)
+    model = getattr(transformers, f"{arch}ForCausalLM")(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.5)
+    ids = torch.randint(0, 64, (2, 8))
+    mask = torch.rand(2, 8) > 0.3
+    with torch.no_grad():
+        want = model(input_ids=ids, use_cache=False).logits[mask]
+        assert torch.allclose(MaskedLM(model)(ids, mask), want, atol=1e-4)
