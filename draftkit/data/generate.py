@@ -23,11 +23,26 @@ def prompt_key(prompt_ids: list[int]) -> str:
     return hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()[:20]
 
 
-def cache_file(cache_dir: Path, target_name: str, max_new_tokens: int, temperature: float,
-               seed: int) -> Path:
-    """One file per (target, settings): changing them never mixes responses."""
-    tag = hashlib.sha256(f"{target_name}|{max_new_tokens}|{temperature}|{seed}".encode())
+def cache_file(cache_dir: Path, target_id: str, max_new_tokens: int, temperature: float,
+               seed: int, stop_ids: list[int]) -> Path:
+    """One file per (target, settings): changing them never mixes responses. ``target_id``
+    names the target's weights and dtype (a bf16 target answers otherwise than an fp32 one);
+    greedy answers do not depend on the seed, so every seed shares them."""
+    seed = seed if temperature > 0 else 0
+    tag = hashlib.sha256(f"{target_id}|{max_new_tokens}|{float(temperature)}|{seed}|"
+                         f"{sorted(stop_ids)}".encode())
     return Path(cache_dir) / f"responses-{tag.hexdigest()[:12]}.jsonl"
+
+
+def answer_stop_ids(model: Any, tokenizer: Any) -> list[int]:
+    """Where an answer ends: where decoding and serving stop (the target's end-of-turn
+    tokens), and at the tokenizer's eos."""
+    from draftkit.decode.runners import stop_token_ids
+
+    ids = set(stop_token_ids(model))
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return sorted(ids)
 
 
 def read_cache(path: Path) -> dict[str, list[int]]:
@@ -88,7 +103,7 @@ def generate_responses(model: Any, tokenizer: Any, prompts: list[list[int]], pat
         seeds = [prompt_seed(seed, keys[i]) for i in batch] if temperature > 0 else None
         answers = generate_responses_in_memory(model, [prompts[i] for i in batch],
                                                max_new_tokens, temperature, pad_id,
-                                               tokenizer.eos_token_id, seeds)
+                                               answer_stop_ids(model, tokenizer), seeds)
         for i, new in zip(batch, answers):
             done[keys[i]] = new
             append_jsonl(path, {"key": keys[i], "response_ids": new})
@@ -125,9 +140,10 @@ class RowSampler:
 
 
 def generate_responses_in_memory(model: Any, prompts: list[list[int]], max_new_tokens: int,
-                                 temperature: float, pad_id: int, eos_id: int,
+                                 temperature: float, pad_id: int, stop_ids: list[int],
                                  seeds: list[int] | None) -> list[list[int]]:
-    """One batched ``generate`` call with left padding; response ids up to and incl. EOS.
+    """One batched ``generate`` call with left padding; response ids up to and including the
+    first of ``stop_ids`` (:func:`answer_stop_ids`).
 
     Greedy at ``temperature`` 0; otherwise each answer is drawn from its own one of ``seeds``
     (one a prompt) and depends on it alone, not on the global RNG: a resumed run, or another
@@ -150,11 +166,11 @@ def generate_responses_in_memory(model: Any, prompts: list[list[int]], max_new_t
     with torch.no_grad():
         out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device),
                              max_new_tokens=max_new_tokens, pad_token_id=pad_id,
-                             eos_token_id=eos_id, **kwargs)
+                             eos_token_id=list(stop_ids), **kwargs)
+    stops = set(stop_ids)
     answers = []
     for j in range(len(prompts)):
         new = out[j, width:].tolist()
-        if eos_id in new:
-            new = new[:new.index(eos_id) + 1]
-        answers.append(new)
+        end = next((i for i, t in enumerate(new) if t in stops), None)
+        answers.append(new if end is None else new[:end + 1])
     return answers

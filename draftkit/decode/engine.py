@@ -45,7 +45,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Literal
 
-from draftkit.decode.runners import decoding_context, make_runner, sliding_window, text_config
+from draftkit.decode.runners import (decoding_context, make_runner, sliding_window,
+                                     stop_token_ids, text_config)
 from draftkit.decode.sampling import Generators, SamplingParams, row_probabilities, sample
 from draftkit.decode.stats import DecodeStats, RoundStats
 from draftkit.decode.verify import verify_greedy, verify_sampled
@@ -186,10 +187,7 @@ class SpeculativeEngine:
         self.draft = make_runner(draft_model, fast_path) if draft_model is not None else None
         self.device = next(target_model.parameters()).device
         if eos_token_id == "auto":
-            gen = getattr(target_model, "generation_config", None)
-            eos_token_id = getattr(gen, "eos_token_id", None) if gen is not None else None
-            if eos_token_id is None:
-                eos_token_id = getattr(text_config(target_model), "eos_token_id", None)
+            eos_token_id = stop_token_ids(target_model)
         ids = eos_token_id if isinstance(eos_token_id, (list, tuple)) else (
             [] if eos_token_id is None else [eos_token_id])
         self.eos = set(int(i) for i in ids)

@@ -45,6 +45,17 @@ def context_window(model) -> int | None:
     return getattr(text_config(model), "max_position_embeddings", None)
 
 
+def stop_token_ids(model) -> list[int]:
+    """The tokens a model's turn ends with, as its generation config lists them (Gemma and
+    Llama 3 list their end-of-turn token beside the tokenizer's eos), else its config's."""
+    gen = getattr(model, "generation_config", None)
+    ids = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if ids is None:
+        ids = getattr(text_config(model), "eos_token_id", None)
+    ids = ids if isinstance(ids, (list, tuple)) else ([] if ids is None else [ids])
+    return sorted({int(i) for i in ids})
+
+
 def sliding_window(model) -> int | None:
     """The attention window of a model that uses one (Mistral v0.1, Phi-3, Gemma 2/3), else
     None."""

@@ -26,7 +26,7 @@ def is_on_policy(seed: int, step: int, lmbda: float) -> bool:
 @torch.no_grad()
 def draft_rows(draft: Any, rows: Rows, n: int, seed: int, micro_step: int, rank: int,
                max_new_tokens: int, temperature: float, seq_len: int, pad_id: int,
-               eos_id: int) -> Rows:
+               stop_ids: list[int]) -> Rows:
     """``n`` rows of (training prompt + the draft's response), response tokens trained.
 
     The prompts and the answers' samples come from ``seed``, the micro-step and the rank alone
@@ -41,7 +41,7 @@ def draft_rows(draft: Any, rows: Rows, n: int, seed: int, micro_step: int, rank:
     budget = max(1, min(max_new_tokens, seq_len - max(len(p) for p in prompts)))
     was_training = draft.training
     draft.eval()
-    answers = generate_responses_in_memory(draft, prompts, budget, temperature, pad_id, eos_id,
+    answers = generate_responses_in_memory(draft, prompts, budget, temperature, pad_id, stop_ids,
                                           seeds)
     draft.train(was_training)
     examples = [Tokenized(p + a, [False] * len(p) + [True] * len(a),

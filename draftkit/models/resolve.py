@@ -33,6 +33,20 @@ class ResolvedModel:
     name: str  # a short human name for reports
 
 
+def model_identity(ref: ResolvedModel) -> str:
+    """The folder and a fingerprint of its config and weight files (name, size, time of last
+    change), without reading gigabytes: a folder rewritten in place with other weights is
+    another model to every cache keyed by it (target answers, the teacher's top-k)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(Path(ref.path).iterdir()):
+        if f.name == "config.json" or f.suffix in (".safetensors", ".bin", ".pt", ".gguf"):
+            st = f.stat()  # follows the hub cache's symlinks to the blobs
+            h.update(f"{f.name}|{st.st_size}|{st.st_mtime_ns}|".encode())
+    return f"{ref.path}|{h.hexdigest()[:16]}"
+
+
 def resolve_model(spec: str, role: Role = "target") -> ResolvedModel:
     from draftkit.models.embedded import EMBEDDED_NAME, embedded_dir, gguf_to_dir
 

@@ -183,3 +183,31 @@ def test_training_prompts_do_not_change_with_the_date(tmp_path, dating):
     assert "26 Jul 2024" in tok.decode(built[0][0][0])
     # serving still sends today's date
     assert "30 Nov 2026" in served[0] and "01 Dec 2026" in served[1]
+
+
+def test_answers_stop_where_decoding_stops_and_greedy_ones_are_shared_across_seeds(tmp_path):
+    """Gemma and Llama 3 end a turn with a token their generation config lists beside the
+    tokenizer's eos: answers ran past it to max_new_tokens, text serving never reaches. Greedy
+    answers do not depend on the seed, so a seed sweep reuses them."""
+    from draftkit.data.generate import cache_file, generate_responses
+    from draftkit.decode.engine import SpeculativeEngine
+
+    tok = make_tokenizer()
+    model = make_llama(len(tok), num_layers=1, seed=1)
+    prompt = tok("<|im_start|>user hello <|im_end|> <|im_start|>assistant ")["input_ids"]
+    free = generate_responses(model, tok, [prompt], tmp_path / "a.jsonl", 8, 1,
+                              progress=False)[0]
+    turn_end = free[1]
+    cut = free[:free.index(turn_end) + 1]
+    assert turn_end != tok.eos_token_id and len(cut) < len(free)
+    model.generation_config.eos_token_id = [tok.eos_token_id, turn_end]
+    assert turn_end in SpeculativeEngine(model, None).eos
+    assert generate_responses(model, tok, [prompt], tmp_path / "b.jsonl", 8, 1,
+                              progress=False)[0] == cut
+    stops = [tok.eos_token_id, turn_end]
+    assert cache_file(tmp_path, "t", 8, 0.0, 0, stops) == cache_file(tmp_path, "t", 8, 0.0, 1,
+                                                                      stops)
+    assert cache_file(tmp_path, "t", 8, 1.0, 0, stops) != cache_file(tmp_path, "t", 8, 1.0, 1,
+                                                                      stops)
+    assert cache_file(tmp_path, "t", 8, 0.0, 0, stops) != cache_file(tmp_path, "t", 8, 0.0, 0,
+                                                                      stops[:1])

@@ -405,7 +405,7 @@ def test_on_policy_answers_depend_on_the_seed_step_and_rank_not_the_global_rng()
         torch.manual_seed(global_seed)
         random.seed(global_seed)
         out = draft_rows(draft, rows, 3, 0, micro_step, rank, 12, 1.0, 48, tok.pad_token_id,
-                         tok.eos_token_id)
+                         [tok.eos_token_id])
         return out.input_ids.tolist()
 
     first = answers(1, rank=1)
@@ -648,3 +648,20 @@ def test_the_teacher_sees_the_logits_the_model_returns(arch, extra):
     with torch.no_grad():
         want = model(input_ids=ids, use_cache=False).logits[mask]
         assert torch.allclose(MaskedLM(model)(ids, mask), want, atol=1e-4)
+
+
+def test_the_caches_follow_the_targets_weights_and_dtype(tmp_path):
+    """Target answers and the top-k cache are keyed by the target: a folder rewritten in place
+    with other weights, or the same weights in bf16, must not reuse the other's."""
+    from draftkit.distill.trainer import target_id
+    from draftkit.models import resolve_model
+    from tests.tiny import make_llama, make_tokenizer, save_model
+
+    tok, folder = make_tokenizer(), tmp_path / "target"
+    model = make_llama(len(tok), seed=0)
+    save_model(model, tok, folder)
+    first = target_id(resolve_model(str(folder)), model)
+    assert target_id(resolve_model(str(folder)), model) == first  # stable
+    assert target_id(resolve_model(str(folder)), model.to(torch.bfloat16)) != first
+    save_model(make_llama(len(tok), seed=123), tok, folder)
+    assert target_id(resolve_model(str(folder)), model.float()) != first
