@@ -54,8 +54,11 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, raw: bool = False) -> list[int
     if not (prompt.strip() if isinstance(prompt, str) else prompt):
         raise DraftkitError("empty prompt; give some text")
     text = render_prompt(tokenizer, prompt, raw)
-    # The template already holds any special tokens; raw text gets the tokenizer's defaults.
-    ids = tokenizer(text, add_special_tokens=raw)["input_ids"]
+    # A template's text already holds its special tokens; plain text (raw, or for a target
+    # without a template) gets the tokenizer's own, such as a base model's BOS, as the text
+    # rows it was trained on did
+    templated = not raw and bool(getattr(tokenizer, "chat_template", None))
+    ids = tokenizer(text, add_special_tokens=not templated)["input_ids"]
     if not ids:
         raise DraftkitError("the prompt encodes to no tokens; give some text")
     return list(ids)

@@ -410,3 +410,21 @@ def test_rows_the_chat_template_cannot_render_are_named(tmp_path, tok):
     with pytest.raises(DraftkitError, match="c.jsonl:3: the target's tokenizer has no chat "
                                             "template, .* give 'text' rows"):
         tokenize_example(bare, system)
+
+
+def test_a_templateless_targets_prompts_keep_its_bos_as_its_text_rows_do():
+    """A base model without a chat template is trained on text rows that start with its BOS;
+    its prompts for eval, generate and bench lost it (only --raw kept it)."""
+    from tokenizers import processors
+
+    from draftkit.chat import encode_prompt
+    from draftkit.data.sources import Example
+
+    tok = make_tokenizer()
+    tok.chat_template = None
+    bos = tok.bos_token_id
+    tok._tokenizer.post_processor = processors.TemplateProcessing(
+        single="<|im_start|> $A", special_tokens=[("<|im_start|>", bos)])
+    assert tokenize_example(tok, Example("t", text="def x", origin="t")).ids[0] == bos
+    assert encode_prompt(tok, "def x", raw=True)[0] == bos
+    assert encode_prompt(tok, "def x") == encode_prompt(tok, "def x", raw=True)
