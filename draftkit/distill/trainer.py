@@ -56,7 +56,7 @@ def build_draft(cfg: DistillConfig, target: Any, tokenizer: Any, target_ref: Any
         # A vocabulary or special-token mismatch is caught here, before any training.
         check_compatible(tokenizer, load_tokenizer(ref, "draft"),
                          AutoConfig.from_pretrained(target_ref.path),
-                         AutoConfig.from_pretrained(ref.path), check_chat_template=False)
+                         AutoConfig.from_pretrained(ref.path))
         draft = load_model(ref, "draft", device="cpu", dtype="float32")
     elif d.derive_layers is not None:
         draft = derive_by_layers(target, d.derive_layers)

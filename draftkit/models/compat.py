@@ -1,8 +1,9 @@
 """Can this draft serve this target? Checked before any work starts.
 
 Speculative decoding compares the two models' distributions token id by token id, so the
-vocabulary, the special token ids and the chat template must be the same. A mismatch is an
-error that names what differs.
+vocabulary and the special token ids must be the same. A mismatch is an error that names what
+differs. The chat templates need not be: the target's renders every prompt, for the draft too
+(Llama-3.2-1B-Instruct drafts for Llama-3.1-8B-Instruct, whose templates differ).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ _SPECIAL = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")
 
 
 def check_compatible(target_tokenizer: Any, draft_tokenizer: Any, target_config: Any = None,
-                     draft_config: Any = None, check_chat_template: bool = True) -> None:
+                     draft_config: Any = None) -> None:
     """Raise :class:`ModelError` naming the first difference between target and draft."""
     fix = ("derive the draft from the target (`draftkit derive`) or pick a draft of the same "
            "model family")
@@ -43,12 +44,6 @@ def check_compatible(target_tokenizer: Any, draft_tokenizer: Any, target_config:
         d = getattr(draft_tokenizer, name, None)
         if t != d:
             raise ModelError(f"draft {name} is {d} but the target's is {t}; {fix}")
-    if check_chat_template:
-        t = getattr(target_tokenizer, "chat_template", None)
-        d = getattr(draft_tokenizer, "chat_template", None)
-        if t != d:
-            raise ModelError("draft and target chat templates differ; copy the target's "
-                             f"tokenizer files into the draft directory, or {fix}")
 
 
 def _vocab_size(config: Any) -> int | None:

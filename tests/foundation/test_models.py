@@ -104,11 +104,12 @@ def test_compat_errors_name_the_difference(tmp_path):
     eos.eos_token = "<pad>"
     with pytest.raises(ModelError, match="draft eos_token_id is 3 but the target's is 2"):
         check_compatible(tok, eos)
+    check_compatible(tok, make_tokenizer())  # identical: no error
+    # the target's template renders every prompt, so the draft's own may differ (as
+    # Llama-3.2-1B-Instruct's does from Llama-3.1-8B-Instruct's)
     templ = make_tokenizer()
     templ.chat_template = "{{ messages }}"
-    with pytest.raises(ModelError, match="chat templates differ"):
-        check_compatible(tok, templ)
-    check_compatible(tok, make_tokenizer())  # identical: no error
+    check_compatible(tok, templ)
 
 
 def test_load_pair_refuses_mismatched_draft(tmp_path):
