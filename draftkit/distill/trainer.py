@@ -627,6 +627,10 @@ def _teacher(cfg: DistillConfig, target: Any, target_ref: Any, rows: Rows, dist:
              progress: bool):
     if cfg.teacher.mode == "online" or cfg.loss.divergence == "ce":  # ce reads no teacher
         return OnlineTeacher(target, cfg.loss.temperature)
+    vocab = target.config.get_text_config().vocab_size
+    if cfg.teacher.top_k > vocab:
+        raise DraftkitError(f"teacher.top_k={cfg.teacher.top_k} is more than the target's "
+                            f"{vocab} tokens; lower it (or use teacher.mode=online)")
     key = cache_key(target_id(target_ref, target), rows, cfg.teacher.top_k,
                     cfg.loss.temperature)
     directory = Path(cfg.teacher.cache_dir) / key if cfg.teacher.cache_dir else \

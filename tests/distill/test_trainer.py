@@ -361,6 +361,9 @@ def test_bad_inputs(tmp_path, tiny_dirs):
         train(_cfg(tmp_path, tiny_dirs, **{"data.seq_len": 512}), progress=False)
     with pytest.raises(DraftkitError, match="longer than data.seq_len"):
         train(_cfg(tmp_path, tiny_dirs, **{"data.seq_len": 8}), progress=False)
+    with pytest.raises(DraftkitError, match=r"teacher.top_k=500 is more than the target's 138"):
+        train(_cfg(tmp_path, tiny_dirs, **{"teacher.mode": "cache", "teacher.top_k": 500}),
+              progress=False)
 
 
 def test_on_policy_mix(tmp_path, tiny_dirs, monkeypatch):
