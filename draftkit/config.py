@@ -28,9 +28,33 @@ from draftkit.errors import ConfigError
 _MISSING = dataclasses.MISSING
 
 
+class _IntText(int):
+    """An int read from YAML that keeps its text, so a str field gets ``0123`` as written."""
+
+    text: str
+
+
+class _FloatText(float):
+    """A float read from YAML that keeps its text (``1.10``, ``1e-3``) for str fields."""
+
+    text: str
+
+
 class _Loader(yaml.SafeLoader):
     """PyYAML follows YAML 1.1, where ``1e-4`` is a string; recipes mean a float. A key given
-    twice is an error (PyYAML would keep the last one without a word)."""
+    twice is an error (PyYAML would keep the last one without a word). Numbers keep their
+    source text: a str field must not turn ``0755`` into ``'493'`` or ``2024.10`` into
+    ``'2024.1'``, and it only learns that it wants a str after parsing."""
+
+    def construct_yaml_int(self, node):
+        number = _IntText(super().construct_yaml_int(node))
+        number.text = node.value
+        return number
+
+    def construct_yaml_float(self, node):
+        number = _FloatText(super().construct_yaml_float(node))
+        number.text = node.value
+        return number
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -43,6 +67,8 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+_Loader.add_constructor("tag:yaml.org,2002:float", _Loader.construct_yaml_float)
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
@@ -155,7 +181,7 @@ def coerce(value: Any, tp: Any, key: str, source: str) -> Any:
         if isinstance(value, bool):
             raise fail()
         if isinstance(value, int):
-            return value
+            return int(value)  # a plain int, without the YAML text
         if isinstance(value, str):
             try:
                 return int(value)
@@ -174,13 +200,11 @@ def coerce(value: Any, tp: Any, key: str, source: str) -> Any:
         if isinstance(number, (int, float)) and math.isfinite(number):  # not nan or inf
             return float(number)
         raise fail()
-    if inner is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise fail()
-    if inner is Path:
+    if inner in (str, Path):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = getattr(value, "text", str(value))  # as written: '0123', not '83'
         if isinstance(value, (str, Path)):
-            return Path(value)
+            return inner(value)
         raise fail()
     if dataclasses.is_dataclass(inner):
         if not isinstance(value, dict):
@@ -244,23 +268,30 @@ def to_dict(cfg: Any) -> dict:
     return clean(dataclasses.asdict(cfg))
 
 
-def apply_overrides(data: dict, overrides: list[str], source: str = "command line") -> dict:
-    """Merge ``key=value`` strings (dotted keys for sections) into a raw mapping.
+def _parse_override(item: str, source: str) -> tuple[str, Any]:
+    """``key=value`` into the key and its value, parsed as a YAML scalar or flow collection."""
+    if "=" not in item:
+        raise ConfigError(f"{source}: override '{item}' is not key=value "
+                          f"(for example max_steps=10)")
+    key, raw = item.split("=", 1)
+    try:
+        value = _yaml_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def apply_overrides(data: dict, overrides: list[str] | list[tuple[str, Any]],
+                    source: str = "command line") -> dict:
+    """Merge ``key=value`` strings, or (key, value) pairs, into a raw mapping (dotted keys for
+    sections).
 
     Values are parsed as YAML scalars so ``max_steps=10`` is an int and ``bf16=true`` a bool;
     the dataclass then checks the types.
     """
     data = dict(data)
     for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"{source}: override '{item}' is not key=value "
-                              f"(for example max_steps=10)")
-        key, raw = item.split("=", 1)
-        key = key.strip()
-        try:
-            value = _yaml_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            value = raw
+        key, value = _parse_override(item, source) if isinstance(item, str) else item
         node = data
         parts = key.split(".")
         for part in parts[:-1]:
@@ -291,16 +322,22 @@ def load_recipe(cls: type, path: str | Path, overrides: list[str] | None = None)
         raise ConfigError(f"{path}:{where} is not valid YAML; fix the syntax") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a recipe must be a mapping of keys")
-    # Overrides are checked against the class first so a typo names the command line, not the file.
+    # Overrides are checked against the class first so that a mistyped key or a bad value
+    # names the command line, not the file.
     if overrides:
-        _check_override_keys(cls, overrides)
-        data = apply_overrides(data, overrides)
+        data = apply_overrides(data, _checked_overrides(cls, overrides))
     return from_dict(cls, data, str(path))
 
 
-def _check_override_keys(cls: type, overrides: list[str]) -> None:
-    for item in overrides:
-        key = item.split("=", 1)[0].strip()
+def _checked_overrides(cls: type, overrides: list[str]) -> list[tuple[str, Any]]:
+    """(dotted key, value) of each override, once its key is found in ``cls`` and its value
+    fits the key's type. A section given as a mapping (``train={lr: 1e-3, warmup_steps: 10}``)
+    sets those keys of it, as ``train.lr=1e-3 train.warmup_steps=10`` would, and keeps the
+    section's other keys."""
+    pairs = []
+    todo = [_parse_override(item, "command line") for item in overrides]
+    while todo:
+        key, value = todo.pop(0)
         node = cls
         parts = key.split(".")
         for i, part in enumerate(parts):
@@ -309,11 +346,20 @@ def _check_override_keys(cls: type, overrides: list[str]) -> None:
                 close = _closest(part, names)
                 hint = f" (did you mean '{'.'.join(parts[:i] + [close])}'?)" if close else ""
                 raise ConfigError(f"command line: unknown key '{key}'{hint}")
-            tp, _ = _unwrap_optional(_hints(node)[part])
+            tp = _hints(node)[part]
             if i < len(parts) - 1:
-                if not dataclasses.is_dataclass(tp):
+                node, _ = _unwrap_optional(tp)
+                if not dataclasses.is_dataclass(node):
                     raise ConfigError(f"command line: '{'.'.join(parts[:i + 1])}' is not a section")
-                node = tp
+        section, _ = _unwrap_optional(tp)
+        if dataclasses.is_dataclass(section) and isinstance(value, dict):
+            todo[:0] = [(f"{key}.{k}", v) for k, v in value.items()]
+            continue
+        # converted again by from_dict once merged; checked here so that an error names its
+        # source
+        coerce(value, tp, key, "command line")
+        pairs.append((key, value))
+    return pairs
 
 
 def describe_keys(cls: type, prefix: str = "") -> list[str]:

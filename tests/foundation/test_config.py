@@ -100,3 +100,65 @@ def test_flags_from_dataclass():
     assert "target model (default: embedded)" in parser.format_help()
     with pytest.raises(SystemExit):
         parser.parse_args(["--k", "five"])
+
+
+# A str field keeps a number's text as written; YAML 1.1 would read 0123 as octal 83.
+@pytest.mark.parametrize("raw", ["0123", "1.10", "1e-3", "1_000", "0x1F", ".5"])
+def test_string_overrides_keep_their_text(tmp_path, raw):
+    from draftkit.distill.config import DistillConfig
+
+    p = write(tmp_path, "data:\n  sources:\n    - path: a.jsonl\n      domain: x\n")
+    cfg = load_recipe(DistillConfig, p, [f"wandb.name={raw}", f"target={raw}"])
+    assert (cfg.wandb.name, cfg.target) == (raw, raw)
+
+
+def test_string_values_in_a_recipe_keep_their_text(tmp_path):
+    from draftkit.distill.config import DistillConfig
+
+    p = write(tmp_path, "wandb:\n  group: 0755\n  name: 2024.10\n"
+                        "data:\n  sources:\n    - path: a.jsonl\n      domain: x\n"
+                        "      split: 1e-3\n      columns: {0123: prompt}\n")
+    cfg = load_recipe(DistillConfig, p)
+    assert (cfg.wandb.group, cfg.wandb.name) == ("0755", "2024.10")
+    assert cfg.data.sources[0].split == "1e-3" and cfg.data.sources[0].columns == {"0123": "prompt"}
+
+
+def test_numbers_still_parse_and_come_out_plain(tmp_path):
+    import yaml
+
+    from draftkit.config import dump_yaml
+
+    p = write(tmp_path, "max_steps: 1_000\ntrain:\n  lr: 1e-4\n  layers: [0x1, 2]\n")
+    cfg = load_recipe(NestedRecipe, p, ["seed=2_0", "train.lr=.5"])
+    assert (cfg.max_steps, cfg.seed, cfg.train.lr, cfg.train.layers) == (1000, 20, 0.5, [1, 2])
+    assert type(cfg.max_steps) is int and type(cfg.train.lr) is float
+    assert all(type(n) is int for n in cfg.train.layers)
+    dump_yaml(cfg, tmp_path / "out.yaml")  # safe_dump refuses int and float subclasses
+    assert yaml.safe_load((tmp_path / "out.yaml").read_text())["max_steps"] == 1000
+
+
+def test_a_bad_override_value_names_the_command_line(tmp_path):
+    p = write(tmp_path, "out_dir: a\n")
+    with pytest.raises(ConfigError, match=r"^command line: key 'train\.lr' expects float, "
+                                          r"got 'abc'"):
+        load_recipe(NestedRecipe, p, ["train.lr=abc"])
+    with pytest.raises(ConfigError, match=r"^command line: key 'train\.layers' expects int, "
+                                          r"got 'x'"):
+        load_recipe(NestedRecipe, p, ["train.layers=0,x"])
+    with pytest.raises(ConfigError, match=r"^command line: key 'train' is a section"):
+        load_recipe(NestedRecipe, p, ["train=3"])
+    # the same mistake in the file still names the file
+    with pytest.raises(ConfigError, match=rf"^{p}: key 'train\.lr' expects float"):
+        load_recipe(NestedRecipe, write(tmp_path, "train:\n  lr: abc\n"))
+
+
+def test_a_section_given_as_a_mapping_sets_those_keys_and_keeps_the_rest(tmp_path):
+    """train={lr: 0.5} is train.lr=0.5: it replaced the whole section, so every other key of
+    it fell back to its default without a word."""
+    p = write(tmp_path, "train:\n  lr: 1e-4\n  layers: [1, 2]\n")
+    cfg = load_recipe(NestedRecipe, p, ["train={lr: 0.5}"])
+    assert (cfg.train.lr, cfg.train.layers) == (0.5, [1, 2])
+    with pytest.raises(ConfigError, match=r"^command line: unknown key 'train\.bogus'"):
+        load_recipe(NestedRecipe, p, ["train={bogus: 1}"])
+    with pytest.raises(ConfigError, match=r"^command line: key 'train\.lr' expects float"):
+        load_recipe(NestedRecipe, p, ["train={lr: abc}"])
