@@ -69,6 +69,29 @@ def _v_at(v: VLike, k: int) -> float:
     return float(v[min(k, len(v) - 1)])  # v[k] = inflation of a K+1-token verify
 
 
+def v_between(measured: dict[int, float]) -> Callable[[int], float] | None:
+    """v(K) from the verify inflations measured at a few K (``{K: v}``), for :func:`speedup`.
+
+    v grows with K (a K + 1-token verify costs more than a 1-token step), so one v for every K
+    misprices the others. At a measured K this is the measured v; between two measured K, the
+    straight line through them; outside, the nearest measured v (no extrapolation: a line
+    through two noisy points can run anywhere). None when nothing was measured.
+    """
+    pts = sorted((int(k), float(v)) for k, v in measured.items() if v is not None)
+    if not pts:
+        return None
+
+    def v_of(k: int) -> float:
+        if k <= pts[0][0]:
+            return pts[0][1]
+        for (k0, v0), (k1, v1) in zip(pts, pts[1:]):
+            if k <= k1:
+                return v0 + (k - k0) * (v1 - v0) / (k1 - k0)
+        return pts[-1][1]
+
+    return v_of
+
+
 def speedup(alpha: AlphaLike, c: float, k: int, v: VLike = 1.0, overhead: float = 0.0) -> float:
     """Predicted walltime speedup over plain decoding (K = 0 has speedup 1 by definition).
 
@@ -141,14 +164,6 @@ def max_draft_cost(alpha: AlphaLike, k: int, v: VLike = 1.0, overhead: float = 0
     if k < 1:
         raise ValueError("crossover needs K >= 1")
     return max(0.0, (tau(alpha, k) - _v_at(v, k) - overhead) / k)
-
-
-def crossover_index(speedups: Sequence[float]) -> int | None:
-    """First index (e.g. batch size in a sweep) at which a measured speedup falls to <= 1."""
-    for i, s in enumerate(speedups):
-        if s <= 1.0:
-            return i
-    return None
 
 
 def crossover(xs: Sequence[float], ys: Sequence[float | None], level: float = 1.0,

@@ -53,8 +53,17 @@ def test_break_even_and_crossovers():
     assert m.break_even_alpha(1.0, k=2, v=2.0) == math.inf
     c = m.max_draft_cost(0.7, 3)
     assert m.speedup(0.7, c, 3) == pytest.approx(1.0)
-    assert m.crossover_index([1.8, 1.4, 1.05, 0.9, 0.7]) == 3
-    assert m.crossover_index([1.2, 1.1]) is None
+    assert m.crossover([1, 2, 4, 8, 16], [1.8, 1.4, 1.05, 0.9, 0.7])[0] == "crosses"
+    assert m.crossover([1, 2], [1.2, 1.1]) == ("above", None)
+
+
+def test_v_between_measured_k():
+    """v measured at K = 1 and 3 (and 6): measured there, on the line between, held outside."""
+    v = m.v_between({3: 1.6, 1: 1.1, 6: None})
+    assert [v(k) for k in (1, 2, 3, 5)] == pytest.approx([1.1, 1.35, 1.6, 1.6])
+    assert m.v_between({}) is None and m.v_between({2: None}) is None
+    # The run at K = 3 measured v = 1.6; K = 1 must not be priced with it.
+    assert m.speedup(0.6, 0.1, 1, v) == pytest.approx(m.tau(0.6, 1) / (0.1 + 1.1))
 
 
 def test_estimators_and_conversions():

@@ -27,8 +27,9 @@ class EvalArgs:
                                         "shipped eval/suites")
     out: str = option("runs/eval", help="output directory for the report")
     baseline_draft: str | None = option(None, help="a second draft (e.g. before distillation): "
-                                                   "its alpha on the same continuations is "
-                                                   "reported as alpha_before")
+                                                   "its teacher-forced alpha on the same "
+                                                   "continuations is reported as alpha_before, "
+                                                   "the draft's as alpha_after")
     k: str = option("auto", help="K drafted tokens per round, or 'auto' (the K policy)")
     k_max: int = option(8, help="largest K for 'auto' and the K sweep")
     temperature: float = option(0.0, help="sampling temperature (0 = greedy)")
@@ -106,6 +107,7 @@ def run_eval(args: EvalArgs, tracker=None, extra_drafts: dict[str, Any] | None =
     domains: dict[str, dict] = {}
     runs: dict[str, runner.DomainRun] = {}
     k_rows: list[dict] = []
+    swept: list[dict] = []  # the K sweep's measured rows, every domain
     with tqdm(total=total, desc="eval", unit="run", dynamic_ncols=True) as bar:
         ev = runner.Evaluator(pair.target, pair.draft, settings,
                               progress=lambda n=1: bar.update(n))
@@ -115,15 +117,18 @@ def run_eval(args: EvalArgs, tracker=None, extra_drafts: dict[str, Any] | None =
             fig = runner.domain_figures(run, len(ids), settings)
             tf = ev.teacher_forced(run.sequences, baselines)
             fig["target_entropy"] = tf.pop("target_entropy")
+            # like for like with alpha_before: teacher-forced too, unlike the decode-time alpha
+            fig["alpha_after"] = tf.pop("draft")
             fig.update(tf)
-            fig["verdict"] = runner.verdict(fig, settings.k_max)
+            measured = ev.k_sweep(ids) if settings.k_sweep else []
+            fig["verdict"] = runner.verdict(fig, settings.k_max, runner.v_of_k(fig, measured))
             domains[name] = fig
             runs[name] = run
-            measured = ev.k_sweep(ids) if settings.k_sweep else []
+            swept += measured
             k_rows += runner.k_sweep_rows(name, fig, measured, settings.k_max)
-            bar.set_postfix_str(f"{name} alpha={fig['alpha']:.2f} "
-                                f"S={fig['speedup_measured']:.2f}x")
-        overall = runner.aggregate(domains, runs, settings)
+            alpha = "n/a" if fig["alpha"] is None else f"{fig['alpha']:.2f}"
+            bar.set_postfix_str(f"{name} alpha={alpha} S={fig['speedup_measured']:.2f}x")
+        overall = runner.aggregate(domains, runs, settings, swept)
         batch_rows = []
         if settings.batch_sizes:
             # Interleave domains so every batch size mixes them.
@@ -142,20 +147,46 @@ def run_eval(args: EvalArgs, tracker=None, extra_drafts: dict[str, Any] | None =
 
 
 def break_even(batch_rows: list[dict], domains: dict[str, dict], settings) -> dict:
-    """First measured batch size where speculation no longer pays, and the predicted one per
-    domain from the measured c(B), v(B) and that domain's alpha_i."""
+    """Where speculation stops (or starts) paying along the batch sweep, measured, and per
+    domain as predicted from the measured c(B), v(B) and that domain's alpha_i.
+
+    Each is :func:`break_even_batch` of its curve (``kind``, ``x``, ``batch_size``), so that a
+    noisy dip that recovers, or batch sizes given out of order, do not move it."""
     from draftkit import metrics
 
-    measured = metrics.crossover_index([r["speedup_measured"] for r in batch_rows])
+    rows = sorted(batch_rows, key=lambda r: r["batch_size"])
+    bs = [r["batch_size"] for r in rows]
     per_domain = {}
     for name, fig in domains.items():
         alpha = fig["alpha_per_position"] or fig["alpha"]
-        timed = [r for r in batch_rows if r["c"] is not None and r["v"] is not None]
-        idx = metrics.crossover_index([metrics.speedup(alpha, r["c"], r["k"], r["v"])
-                                       for r in timed])
-        per_domain[name] = timed[idx]["batch_size"] if idx is not None else None
-    return {"batch_size": batch_rows[measured]["batch_size"] if measured is not None else None,
+        predicted = [metrics.speedup(alpha, r["c"], r["k"], r["v"])
+                     if None not in (alpha, r["c"], r["v"]) else None for r in rows]
+        per_domain[name] = break_even_batch(bs, predicted)
+    return {**break_even_batch(bs, [r["speedup_measured"] for r in rows]),
             "per_domain": per_domain}
+
+
+def break_even_batch(batch_sizes: list[int], speedups: list[float | None]) -> dict:
+    """The break-even of one speedup-against-batch-size curve (points in batch order).
+
+    ``kind`` and ``x`` are :func:`draftkit.metrics.crossover`'s in log2 B (``crosses``: it
+    stops paying at x; ``rises``: it pays only from x on; ``below`` / ``above``: it loses /
+    pays at every batch size; ``empty``). ``batch_size`` is the first measured batch size from
+    which every larger one is on the final side of 1.0 (the smallest for ``below``; None for
+    ``above`` and ``empty``).
+    """
+    from draftkit import metrics
+
+    kind, x = metrics.crossover(batch_sizes, speedups, log_x=True)
+    pts = [(b, s) for b, s in zip(batch_sizes, speedups) if s is not None]
+    first = None
+    if kind in ("crosses", "rises", "below"):
+        pays_at_end = kind == "rises"
+        for b, s in reversed(pts):  # walk back while the points stay on the final side
+            if (s >= 1.0) != pays_at_end:
+                break
+            first = b
+    return {"kind": kind, "x": x, "batch_size": first}
 
 
 def evaluate(args: EvalArgs) -> dict:

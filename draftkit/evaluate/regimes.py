@@ -295,6 +295,24 @@ def _span(values, fmt: str = "{:.2f}") -> str:
     return fmt.format(lo) if abs(hi - lo) < 5e-3 else f"{fmt.format(lo)}-{fmt.format(hi)}"
 
 
+def depth_trend(curve: list[dict], key: str) -> str:
+    """How a figure moves with draft depth, in words from the measured points (``curve`` in
+    depth order): it rises or falls only if every step does."""
+    pts = [(r["layers"], r[key]) for r in curve if r.get(key) is not None]
+    if not pts:
+        return "was not measured"
+    vals = [v for _, v in pts]
+    (d0, v0), (d1, v1) = pts[0], pts[-1]
+    ends = f"from {v0:.2f} ({d0} layers) to {v1:.2f} ({d1} layers)"
+    if max(vals) - min(vals) < 5e-3:
+        return f"stays at {v0:.2f}"
+    if all(a <= b for a, b in zip(vals, vals[1:])):
+        return f"rises {ends}"
+    if all(a >= b for a, b in zip(vals, vals[1:])):
+        return f"falls {ends}"
+    return f"moves unevenly ({_span(vals)}), {ends}"
+
+
 def linear_fit(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
     """Least-squares (intercept, slope), or None with fewer than two distinct x."""
     if len(xs) < 2 or len(set(xs)) < 2:
@@ -406,14 +424,16 @@ def cost_regime(drafts: list[Draft], at_zero: dict[str, dict], k: int) -> dict:
     best_m, best_p = best("speedup_measured"), best("speedup_predicted")
     pays = [r for r in curve if (r.get("c") is not None and r.get("max_c") is not None
                                  and r["c"] < r["max_c"])]
-    answer = (f"deeper early exits accept more (alpha {_span(r['alpha'] for r in curve)}) but "
-              f"cost more (c {_span(r['c'] for r in curve)}); measured speedup "
+    answer = (f"with early-exit depth, alpha {depth_trend(curve, 'alpha')} and c "
+              f"{depth_trend(curve, 'c')}; measured speedup "
               f"{_span(r['speedup_measured'] for r in rows)}x, best {best_m}; measured: "
               f"{describe(cross['measured'], 'draft layers')}; predicted: "
               f"{describe(cross['predicted'], 'draft layers')}. ")
     best_curve = max((r for r in curve if r.get("speedup_measured") is not None),
                      key=lambda r: r["speedup_measured"], default=None)
-    if best_curve is not None and best_curve is not curve[-1]:
+    # "no longer pays" only past a depth that paid
+    if (best_curve is not None and best_curve is not curve[-1]
+            and best_curve["speedup_measured"] > 1.0):
         answer += (f"Past {best_curve['layers']} layers, a deeper draft's extra acceptance no "
                    f"longer pays for its extra cost. ")
     answer += (f"The model says a draft pays only while c stays below the largest cost its alpha "
@@ -506,10 +526,14 @@ def headline(report: dict) -> str:
     if not wins:
         be = main.get("break_even_alpha")
         why = ""
-        if be is not None and main["temperatures"] and None not in (main["c"], main["v"]):
-            a = main["temperatures"][0]["alpha"]
-            why = (f"; the model agrees: the draft's alpha {a:.2f} is below the {be:.2f} it needs "
-                   f"at c={main['c']:.2f}, v={main['v']:.2f}")
+        a = main["temperatures"][0]["alpha"] if main["temperatures"] else None  # T = 0
+        if None not in (be, a, main["c"], main["v"]):
+            at = f"at c={main['c']:.2f}, v={main['v']:.2f}"
+            why = (f"; the model agrees: the draft's alpha {a:.2f} is below the {be:.2f} it "
+                   f"needs {at}" if a < be else
+                   f"; the model predicts a gain (the draft's alpha {a:.2f} is at or above the "
+                   f"break-even {be:.2f} {at}), so per-round overhead, which it leaves out, ate "
+                   f"it")
         return (f"Speculation did not pay anywhere measured ({len(points)} points, speedup "
                 f"{_span(s for _, s in points)}x){why}.")
     best = max(wins, key=lambda w: w[1])

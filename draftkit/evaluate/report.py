@@ -10,13 +10,14 @@ from __future__ import annotations
 import base64
 import html
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
 from draftkit.io import atomic_write_json, atomic_write_text
 
-DOMAIN_KEYS = ("n_prompts", "new_tokens", "alpha", "alpha_tv", "alpha_per_position", "tau", "c",
-               "v", "k", "plain_round_share", "rounds_by_k", "speedup_predicted",
+DOMAIN_KEYS = ("n_prompts", "new_tokens", "alpha", "alpha_tv", "alpha_after", "alpha_per_position",
+               "tau", "c", "v", "k", "plain_round_share", "rounds_by_k", "speedup_predicted",
                "speedup_measured", "plain_tokens_per_s", "spec_tokens_per_s", "target_entropy",
                "by_entropy", "overhead_per_round_ms", "verdict")
 REPORT_KEYS = ("target", "draft", "device", "dtype", "temperature", "k", "created", "domains",
@@ -27,9 +28,16 @@ ENTROPY_NOTE = ("Teacher-forced on the decoded continuations; each cell is the a
                 "Where the target is unsure a draft keeps up only if it learnt the target's "
                 "spread, not just its top token.")
 
-# (column title, key, format) of the per-domain table.
-TABLE = [("domain", None, "{}"), ("prompts", "n_prompts", "{}"), ("alpha before", "alpha_before",
-         "{:.3f}"), ("alpha", "alpha", "{:.3f}"), ("tau", "tau", "{:.2f}"), ("c", "c", "{:.3f}"),
+BEFORE_NOTE = ("alpha before / alpha after: the baseline draft's and this draft's acceptance, "
+               "teacher-forced on the same continuations, so the two compare; alpha: this "
+               "draft's acceptance while decoding (accepted / tested positions), a different "
+               "estimator; '-': not measured (alpha when nothing was drafted).")
+
+# (column title, key, format) of the per-domain table; the two teacher-forced columns only
+# when a baseline draft was measured (BEFORE_NOTE).
+TABLE = [("domain", None, "{}"), ("prompts", "n_prompts", "{}"),
+         ("alpha before", "alpha_before", "{:.3f}"), ("alpha after", "alpha_after", "{:.3f}"),
+         ("alpha", "alpha", "{:.3f}"), ("tau", "tau", "{:.2f}"), ("c", "c", "{:.3f}"),
          ("v", "v", "{:.2f}"), ("K", "k", "{}"), ("K=0 rounds", "plain_round_share", "{:.0%}"),
          ("speedup measured", "speedup_measured", "{:.2f}x"),
          ("speedup predicted", "speedup_predicted", "{:.2f}x"),
@@ -38,16 +46,25 @@ TABLE = [("domain", None, "{}"), ("prompts", "n_prompts", "{}"), ("alpha before"
 
 
 def break_even_text(report: dict) -> str:
-    """One sentence on where speculation stops paying along the batch sweep."""
+    """One sentence on where speculation stops paying along the batch sweep, worded from the
+    break-even's ``kind`` (``command.break_even_batch``)."""
     rows = report.get("batch_sweep") or []
-    be = (report.get("break_even") or {}).get("batch_size")
     if not rows:
         return "no batch sweep was run"
-    if be is None:
-        return f"speculation pays at every batch size measured (up to {rows[-1]['batch_size']})"
-    if be == min(r["batch_size"] for r in rows):
-        return "speculation does not pay at any batch size measured"
-    return f"speculation stops paying at batch size {be}"
+    be = report.get("break_even") or {}
+    kind, b, x = be.get("kind"), be.get("batch_size"), be.get("x")
+    top = max(r["batch_size"] for r in rows)
+    if kind == "above":
+        return f"speculation pays at every batch size measured (up to {top})"
+    if kind == "below":
+        return f"speculation does not pay at any batch size measured (up to {top})"
+    if kind == "crosses":
+        return (f"speculation stops paying at batch size {b} (speedup falls below 1.0 at B ~ "
+                f"{x:.3g} and stays below up to {top})")
+    if kind == "rises":
+        return (f"speculation loses at small batches and pays from batch size {b} on (speedup "
+                f"rises above 1.0 at B ~ {x:.3g})")
+    return "the batch sweep measured no speedup"
 
 
 def entropy_table(report: dict) -> tuple[list[str], list[list[str]]]:
@@ -85,7 +102,7 @@ def domain_table(report: dict) -> tuple[list[str], list[list[str]]]:
     if report.get("overall"):
         rows_src.append(("overall", report["overall"]))
     has_before = any("alpha_before" in row for _, row in rows_src)
-    columns = [c for c in TABLE if c[1] != "alpha_before" or has_before]
+    columns = [c for c in TABLE if c[1] not in ("alpha_before", "alpha_after") or has_before]
     header = [c[0] for c in columns]
     rows = [[name if key is None else fmt(row.get(key), pattern) for _, key, pattern in columns]
             for name, row in rows_src]
@@ -161,10 +178,10 @@ def write_plots(report: dict, out_dir: Path) -> dict[str, Path]:
             ax.plot(bs, [r.get("speedup_measured") for r in rows], "o-", label="measured")
         ax.plot(bs, [r.get("speedup_predicted") for r in rows], "s--", label="predicted")
         ax.axhline(1.0, color="gray", lw=1)
-        be = (report.get("break_even") or {}).get("batch_size")
-        if be is not None and be != bs[0]:
-            ax.axvline(be, color="red", ls=":", label=f"break-even batch {be}")
-        ax.set_title(break_even_text(report), fontsize=9)
+        be = report.get("break_even") or {}
+        if be.get("kind") in ("crosses", "rises"):
+            ax.axvline(be["x"], color="red", ls=":", label=f"break-even batch ~{be['x']:.3g}")
+        ax.set_title(textwrap.fill(break_even_text(report), 80), fontsize=9)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch size")
         ax.set_ylabel("speedup over plain decoding")
@@ -207,17 +224,26 @@ def write_plots(report: dict, out_dir: Path) -> dict[str, Path]:
     if domains:
         names = list(domains)
         fig, ax = plt.subplots(figsize=(6.4, 4))
+
+        def bars(xs, key, **kw):  # a missing value gets "n/a", not a bar at 0
+            vals = [domains[n].get(key) for n in names]
+            ax.bar(xs, [math.nan if a is None else a for a in vals], **kw)
+            for pos, a in zip(xs, vals):
+                if a is None:
+                    ax.text(pos, 0.01, "n/a", ha="center", fontsize=7)
+
         x = range(len(names))
-        before = [domains[n].get("alpha_before") for n in names]
-        if any(b is not None for b in before):
-            ax.bar([i - 0.2 for i in x], [b or 0 for b in before], width=0.4, label="before")
-            ax.bar([i + 0.2 for i in x], [domains[n].get("alpha") or 0 for n in names],
-                   width=0.4, label="after")
+        if any(domains[n].get("alpha_before") is not None for n in names):
+            # both teacher-forced on the same continuations (BEFORE_NOTE)
+            bars([i - 0.2 for i in x], "alpha_before", width=0.4, label="before")
+            bars([i + 0.2 for i in x], "alpha_after", width=0.4, label="after")
             ax.legend(fontsize=8)
+            ax.set_ylabel("alpha (teacher-forced)")
         else:
-            ax.bar(list(x), [domains[n].get("alpha") or 0 for n in names])
+            bars(list(x), "alpha")
+            ax.set_ylabel("alpha")
         ax.set_xticks(list(x), names, rotation=20)
-        ax.set_ylabel("alpha")
+        ax.set_xlim(-0.6, len(names) - 0.4)  # a domain with no bar keeps its place
         ax.set_ylim(0, 1)
         save(fig, "alpha_per_domain.png", "Acceptance per domain")
     return plots
@@ -238,6 +264,8 @@ def render_markdown(report: dict, plots: dict[str, Path]) -> str:
     header, rows = domain_table(report)
     out = ["# draftkit evaluation report", ""] + _summary_lines(report) + [""]
     out += markdown_table(header, rows) + [""]
+    if "alpha before" in header:
+        out += [BEFORE_NOTE, ""]
     for title, path in plots.items():
         out += [f"## {title}", "", f"![{title}]({path.name})", ""]
         if path.stem == "acceptance_by_entropy":
@@ -250,6 +278,8 @@ def render_html(report: dict, plots: dict[str, Path]) -> str:
     esc = html.escape
     parts = [f"<p>{esc(line).replace('`', '')}</p>" for line in _summary_lines(report)]
     parts.append(html_table(header, rows))
+    if "alpha before" in header:
+        parts.append(f"<p>{esc(BEFORE_NOTE)}</p>")
     for title, path in plots.items():
         parts.append(f"<h2>{esc(title)}</h2>{html_image(title, path)}")
         if path.stem == "acceptance_by_entropy":

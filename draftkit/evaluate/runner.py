@@ -1,15 +1,15 @@
 """Measuring a draft against its target on domain suites: the figures behind ``draftkit eval``.
 
 For each domain, every prompt is decoded by the same engine with K = 0 (plain decoding, the
-baseline) and with speculation, interleaved prompt by prompt and repeated; tokens per second
-are medians over repeats. Acceptance (alpha, alpha_i, tau), the draft cost c and the verify
+baseline) and with speculation, interleaved prompt by prompt, alternating which goes first, and
+repeated, after one untimed decode of each; tokens per second are medians over repeats. Acceptance (alpha, alpha_i, tau), the draft cost c and the verify
 inflation v come from the engine's per-round statistics; the predicted speedup comes from
 those through :mod:`draftkit.metrics`, so the gap between predicted and measured is the
 per-round overhead the model does not explain, which the report states.
 
-Two sweeps show where speculation stops paying: K (predicted from the measured alpha_i for
-every K, measured on a few prompts per domain for the K listed) and batch size (measured c(B),
-v(B) and speedup at each B, with the break-even batch where speedup drops to 1).
+Two sweeps show where speculation stops paying: K (predicted from the measured alpha_i and
+v(K) for every K, measured on a few prompts per domain for the K listed) and batch size
+(measured c(B), v(B) and speedup at each B, with the break-even batch where speedup crosses 1).
 """
 
 from __future__ import annotations
@@ -24,6 +24,11 @@ from typing import Any, Callable
 from draftkit import metrics
 from draftkit.errors import DraftkitError
 from draftkit.evaluate import entropy
+
+# Tokens of the untimed warm-up decodes: enough to run every forward the timed decodes run
+# (prefill, draft steps, verify) once, so one-time costs (CUDA context, cuBLAS handles, oneDNN
+# primitives, allocator growth) land there, not in whichever timed decode happens to go first.
+WARMUP_TOKENS = 8
 
 
 @dataclass
@@ -76,6 +81,8 @@ class Evaluator:
         self.engine = SpeculativeEngine(target_model, draft_model)
         self.device = self.engine.device
         self.progress = progress or (lambda n=1: None)
+        self._warm = False  # run_domain has warmed both modes up
+        self._turn = 0  # decode pairs so far: which of K = 0 and speculation goes first
         if isinstance(settings.k, int) and settings.k < 0:
             raise DraftkitError(f"--k must be >= 0 or 'auto', got {settings.k}")
 
@@ -85,11 +92,28 @@ class Evaluator:
             prompts, k=k, max_new_tokens=max_new_tokens, temperature=s.temperature,
             top_k=s.top_k, top_p=s.top_p, seed=seed, k_max=s.k_max, stats=stats), self.device)
 
+    def warm_up(self, prompts: list[list[int]], k) -> None:
+        """Decode ``prompts`` once with K = 0 and once at ``k``, untimed and uncounted."""
+        from draftkit.decode.stats import DecodeStats
+
+        for kk in (0, k):
+            self.decode(prompts, kk, WARMUP_TOKENS, DecodeStats(), self.s.seed)
+
+    def order(self) -> tuple[str, str]:
+        """Which of the next pair of decodes goes first, alternating over every pair this
+        Evaluator times (also across calls: regimes times one prompt per call), so drifts in
+        machine speed hit K = 0 and speculation alike."""
+        self._turn += 1
+        return ("plain", "spec") if self._turn % 2 else ("spec", "plain")
+
     # --- batch size 1, per domain -------------------------------------------------------------
 
     def run_domain(self, prompts: list[list[int]]) -> DomainRun:
         from draftkit.decode.stats import DecodeStats
 
+        if not self._warm and prompts:
+            self.warm_up(prompts[:1], self.s.k)
+            self._warm = True
         spec_stats, plain_stats = DecodeStats(), DecodeStats()
         plain_secs, spec_secs, sequences = [], [], []
         tokens = spec_tokens = 0
@@ -99,10 +123,8 @@ class Evaluator:
             sequences = []
             for i, ids in enumerate(prompts):
                 seed = self.s.seed + i
-                # Interleave K = 0 and speculation prompt by prompt, alternating which goes
-                # first, so drifts in machine speed hit both alike.
-                order = ("plain", "spec") if (i + rep) % 2 == 0 else ("spec", "plain")
-                for mode in order:
+                # K = 0 and speculation interleaved prompt by prompt
+                for mode in self.order():
                     if mode == "plain":
                         (res,), secs = self.decode([ids], 0, self.s.max_new_tokens,
                                                     plain_stats, seed)
@@ -125,13 +147,15 @@ class Evaluator:
 
     def teacher_forced(self, sequences, drafts: dict[str, Any],
                        with_draft: bool = True) -> dict[str, Any]:
-        """Target entropy, each extra draft's acceptance on the same continuations, and
-        ``by_entropy``: the draft's (unless not ``with_draft``) and each extra draft's
-        acceptance per bucket of the target's entropy (:mod:`draftkit.evaluate.entropy`).
+        """Target entropy, the draft's (``"draft"``, unless not ``with_draft``) and each extra
+        draft's acceptance on the same continuations, and ``by_entropy``: the same per bucket of
+        the target's entropy (:mod:`draftkit.evaluate.entropy`).
 
         Acceptance here is teacher-forced: at each continuation position, greedy decoding
         accepts when the draft's argmax equals the target's; sampling accepts with
         probability sum_x min(p, q) = 1 - TV (Leviathan et al., arXiv 2211.17192, section 3).
+        It is not the decode-time alpha (accepted / tested, tested positions only), so compare
+        a baseline draft's figure with the draft's ``"draft"`` figure, never with that alpha.
         """
         import torch
 
@@ -164,7 +188,7 @@ class Evaluator:
         out: dict[str, Any] = {"target_entropy": float(buckets.entropy_sum / count)
                                if count else None}
         out.update({name: float(buckets.sums[name].sum() / count) if count else None
-                    for name in drafts})
+                    for name in models})
         out["by_entropy"] = buckets.result() if count else None
         return out
 
@@ -178,14 +202,16 @@ class Evaluator:
         subset = prompts[: self.s.k_sweep_prompts]
         if not subset:
             return rows
+        plain_stats = DecodeStats()  # its 1-token step prices c and v at every K
         plain_secs, plain_tok = 0.0, 0
         for i, ids in enumerate(subset):
-            (res,), secs = self.decode([ids], 0, self.s.k_sweep_tokens, DecodeStats(),
+            (res,), secs = self.decode([ids], 0, self.s.k_sweep_tokens, plain_stats,
                                         self.s.seed + i)
             plain_secs += secs
             plain_tok += len(res.tokens)
             self.progress(1)
         plain_tps = plain_tok / plain_secs if plain_secs else None
+        step = plain_stats.target_step_seconds(1)
         for k in self.s.k_sweep:
             stats = DecodeStats()
             secs_sum, tok = 0.0, 0
@@ -196,20 +222,26 @@ class Evaluator:
                 tok += len(res.tokens)
                 self.progress(1)
             tps = tok / secs_sum if secs_sum else None
-            rows.append({"k": k, "tau": stats.tau(),
+            # v grows with K: keep the v (and c) measured at this K for the predictions
+            rows.append({"k": k, "tau": stats.tau(), "c": stats.c(step), "v": stats.v(k, step),
                          "speedup_measured": (tps / plain_tps) if (tps and plain_tps) else None})
         return rows
 
     def batch_sweep(self, prompts: list[list[int]], k: int) -> list[dict]:
-        """At each batch size: K = 0 and speculation at K on the same B prompts."""
+        """At each batch size: K = 0 and speculation at K on the same B prompts, each warmed up
+        first (a new batch size means new kernel shapes and a larger KV cache)."""
         from draftkit.decode.stats import DecodeStats
 
         rows = []
         for bsz in self.s.batch_sizes:
             batch = [prompts[i % len(prompts)] for i in range(bsz)]
+            self.warm_up(batch, k)
             plain_stats, spec_stats = DecodeStats(), DecodeStats()
-            res_p, t_p = self.decode(batch, 0, self.s.batch_tokens, plain_stats, self.s.seed)
-            res_s, t_s = self.decode(batch, k, self.s.batch_tokens, spec_stats, self.s.seed)
+            timed = {}
+            for mode in self.order():
+                kk, stats = (0, plain_stats) if mode == "plain" else (k, spec_stats)
+                timed[mode] = self.decode(batch, kk, self.s.batch_tokens, stats, self.s.seed)
+            (res_p, t_p), (res_s, t_s) = timed["plain"], timed["spec"]
             self.progress(1)
             tps_p = sum(len(r.tokens) for r in res_p) / t_p
             tps_s = sum(len(r.tokens) for r in res_s) / t_s
@@ -277,9 +309,13 @@ def domain_figures(run: DomainRun, n_prompts: int, settings: EvalSettings) -> di
     # Round time the model does not explain: measured decode time per round minus the draft
     # and verify forwards it accounts for (the draft's catch-up after K = 0 rounds included).
     overhead_ms = 1000 * (stats.seconds_other + stats.seconds_catchup) / rounds
+    # Nothing drafted (--k 0, or auto never speculated): alpha is unknown, not 0.
+    drafted = stats.accepted + stats.rejections > 0
     return {
-        "n_prompts": n_prompts, "new_tokens": run.spec_tokens, "alpha": stats.alpha(),
-        "alpha_tv": stats.alpha_tv() if settings.temperature > 0 else None,
+        "n_prompts": n_prompts, "new_tokens": run.spec_tokens,
+        "alpha": stats.alpha() if drafted else None,
+        "alpha_tv": stats.alpha_tv() if settings.temperature > 0 and drafted else None,
+        "alpha_after": None,  # the draft's teacher-forced acceptance, set by the caller
         "alpha_per_position": alphas, "tau": stats.tau(), "c": stats.c(step),
         "v": stats.v(k, step) if k else None, "k": k,
         "plain_round_share": by_k.get(0, 0) / rounds,
@@ -292,24 +328,32 @@ def domain_figures(run: DomainRun, n_prompts: int, settings: EvalSettings) -> di
     }
 
 
-def verdict(fig: dict, k_max: int) -> str:
-    """Speculate with which K, or do not, and why, from measured figures."""
-    measured, alpha, c, v = fig["speedup_measured"], fig["alpha"], fig["c"], fig["v"]
+def verdict(fig: dict, k_max: int, v: Callable[[int], float] | None = None) -> str:
+    """Speculate with which K, or do not, and why, from measured figures.
+
+    ``v`` is v(K) for the predictions (:func:`v_of_k`); by default the run's v at every K."""
+    measured, alpha, c = fig["speedup_measured"], fig["alpha"], fig["c"]
     if measured is not None and measured > 1.0 and fig["k"]:
         return f"speculate with K={fig['k']} (measured {measured:.2f}x)"
     if c is None:
         return "do not speculate: the draft never ran, so its cost is unknown"
-    v_est = v if v is not None else 1.0
-    be = metrics.break_even_alpha_any_k(c, k_max, v_est)
+    if alpha is None:
+        return "do not speculate: no token was drafted, so alpha is unknown"
+    if v is None:
+        v_run = fig["v"] if fig["v"] is not None else 1.0
+        v = lambda k: v_run  # noqa: E731
+    be = metrics.break_even_alpha_any_k(c, k_max, v)
     if not math.isfinite(be):  # no alpha below 1 pays at this c and v
+        vs = [v(k) for k in range(1, k_max + 1)]
+        span = f"{min(vs):.2f}" if max(vs) - min(vs) < 5e-3 else f"{min(vs):.2f}-{max(vs):.2f}"
         return (f"do not speculate: at this draft's c={c:.2f} and verification cost v="
-                f"{v_est:.2f} no acceptance rate pays")
+                f"{span} no acceptance rate pays")
     if alpha < be:
         why = f"alpha {alpha:.2f} is below the break-even {be:.2f} at this draft's c={c:.2f}"
         if c >= 0.5:
             why += " (the draft is too slow)"
         return f"do not speculate: {why}"
-    best_k, best_s = metrics.optimal_k(fig["alpha_per_position"] or alpha, c, k_max, v_est)
+    best_k, best_s = metrics.optimal_k(fig["alpha_per_position"] or alpha, c, k_max, v)
     if best_k == 0:
         return "do not speculate: no K pays at this alpha, c and v"
     return (f"do not speculate yet: predicted {best_s:.2f}x at K={best_k} but measured "
@@ -317,27 +361,44 @@ def verdict(fig: dict, k_max: int) -> str:
             f"the gain")
 
 
+def v_of_k(fig: dict, measured: list[dict]):
+    """v(K) for the predictions (:func:`metrics.v_between`): the run's v at the run's K, the K
+    sweep's v at the K it measured (the mean where several domains' rows measured one K),
+    interpolated in between; None when no v was measured."""
+    by_k: dict[int, list[float]] = {}
+    for r in measured:
+        if r.get("v") is not None:
+            by_k.setdefault(r["k"], []).append(r["v"])
+    points = {k: statistics.fmean(vs) for k, vs in by_k.items()}
+    if fig.get("k") and fig.get("v") is not None:
+        points[fig["k"]] = fig["v"]  # measured over every round of the run, not a few prompts
+    return metrics.v_between(points)
+
+
 def k_sweep_rows(domain: str, fig: dict, measured: list[dict], k_max: int) -> list[dict]:
-    """Predicted speedup for K = 1..k_max from the measured alpha_i, c, v, with measured
-    figures where the sweep ran that K."""
+    """Predicted speedup for K = 1..k_max from the measured alpha_i, c and v(K) (:func:`v_of_k`),
+    with the figures measured where the sweep ran that K (tau, c, v, speedup)."""
     by_k = {r["k"]: r for r in measured}
     rows = []
     alpha = fig["alpha_per_position"] or fig["alpha"]
+    v = v_of_k(fig, measured)
     for k in range(1, k_max + 1):
         pred = tau = None
-        if fig["c"] is not None:
-            # v was measured at the run's K only; the closest estimate for other K is that v.
-            pred = metrics.speedup(alpha, fig["c"], k, fig["v"] or 1.0)
-        tau = metrics.tau(alpha, k)
-        m = by_k.get(k)
+        if alpha is not None:  # None: nothing was drafted
+            tau = metrics.tau(alpha, k)
+            if fig["c"] is not None:
+                pred = metrics.speedup(alpha, fig["c"], k, v)
+        m = by_k.get(k) or {}
         rows.append({"domain": domain, "k": k, "tau": m["tau"] if m else tau,
-                     "speedup_predicted": pred,
-                     "speedup_measured": m["speedup_measured"] if m else None})
+                     "c": m.get("c"), "v": m.get("v"), "speedup_predicted": pred,
+                     "speedup_measured": m.get("speedup_measured")})
     return rows
 
 
-def aggregate(domains: dict[str, dict], runs: dict[str, DomainRun], settings) -> dict:
-    """The ``overall`` row: token-weighted over all domains' runs."""
+def aggregate(domains: dict[str, dict], runs: dict[str, DomainRun], settings,
+              measured: list[dict] = ()) -> dict:
+    """The ``overall`` row: token-weighted over all domains' runs; ``measured`` are the K
+    sweep's rows of every domain (their v(K) price the verdict's predictions)."""
     from draftkit.decode.stats import DecodeStats
 
     total, plain = DecodeStats(), DecodeStats()
@@ -354,14 +415,14 @@ def aggregate(domains: dict[str, dict], runs: dict[str, DomainRun], settings) ->
             if d.get("target_entropy") is not None]
     if ents:
         fig["target_entropy"] = sum(e * n for e, n in ents) / max(1, sum(n for _, n in ents))
-    before = [(d["alpha_before"], d["new_tokens"]) for d in domains.values()
-              if d.get("alpha_before") is not None]
-    if before:
-        fig["alpha_before"] = sum(a * n for a, n in before) / max(1, sum(n for _, n in before))
+    for key in ("alpha_before", "alpha_after"):  # teacher-forced: one per decoded token
+        vals = [(d[key], d["new_tokens"]) for d in domains.values() if d.get(key) is not None]
+        if vals:
+            fig[key] = sum(a * n for a, n in vals) / max(1, sum(n for _, n in vals))
     by_entropy = [d["by_entropy"] for d in domains.values() if d.get("by_entropy")]
     if by_entropy:
         fig["by_entropy"] = entropy.merge(by_entropy)
-    fig["verdict"] = verdict(fig, settings.k_max)
+    fig["verdict"] = verdict(fig, settings.k_max, v_of_k(fig, list(measured)))
     return fig
 
 

@@ -14,6 +14,8 @@ holds the training-side prompts, disjoint from them.
 
 from __future__ import annotations
 
+import codecs
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,11 +109,19 @@ def _suite_files(path: Path) -> list[Path]:
 
 
 def _read_file(file: Path) -> list[SuiteRow]:
+    data = file.read_bytes()
+    if data.startswith(codecs.BOM_UTF8):  # some editors start UTF-8 files with one
+        data = data[len(codecs.BOM_UTF8):]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise DraftkitError(f"{file}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x}); save "
+                            f"the suite as UTF-8") from None
     rows = []
-    with open(file, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if line.strip():  # blank lines, such as a trailing one, are not rows
-                rows.append(_parse_row(line, f"{file}:{number}"))
+    for number, line in enumerate(io.StringIO(text, newline=None), start=1):
+        if line.strip():  # blank lines, such as a trailing one, are not rows
+            rows.append(_parse_row(line, f"{file}:{number}"))
     if not rows:
         raise DraftkitError(f"{file}: the suite file has no prompts; add lines like {_EXAMPLE}")
     return rows

@@ -8,7 +8,7 @@ import pytest
 
 from draftkit import metrics
 from draftkit.evaluate.command import EvalArgs, evaluate, run_eval
-from draftkit.evaluate.report import DOMAIN_KEYS, REPORT_KEYS
+from draftkit.evaluate.report import DOMAIN_KEYS, REPORT_KEYS, domain_table
 
 
 def tiny_args(target, draft, suite, out, **kw):
@@ -41,6 +41,7 @@ def test_report_schema_and_consistency(tiny_dirs, suite, tmp_path):
                                          else "do not speculate")
         # The baseline here is the target itself: it agrees with the target everywhere.
         assert fig["alpha_before"] == pytest.approx(1.0)
+        assert 0 <= fig["alpha_after"] <= 1
         assert fig["target_entropy"] > 0
         # by entropy: every decoded token falls in one bucket, and the buckets' position-
         # weighted mean is the domain's teacher-forced figure (here the baseline's 1.0)
@@ -54,12 +55,17 @@ def test_report_schema_and_consistency(tiny_dirs, suite, tmp_path):
     assert {r["k"] for r in report["k_sweep"]} == {1, 2, 3}
     measured_k = {r["k"] for r in report["k_sweep"] if r["speedup_measured"] is not None}
     assert measured_k == {1, 2}
+    # the sweep keeps c and v measured at each K it ran (v grows with K)
+    assert all((r["c"] is not None and r["v"] is not None) == (r["k"] in measured_k)
+               for r in report["k_sweep"])
     assert [r["batch_size"] for r in report["batch_sweep"]] == [1, 2]
     for row in report["batch_sweep"]:
         assert {"batch_size", "alpha", "c", "v", "speedup_predicted",
                 "speedup_measured"} <= set(row)
-    assert set(report["break_even"]) == {"batch_size", "per_domain"}
+    assert set(report["break_even"]) == {"kind", "x", "batch_size", "per_domain"}
     assert set(report["break_even"]["per_domain"]) == {"code", "chat"}
+    assert all(set(b) == {"kind", "x", "batch_size"}
+               for b in report["break_even"]["per_domain"].values())
     for name in ("report.md", "report.html", "speedup_vs_k.png", "speedup_vs_batch.png",
                  "alpha_per_position.png", "alpha_per_domain.png", "acceptance_by_entropy.png"):
         assert (tmp_path / "out" / name).is_file(), name
@@ -154,3 +160,87 @@ def test_prediction_covers_the_mix_of_k_an_auto_run_had():
     assert fig["rounds_by_k"] == {"0": 6, "2": 4}
     tau2 = metrics.tau([0.75, 2 / 3], 2)
     assert fig["speedup_predicted"] == pytest.approx((6 + 4 * tau2) / (6 + 4 * (2 * 0.1 + 1.2)))
+
+
+# --- like for like, and nothing invented ---------------------------------------------------------
+
+
+def test_alpha_before_compares_with_the_drafts_teacher_forced_alpha(tiny_dirs, tmp_path):
+    """--baseline-draft = --draft: before and after must be equal. The decode-time alpha is
+    another estimator (tested positions only), so it is not what alpha_before is set against."""
+    target, draft = tiny_dirs
+    suite = tmp_path / "s.jsonl"
+    suite.write_text('{"domain": "chat", "prompt": "what is the answer"}\n'
+                     '{"domain": "chat", "prompt": "hello world"}\n')
+    report = evaluate(tiny_args(target, draft, suite, tmp_path / "o", k="3", max_new_tokens=24,
+                                batch_sizes=[], k_sweep=[], repeats=1,
+                                baseline_draft=str(draft)))
+    for fig in (report["domains"]["chat"], report["overall"]):
+        assert fig["alpha_before"] == pytest.approx(fig["alpha_after"], abs=1e-9)
+    header, rows = domain_table(report)
+    i, j = header.index("alpha before"), header.index("alpha after")
+    assert all(r[i] == r[j] for r in rows)
+
+
+def test_a_run_that_never_drafted_has_no_alpha(tiny_dirs, suite, tmp_path):
+    """--k 0: no token was drafted, so alpha is unknown, not 0; every consumer copes."""
+    target, draft = tiny_dirs
+    report = evaluate(tiny_args(target, draft, suite, tmp_path / "o", k="0", batch_sizes=[1],
+                                k_sweep=[1], repeats=1))
+    for fig in [*report["domains"].values(), report["overall"]]:
+        assert fig["alpha"] is None and fig["alpha_tv"] is None and fig["k"] == 0
+        assert fig["verdict"].startswith("do not speculate")
+    assert all(r["speedup_predicted"] is None for r in report["k_sweep"])
+    assert all(r["tau"] is None for r in report["k_sweep"] if r["speedup_measured"] is None)
+    assert report["break_even"]["per_domain"]["code"]["kind"] == "empty"
+    header, rows = domain_table(report)
+    assert {r[header.index("alpha")] for r in rows} == {"-"}
+    assert (tmp_path / "o" / "alpha_per_domain.png").is_file()
+
+
+def test_untimed_warm_up_then_alternating_order(tiny_dirs):
+    """One-time costs (CUDA context, kernel set-up, allocator growth) land in untimed decodes
+    of both modes, and the order of the timed pair alternates across calls too (regimes times
+    one prompt per call)."""
+    from draftkit.evaluate.runner import WARMUP_TOKENS, EvalSettings, Evaluator
+    from draftkit.models import load_pair
+
+    target, draft = tiny_dirs
+    pair = load_pair(str(target), str(draft), device="cpu", dtype="float32")
+    ev = Evaluator(pair.target, pair.draft, EvalSettings(k=2, max_new_tokens=12, repeats=1,
+                                                         batch_sizes=[2]))
+    calls, generate = [], ev.engine.generate
+
+    def record(prompts, k, max_new_tokens, **kw):
+        calls.append((len(prompts), k, max_new_tokens))
+        return generate(prompts, k=k, max_new_tokens=max_new_tokens, **kw)
+
+    ev.engine.generate = record
+    ev.run_domain([[5, 6, 7]])
+    ev.run_domain([[8, 9]])
+    warm = [(1, 0, WARMUP_TOKENS), (1, 2, WARMUP_TOKENS)]
+    assert calls == warm + [(1, 0, 12), (1, 2, 12), (1, 2, 12), (1, 0, 12)]
+    calls.clear()
+    ev.batch_sweep([[5, 6, 7]], 2)  # warmed up again at each batch size, then timed
+    assert calls == [(2, 0, WARMUP_TOKENS), (2, 2, WARMUP_TOKENS), (2, 0, 32), (2, 2, 32)]
+
+
+def test_predictions_use_v_measured_at_each_k():
+    """v(K) grows with K. The run at K=3 measured v=1.6, the sweep v=1.05 at K=1 and 1.3 at
+    K=2: S(1) is priced with 1.05, not 1.6 (1.39x, not 0.94x), and so is the verdict's K."""
+    from draftkit.evaluate.runner import k_sweep_rows, v_of_k, verdict
+
+    fig = {"alpha_per_position": [0.6] * 3, "alpha": 0.6, "c": 0.1, "v": 1.6, "k": 3,
+           "speedup_measured": 0.9, "overhead_per_round_ms": 3.0}
+    measured = [{"k": 1, "tau": 1.6, "speedup_measured": 1.25, "c": 0.1, "v": 1.05},
+                {"k": 2, "tau": 1.9, "speedup_measured": 1.2, "c": 0.1, "v": 1.3}]
+    rows = k_sweep_rows("code", fig, measured, 4)
+    assert [r["speedup_predicted"] for r in rows] == pytest.approx(
+        [metrics.speedup(0.6, 0.1, k, v) for k, v in ((1, 1.05), (2, 1.3), (3, 1.6), (4, 1.6))])
+    assert [(r["c"], r["v"]) for r in rows] == [(0.1, 1.05), (0.1, 1.3), (None, None),
+                                                (None, None)]
+    # between measured K the line; the run's own v at its K wins over a sweep's row there
+    v = v_of_k(dict(fig, k=4, v=2.0), measured + [{"k": 4, "v": 9.0}])
+    assert v(3) == pytest.approx(1.65) and v(4) == 2.0
+    # with the run's v at every K it would say K=4 at 1.15x
+    assert "predicted 1.39x at K=1" in verdict(fig, 8, v_of_k(fig, measured))

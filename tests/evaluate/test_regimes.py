@@ -8,8 +8,9 @@ import pytest
 
 from draftkit import metrics
 from draftkit.errors import ConfigError, DraftkitError
-from draftkit.evaluate.regimes import (RegimesArgs, batch_crossovers, entropy_crossover,
-                                       entropy_model_text, regimes, run_regimes)
+from draftkit.evaluate.regimes import (Draft, RegimesArgs, batch_crossovers, cost_regime,
+                                       entropy_crossover, entropy_model_text, headline, regimes,
+                                       run_regimes)
 
 # --- the crossover finder ---------------------------------------------------------------------
 
@@ -77,6 +78,55 @@ def test_predicted_entropy_crossover_from_the_break_even_alpha():
     flat = entropy_crossover([dict(p, alpha=0.3) for p in pts], be)
     assert flat["entropy"] is None and "does not fall" in entropy_model_text(flat)
     assert entropy_crossover(pts[:1], be)["slope"] is None
+
+
+# --- the answers say what the data say -------------------------------------------------------
+
+
+def _lost_everywhere(alpha: float | None) -> dict:
+    """A report section where nothing paid, at T = 0 with break-even alpha 0.30."""
+    return {"entropy": {"temperatures": [{"temperature": 0.0, "speedup_measured": 0.9,
+                                          "alpha": alpha}],
+                        "break_even_alpha": 0.3, "c": 0.2, "v": 1.1},
+            "draft_cost": {"drafts": []},
+            "mismatch": {"drafts": [], "domains": [], "speedup_measured": []},
+            "batch": {"domains": {}}}
+
+
+def test_headline_says_the_model_agrees_only_when_alpha_is_below_break_even():
+    text = headline(_lost_everywhere(0.1))
+    assert "the model agrees: the draft's alpha 0.10 is below the 0.30" in text
+    # alpha 0.80 is above the 0.30 break-even: the model predicted a gain overhead ate
+    text = headline(_lost_everywhere(0.8))
+    assert "agrees" not in text and "is below the" not in text
+    assert "the model predicts a gain" in text and "per-round overhead" in text
+    assert headline(_lost_everywhere(None)).startswith("Speculation did not pay anywhere")
+
+
+def _cost_answer(points) -> str:
+    """cost_regime's answer over early exits of (layers, alpha, c, measured speedup)."""
+    drafts = [Draft(f"first {n} layers", None, n, derived=True, main=i == 0)
+              for i, (n, *_) in enumerate(points)]
+    at_zero = {f"first {n} layers": {"overall": {
+        "alpha": a, "alpha_per_position": [a], "c": c, "v": 1.1, "speedup_measured": s,
+        "speedup_predicted": s}} for n, a, c, s in points}
+    return cost_regime(drafts, at_zero, 2)["answer"]
+
+
+def test_draft_cost_answer_is_worded_from_the_data():
+    # deeper exits accept less here: the answer must not say they accept more
+    text = _cost_answer([(1, 0.30, 0.1, 0.9), (2, 0.20, 0.2, 0.8), (4, 0.10, 0.35, 0.7)])
+    assert "accept more" not in text
+    assert "alpha falls from 0.30 (1 layers) to 0.10 (4 layers)" in text
+    assert "c rises from 0.10 (1 layers) to 0.35 (4 layers)" in text
+    # nothing paid, so no depth "no longer pays"
+    assert "no longer pays" not in text
+    text = _cost_answer([(1, 0.10, 0.1, 0.9), (2, 0.13, 0.2, 0.8), (4, 0.06, 0.35, 0.7)])
+    assert "alpha moves unevenly (0.06-0.13), from 0.10 (1 layers) to 0.06 (4 layers)" in text
+    # alpha rises with depth and the 2-layer exit paid: past it, depth no longer pays
+    text = _cost_answer([(1, 0.4, 0.1, 1.1), (2, 0.6, 0.2, 1.2), (4, 0.7, 0.35, 0.95)])
+    assert "alpha rises from 0.40 (1 layers) to 0.70 (4 layers)" in text
+    assert "Past 2 layers, a deeper draft's extra acceptance no longer pays" in text
 
 
 # --- end to end on tiny random models ---------------------------------------------------------

@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from draftkit.evaluate.report import domain_table, format_text_table, write_report
 
 
@@ -11,14 +13,17 @@ def sample_report():
            "verdict": "speculate with K=3"}
     return {"target": "t", "draft": "d", "device": "cpu", "dtype": "float32",
             "temperature": 0.0, "k": 3, "created": "now",
-            "domains": {"code": dict(dom, alpha_before=0.3), "creative": dict(dom, alpha=0.2)},
+            "domains": {"code": dict(dom, alpha_before=0.3, alpha_after=0.55),
+                        "creative": dict(dom, alpha=0.2)},
             "overall": dict(dom),
             "k_sweep": [{"domain": "code", "k": k, "tau": 1 + k * 0.5, "speedup_predicted": 1.1,
                          "speedup_measured": 1.0} for k in (1, 2, 3)],
             "batch_sweep": [{"batch_size": b, "alpha": 0.6, "c": 0.2, "v": 1.0 + b / 8,
                              "speedup_predicted": 1.5 / b, "speedup_measured": 1.4 / b}
                             for b in (1, 2, 4)],
-            "break_even": {"batch_size": 2, "per_domain": {"code": 2}}}
+            "break_even": {"kind": "crosses", "x": 1.49, "batch_size": 2,
+                           "per_domain": {"code": {"kind": "crosses", "x": 1.9,
+                                                   "batch_size": 2}}}}
 
 
 def test_write_report_files_and_table(tmp_path):
@@ -31,8 +36,11 @@ def test_write_report_files_and_table(tmp_path):
     md = (tmp_path / "report.md").read_text()
     # The per-domain table comes before the plots.
     assert md.index("| domain |") < md.index("![")
-    assert "| code | 3 | 0.300 | 0.610 |" in md
-    assert "break-even" not in md or "batch size 2" in md
+    # alpha before sits next to its like, the draft's teacher-forced alpha, explained below
+    assert "| domain | prompts | alpha before | alpha after | alpha |" in md
+    assert "| code | 3 | 0.300 | 0.550 | 0.610 |" in md
+    assert "teacher-forced on the same continuations" in md
+    assert "stops paying at batch size 2" in md
     html = (tmp_path / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 4 and "<table>" in html
 
@@ -48,14 +56,43 @@ def test_table_without_sweeps_or_before():
     assert "1.30x" in text and "speculate with K=3" in text
 
 
-def test_break_even_text():
+def _batch_report(speedups: dict[int, float]) -> dict:
+    from draftkit.evaluate.command import break_even
+
+    rows = [{"batch_size": b, "speedup_measured": s, "c": 0.1, "v": 1.1, "k": 2}
+            for b, s in speedups.items()]
+    return {"batch_sweep": rows, "break_even": break_even(rows, {}, None)}
+
+
+def test_break_even_text_is_worded_from_the_crossover():
     from draftkit.evaluate.report import break_even_text
 
-    report = sample_report()
-    assert break_even_text(report) == "speculation stops paying at batch size 2"
-    report["break_even"]["batch_size"] = 1
-    assert break_even_text(report) == "speculation does not pay at any batch size measured"
-    report["break_even"]["batch_size"] = None
-    assert break_even_text(report) == "speculation pays at every batch size measured (up to 4)"
-    report["batch_sweep"] = []
-    assert break_even_text(report) == "no batch sweep was run"
+    # pays from 2 on: not "does not pay at any batch size"
+    text = break_even_text(_batch_report({1: 0.95, 2: 1.25, 4: 1.30, 8: 1.10}))
+    assert text.startswith("speculation loses at small batches and pays from batch size 2 on")
+    # a dip at 2 that recovers is not where it stops paying; the largest batch is named
+    text = break_even_text(_batch_report({1: 1.4, 2: 0.99, 4: 1.3, 8: 1.2, 16: 0.8}))
+    assert text.startswith("speculation stops paying at batch size 16 (") and "up to 16" in text
+    assert break_even_text(_batch_report({4: 1.2, 1: 1.5, 2: 1.3})) == \
+        "speculation pays at every batch size measured (up to 4)"
+    assert break_even_text(_batch_report({4: 0.7, 1: 0.9})) == \
+        "speculation does not pay at any batch size measured (up to 4)"
+    assert break_even_text({"batch_sweep": []}) == "no batch sweep was run"
+
+
+def test_break_even_batch_does_not_depend_on_the_order_given():
+    from draftkit.evaluate.command import break_even
+
+    asc = [{"batch_size": b, "speedup_measured": s, "c": 0.1, "v": v, "k": 2}
+           for b, s, v in ((1, 1.5, 1.1), (2, 1.3, 1.3), (4, 1.1, 1.6), (8, 0.9, 2.0),
+                           (16, 0.7, 2.6))]
+    figs = {"code": {"alpha_per_position": [0.6, 0.5], "alpha": 0.55},
+            "never drafted": {"alpha_per_position": [], "alpha": None}}
+    be = break_even(asc, figs, None)
+    assert be == break_even(list(reversed(asc)), figs, None)  # --batch-sizes 16 8 4 2 1
+    assert be["kind"] == "crosses" and be["batch_size"] == 8
+    assert be["x"] == pytest.approx(2 ** 2.5)  # 1.1 at 4 and 0.9 at 8: halfway in log2 B
+    # predicted from alpha_i and c(B), v(B): tau = 1.9 over 0.2 + v, 1.06x at 4, 0.86x at 8
+    assert be["per_domain"]["code"]["kind"] == "crosses"
+    assert be["per_domain"]["code"]["batch_size"] == 8
+    assert be["per_domain"]["never drafted"] == {"kind": "empty", "x": None, "batch_size": None}

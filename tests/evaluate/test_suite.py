@@ -198,3 +198,19 @@ def test_unknown_domain_lists_the_present_ones(suite_dir):
 def test_limit_must_be_positive(suite_dir):
     with pytest.raises(DraftkitError, match="positive"):
         load_suite(suite_dir, limit=0)
+
+
+def test_a_suite_that_is_not_utf8_is_one_error_naming_file_and_line(tmp_path):
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes('{"domain": "code", "prompt": "ok"}\n'
+                    '{"domain": "code", "prompt": "café"}\n'.encode("latin-1"))
+    with pytest.raises(DraftkitError) as e:  # not a UnicodeDecodeError traceback
+        load_suite(bad)
+    assert str(e.value).startswith(f"{bad}:2: not UTF-8") and "\n" not in str(e.value)
+
+
+def test_a_utf8_bom_is_not_part_of_the_first_row(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + '{"domain": "code", "prompt": "café"}\r\n'.encode())
+    assert [(r.domain, r.prompt, r.source) for r in load_suite(path)] == \
+        [("code", "café", f"{path}:1")]
