@@ -171,7 +171,8 @@ def quickstart(args: QuickstartArgs) -> dict:
     stamp("6/6 done")
     print()
     print(format_text_table(*domain_table(report)))
-    print(f"\nalpha before = the undistilled draft, teacher-forced on the same continuations; "
+    print(f"\nalpha before / after = the undistilled / distilled draft, teacher-forced on the "
+          f"same continuations; alpha = the distilled draft while decoding; "
           f"{break_even_text(report)}")
     print(f"report: {out / 'report.md'}   bundle: {bundle}   "
           f"(serve it: {bundle / 'serving'}; verify: draftkit check {bundle})")

@@ -221,12 +221,16 @@ def _recommended_k(k: int | None, report: dict | None) -> tuple[int, str]:
 def _figures(report: dict | None) -> dict:
     """The report's per-domain figures that serving decisions need."""
     if not report:
-        return {"domains": {}, "break_even_batch": None, "measured": False}
+        return {"domains": {}, "break_even_batch": None, "break_even_kind": None,
+                "measured": False}
     keys = ("alpha", "tau", "c", "k", "speedup_measured", "speedup_predicted", "verdict")
     domains = {name: {key: row.get(key) for key in keys}
                for name, row in (report.get("domains") or {}).items()}
-    break_even = (report.get("break_even") or {}).get("batch_size")
-    return {"domains": domains, "break_even_batch": break_even, "measured": True,
+    break_even = report.get("break_even") or {}
+    # kind says which side of batch_size pays: "crosses", it stops paying there; "rises", it
+    # starts; "below" / "above", no / every batch size measured pays
+    return {"domains": domains, "break_even_batch": break_even.get("batch_size"),
+            "break_even_kind": break_even.get("kind"), "measured": True,
             "report": {key: report.get(key) for key in ("device", "dtype", "temperature",
                                                            "created")}}
 

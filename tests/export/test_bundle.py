@@ -14,11 +14,12 @@ def test_export_check_and_hf_assisted_generation(tiny_dirs, tmp_path):
     report.write_text(json.dumps({
         "overall": {"k": 4}, "device": "cpu", "dtype": "float32",
         "domains": {"code": {"alpha": 0.6, "tau": 2.1, "c": 0.2, "k": 4, "verdict": "speculate"}},
-        "break_even": {"batch_size": 8}}))
+        "break_even": {"kind": "crosses", "x": 7.2, "batch_size": 8}}))
     out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "bundle", report=report)
     manifest = check_bundle(out)
     assert manifest["num_speculative_tokens"] == 4 and manifest["k_source"] == "report"
     assert manifest["domains"]["code"]["alpha"] == 0.6 and manifest["break_even_batch"] == 8
+    assert manifest["break_even_kind"] == "crosses"
     assert manifest["target"]["path"] == str(target_dir.resolve())
     assert len(manifest["target"]["sha256"]) == 64
     assert {"draft/model.safetensors", "draft/config.json", "draft/tokenizer.json",
