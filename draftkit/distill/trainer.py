@@ -116,20 +116,22 @@ def export_draft(draft: Any, tokenizer: Any, path: Path, vocab: dict | None = No
     return save_draft(model, tokenizer, path, force=True, also=also)
 
 
+def token_counts(rows: Rows, vocab_size: int) -> torch.Tensor:
+    """(V,) how often each token is the next token at the trained positions of ``rows``."""
+    nxt = rows.input_ids.roll(-1, dims=1)[rows.loss_mask]
+    return torch.bincount(nxt, minlength=vocab_size)
+
+
 def choose_draft_vocab(size: int, train_rows: Rows, heldout: Rows, tokenizer: Any,
                        vocab_size: int) -> dict:
     """The ``size`` tokens the target emits most in the training rows (what the draft will be
     asked to propose), and their share of the held-out rows' tokens."""
     from draftkit.models import draft_vocab
 
-    def counts(rows: Rows) -> torch.Tensor:  # (V,) next tokens at the trained positions
-        nxt = rows.input_ids.roll(-1, dims=1)[rows.loss_mask]
-        return torch.bincount(nxt, minlength=vocab_size)
-
     special = list(tokenizer.all_special_ids) + [tokenizer.eos_token_id]
-    ids = draft_vocab.choose(counts(train_rows), size, always=[i for i in special
-                                                               if i is not None])
-    covered = draft_vocab.coverage(ids, counts(heldout))
+    ids = draft_vocab.choose(token_counts(train_rows, vocab_size), size,
+                             always=[i for i in special if i is not None])
+    covered = draft_vocab.coverage(ids, token_counts(heldout, vocab_size))
     return {"ids": ids, "vocab_size": vocab_size, "covered": covered,
             "source": f"target tokens of {len(train_rows)} training rows"}
 
@@ -290,13 +292,23 @@ class _Run:
 
         self.rows, self.heldout = _rows(cfg, self.tokenizer, target, target_ref, dist, progress)
         self.vocab = None
+        vocab_size = target.config.get_text_config().vocab_size
+        kept = getattr(self.draft, "draft_vocab", None)  # a draft.model folder that has one
         if cfg.draft.vocab_size:
             self.vocab = choose_draft_vocab(cfg.draft.vocab_size, self.rows, self.heldout,
-                                            self.tokenizer,
-                                            target.config.get_text_config().vocab_size)
-            if dist.is_main:
-                print(f"draft vocabulary: {len(self.vocab['ids'])} tokens cover "
-                      f"{self.vocab['covered']:.1%} of the held-out target tokens", flush=True)
+                                            self.tokenizer, vocab_size)
+        elif kept is not None:  # it decodes with that head: score it and save it with it
+            from draftkit.models import draft_vocab
+
+            ids = kept.tolist()
+            self.vocab = {"ids": ids, "vocab_size": vocab_size, "source": f"{cfg.draft.model}",
+                          "covered": draft_vocab.coverage(ids, token_counts(self.heldout,
+                                                                            vocab_size))}
+        if self.vocab is not None and dist.is_main:
+            print(f"draft vocabulary: {len(self.vocab['ids'])} tokens cover "
+                  f"{self.vocab['covered']:.1%} of the held-out target tokens"
+                  + ("" if cfg.draft.vocab_size else " (the draft's own; set draft.vocab_size "
+                     "to choose again)"), flush=True)
         self.teacher = _teacher(cfg, target, target_ref, self.rows, dist, progress)
         self.online = OnlineTeacher(target, cfg.loss.temperature)  # on-policy rows need it
         tok = self.tokenizer

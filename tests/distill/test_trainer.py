@@ -440,7 +440,7 @@ def test_draft_vocab_is_chosen_saved_exported_and_loaded(tmp_path, tiny_dirs):
     and the loaded draft decodes with them."""
     from draftkit.distill.trainer import train
     from draftkit.export.bundle import export_bundle
-    from draftkit.models import load_pair
+    from draftkit.models import load_model, load_pair
     from draftkit.models.draft_vocab import FILE
 
     cfg = _cfg(tmp_path, tiny_dirs, **{"draft.vocab_size": 40, "max_steps": 2})
@@ -465,6 +465,15 @@ def test_draft_vocab_is_chosen_saved_exported_and_loaded(tmp_path, tiny_dirs):
         target.config.vocab_size)), model_logits(target, "cpu"), heldout)["alpha"]
     assert json.loads((best / "best.json").read_text())["alpha"] == pytest.approx(served, abs=1e-4)
     assert served < whole
+    # training on from that draft without draft.vocab_size keeps its head, scored and saved
+    again = train(_cfg(tmp_path, tiny_dirs, out="again", max_steps=2,
+                       draft={"model": str(best)}), progress=False)
+    assert json.loads((again / FILE).read_text())["token_ids"] == data["token_ids"]
+    draft = load_model(str(again), "draft", device="cpu", dtype="float32")
+    served = heldout_alpha(model_logits(draft, "cpu"), model_logits(target, "cpu"),
+                           heldout)["alpha"]
+    assert json.loads((again / "best.json").read_text())["alpha"] == pytest.approx(served,
+                                                                                abs=1e-4)
 
 
 def test_best_is_replaced_whole_with_its_vocabulary_and_evaluation(tmp_path, tiny_dirs,
