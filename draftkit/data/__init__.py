@@ -71,13 +71,15 @@ def _by_prompt(examples: list[Example]) -> list[list[Example]]:
 
 
 def build_rows(data: Any, tokenizer: Any, seed: int, generate: Callable | None = None,
-               ) -> tuple[Rows, Rows]:
+               stop_ids: list[int] | None = None) -> tuple[Rows, Rows]:
     """Packed (train, heldout) rows for a recipe's ``data`` section.
 
     ``generate(prompts_ids, temperature, seed) -> response_ids`` answers prompts with the target
     (regimes 'target' and 'on_policy'); it is only called when the recipe asks for it. With
     ``data.generate.extra_samples`` the training prompts get that many more sampled answers,
-    each a further training example of the same prompt.
+    each a further training example of the same prompt. ``stop_ids``: where the target's turn
+    ends (:func:`draftkit.data.generate.answer_stop_ids`), which ends responses written in the
+    data too.
     """
     tokenizer = _FixedDate(tokenizer)
     by_domain = {domain: [p for ex in examples for p in passages(ex, tokenizer, data.seq_len)]
@@ -102,7 +104,7 @@ def build_rows(data: Any, tokenizer: Any, seed: int, generate: Callable | None =
     n = len(train)
     # Held-out alpha is measured where a draft drafts: on responses, whatever the loss covers.
     tokens = [tokenize_example(tokenizer, ex, data.response_only or i >= n, responses[i],
-                               prompts.get(i)) for i, ex in enumerate(examples)]
+                               prompts.get(i), stop_ids) for i, ex in enumerate(examples)]
     train_prompts = [i for i in sorted(prompts) if i < n]  # example indices
     extra = _extra_answers(data, tokenizer, [(train[i], prompts[i]) for i in train_prompts],
                            seed, generate)

@@ -112,12 +112,15 @@ def encode_example_prompt(tokenizer: Any, ex: Example) -> list[int]:
 
 def tokenize_example(tokenizer: Any, ex: Example, response_only: bool = True,
                      response_ids: list[int] | None = None,
-                     prompt: list[int] | None = None) -> Tokenized:
+                     prompt: list[int] | None = None,
+                     stop_ids: list[int] | None = None) -> Tokenized:
     """Ids and target flags of one example.
 
     ``response_ids`` (from a generation cache) are appended to the rendered prompt as they
     are, so the draft learns exactly the tokens the target produced. ``prompt``: the prompt's
-    ids (:func:`encode_example_prompt`), when the caller has rendered it already.
+    ids (:func:`encode_example_prompt`), when the caller has rendered it already. A response
+    written in the data ends at the first of ``stop_ids`` (the target's end-of-turn tokens,
+    :func:`draftkit.data.generate.answer_stop_ids`; default: the tokenizer's eos).
     """
     if ex.text is not None:
         ids = tokenizer(ex.text)["input_ids"]
@@ -139,8 +142,8 @@ def tokenize_example(tokenizer: Any, ex: Example, response_only: bool = True,
         start = _common_prefix(prompt, ids)
         # ... and ends at the turn's end token: what a template writes after it (ChatML's
         # newline) is never drafted, as decoding stops there, as the target's answers do
-        special = set(tokenizer.all_special_ids)
-        end = next((i for i in range(start, len(ids)) if ids[i] in special), None)
+        stops = set(stop_ids if stop_ids is not None else [tokenizer.eos_token_id])
+        end = next((i for i in range(start, len(ids)) if ids[i] in stops), None)
         if end is not None:
             ids = ids[:end + 1]
     else:

@@ -621,18 +621,20 @@ def _rows(cfg: DistillConfig, tokenizer: Any, target: Any, target_ref: Any, dist
     g = cfg.data.generate
     gen_dir = Path(g.cache_dir) if g.cache_dir else default_generation_dir()
 
+    stop_ids = answer_stop_ids(target, tokenizer)
+
     def generate(prompts, temperature, seed):
         path = cache_file(gen_dir, target_id(target_ref, target), g.max_new_tokens, temperature,
-                          seed, answer_stop_ids(target, tokenizer))
+                          seed, stop_ids)
         return generate_responses(target, tokenizer, prompts, path, g.max_new_tokens,
                                   g.batch_size, temperature, seed,
                                   progress=progress and dist.is_main)
 
     if dist.world_size > 1 and cfg.data.regime != "fixed":
         if dist.is_main:
-            build_rows(cfg.data, tokenizer, cfg.seed, generate)
+            build_rows(cfg.data, tokenizer, cfg.seed, generate, stop_ids)
         barrier(dist)
-    return build_rows(cfg.data, tokenizer, cfg.seed, generate)
+    return build_rows(cfg.data, tokenizer, cfg.seed, generate, stop_ids)
 
 
 def _teacher(cfg: DistillConfig, target: Any, target_ref: Any, rows: Rows, dist: Any,

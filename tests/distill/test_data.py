@@ -193,10 +193,15 @@ def test_nothing_the_template_writes_after_the_end_of_turn_is_trained(tok):
 
     tok.chat_template = tok.chat_template.replace("' <|im_end|> '", "' <|im_end|> .'")
     ex = Example("math", messages=[{"role": "user", "content": "what is 2 + 2 ?"}],
-                 response="4", origin="t:1")
-    t = tokenize_example(tok, ex)
-    assert tok.convert_ids_to_tokens([i for i, m in zip(t.ids, t.target) if m]) == [
-        "4", "<|im_end|>"]
+                 response="4 <pad>", origin="t:1")
+
+    def trained(**kw):
+        t = tokenize_example(tok, ex, **kw)
+        return tok.convert_ids_to_tokens([i for i, m in zip(t.ids, t.target) if m])
+    # at the tokenizer's eos, not at any special token the response holds
+    assert trained() == ["4", "<pad>", "<|im_end|>"]
+    # at the target's own end-of-turn token, where its generation config says decoding stops
+    assert trained(stop_ids=[tok.convert_tokens_to_ids("<pad>")]) == ["4", "<pad>"]
 
 
 def test_truncation_leaves_out_rows_it_would_leave_without_a_response(tmp_path, tok, capfd):
