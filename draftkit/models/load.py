@@ -96,13 +96,25 @@ def save_model(model: "PreTrainedModel", folder: str | Path) -> None:
 
 
 def _add_legacy_keys(config: dict[str, Any]) -> None:
-    """transformers 4.x's names for what 5 records as ``rope_parameters`` and ``dtype``."""
+    """transformers 4.x's names for what 5 records as ``rope_parameters`` and ``dtype``:
+    ``rope_theta``, ``rope_scaling`` and ``partial_rotary_factor`` (Phi, GPT-NeoX) at the top
+    level, and for Gemma 3, whose parameters are per layer type, the full-attention layers'
+    as those and the sliding ones' base as ``rope_local_base_freq``."""
     rope = config.get("rope_parameters")
+    if isinstance(rope, dict) and isinstance(rope.get("full_attention"), dict):
+        local = rope.get("sliding_attention") or {}
+        if "rope_theta" in local and config.get("rope_local_base_freq") is None:
+            config["rope_local_base_freq"] = local["rope_theta"]
+        rope = rope["full_attention"]
     if isinstance(rope, dict) and "rope_theta" in rope:
         if config.get("rope_theta") is None:
             config["rope_theta"] = rope["rope_theta"]
+        if rope.get("partial_rotary_factor") is not None and \
+                config.get("partial_rotary_factor") is None:
+            config["partial_rotary_factor"] = rope["partial_rotary_factor"]
         if config.get("rope_scaling") is None:
-            scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+            scaling = {k: v for k, v in rope.items()
+                       if k not in ("rope_theta", "partial_rotary_factor")}
             config["rope_scaling"] = scaling if scaling.get("rope_type", "default") != \
                 "default" else None
     if "dtype" in config and "torch_dtype" not in config:
