@@ -123,6 +123,17 @@ def test_override_typo_names_key(tmp_path):
     assert load_config(path, ["train.lr=0.01", "max_steps=5"]).train.lr == 0.01
 
 
+def test_switching_the_draft_source_on_the_command_line_says_how():
+    """Overrides add to the recipe's draft section, so the recipe's way needs a null."""
+    recipe = RECIPES / "smollm2-135m-instruct_to_4layer" / "fkl_topk_cpu.yaml"
+    with pytest.raises(ConfigError, match=r"draft.model and draft.derive_layers are set: set "
+                                          r"all but one to null \(e.g. draft.derive_layers=null"):
+        load_config(recipe, ["draft={model: some/draft}"])
+    cfg = load_config(recipe, ["draft={model: some/draft, derive_layers: null}"])
+    assert (cfg.draft.model, cfg.draft.derive_layers, cfg.draft.vocab_size) == (
+        "some/draft", None, 4096)  # the section's other keys stay
+
+
 def test_bad_deepspeed_json(tmp_path):
     p = tmp_path / "ds.json"
     p.write_text('{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 1}')

@@ -71,12 +71,16 @@ class DraftSection:
     def validate(self) -> None:
         if self.vocab_size is not None and self.vocab_size < 1:
             raise ConfigError(f"draft.vocab_size must be >= 1 or null, got {self.vocab_size}")
-        ways = [self.model is not None, self.derive_layers is not None,
-                self.num_layers is not None]
-        if sum(ways) != 1:
+        ways = {"model": self.model, "derive_layers": self.derive_layers,
+                "num_layers": self.num_layers}
+        given = [f"draft.{k}" for k, v in ways.items() if v is not None]
+        if len(given) != 1:
+            # an override adds to the recipe's draft section: the other way needs a null
+            also = (f"; {' and '.join(given)} are set: set all but one to null (e.g. "
+                    f"{given[-1]}=null)") if given else ""
             raise ConfigError("draft: give exactly one of draft.model (a path or spec), "
                               "draft.derive_layers (copy target layers) or draft.num_layers "
-                              "(random init)")
+                              f"(random init){also}")
         if self.num_layers is not None and self.num_layers < 1:
             raise ConfigError(f"draft.num_layers must be >= 1, got {self.num_layers}")
         if self.derive_layers == []:
