@@ -225,6 +225,8 @@ class SpeculativeEngine:
         if self.draft is None:
             k, k_max, policy = 0, 0, None
         if self.one_row_cohorts and len(prompts) > 1:  # one policy learns from every row
+            for i, p in enumerate(prompts):  # each fits, named by its index, before any runs
+                self._budget(len(p), max_new_tokens, self.context, k_max, i)
             return [self.generate([p], k=k, max_new_tokens=max_new_tokens,
                                   temperature=temperature, top_k=top_k, top_p=top_p,
                                   seed=None if seed is None else seed + i, k_max=k_max,

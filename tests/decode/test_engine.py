@@ -302,6 +302,8 @@ def test_a_sliding_window_batch_of_unequal_prompts_stays_exact(k):
     state = engine.open(2, k)
     with pytest.raises(DraftkitError, match="one row at a time"):
         engine.admit(state, prompts, SamplingParams(), 8)
+    with pytest.raises(DraftkitError, match="prompt 1 has 40 tokens"):  # before any decodes
+        engine.generate([[5, 9], list(range(40))], k=k, max_new_tokens=4)
 
 
 @pytest.mark.parametrize("fast", [True, False])

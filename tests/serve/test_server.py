@@ -450,18 +450,22 @@ def test_a_sliding_window_pair_serves_concurrent_requests_exactly(tiny_models):
         c = srv.client()
         out = [None] * 4
 
+        # prompts of unequal length, answers that run up to the window (32 - 4 - K - 2)
+        prompts = ["hello", "the sum of two", "what is the answer", "a poem about water"]
+
         def go(i):
-            out[i] = c.completions.create(model="tiny", prompt=WORDS[i], temperature=0,
-                                          max_tokens=12)
+            out[i] = c.completions.create(model="tiny", prompt=prompts[i], temperature=0,
+                                          max_tokens=22)
 
         threads = [threading.Thread(target=go, args=(i,)) for i in range(4)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(60)
-        ids = [tok(p)["input_ids"] for p in WORDS[:4]]
+        ids = [tok(p)["input_ids"] for p in prompts]
+        assert max(map(len, ids)) == 4 and min(map(len, ids)) == 1
         assert [o.choices[0].text for o in out] == [
-            text_after(tok, p, hf_greedy(target, p, 12)) for p in ids]
+            text_after(tok, p, hf_greedy(target, p, 22)) for p in ids]
     finally:
         srv.stop()
 
