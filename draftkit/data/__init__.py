@@ -161,13 +161,16 @@ def fixed_date_template(template: str) -> str:
     """``template`` with a ``strftime_now`` of its own ahead of it, which formats
     ``TRAINING_DAY``: a template's macro hides the renderer's global of the same name. The
     formats are the literal ones the template passes (transformers' sandbox turns a Python
-    callable passed in into an inert string, so the macro looks each one up in a table)."""
+    callable passed in into an inert string, so the macro looks each one up in a table); any
+    other gets today's date, as without the macro."""
     if "strftime_now" not in template:
         return template
-    table = {f: TRAINING_DAY.strftime(f) for _, f in _STRFTIME_CALL.findall(template)}
+    table = json.dumps({f: TRAINING_DAY.strftime(f) for _, f in _STRFTIME_CALL.findall(template)})
+    # a format the table lacks (a variable's) falls back to the renderer's own, today's date;
     # trim_blocks eats one newline after the macro's last tag: give it one of its own
-    return ("{%- macro strftime_now(format) -%}{{ " + json.dumps(table)
-            + "[format] }}{%- endmacro %}\n" + template)
+    return ("{%- set draftkit_strftime_now = strftime_now %}"
+            "{%- macro strftime_now(format) -%}{{ " + table + "[format] if format in " + table
+            + " else draftkit_strftime_now(format) }}{%- endmacro %}\n" + template)
 
 
 class _FixedDate:
