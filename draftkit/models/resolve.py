@@ -34,17 +34,25 @@ class ResolvedModel:
 
 
 def model_identity(ref: ResolvedModel) -> str:
-    """The folder and a fingerprint of its config and weight files (name, size, time of last
-    change), without reading gigabytes: a folder rewritten in place with other weights is
-    another model to every cache keyed by it (target answers, the teacher's top-k)."""
+    """A fingerprint of a model folder's content, for the caches keyed by it (target answers,
+    the teacher's top-k): its config.json whole, and of each weight file its name, size and
+    ten 1 MiB samples spread over it (its start, its end and between), so a folder rewritten
+    in place with other weights is another model, while a copy of it (another node's, say) is
+    the same one, without reading gigabytes."""
     import hashlib
 
     h = hashlib.sha256()
-    for f in sorted(Path(ref.path).iterdir()):
-        if f.name == "config.json" or f.suffix in (".safetensors", ".bin", ".pt", ".gguf"):
-            st = f.stat()  # follows the hub cache's symlinks to the blobs
-            h.update(f"{f.name}|{st.st_size}|{st.st_mtime_ns}|".encode())
-    return f"{ref.path}|{h.hexdigest()[:16]}"
+    for f in sorted(Path(ref.path).iterdir()):  # the hub cache's symlinks lead to the blobs
+        if f.name == "config.json":
+            h.update(b"config.json|" + f.read_bytes())
+        elif f.suffix in (".safetensors", ".bin", ".pt", ".gguf"):
+            size, chunk = f.stat().st_size, 1 << 20
+            h.update(f"|{f.name}|{size}|".encode())
+            with open(f, "rb") as fh:
+                for i in range(10):
+                    fh.seek(max(size - chunk, 0) * i // 9)
+                    h.update(fh.read(chunk))
+    return h.hexdigest()[:16]
 
 
 def resolve_model(spec: str, role: Role = "target") -> ResolvedModel:

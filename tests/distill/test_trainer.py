@@ -677,3 +677,9 @@ def test_the_caches_follow_the_targets_weights_and_dtype(tmp_path):
     assert target_id(resolve_model(str(folder)), model.to(torch.bfloat16)) != first
     save_model(make_llama(len(tok), seed=123), tok, folder)
     assert target_id(resolve_model(str(folder)), model.float()) != first
+    # a copy elsewhere (another node's) is the same target: its caches are shared
+    import shutil
+
+    copy = shutil.copytree(folder, tmp_path / "copy")
+    assert target_id(resolve_model(str(copy)), model) == target_id(resolve_model(str(folder)),
+                                                                   model)
