@@ -67,11 +67,15 @@ def init_distributed(device: str) -> Dist:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return Dist()
+    import torch
     import torch.distributed as td
 
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if not td.is_initialized():
+        if device.startswith("cuda"):
+            torch.cuda.set_device(local_rank)  # else NCCL's barrier guesses the device
         td.init_process_group("nccl" if device.startswith("cuda") else "gloo")
-    return Dist(td.get_rank(), td.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+    return Dist(td.get_rank(), td.get_world_size(), local_rank)
 
 
 def barrier(dist: Dist) -> None:
@@ -87,7 +91,9 @@ def all_reduce_mean(value: float, dist: Dist) -> float:
     import torch
     import torch.distributed as td
 
-    t = torch.tensor([value], dtype=torch.float64)
+    # NCCL takes CUDA tensors only ("No backend type associated with device type cpu")
+    on = f"cuda:{torch.cuda.current_device()}" if td.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([value], dtype=torch.float64, device=on)
     td.all_reduce(t)
     return float(t.item()) / dist.world_size
 
