@@ -2,6 +2,8 @@
 
 Everything draftkit writes goes to a temporary sibling first and is renamed into place:
 ``os.replace`` is atomic on POSIX, so readers see the old file or the new one, never a mix.
+The data is synced before the rename and the folder after it, so a power cut or a host crash
+(not only a killed process) cannot leave a renamed file whose content never reached the disk.
 """
 
 from __future__ import annotations
@@ -32,10 +34,32 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_dir(path.parent)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def fsync_dir(folder: Path) -> None:
+    """Sync a folder's entries: a rename into it reaches the disk only then."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(folder: Path) -> None:
+    """Sync every file under ``folder``, then every folder, deepest first."""
+    for root, dirs, files in os.walk(folder, topdown=False):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(root))
 
 
 def atomic_write_json(path: Path, obj) -> None:
@@ -72,15 +96,18 @@ def atomic_dir(path: Path, overwrite: bool = False) -> Iterator[Path]:
     # from a serving process of another user
     try:
         yield tmp
+        fsync_tree(tmp)  # its content on disk before the name points at it
         if path.exists():
             if not overwrite:
                 raise FileExistsError(path)
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             os.replace(path, old)
             os.replace(tmp, path)
+            fsync_dir(path.parent)
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, path)
+            fsync_dir(path.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from draftkit.errors import DraftkitError
-from draftkit.io import atomic_dir, atomic_write_json, atomic_write_text, sha256_file
+from draftkit.io import (atomic_dir, atomic_write_json, atomic_write_text, fsync_dir,
+                         fsync_tree, sha256_file)
 
 
 def trainable_state(model: Any) -> dict[str, torch.Tensor]:
@@ -151,12 +152,14 @@ def save_deepspeed_checkpoint(engine: Any, root: Path, step: int, extra: dict, k
     td.barrier()
     engine.save_checkpoint(str(tmp), tag="state", client_state={"step": step, **extra})
     torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
+    fsync_tree(tmp)  # every rank: its shards on disk before the folder is renamed into place
     td.barrier()
     if rank == 0:
         atomic_write_json(tmp / "manifest.json", {"step": step, "kind": "deepspeed"})
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+        fsync_dir(root)
         for old in list_checkpoints(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     td.barrier()

@@ -233,6 +233,7 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
         bar = tqdm(total=cfg.max_steps, initial=run.step, desc="distill", unit="step",
                    dynamic_ncols=True)
     end = cfg.max_steps if stop_after is None else min(cfg.max_steps, stop_after)
+    trains = run.step < end  # a rerun of a finished run trains nothing and reports nothing
     tokens_seen, t0, loss_value, tok_s = 0, time.perf_counter(), None, 0.0
     try:
         while run.step < end:
@@ -246,7 +247,7 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
                     step % cfg.eval.every == 0, step % cfg.train.checkpoint_every == 0)),
                     dist) > 0:
                 end = step  # evaluate and checkpoint now, while they fit, then stop
-            tok_s = tokens_seen * dist.world_size / max(1e-9, time.perf_counter() - t0)
+            tok_s = tokens_seen / max(1e-9, time.perf_counter() - t0)  # all ranks together
             if dist.is_main and step % cfg.train.log_every == 0:
                 run.tracker.log({"loss": loss_value, "lr": run.lr,
                                  "tokens_per_s": tok_s}, step=step)
@@ -261,7 +262,8 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
                 bar.update(1)
         if bar is not None:
             bar.close()
-        if dist.is_main and run.step == end and stop_after is None and (out / "best").is_dir():
+        if dist.is_main and trains and run.step == end and stop_after is None and \
+                (out / "best").is_dir():
             if run.step < cfg.max_steps:
                 print(f"stopped at step {run.step} of {cfg.max_steps}: max_minutes="
                       f"{cfg.max_minutes:g} ran out", flush=True)
@@ -372,6 +374,7 @@ class _Run:
         self._follow_recipe(state.get("optimizer_settings", {}))
         # minutes in metrics.jsonl count every run of this out_dir, not just this one
         self.prior_minutes = state.get("minutes", 0.0)
+        self.seconds.update(state.get("seconds") or {})
         if dist.is_main:
             _truncate_metrics(self.out / "metrics.jsonl", self.step)
             print(f"resuming from {found[-1]} (step {self.step})", flush=True)
@@ -406,13 +409,14 @@ class _Run:
 
     def train_step(self) -> tuple[float, int]:
         """One optimizer step over ``grad_accum`` micro-batches on every rank; (loss, trained
-        tokens). The loss is the mean over all the step's trained tokens, as one large batch
-        would give: each micro-batch weighs by its tokens, not equally."""
+        tokens of all ranks). The loss is the mean over all the step's trained tokens, as one
+        large batch would give: each micro-batch weighs by its tokens, not equally."""
         cfg, dist, accum = self.cfg, self.dist, self.cfg.train.grad_accum
         self.lr = self.optimizer.param_groups[0]["lr"]  # before the scheduler moves it on
         batches = [self._micro_batch(self.step * accum + micro) for micro in range(accum)]
         local = sum(int(rows.loss_mask[idx].sum()) for rows, idx, _ in batches)
-        step_tokens = max(all_reduce_mean(float(local), dist) * dist.world_size, 1.0)
+        trained = round(all_reduce_mean(float(local), dist) * dist.world_size)  # every rank's
+        step_tokens = max(float(trained), 1.0)
         total = 0.0
         for micro, (rows, idx, source) in enumerate(batches):
             sync = contextlib.nullcontext()
@@ -442,7 +446,7 @@ class _Run:
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        return total, local
+        return total, trained
 
     def _micro_batch(self, m: int) -> tuple[Rows, torch.Tensor, Any]:
         """Micro-batch ``m`` of this rank: (rows, their indices, the teacher that scores them).
@@ -491,7 +495,9 @@ class _Run:
         extra = {"best_alpha": self.best_alpha, "last_alpha": self.last_alpha,
                  "data_key": self.data_key, "batching": self.batching,
                  "optimizer_settings": self.optimizer_settings(),
-                 "minutes": self.minutes()}
+                 "minutes": self.minutes(),
+                 # max_minutes' estimates: a resume skips the step-0 evaluation that measures them
+                 "seconds": dict(self.seconds)}
         if self.engine is not None:
             ckpt.save_deepspeed_checkpoint(self.engine, self.ckpt_dir, self.step, extra, keep,
                                            self.dist.rank)

@@ -549,6 +549,11 @@ def test_max_minutes_leaves_time_for_the_last_evaluation(tmp_path, tiny_dirs, mo
     assert [r["step"] for r in rows] == [0, 2]
     assert rows[-1]["minutes"] <= 1.5
     assert (tmp_path / "run" / "checkpoints" / "step-0000002").is_dir()
+    # a resume skips the step-0 evaluation that measured what an evaluation costs: the
+    # checkpoint carries it, so a 60 s budget does not run on to 90 s
+    start = clock[0]
+    trainer.train(_cfg(tmp_path, tiny_dirs, max_steps=20, max_minutes=1.0), progress=False)
+    assert clock[0] - start <= 60.0
 
 
 def test_prepare_builds_the_answers_and_cache_a_run_then_only_reads(tmp_path, tiny_dirs,
@@ -683,3 +688,64 @@ def test_the_caches_follow_the_targets_weights_and_dtype(tmp_path):
     copy = shutil.copytree(folder, tmp_path / "copy")
     assert target_id(resolve_model(str(copy)), model) == target_id(resolve_model(str(folder)),
                                                                    model)
+
+
+def test_rerunning_a_finished_run_reports_nothing_to_its_wandb_run(tmp_path, tiny_dirs,
+                                                                   monkeypatch):
+    """Nothing to train: it wrote tokens_per_s 0 over the run's summary and logged best/ as
+    a new artifact version of the same W&B run."""
+    import draftkit.tracking as tracking
+    from draftkit.distill.trainer import train
+
+    calls = []
+
+    class Fake:
+        def __init__(self, *a, **k):
+            pass
+
+        def log(self, *a, **k):
+            pass
+
+        def summary(self, values):
+            calls.append(("summary", values))
+
+        def log_artifact(self, *a, **k):
+            calls.append(("artifact", a))
+
+        def finish(self):
+            pass
+
+    monkeypatch.setattr(tracking, "Tracker", Fake)
+    train(_cfg(tmp_path, tiny_dirs, max_steps=2), progress=False)
+    assert [c[0] for c in calls] == ["summary", "artifact"] and calls[0][1]["tokens_per_s"] > 0
+    calls.clear()
+    train(_cfg(tmp_path, tiny_dirs, max_steps=2), progress=False)
+    assert calls == []
+
+
+def test_a_checkpoint_is_on_disk_before_its_name_points_at_it(tmp_path, monkeypatch):
+    """After a power cut the renamed folder and its manifest could reach the disk before
+    state.pt's data did, and the next start would call the newest checkpoint corrupted."""
+    import os
+
+    from draftkit.distill import checkpoint as ckpt
+    from draftkit.distill.schedule import warmup_cosine
+    from tests.tiny import make_llama
+
+    synced, real = set(), os.fsync
+
+    def spy(fd):
+        st = os.fstat(fd)
+        synced.add((st.st_dev, st.st_ino))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    model = make_llama(40, num_layers=1)
+    opt = torch.optim.AdamW(model.parameters())
+    path = ckpt.save_checkpoint(tmp_path / "checkpoints", 1, model, opt,
+                                warmup_cosine(opt, 1, 4, 0.1), {}, keep=2)
+
+    def inode(p):
+        return os.stat(p).st_dev, os.stat(p).st_ino
+    assert inode(path / "state.pt") in synced and inode(path) in synced
+    assert inode(path.parent) in synced  # the rename
