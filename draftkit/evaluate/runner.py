@@ -3,9 +3,10 @@
 For each domain, every prompt is decoded by the same engine with K = 0 (plain decoding, the
 baseline) and with speculation, interleaved prompt by prompt, alternating which goes first, and
 repeated, after one untimed decode of each; tokens per second are medians over repeats.
-Acceptance (alpha, alpha_i, tau), the draft cost c and the verify inflation v come from the engine's per-round statistics; the predicted speedup comes from
-those through :mod:`draftkit.metrics`, so the gap between predicted and measured is the
-per-round overhead the model does not explain, which the report states.
+Acceptance (alpha, alpha_i, tau), the draft cost c and the verify inflation v come from the
+engine's per-round statistics; the predicted speedup comes from those through
+:mod:`draftkit.metrics`, so the gap between predicted and measured is the per-round overhead
+the model does not explain, which the report states.
 
 Two sweeps show where speculation stops paying: K (predicted from the measured alpha_i and
 v(K) for every K, measured on a few prompts per domain for the K listed) and batch size
