@@ -61,7 +61,9 @@ class DraftSection:
     hidden_size: int | None = option(None, help="random-init draft with this hidden size")
     intermediate_size: int | None = option(None, help="random-init draft with this MLP size")
     freeze: list[str] = option([], help="parts kept frozen: 'embeddings', 'head', 'norm', or any "
-                                        "parameter-name substring such as 'layers.0.'")
+                                        "parameter-name substring such as 'layers.0.'; a draft "
+                                        "that ties its head to its embeddings (SmolLM2) freezes "
+                                        "both with either")
     lora: LoraSection = section(LoraSection, "LoRA adapters through peft")
     vocab_size: int | None = option(None, help="decode with the draft's head cut to the N tokens "
                                                "the target emits most in the training data "
