@@ -34,16 +34,17 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        fsync_dir(path.parent)
+        fsync_path(path.parent)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
 
 
-def fsync_dir(folder: Path) -> None:
-    """Sync a folder's entries: a rename into it reaches the disk only then."""
-    fd = os.open(folder, os.O_RDONLY)
+def fsync_path(path: Path | str) -> None:
+    """Sync a file's data, or a folder's entries (a rename into it reaches the disk only
+    then)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -52,14 +53,10 @@ def fsync_dir(folder: Path) -> None:
 
 def fsync_tree(folder: Path) -> None:
     """Sync every file under ``folder``, then every folder, deepest first."""
-    for root, dirs, files in os.walk(folder, topdown=False):
+    for root, _, files in os.walk(folder, topdown=False):
         for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(Path(root))
+            fsync_path(os.path.join(root, name))
+        fsync_path(root)
 
 
 def atomic_write_json(path: Path, obj) -> None:
@@ -103,11 +100,10 @@ def atomic_dir(path: Path, overwrite: bool = False) -> Iterator[Path]:
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             os.replace(path, old)
             os.replace(tmp, path)
-            fsync_dir(path.parent)
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, path)
-            fsync_dir(path.parent)
+        fsync_path(path.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

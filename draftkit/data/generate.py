@@ -93,6 +93,7 @@ def generate_responses(model: Any, tokenizer: Any, prompts: list[list[int]], pat
     todo.sort(key=lambda i: -len(prompts[i]))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else \
         tokenizer.eos_token_id
+    stop_ids = answer_stop_ids(model, tokenizer)
     bar = None
     if progress and todo:
         from tqdm import tqdm
@@ -103,7 +104,7 @@ def generate_responses(model: Any, tokenizer: Any, prompts: list[list[int]], pat
         seeds = [prompt_seed(seed, keys[i]) for i in batch] if temperature > 0 else None
         answers = generate_responses_in_memory(model, [prompts[i] for i in batch],
                                                max_new_tokens, temperature, pad_id,
-                                               answer_stop_ids(model, tokenizer), seeds)
+                                               stop_ids, seeds)
         for i, new in zip(batch, answers):
             done[keys[i]] = new
             append_jsonl(path, {"key": keys[i], "response_ids": new})

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Literal
 
 from draftkit.decode.runners import (decoding_context, make_runner, sliding_window,
-                                     stop_token_ids, text_config)
+                                     stop_token_ids, text_config, token_ids)
 from draftkit.decode.sampling import Generators, SamplingParams, row_probabilities, sample
 from draftkit.decode.stats import DecodeStats, RoundStats
 from draftkit.decode.verify import verify_greedy, verify_sampled
@@ -186,11 +186,8 @@ class SpeculativeEngine:
         self.target = make_runner(target_model, fast_path)
         self.draft = make_runner(draft_model, fast_path) if draft_model is not None else None
         self.device = next(target_model.parameters()).device
-        if eos_token_id == "auto":
-            eos_token_id = stop_token_ids(target_model)
-        ids = eos_token_id if isinstance(eos_token_id, (list, tuple)) else (
-            [] if eos_token_id is None else [eos_token_id])
-        self.eos = set(int(i) for i in ids)
+        self.eos = set(stop_token_ids(target_model) if eos_token_id == "auto"
+                       else token_ids(eos_token_id))
         self.context = decoding_context(target_model, draft_model)
         # slots (admit at any round) need runners that can write a subset of cache rows
         self.slotted = self.target.supports_rows and (

@@ -45,6 +45,12 @@ def context_window(model) -> int | None:
     return getattr(text_config(model), "max_position_embeddings", None)
 
 
+def token_ids(ids: int | list[int] | tuple[int, ...] | None) -> list[int]:
+    """An eos setting as HF configs write it (one id, a list, or none) as a sorted id list."""
+    ids = ids if isinstance(ids, (list, tuple)) else ([] if ids is None else [ids])
+    return sorted({int(i) for i in ids})
+
+
 def stop_token_ids(model) -> list[int]:
     """The tokens a model's turn ends with, as its generation config lists them (Gemma and
     Llama 3 list their end-of-turn token beside the tokenizer's eos), else its config's."""
@@ -52,8 +58,7 @@ def stop_token_ids(model) -> list[int]:
     ids = getattr(gen, "eos_token_id", None) if gen is not None else None
     if ids is None:
         ids = getattr(text_config(model), "eos_token_id", None)
-    ids = ids if isinstance(ids, (list, tuple)) else ([] if ids is None else [ids])
-    return sorted({int(i) for i in ids})
+    return token_ids(ids)
 
 
 def sliding_window(model) -> int | None:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from draftkit.errors import DraftkitError
-from draftkit.io import (atomic_dir, atomic_write_json, atomic_write_text, fsync_dir,
+from draftkit.io import (atomic_dir, atomic_write_json, atomic_write_text, fsync_path,
                          fsync_tree, sha256_file)
 
 
@@ -159,7 +159,7 @@ def save_deepspeed_checkpoint(engine: Any, root: Path, step: int, extra: dict, k
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        fsync_dir(root)
+        fsync_path(root)
         for old in list_checkpoints(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     td.barrier()

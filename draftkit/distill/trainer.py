@@ -627,11 +627,10 @@ def _rows(cfg: DistillConfig, tokenizer: Any, target: Any, target_ref: Any, dist
     g = cfg.data.generate
     gen_dir = Path(g.cache_dir) if g.cache_dir else default_generation_dir()
 
-    stop_ids = answer_stop_ids(target, tokenizer)
+    stop_ids, key = answer_stop_ids(target, tokenizer), target_id(target_ref, target)
 
     def generate(prompts, temperature, seed):
-        path = cache_file(gen_dir, target_id(target_ref, target), g.max_new_tokens, temperature,
-                          seed, stop_ids)
+        path = cache_file(gen_dir, key, g.max_new_tokens, temperature, seed, stop_ids)
         return generate_responses(target, tokenizer, prompts, path, g.max_new_tokens,
                                   g.batch_size, temperature, seed,
                                   progress=progress and dist.is_main)

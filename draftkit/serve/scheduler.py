@@ -238,7 +238,7 @@ class Scheduler:
         row = st.rows[slot]
         rounds = max(row.target_calls - 1, 0)  # the prefill is not a round
         spec = {"drafted": row.drafted, "accepted": row.accepted,
-                "tau": round((len(out) - 1) / rounds, 4) if rounds else 0.0,  # as Result.tau
+                "tau": round(st.result(slot).tau, 4),
                 "alpha": round(row.alpha, 4), "k": round(row.drafted / rounds, 4) if rounds
                 else 0.0, "target_calls": row.target_calls}
         self.engine.release(st, slot)

@@ -38,6 +38,24 @@ def metric(base: str, name: str, **labels) -> float:
     return total
 
 
+def concurrent_greedy(client, prompts: list[str], max_tokens) -> list:
+    """Greedy completions of ``prompts``, all sent at once (a thread each); ``max_tokens``: one
+    budget for all, or one per prompt."""
+    budgets = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+    out: list = [None] * len(prompts)
+
+    def go(i):
+        out[i] = client.completions.create(model="tiny", prompt=prompts[i], temperature=0,
+                                           max_tokens=budgets[i])
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out
+
+
 def test_completion_and_chat(server):
     c = server.client()
     r = c.completions.create(model="tiny", prompt="hello world", max_tokens=8, temperature=0)
@@ -115,17 +133,7 @@ def test_concurrent_greedy_equals_offline(tiny_models):
         c = srv.client()
         prompts = [f"{WORDS[i % 8]} {i % 10}" for i in range(32)]
         budgets = [6 + (i * 7) % 20 for i in range(32)]
-        out: list = [None] * 32
-
-        def go(i):
-            out[i] = c.completions.create(model="tiny", prompt=prompts[i], temperature=0,
-                                          max_tokens=budgets[i])
-
-        threads = [threading.Thread(target=go, args=(i,)) for i in range(32)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        out = concurrent_greedy(c, prompts, budgets)
         ids = [tok(p)["input_ids"] for p in prompts]
         for i, ref in enumerate(offline(tiny_models, ids, max(budgets))):
             toks = ref.tokens[:budgets[i]]
@@ -416,17 +424,7 @@ def test_general_runner_serves_in_cohorts(tiny_models):
     try:
         c = srv.client()
         prompts = WORDS[:6]
-        out = [None] * 6
-
-        def go(i):
-            out[i] = c.completions.create(model="tiny", prompt=prompts[i], temperature=0,
-                                          max_tokens=10)
-
-        threads = [threading.Thread(target=go, args=(i,)) for i in range(6)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        out = concurrent_greedy(c, prompts, 10)
         ids = [tok(p)["input_ids"] for p in prompts]
         refs = offline(tiny_models, ids, 10)
         assert [o.choices[0].text for o in out] == [
@@ -447,21 +445,9 @@ def test_a_sliding_window_pair_serves_concurrent_requests_exactly(tiny_models):
     srv = start_server((tok, target, noisy_copy(target)), k=2, max_batch=4)
     try:
         assert srv.scheduler.engine.one_row_cohorts
-        c = srv.client()
-        out = [None] * 4
-
         # prompts of unequal length, answers that run up to the window (32 - 4 - K - 2)
         prompts = ["hello", "the sum of two", "what is the answer", "a poem about water"]
-
-        def go(i):
-            out[i] = c.completions.create(model="tiny", prompt=prompts[i], temperature=0,
-                                          max_tokens=22)
-
-        threads = [threading.Thread(target=go, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        out = concurrent_greedy(srv.client(), prompts, 22)
         ids = [tok(p)["input_ids"] for p in prompts]
         assert max(map(len, ids)) == 4 and min(map(len, ids)) == 1
         assert [o.choices[0].text for o in out] == [
