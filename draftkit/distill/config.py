@@ -214,10 +214,20 @@ class LossSection:
                     "ce: cross-entropy on the same tokens without the teacher (the control)")
     temperature: float = option(1.0, help="softmax temperature applied to both models' logits")
     beta: float = option(0.5, help="JSD interpolation weight, strictly between 0 and 1")
+    hidden_weight: float = option(
+        0.0, help="weight of a second term for a draft derived with a gap in its layers (draft."
+                  "derive_layers [0, 1, 2, 29]): the stream entering each layer after a gap "
+                  "matched to the target's entering that layer, as that layer's input norm "
+                  "sees it; 0: logits only")
 
     def validate(self) -> None:
         if self.temperature <= 0:
             raise ConfigError(f"loss.temperature must be positive, got {self.temperature}")
+        if self.hidden_weight < 0:
+            raise ConfigError(f"loss.hidden_weight must be 0 or more, got {self.hidden_weight}")
+        if self.hidden_weight > 0 and self.divergence == "ce":
+            raise ConfigError("loss.hidden_weight reads the target, which the ce control must "
+                              "not; set loss.hidden_weight=0 for the control")
         if self.divergence == "jsd" and not 0.0 < self.beta < 1.0:
             raise ConfigError(f"loss.beta must be strictly between 0 and 1 for jsd, "
                               f"got {self.beta}")
@@ -339,4 +349,13 @@ class DistillConfig:
             raise ConfigError(f"max_steps must be at least 1, got {self.max_steps}")
         if not self.out_dir.strip():
             raise ConfigError("out_dir is empty; give a run folder")
+        if self.loss.hidden_weight > 0:
+            from draftkit.distill.hidden import junctions
+
+            layers = self.draft.derive_layers
+            if not junctions(layers or []):
+                which = f"draft.derive_layers {layers}" if layers else "this draft"
+                raise ConfigError(f"loss.hidden_weight needs draft.derive_layers with a gap "
+                                  f"between two kept layers, such as [0, 1, 2, 29]; {which} "
+                                  f"has none. Set loss.hidden_weight=0")
 

@@ -6,6 +6,7 @@ position, so the same function serves a dense teacher (last dim V) and a top-k s
 
 - :func:`dense_logprobs`: both models at ``temperature`` over the full vocabulary.
 - :func:`sparse_logprobs`: the draft collapsed onto the teacher's top-k ids plus a tail bucket.
+- :func:`hidden_distance`: the draft's hidden states against the target's (loss.hidden_weight).
 - :func:`masked_mean`: the loss over response tokens only.
 
 DistillSpec (Zhou et al. 2023, arXiv 2310.08461) compares these divergences for draft
@@ -117,6 +118,19 @@ def next_token_ce(logits: Tensor, labels: Tensor) -> Tensor:
     if labels.numel() == 0:
         return logits.sum() * 0.0
     return F.cross_entropy(logits.float(), labels)
+
+
+def hidden_distance(draft_h: Tensor, target_h: Tensor) -> Tensor:
+    """Squared error between the draft's and the target's hidden states, relative to the
+    target's: sum_i (h_i - t_i)^2 / sum_i t_i^2 per stream (draftkit/distill/hidden.py).
+
+    TinyBERT (Jiao et al. 2020, arXiv 1909.10351) fits the student's hidden states to the
+    teacher's with a squared error; dividing by the target's size keeps the weight's meaning
+    the same at any depth and width. draft_h, target_h: (..., H) -> (...,)
+    """
+    target_h = target_h.float()
+    err = (draft_h.float() - target_h).pow(2).sum(-1)
+    return err / target_h.pow(2).sum(-1).clamp(min=1e-12)
 
 
 def masked_mean(per_token: Tensor, mask: Tensor) -> Tensor:

@@ -8,8 +8,9 @@
   for the mass outside the top k (see :func:`draftkit.distill.losses.sparse_logprobs`).
 
 Only positions with a loss (``loss_mask``) are stored, in row order, so the cache costs
-``top_k * 6`` bytes per trained token; a building run killed mid-way resumes from the last
-finished batch.
+``top_k * 6`` bytes per trained token, plus ``2 * hidden_size`` per tap when
+``loss.hidden_weight`` matches hidden states too (draftkit/distill/hidden.py); a building run
+killed mid-way resumes from the last finished batch.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from draftkit.data import Rows, positions
+from draftkit.distill.hidden import Tap, tapped
 from draftkit.distill.losses import dense_logprobs
 from draftkit.errors import DraftkitError
 from draftkit.io import atomic_write_json
@@ -31,21 +33,26 @@ from draftkit.io import atomic_write_json
 class MaskedLM(torch.nn.Module):
     """Logits only where the loss is taken: the LM head over a large vocabulary is most of a
     small draft's cost, and prompt positions need none. Wrapping the model keeps DDP's hooks.
+
+    ``taps``: hidden states to return beside the logits (draftkit/distill/hidden.py).
     """
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, taps: list[Tap] | None = None):
         super().__init__()
         self.model = model
+        self.taps = tuple(taps or ())  # a tuple: the frozen norms stay out of the parameters
 
     def forward(self, input_ids: torch.Tensor, mask: torch.Tensor,
-                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+                position_ids: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         # input_ids, mask, position_ids: (B, T) -> logits (N, V) at the N positions where mask
-        # is true. Positions restarting inside a row keep packed examples apart (data/pack.py).
-        decoder = self.model.get_decoder()
-        hidden = decoder(input_ids=input_ids, position_ids=position_ids,
-                         use_cache=False).last_hidden_state  # (B, T, H); no cache: see pack.py
-        logits = self.model.get_output_embeddings()(hidden[mask])  # (N, V)
-        return final_logits(self.model, logits)
+        # is true, and the tapped streams there (N, P, H) or None. Positions restarting inside
+        # a row keep packed examples apart (data/pack.py).
+        out = self.model.get_decoder()(input_ids=input_ids, position_ids=position_ids,
+                                       use_cache=False,  # no cache: see pack.py
+                                       output_hidden_states=bool(self.taps))
+        logits = self.model.get_output_embeddings()(out.last_hidden_state[mask])  # (N, V)
+        return final_logits(self.model, logits), tapped(out.hidden_states, mask, list(self.taps))
 
 
 def final_logits(model: Any, logits: torch.Tensor) -> torch.Tensor:
@@ -66,23 +73,35 @@ def final_logits(model: Any, logits: torch.Tensor) -> torch.Tensor:
     return logits
 
 
+class TeacherOut(NamedTuple):
+    """The target at the trained positions of a batch, N of them."""
+
+    logp: torch.Tensor  # (N, V) dense log-probs, or (N, k) those of the top-k ids
+    ids: torch.Tensor | None  # (N, k) the top-k ids; None for a dense teacher
+    hidden: torch.Tensor | None  # (N, P, H) the normed streams at the taps; None for no taps
+
+
 class OnlineTeacher:
     """Log-probabilities of the target at ``temperature``, computed each step."""
 
-    def __init__(self, model: Any, temperature: float):
-        self.lm = MaskedLM(model)
+    def __init__(self, model: Any, temperature: float, taps: list[Tap] | None = None):
+        self.lm = MaskedLM(model, taps)
         self.temperature = temperature
 
     @torch.no_grad()
     def __call__(self, rows_idx: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor,
-                 position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
-        """(p_logp (N, V), None): dense log-probs at the masked positions."""
-        return dense_logprobs(self.lm(input_ids, mask, position_ids), self.temperature), None
+                 position_ids: torch.Tensor | None = None) -> TeacherOut:
+        """Dense log-probs at the masked positions (and the tapped streams)."""
+        logits, hidden = self.lm(input_ids, mask, position_ids)
+        return TeacherOut(dense_logprobs(logits, self.temperature), None, hidden)
 
 
-def cache_key(target_id: str, rows: Rows, top_k: int, temperature: float) -> str:
+def cache_key(target_id: str, rows: Rows, top_k: int, temperature: float,
+              hidden_layers: list[int] | None = None) -> str:
     h = hashlib.sha256()
     h.update(f"{target_id}|{top_k}|{temperature}|v2".encode())
+    if hidden_layers:  # caches without hidden states keep their earlier keys
+        h.update(f"|hidden{list(hidden_layers)}".encode())
     h.update(rows.input_ids.numpy().tobytes())
     h.update(rows.loss_mask.numpy().tobytes())
     h.update(positions(rows, slice(None)).numpy().tobytes())
@@ -90,11 +109,14 @@ def cache_key(target_id: str, rows: Rows, top_k: int, temperature: float) -> str
 
 
 class TopKCache:
-    """Top-k teacher log-probs of every trained position of ``rows``, on disk."""
+    """Top-k teacher log-probs of every trained position of ``rows``, on disk; with ``taps``,
+    the target's normed streams there too (``hidden_size`` wide, float16)."""
 
-    def __init__(self, directory: Path, rows: Rows, top_k: int, temperature: float, key: str):
+    def __init__(self, directory: Path, rows: Rows, top_k: int, temperature: float, key: str,
+                 taps: list[Tap] | None = None, hidden_size: int = 0):
         self.dir = Path(directory)
         self.top_k, self.temperature, self.key = top_k, temperature, key
+        self.taps, self.hidden_size = list(taps or ()), hidden_size
         counts = rows.loss_mask.sum(1)  # trained positions per row
         # offsets[i]: where row i's positions start in the flat position arrays
         self.offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
@@ -104,21 +126,23 @@ class TopKCache:
 
     # --- building ---------------------------------------------------------------------------
 
-    def _arrays(self, mode: str):
-        shape = (max(1, self.n_positions), self.top_k)
-        files = {"logp.f16": np.float16, "ids.i32": np.int32}
+    def _arrays(self, mode: str) -> dict[str, np.memmap]:
+        n = max(1, self.n_positions)
+        files = {"logp.f16": (np.float16, (n, self.top_k)), "ids.i32": (np.int32, (n, self.top_k))}
+        if self.taps:
+            files["hidden.f16"] = (np.float16, (n, len(self.taps), self.hidden_size))
         if mode != "w+":  # files of an earlier build: a truncated one would fail deep in mmap
-            for name, dtype in files.items():
+            for name, (dtype, shape) in files.items():
                 path = self.dir / name
-                want = shape[0] * shape[1] * np.dtype(dtype).itemsize
+                want = int(np.prod(shape)) * np.dtype(dtype).itemsize
                 have = path.stat().st_size if path.is_file() else None
                 if have != want:
                     raise DraftkitError(
                         f"teacher cache {self.dir} is damaged ({name} has "
                         f"{'no file' if have is None else f'{have} bytes'}, expected {want}); "
                         f"delete {self.dir} and rerun to rebuild it")
-        return tuple(np.memmap(self.dir / name, dtype=dtype, mode=mode, shape=shape)
-                     for name, dtype in files.items())
+        return {name: np.memmap(self.dir / name, dtype=dtype, mode=mode, shape=shape)
+                for name, (dtype, shape) in files.items()}
 
     def filled_rows(self) -> int:
         if not self.meta_path.is_file():
@@ -138,9 +162,9 @@ class TopKCache:
         start = self.filled_rows()
         if start >= self.n_rows:
             return
-        lm = MaskedLM(model)
+        lm = MaskedLM(model, self.taps)
         dev = next(model.parameters()).device  # the rows live on the CPU, beside the files
-        logp_mm, ids_mm = self._arrays("r+" if start > 0 else "w+")
+        arrays = self._arrays("r+" if start > 0 else "w+")
         bar = None
         if progress:
             from tqdm import tqdm
@@ -152,15 +176,17 @@ class TopKCache:
             mask = rows.loss_mask[b:e]
             if mask.any():
                 with torch.no_grad():
-                    logits = lm(rows.input_ids[b:e].to(dev), mask.to(dev),
-                                positions(rows, slice(b, e)).to(dev))
+                    logits, hidden = lm(rows.input_ids[b:e].to(dev), mask.to(dev),
+                                        positions(rows, slice(b, e)).to(dev))
                     p_logp = dense_logprobs(logits, self.temperature)
                     top = p_logp.topk(self.top_k, dim=-1)  # (N, k)
                 lo, hi = int(self.offsets[b]), int(self.offsets[e])
-                logp_mm[lo:hi] = top.values.to(torch.float16).cpu().numpy()
-                ids_mm[lo:hi] = top.indices.to(torch.int32).cpu().numpy()
-                logp_mm.flush()
-                ids_mm.flush()
+                arrays["logp.f16"][lo:hi] = top.values.to(torch.float16).cpu().numpy()
+                arrays["ids.i32"][lo:hi] = top.indices.to(torch.int32).cpu().numpy()
+                if hidden is not None:
+                    arrays["hidden.f16"][lo:hi] = hidden.to(torch.float16).cpu().numpy()
+                for array in arrays.values():
+                    array.flush()
             self._write_meta(e)  # only after the data is on disk
             if bar is not None:
                 bar.update(e - b)
@@ -175,8 +201,9 @@ class TopKCache:
 
     @property
     def bytes_per_token(self) -> float:
-        """Disk bytes per trained token: float16 log-prob + int32 id per kept entry."""
-        return self.top_k * (2 + 4)
+        """Disk bytes per trained token: float16 log-prob + int32 id per kept entry, and a
+        float16 stream per tap."""
+        return self.top_k * (2 + 4) + len(self.taps) * self.hidden_size * 2
 
     @property
     def total_bytes(self) -> int:
@@ -187,20 +214,25 @@ class TopKCache:
     def open(self) -> "TopKCache":
         if self.filled_rows() < self.n_rows:
             raise DraftkitError(f"teacher cache {self.dir} is incomplete; rerun to finish it")
-        self._logp, self._ids = self._arrays("r")
+        self._arrays_r = self._arrays("r")
         return self
 
     def __call__(self, rows_idx: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor,
-                 position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(p_logp_topk (N, k), ids (N, k)) for the masked positions of rows ``rows_idx``.
+                 position_ids: torch.Tensor | None = None) -> TeacherOut:
+        """Top-k log-probs (N, k), their ids and the tapped streams (N, P, H) for the masked
+        positions of rows ``rows_idx``.
 
         The positions come out in the same order as ``tensor[mask]`` (row-major), since each
         row's trained positions were stored in order.
         """
         spans = [np.arange(int(self.offsets[i]), int(self.offsets[i + 1])) for i in rows_idx]
         flat = np.concatenate(spans) if spans else np.zeros(0, dtype=np.int64)
-        return (torch.from_numpy(np.asarray(self._logp[flat], dtype=np.float32)),
-                torch.from_numpy(np.asarray(self._ids[flat], dtype=np.int64)))
+        read = self._arrays_r
+
+        def tensor(name: str, dtype: Any) -> torch.Tensor:
+            return torch.from_numpy(np.asarray(read[name][flat], dtype=dtype))
+        return TeacherOut(tensor("logp.f16", np.float32), tensor("ids.i32", np.int64),
+                          tensor("hidden.f16", np.float32) if self.taps else None)
 
 
 def default_cache_dir(key: str) -> Path:

@@ -33,7 +33,8 @@ from draftkit.distill import checkpoint as ckpt
 from draftkit.distill.config import DistillConfig
 from draftkit.distill.distributed import (Dist, all_reduce_mean, barrier, deepspeed_engine,
                                           gathered, init_distributed, zero_stage)
-from draftkit.distill.losses import dense_logprobs, divergence, next_token_ce, sparse_logprobs
+from draftkit.distill.losses import (dense_logprobs, divergence, hidden_distance,
+                                     next_token_ce, sparse_logprobs)
 from draftkit.distill.schedule import warmup_cosine
 from draftkit.distill.teacher import (MaskedLM, OnlineTeacher, TopKCache, cache_key,
                                       default_cache_dir)
@@ -161,26 +162,33 @@ def batch_rows(micro_step: int, n_rows: int, batch_size: int, seed: int, rank: i
 
 def micro_loss(student: Any, teacher: Any, rows: Rows, idx: torch.Tensor, cfg: DistillConfig,
                autocast: Any) -> tuple[torch.Tensor, int]:
-    """Divergence over the response positions of rows ``idx``; (loss, positions)."""
+    """Divergence over the response positions of rows ``idx``, plus ``loss.hidden_weight``
+    times the hidden-state term where the student has taps; (loss, positions)."""
     ids = rows.input_ids[idx]  # (B, T)
     mask = rows.loss_mask[idx]  # (B, T)
     device = next(student.parameters()).device
     ids, mask, pos = ids.to(device), mask.to(device), positions(rows, idx).to(device)
     if cfg.loss.divergence == "ce":  # the control: the same tokens, no teacher distribution
         with autocast():
-            logits = student(ids, mask, pos)  # (N, V)
+            logits, _ = student(ids, mask, pos)  # (N, V)
         labels = ids.roll(-1, dims=1)[mask]  # (N,) the next token at each trained position
         return next_token_ce(logits, labels), int(mask.sum())
-    teacher_out, teacher_ids = teacher(idx, ids, mask, pos)  # (N, V) or (N, k) + (N, k)
+    target = teacher(idx, ids, mask, pos)  # logp (N, V) or (N, k) + ids (N, k)
     with autocast():
-        logits = student(ids, mask, pos)  # (N, V)
+        logits, hidden = student(ids, mask, pos)  # (N, V), (N, P, H) or None
     t = cfg.loss.temperature
-    if teacher_ids is None:
-        p_logp, q_logp = teacher_out.to(device), dense_logprobs(logits, t)
+    if target.ids is None:
+        p_logp, q_logp = target.logp.to(device), dense_logprobs(logits, t)
     else:
-        p_logp, q_logp = sparse_logprobs(logits, teacher_out.to(device), teacher_ids.to(device), t)
+        p_logp, q_logp = sparse_logprobs(logits, target.logp.to(device), target.ids.to(device), t)
     per_token = divergence(cfg.loss.divergence, p_logp, q_logp, cfg.loss.beta)  # (N,)
-    return per_token.mean() if per_token.numel() else logits.sum() * 0.0, int(mask.sum())
+    if not per_token.numel():
+        return logits.sum() * 0.0, 0
+    loss = per_token.mean()
+    if hidden is not None:
+        loss = loss + cfg.loss.hidden_weight * hidden_distance(
+            hidden, target.hidden.to(device)).mean()
+    return loss, int(mask.sum())
 
 
 # --- the loop -----------------------------------------------------------------------------------
@@ -311,13 +319,15 @@ class _Run:
                   f"{self.vocab['covered']:.1%} of the held-out target tokens"
                   + ("" if cfg.draft.vocab_size else " (the draft's own; set draft.vocab_size "
                      "to choose again)"), flush=True)
-        self.teacher = _teacher(cfg, target, target_ref, self.rows, dist, progress)
-        self.online = OnlineTeacher(target, cfg.loss.temperature)  # on-policy rows need it
+        draft_taps, target_taps = hidden_taps(cfg, target)
+        self.teacher = _teacher(cfg, target, target_ref, self.rows, dist, progress, target_taps)
+        self.online = OnlineTeacher(target, cfg.loss.temperature,  # on-policy rows need it
+                                    target_taps)
         tok = self.tokenizer
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.stop_ids = answer_stop_ids(target, tok)  # the draft's answers end as the target's
 
-        student: Any = MaskedLM(self.draft)
+        student: Any = MaskedLM(self.draft, draft_taps)
         if dist.world_size > 1 and not cfg.train.deepspeed:
             student = torch.nn.parallel.DistributedDataParallel(student)
         self.params = [p for p in self.draft.parameters() if p.requires_grad]
@@ -535,7 +545,8 @@ def prepare(cfg: DistillConfig, progress: bool = True) -> dict:
     target_ref, tokenizer, target = _load_target(cfg, device)
     dist = Dist()  # one process
     train_rows, heldout = _rows(cfg, tokenizer, target, target_ref, dist, progress)
-    teacher = _teacher(cfg, target, target_ref, train_rows, dist, progress)
+    teacher = _teacher(cfg, target, target_ref, train_rows, dist, progress,
+                       hidden_taps(cfg, target)[1])
     return {"rows": len(train_rows), "heldout_rows": len(heldout),
             "teacher_cache": getattr(teacher, "dir", None)}
 
@@ -642,19 +653,31 @@ def _rows(cfg: DistillConfig, tokenizer: Any, target: Any, target_ref: Any, dist
     return build_rows(cfg.data, tokenizer, cfg.seed, generate, stop_ids)
 
 
+def hidden_taps(cfg: DistillConfig, target: Any) -> tuple[list, list]:
+    """(draft taps, target taps) for ``loss.hidden_weight``; none when it is 0
+    (draftkit/distill/hidden.py)."""
+    if cfg.loss.hidden_weight <= 0:
+        return [], []
+    from draftkit.distill.hidden import taps
+
+    return taps(target, cfg.draft.derive_layers)
+
+
 def _teacher(cfg: DistillConfig, target: Any, target_ref: Any, rows: Rows, dist: Any,
-             progress: bool):
+             progress: bool, taps: list | None = None):
     if cfg.teacher.mode == "online" or cfg.loss.divergence == "ce":  # ce reads no teacher
-        return OnlineTeacher(target, cfg.loss.temperature)
-    vocab = target.config.get_text_config().vocab_size
-    if cfg.teacher.top_k > vocab:
+        return OnlineTeacher(target, cfg.loss.temperature, taps)
+    text = target.config.get_text_config()
+    if cfg.teacher.top_k > text.vocab_size:
         raise DraftkitError(f"teacher.top_k={cfg.teacher.top_k} is more than the target's "
-                            f"{vocab} tokens; lower it (or use teacher.mode=online)")
+                            f"{text.vocab_size} tokens; lower it (or use teacher.mode=online)")
+    layers = [layer for layer, _ in taps or ()]
     key = cache_key(target_id(target_ref, target), rows, cfg.teacher.top_k,
-                    cfg.loss.temperature)
+                    cfg.loss.temperature, layers)
     directory = Path(cfg.teacher.cache_dir) / key if cfg.teacher.cache_dir else \
         default_cache_dir(key)
-    cache = TopKCache(directory, rows, cfg.teacher.top_k, cfg.loss.temperature, key)
+    cache = TopKCache(directory, rows, cfg.teacher.top_k, cfg.loss.temperature, key, taps,
+                      text.hidden_size)
     if dist.is_main:
         cache.build(target, rows, cfg.eval.batch_size, progress=progress)
     barrier(dist)

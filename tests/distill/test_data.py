@@ -263,9 +263,9 @@ def test_packed_examples_do_not_attend_to_each_other():
     mask[0, 5:9] = True  # the second example's positions
     lm = MaskedLM(model)
     with torch.no_grad():
-        packed = lm(rows.input_ids, mask, positions(rows, slice(None)))
+        packed, _ = lm(rows.input_ids, mask, positions(rows, slice(None)))
         alone = model(torch.tensor([second]), use_cache=False).logits[0]
-        leaky = lm(rows.input_ids, mask)  # no positions: the old, leaking behaviour
+        leaky, _ = lm(rows.input_ids, mask)  # no positions: the old, leaking behaviour
     torch.testing.assert_close(packed, alone, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(leaky, alone, atol=1e-3)
 
