@@ -95,6 +95,11 @@ def derive_by_layers(target: "PreTrainedModel", layers: list[int]) -> "PreTraine
     config = copy.deepcopy(target.config)
     _slice_per_layer(config, layers)
     config.num_hidden_layers = len(layers)
+    window_from = getattr(config, "max_window_layers", None)  # Qwen2: sliding from this layer on
+    if isinstance(window_from, int):
+        # transformers reads layer_types (sliced above), some engines still read this count:
+        # the kept layers below it stay full attention
+        config.max_window_layers = sum(1 for i in layers if i < window_from)
     pattern = re.compile(rf"^{re.escape(prefix)}\.(\d+)\.(.*)$")
     source = target.state_dict()
     new_state = {}

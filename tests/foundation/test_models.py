@@ -81,6 +81,20 @@ def test_derive_layers_out_of_range():
         derive_by_layers(make_llama(len(tok), num_layers=4), [0, 4])
 
 
+def test_derive_layers_keeps_qwen2_window_layers():
+    """Qwen2 makes layers from max_window_layers on sliding-window; a cut keeps which kept
+    layer is which in both layer_types and that count."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    target = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=8,
+        max_window_layers=3))
+    draft = derive_by_layers(target, [0, 1, 4, 5])
+    assert draft.config.layer_types == ["full_attention"] * 2 + ["sliding_attention"] * 2
+    assert draft.config.max_window_layers == 2
+
+
 def test_derive_random_shapes(tmp_path):
     tok = make_tokenizer()
     target = make_llama(len(tok), num_layers=4, hidden_size=32)
