@@ -47,6 +47,9 @@ class QuickstartArgs:
                                               "(answers are cached for later runs)")
     code_text_chunks: int = option(24, help="chunks of real Python source added to the code "
                                              "domain")
+    resume: bool = option(True, help="continue the distillation an earlier quickstart left in "
+                                     "--out; --no-resume starts it over, moving the earlier "
+                                     "run's files aside")
 
     def validate(self) -> None:
         from draftkit.errors import ConfigError
@@ -94,6 +97,26 @@ def write_code_text(path: Path, chunks: int, lines: int = 40) -> Path:
     return path
 
 
+def distill_config(args: QuickstartArgs, recipe: Path, out: Path, init_dir: Path,
+                   sources: list[Path], group: str):
+    """The quickstart's distillation: ``recipe`` on the draft in ``init_dir``, reading the
+    prompt files and the code text (the last of ``sources``) within the time budget."""
+    from draftkit.distill.command import load_config
+
+    *prompt_files, code_text = sources
+    rows = [f"{{path: {p}, max_rows: {args.prompts_per_domain}}}" for p in prompt_files]
+    rows.append(f"{{path: {code_text}, domain: code}}")
+    return load_config(recipe, [
+        f"out_dir={out / 'distill'}", f"draft.model={init_dir}", "draft.derive_layers=null",
+        f"data.sources=[{', '.join(rows)}]", f"max_minutes={args.minutes}",
+        # Train until the budget runs out rather than for the recipe's fixed step count; the
+        # best draft by held-out alpha is kept whenever the clock stops.
+        "max_steps=200", "eval.every=20", "train.checkpoint_every=20",
+        # Summarization prompts carry a paragraph: rows need room for it and the answer.
+        "data.seq_len=320", "data.truncate=true",
+        f"resume={str(args.resume).lower()}", f"wandb.group={group}"])
+
+
 def quickstart(args: QuickstartArgs) -> dict:
     from draftkit.distill.command import load_config
     from draftkit.distill.trainer import prepare, train
@@ -132,18 +155,8 @@ def quickstart(args: QuickstartArgs) -> dict:
     stamp(f"    draft: target layers {','.join(map(str, layers))} -> {init_dir}")
 
     code_text = write_code_text(out / "data" / "code_text.jsonl", args.code_text_chunks)
-    sources = [f"{{path: {p}, max_rows: {args.prompts_per_domain}}}"
-               for p in sorted(prompts.glob("*.jsonl"))]
-    sources.append(f"{{path: {code_text}, domain: code}}")
-    cfg = load_config(recipe, [
-        f"out_dir={out / 'distill'}", f"draft.model={init_dir}", "draft.derive_layers=null",
-        f"data.sources=[{', '.join(sources)}]", f"max_minutes={args.minutes}",
-        # Train until the budget runs out rather than for the recipe's fixed step count; the
-        # best draft by held-out alpha is kept whenever the clock stops.
-        "max_steps=200", "eval.every=20", "train.checkpoint_every=20",
-        # Summarization prompts carry a paragraph: rows need room for it and the answer.
-        "data.seq_len=320", "data.truncate=true",
-        f"wandb.group={group}"])
+    cfg = distill_config(args, recipe, out, init_dir,
+                         sorted(prompts.glob("*.jsonl")) + [code_text], group)
     # The set-up is kept on disk (a second quickstart skips it); built first so that a slow or
     # busy machine spends the budget on training steps, not on generation.
     stamp("2/6 data: the target's answers to the training prompts and the teacher cache")

@@ -52,6 +52,35 @@ def test_dry_run_prints_and_trains_nothing(capsys, tmp_path):
     assert not out.exists()
 
 
+def test_quickstart_distills_its_recipe_and_can_start_over(tmp_path):
+    """The quickstart's settings on its recipe; --no-resume is resume=false, which the
+    trainer's resume errors name for quickstart users."""
+    import argparse
+
+    from draftkit.config import add_arguments, from_namespace
+    from draftkit.distill.checkpoint import QUICKSTART_FRESH
+    from draftkit.quickstart import QuickstartArgs, distill_config
+
+    def parse_args(cls, argv):
+        parser = argparse.ArgumentParser()
+        add_arguments(parser, cls)
+        return from_namespace(cls, parser.parse_args(argv))
+
+    recipe = next(p for p in YAMLS if "quickstart" in p.name)
+    files = [tmp_path / "code.jsonl", tmp_path / "math.jsonl", tmp_path / "text.jsonl"]
+    for f in files:
+        f.write_text('{"prompt": "hi", "domain": "code"}\n')
+    (tmp_path / "init").mkdir()
+    for args, resume in ((parse_args(QuickstartArgs, []), True),
+                         (parse_args(QuickstartArgs, ["--no-resume", "--minutes", "3"]), False)):
+        cfg = distill_config(args, recipe, tmp_path / "q", tmp_path / "init", files, "g")
+        assert cfg.resume is resume and cfg.draft.model == str(tmp_path / "init")
+        assert cfg.out_dir == str(tmp_path / "q" / "distill") and cfg.max_minutes == args.minutes
+        assert [s.max_rows for s in cfg.data.sources] == [args.prompts_per_domain] * 2 + [None]
+        assert cfg.data.sources[-1].domain == "code"
+    assert "--no-resume" in QUICKSTART_FRESH
+
+
 def _recipe(tmp_path, text):
     path = tmp_path / "r.yaml"
     data = tmp_path / "d.jsonl"

@@ -26,6 +26,9 @@ from draftkit.io import (atomic_dir, atomic_write_json, atomic_write_text, fsync
                          fsync_tree, sha256_file)
 
 
+# resume=false as a quickstart user types it: the quickstart trains through this module too
+QUICKSTART_FRESH = " (draftkit quickstart: --no-resume)"
+
 def trainable_state(model: Any) -> dict[str, torch.Tensor]:
     """Only what training changes: frozen weights are rebuilt identically at resume."""
     names = {n for n, p in model.named_parameters() if p.requires_grad}
@@ -105,8 +108,8 @@ def set_aside_earlier_run(out: Path) -> Path | None:
 def load_checkpoint(path: Path) -> dict:
     """The state of a checkpoint, checked against its manifest."""
     path = Path(path)
-    fix = (f"delete {path} to resume from the checkpoint before it, or set resume=false "
-           f"to start over (the earlier run is moved aside, not deleted)")
+    fix = (f"delete {path} to resume from the checkpoint before it, or set resume=false"
+           f"{QUICKSTART_FRESH} to start over (the earlier run is moved aside, not deleted)")
     try:
         manifest = json.loads((path / "manifest.json").read_text())
         state_file = path / "state.pt"
@@ -172,7 +175,8 @@ def load_deepspeed_checkpoint(engine: Any, path: Path, rank: int) -> dict:
         set_rng_state(torch.load(Path(path) / f"rng-rank{rank}.pt", weights_only=False))
     except Exception as e:
         raise DraftkitError(f"DeepSpeed checkpoint {path} cannot be read ({type(e).__name__}); "
-                            f"delete it to resume from the one before, or set resume=false") \
+                            f"delete it to resume from the one before, or set resume=false"
+                            f"{QUICKSTART_FRESH}") \
             from None
     if client is None:
         raise DraftkitError(f"DeepSpeed checkpoint {path} is incomplete; delete it")

@@ -372,13 +372,13 @@ class _Run:
         if state.get("data_key") not in (None, self.data_key):
             raise DraftkitError(f"{found[-1]} was trained on other rows (the data, seq_len or "
                                 f"seed changed); resuming would not be exact: use another "
-                                f"out_dir or set resume=false")
+                                f"out_dir or set resume=false{ckpt.QUICKSTART_FRESH}")
         if state.get("batching") not in (None, self.batching):
             b, a, w = state["batching"]
             raise DraftkitError(f"{found[-1]} was trained with train.batch_size={b}, "
                                 f"train.grad_accum={a} on {w} process(es); other values would "
                                 f"draw other rows from here: set them back, or use another "
-                                f"out_dir or resume=false")
+                                f"out_dir or resume=false{ckpt.QUICKSTART_FRESH}")
         self.step, self.best_alpha = state["step"], state["best_alpha"]
         self.last_alpha = state.get("last_alpha")
         self._follow_recipe(state.get("optimizer_settings", {}))
