@@ -135,8 +135,9 @@ def create_app(engine, tokenizer, *, model_name: str, k: int | str = "auto", k_m
     created = int(time.time())
 
     def error(status: int, message: str, param: str | None = None,
-              code: str | None = None) -> JSONResponse:
-        metrics.reject(status)
+              code: str | None = None, request: bool = True) -> JSONResponse:
+        if request:  # a refused request, not a health probe's answer
+            metrics.reject(status)
         kind = "invalid_request_error" if status < 500 else "server_error"
         return JSONResponse(error_body(message, param, kind, code), status_code=status)
 
@@ -175,7 +176,7 @@ def create_app(engine, tokenizer, *, model_name: str, k: int | str = "auto", k_m
     @app.get("/health")
     async def health():
         if scheduler.stopping or scheduler.thread is None or not scheduler.thread.is_alive():
-            return error(503, "the server is shutting down")
+            return error(503, "the server is shutting down", request=False)
         return {"status": "ok"}
 
     @app.get("/metrics")

@@ -113,8 +113,15 @@ class Scheduler:
         self.wake.set()
 
     def cancel(self, job: Job) -> None:
-        """The client went away: its slot is freed before the next round."""
-        job.cancelled = True
+        """The client went away: a queued request leaves the queue now, counted as an abort;
+        a running one's slot is freed before the next round."""
+        with self.lock:  # the same lock _admit pops under: a job is queued or it is not
+            job.cancelled = True
+            queued = len(self.waiting)
+            self.waiting = deque(j for j in self.waiting if j is not job)
+            if len(self.waiting) < queued:
+                self.metrics.waiting.set(len(self.waiting))
+                self.metrics.finished("abort")
         self.wake.set()
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -184,10 +191,8 @@ class Scheduler:
             free = min(free, 1)  # a sliding window on the general path: one row at a time
         batch: list[Job] = []
         with self.lock:
-            while self.waiting and len(batch) < free:
-                job = self.waiting.popleft()
-                if not job.cancelled:
-                    batch.append(job)
+            while self.waiting and len(batch) < free:  # cancel() took the cancelled ones out
+                batch.append(self.waiting.popleft())
             self.metrics.waiting.set(len(self.waiting))
         if not batch:
             return

@@ -391,6 +391,59 @@ def test_client_gone_mid_stream_frees_its_slot(tiny_models):
         srv.stop()
 
 
+def test_a_request_cancelled_in_the_queue_leaves_it_as_an_abort(tiny_models):
+    """Its client went away before a slot freed: it is out of the queue at once (the
+    waiting gauge drops), counted once as an abort, and never admitted."""
+    import asyncio
+
+    from prometheus_client import generate_latest
+
+    from draftkit.decode.engine import SpeculativeEngine
+    from draftkit.decode.sampling import SamplingParams
+    from draftkit.serve.detok import TextStream
+    from draftkit.serve.metrics import ServeMetrics
+    from draftkit.serve.scheduler import Job, Scheduler
+
+    tok, target, draft = tiny_models
+    metrics = ServeMetrics("tiny")
+    sched = Scheduler(SpeculativeEngine(target, draft), metrics, max_batch=1, k=2)
+    loop = asyncio.new_event_loop()
+    try:
+        jobs = [Job([5, 6, 7], SamplingParams(0.0, 0, 1.0), 4, None,
+                    TextStream(tok, None, [5, 6, 7]), loop) for _ in range(3)]
+        for job in jobs:
+            sched.submit(job)
+        sched.cancel(jobs[1])
+        sched.cancel(jobs[1])  # a second cancel (the stream and the request both end) is a no-op
+
+        def value(name: str, **labels) -> float:
+            text = generate_latest(metrics.registry).decode()
+            return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                       if line.startswith(name + "{")
+                       and all(f'{k}="{v}"' in line for k, v in labels.items()))
+        assert list(sched.waiting) == [jobs[0], jobs[2]]
+        assert value("draftkit:num_requests_waiting") == 2
+        assert value("draftkit:request_success_total", finished_reason="abort") == 1
+        sched._admit()  # one free slot: the first job, not the cancelled one behind it
+        assert [j.slot is not None for j in jobs] == [True, False, False]
+        assert list(sched.waiting) == [jobs[2]]
+    finally:
+        loop.close()
+
+
+def test_a_health_probe_while_stopping_is_not_a_rejected_request(tiny_models):
+    srv = start_server(tiny_models, k=2)
+    try:
+        srv.scheduler.stop()
+        assert httpx.get(f"{srv.base}/health").status_code == 503
+        assert metric(srv.base, "draftkit:request_rejected_total") == 0
+        r = httpx.post(f"{srv.url}/completions", json={"model": "tiny", "prompt": "hi"})
+        assert r.status_code == 503  # a request refused while stopping still counts
+        assert metric(srv.base, "draftkit:request_rejected_total", status="503") == 1
+    finally:
+        srv.stop()
+
+
 def test_a_stream_whose_client_left_before_its_first_chunk_is_cancelled():
     """Its body generator never starts, so the generator's own finally cannot free the slot;
     the response does, however it ends."""
