@@ -157,8 +157,25 @@ class TopKCache:
         return int(meta.get("filled_rows", 0))
 
     def build(self, model: Any, rows: Rows, batch_size: int, progress: bool = True) -> None:
-        """Run the target over the rows not cached yet (resumes after a kill)."""
+        """Run the target over the rows not cached yet (resumes after a kill). Another run
+        building the same cache (a cache is shared by runs of the same target and rows) is
+        waited for, then its rows are used."""
+        from filelock import FileLock, Timeout
+
         self.dir.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(self.dir / "build.lock")
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            print(f"teacher cache {self.dir}: another run is building it; waiting for it",
+                  flush=True)
+            lock.acquire()
+        try:
+            self._build(model, rows, batch_size, progress)
+        finally:
+            lock.release()
+
+    def _build(self, model: Any, rows: Rows, batch_size: int, progress: bool) -> None:
         start = self.filled_rows()
         if start >= self.n_rows:
             return

@@ -341,6 +341,36 @@ def test_cache_matches_online_teacher_with_full_support(tmp_path, tiny_dirs):
     assert cached.item() == pytest.approx(online.item(), rel=2e-3)
 
 
+def test_a_cache_another_run_is_building_is_waited_for(tmp_path, tiny_dirs, capsys):
+    """Two runs of the same target and rows share one cache: the second waits for the
+    first's lock instead of writing the same files at once, then finds them complete."""
+    import threading
+    import time
+
+    from filelock import FileLock
+
+    from draftkit.data import build_rows
+    from draftkit.distill.teacher import TopKCache
+    from draftkit.models import load_model, load_tokenizer
+
+    target_dir, _ = tiny_dirs
+    target = load_model(str(target_dir), device="cpu", dtype="float32")
+    rows, _ = build_rows(_cfg(tmp_path, tiny_dirs).data, load_tokenizer(str(target_dir)), 0)
+    cache = TopKCache(tmp_path / "c", rows, 8, 1.0, "k")
+    (tmp_path / "c").mkdir()
+    other = FileLock(tmp_path / "c" / "build.lock")
+    other.acquire()  # the first run, mid-build
+    waiter = threading.Thread(target=cache.build, args=(target, rows, 4, False))
+    waiter.start()
+    time.sleep(0.5)
+    assert waiter.is_alive() and cache.filled_rows() == 0
+    other.release()
+    waiter.join(30)
+    assert not waiter.is_alive() and cache.filled_rows() == len(rows)
+    assert "another run is building it; waiting" in capsys.readouterr().out
+    cache.open()
+
+
 def test_freeze_and_lora(tmp_path, tiny_dirs):
     from draftkit.distill.trainer import train
 
