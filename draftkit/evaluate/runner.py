@@ -377,8 +377,9 @@ def v_of_k(fig: dict, measured: list[dict]):
 
 
 def k_sweep_rows(domain: str, fig: dict, measured: list[dict], k_max: int) -> list[dict]:
-    """Predicted speedup for K = 1..k_max from the measured alpha_i, c and v(K) (:func:`v_of_k`),
-    with the figures measured where the sweep ran that K (tau, c, v, speedup)."""
+    """Predicted tau and speedup for K = 1..k_max from the measured alpha_i, c and v(K)
+    (:func:`v_of_k`), beside the figures measured where the sweep ran that K (``tau_measured``,
+    c, v, ``speedup_measured``; None elsewhere)."""
     by_k = {r["k"]: r for r in measured}
     rows = []
     alpha = fig["alpha_per_position"] or fig["alpha"]
@@ -390,7 +391,7 @@ def k_sweep_rows(domain: str, fig: dict, measured: list[dict], k_max: int) -> li
             if fig["c"] is not None:
                 pred = metrics.speedup(alpha, fig["c"], k, v)
         m = by_k.get(k) or {}
-        rows.append({"domain": domain, "k": k, "tau": m["tau"] if m else tau,
+        rows.append({"domain": domain, "k": k, "tau": tau, "tau_measured": m.get("tau"),
                      "c": m.get("c"), "v": m.get("v"), "speedup_predicted": pred,
                      "speedup_measured": m.get("speedup_measured")})
     return rows

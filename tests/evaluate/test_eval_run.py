@@ -191,7 +191,9 @@ def test_a_run_that_never_drafted_has_no_alpha(tiny_dirs, suite, tmp_path):
         assert fig["alpha"] is None and fig["alpha_tv"] is None and fig["k"] == 0
         assert fig["verdict"].startswith("do not speculate")
     assert all(r["speedup_predicted"] is None for r in report["k_sweep"])
-    assert all(r["tau"] is None for r in report["k_sweep"] if r["speedup_measured"] is None)
+    assert all(r["tau"] is None for r in report["k_sweep"])  # nothing to predict it from
+    assert all((r["tau_measured"] is None) == (r["speedup_measured"] is None)
+               for r in report["k_sweep"])
     assert report["break_even"]["per_domain"]["code"]["kind"] == "empty"
     header, rows = domain_table(report)
     assert {r[header.index("alpha")] for r in rows} == {"-"}
@@ -239,6 +241,10 @@ def test_predictions_use_v_measured_at_each_k():
         [metrics.speedup(0.6, 0.1, k, v) for k, v in ((1, 1.05), (2, 1.3), (3, 1.6), (4, 1.6))])
     assert [(r["c"], r["v"]) for r in rows] == [(0.1, 1.05), (0.1, 1.3), (None, None),
                                                 (None, None)]
+    # tau: predicted at every K from alpha_i, measured only where the sweep ran
+    assert [r["tau"] for r in rows] == pytest.approx([metrics.tau([0.6] * 3, k)
+                                                      for k in range(1, 5)])
+    assert [r["tau_measured"] for r in rows] == [1.6, 1.9, None, None]
     # between measured K the line; the run's own v at its K wins over a sweep's row there
     v = v_of_k(dict(fig, k=4, v=2.0), measured + [{"k": 4, "v": 9.0}])
     assert v(3) == pytest.approx(1.65) and v(4) == 2.0
