@@ -109,6 +109,24 @@ def atomic_dir(path: Path, overwrite: bool = False) -> Iterator[Path]:
         raise
 
 
+@contextlib.contextmanager
+def one_builder(lock: Path, what: str) -> Iterator[None]:
+    """Hold the file lock ``lock`` while building ``what``, a cache runs share: a second run
+    waits for the first (and says so), then reads what it built instead of writing it too."""
+    from filelock import FileLock, Timeout
+
+    held = FileLock(lock)
+    try:
+        held.acquire(timeout=0)
+    except Timeout:
+        print(f"{what}: another run is building it; waiting for it", flush=True)
+        held.acquire()
+    try:
+        yield
+    finally:
+        held.release()
+
+
 def recover_writes(folder: Path, names: Iterable[str] = ("*",)) -> None:
     """Undo what kills inside :func:`atomic_dir` and :func:`atomic_write_bytes` left in
     ``folder`` for the files and folders ``names`` (glob patterns): one set aside by

@@ -83,8 +83,21 @@ def generate_responses(model: Any, tokenizer: Any, prompts: list[list[int]], pat
                        seed: int = 0, progress: bool = True) -> list[list[int]]:
     """Response ids for each prompt (ids up to and including EOS), from the cache or generated.
 
-    prompts: lists of token ids (already rendered through the chat template).
+    prompts: lists of token ids (already rendered through the chat template). Another run
+    answering into the same cache file is waited for; its answers are then read, not redone.
     """
+    from draftkit.io import one_builder
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with one_builder(path.with_name(path.name + ".lock"), f"target answers {path}"):
+        return _generate_responses(model, tokenizer, prompts, path, max_new_tokens, batch_size,
+                                   temperature, seed, progress)
+
+
+def _generate_responses(model: Any, tokenizer: Any, prompts: list[list[int]], path: Path,
+                        max_new_tokens: int, batch_size: int, temperature: float, seed: int,
+                        progress: bool) -> list[list[int]]:
     cut_torn_tail(path)
     done = read_cache(path)
     keys = [prompt_key(p) for p in prompts]

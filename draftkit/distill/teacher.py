@@ -27,7 +27,7 @@ from draftkit.data import Rows, positions
 from draftkit.distill.hidden import Tap, tapped
 from draftkit.distill.losses import dense_logprobs
 from draftkit.errors import DraftkitError
-from draftkit.io import atomic_write_json
+from draftkit.io import atomic_write_json, one_builder
 
 
 class MaskedLM(torch.nn.Module):
@@ -160,20 +160,9 @@ class TopKCache:
         """Run the target over the rows not cached yet (resumes after a kill). Another run
         building the same cache (a cache is shared by runs of the same target and rows) is
         waited for, then its rows are used."""
-        from filelock import FileLock, Timeout
-
         self.dir.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(self.dir / "build.lock")
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            print(f"teacher cache {self.dir}: another run is building it; waiting for it",
-                  flush=True)
-            lock.acquire()
-        try:
+        with one_builder(self.dir / "build.lock", f"teacher cache {self.dir}"):
             self._build(model, rows, batch_size, progress)
-        finally:
-            lock.release()
 
     def _build(self, model: Any, rows: Rows, batch_size: int, progress: bool) -> None:
         start = self.filled_rows()

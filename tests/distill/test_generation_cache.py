@@ -33,6 +33,34 @@ def _jsonl(path, rows):
     return path
 
 
+def test_a_run_answering_into_the_same_cache_waits_then_reads(tmp_path, tok, capsys):
+    """While another run holds the cache's lock nothing is generated; after it, the answers
+    it wrote are read, not generated again."""
+    import threading
+    import time
+
+    from filelock import FileLock
+
+    model = make_llama(len(tok), num_layers=1)
+    prompts = _prompts(tok)
+    path = tmp_path / "gen" / "r.jsonl"
+    other = FileLock(tmp_path / "gen" / "r.jsonl.lock")
+    (tmp_path / "gen").mkdir()
+    other.acquire()  # the other run, mid-generation
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(
+        generate_responses(model, tok, prompts, path, 5, 2, progress=False)))
+    waiter.start()
+    time.sleep(0.5)
+    assert waiter.is_alive() and not path.exists()
+    theirs = {prompt_key(p): [7, 8] for p in prompts}  # what the other run wrote
+    _jsonl(path, [{"key": k, "response_ids": v} for k, v in theirs.items()])
+    other.release()
+    waiter.join(30)
+    assert got == [[[7, 8]] * len(prompts)]
+    assert "another run is building it; waiting" in capsys.readouterr().out
+
+
 def test_a_torn_last_line_is_cut_before_the_next_answer_is_appended(tmp_path, tok):
     model = make_llama(len(tok), num_layers=1)
     prompts = _prompts(tok)
