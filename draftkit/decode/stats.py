@@ -32,7 +32,7 @@ class RoundStats:
     tokens: int  # tokens kept (after EOS / length truncation)
     seconds_draft: float  # the K drafting steps, catch-up excluded
     seconds_verify: float  # the target call (a plain step when K = 0)
-    seconds_other: float  # sampling, acceptance, bookkeeping
+    seconds_other: float  # set-up (lengths, last tokens), sampling, acceptance, bookkeeping
     # the draft reading tokens decoded while it sat out (K = 0 rounds): no token is drafted,
     # so charging it to the K steps would inflate c by the length of the plain stretch
     seconds_catchup: float = 0.0

@@ -92,3 +92,42 @@ def test_c_leaves_out_the_catch_up_after_plain_rounds(models, monkeypatch):
     assert fixed.c(10.0) == pytest.approx(0.15) and fixed.seconds_catchup == 0
     assert mixed.c() == pytest.approx(0.15)  # target step from its own K = 0 rounds
     assert mixed.seconds_catchup == pytest.approx(5)
+
+
+def test_the_round_set_up_is_timed_as_neither_forward(models, monkeypatch):
+    """A round first gathers its rows' lengths and last tokens. On a clock where making a
+    tensor costs 100 and a target forward its width, a plain step times 1 and a verify at
+    K = 2 times 3: v(2) = 3, and the set-up counts as round overhead. (Timed inside the plain
+    step, it read v = 3 / 201.)"""
+    target, _, close = models
+    engine = SpeculativeEngine(target, close, eos_token_id=None)
+    clock, inside = [0.0], [False]
+    make = torch.tensor
+
+    def tensor(*args, **kw):
+        clock[0] += 0 if inside[0] else 100  # the forward's own tensors are its cost
+        return make(*args, **kw)
+
+    def forward(tokens, *args, **kw):
+        clock[0] += tokens.shape[1]
+        inside[0] = True
+        try:
+            return real(tokens, *args, **kw)
+        finally:
+            inside[0] = False
+
+    real = engine.target.forward
+    monkeypatch.setattr(engine_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(engine.target, "forward", forward)
+    stats = DecodeStats()
+    with torch.inference_mode():
+        state = engine.start([PROMPT], SamplingParams(), 12, k_max=2, stats=stats)
+        monkeypatch.setattr(torch, "tensor", tensor)
+        for _ in range(2):
+            engine.step(state, 0)
+        while not state.finished:
+            engine.step(state, 2)
+    monkeypatch.setattr(torch, "tensor", make)
+    assert stats.target_step_seconds(1) == 1.0 and stats.target_step_seconds(3) == 3.0
+    assert stats.v(2) == 3.0
+    assert stats.overhead_per_round() >= 200  # two tensors of set-up a round, at least
