@@ -80,8 +80,10 @@ def prompt_seed(seed: int, key: str) -> int:
 
 def generate_responses(model: Any, tokenizer: Any, prompts: list[list[int]], path: Path,
                        max_new_tokens: int, batch_size: int, temperature: float = 0.0,
-                       seed: int = 0, progress: bool = True) -> list[list[int]]:
-    """Response ids for each prompt (ids up to and including EOS), from the cache or generated.
+                       seed: int = 0, progress: bool = True,
+                       stop_ids: list[int] | None = None) -> list[list[int]]:
+    """Response ids for each prompt (ids up to and including the first of ``stop_ids``,
+    default :func:`answer_stop_ids`), from the cache or generated.
 
     prompts: lists of token ids (already rendered through the chat template). Another run
     answering into the same cache file is waited for; its answers are then read, not redone.
@@ -90,41 +92,36 @@ def generate_responses(model: Any, tokenizer: Any, prompts: list[list[int]], pat
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if stop_ids is None:
+        stop_ids = answer_stop_ids(model, tokenizer)
     with one_builder(path.with_name(path.name + ".lock"), f"target answers {path}"):
-        return _generate_responses(model, tokenizer, prompts, path, max_new_tokens, batch_size,
-                                   temperature, seed, progress)
+        cut_torn_tail(path)
+        done = read_cache(path)
+        keys = [prompt_key(p) for p in prompts]
+        todo = [i for i, k in enumerate(keys) if k not in done]
+        # Longest first: batches of similar length waste less padding.
+        todo.sort(key=lambda i: -len(prompts[i]))
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else \
+            tokenizer.eos_token_id
+        bar = None
+        if progress and todo:
+            from tqdm import tqdm
 
-
-def _generate_responses(model: Any, tokenizer: Any, prompts: list[list[int]], path: Path,
-                        max_new_tokens: int, batch_size: int, temperature: float, seed: int,
-                        progress: bool) -> list[list[int]]:
-    cut_torn_tail(path)
-    done = read_cache(path)
-    keys = [prompt_key(p) for p in prompts]
-    todo = [i for i, k in enumerate(keys) if k not in done]
-    # Longest first: batches of similar length waste less padding.
-    todo.sort(key=lambda i: -len(prompts[i]))
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else \
-        tokenizer.eos_token_id
-    stop_ids = answer_stop_ids(model, tokenizer)
-    bar = None
-    if progress and todo:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(todo), desc="target answers", unit="prompt", dynamic_ncols=True)
-    for b in range(0, len(todo), batch_size):
-        batch = todo[b:b + batch_size]
-        seeds = [prompt_seed(seed, keys[i]) for i in batch] if temperature > 0 else None
-        answers = generate_responses_in_memory(model, [prompts[i] for i in batch],
-                                               max_new_tokens, temperature, pad_id,
-                                               stop_ids, seeds)
-        for i, new in zip(batch, answers):
-            done[keys[i]] = new
-            append_jsonl(path, {"key": keys[i], "response_ids": new})
+            bar = tqdm(total=len(todo), desc="target answers", unit="prompt",
+                       dynamic_ncols=True)
+        for b in range(0, len(todo), batch_size):
+            batch = todo[b:b + batch_size]
+            seeds = [prompt_seed(seed, keys[i]) for i in batch] if temperature > 0 else None
+            answers = generate_responses_in_memory(model, [prompts[i] for i in batch],
+                                                   max_new_tokens, temperature, pad_id,
+                                                   stop_ids, seeds)
+            for i, new in zip(batch, answers):
+                done[keys[i]] = new
+                append_jsonl(path, {"key": keys[i], "response_ids": new})
+            if bar is not None:
+                bar.update(len(batch))
         if bar is not None:
-            bar.update(len(batch))
-    if bar is not None:
-        bar.close()
+            bar.close()
     return [done[k] for k in keys]
 
 

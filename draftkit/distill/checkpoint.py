@@ -29,6 +29,7 @@ from draftkit.io import (atomic_dir, atomic_write_json, atomic_write_text, fsync
 # resume=false as a quickstart user types it: the quickstart trains through this module too
 QUICKSTART_FRESH = " (draftkit quickstart: --no-resume)"
 
+
 def trainable_state(model: Any) -> dict[str, torch.Tensor]:
     """Only what training changes: frozen weights are rebuilt identically at resume."""
     names = {n for n, p in model.named_parameters() if p.requires_grad}

@@ -413,11 +413,8 @@ def aggregate(domains: dict[str, dict], runs: dict[str, DomainRun], settings,
         sum(r.tokens for r in runs.values()), sum(r.spec_tokens for r in runs.values()),
         total, plain, [])
     fig = domain_figures(merged, sum(d["n_prompts"] for d in domains.values()), settings)
-    ents = [(d["target_entropy"], d["new_tokens"]) for d in domains.values()
-            if d.get("target_entropy") is not None]
-    if ents:
-        fig["target_entropy"] = sum(e * n for e, n in ents) / max(1, sum(n for _, n in ents))
-    for key in ("alpha_before", "alpha_after"):  # teacher-forced: one per decoded token
+    # teacher-forced figures: one value per decoded token
+    for key in ("target_entropy", "alpha_before", "alpha_after"):
         vals = [(d[key], d["new_tokens"]) for d in domains.values() if d.get(key) is not None]
         if vals:
             fig[key] = sum(a * n for a, n in vals) / max(1, sum(n for _, n in vals))
