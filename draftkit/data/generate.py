@@ -152,9 +152,11 @@ class RowSampler:
 
 def generate_responses_in_memory(model: Any, prompts: list[list[int]], max_new_tokens: int,
                                  temperature: float, pad_id: int, stop_ids: list[int],
-                                 seeds: list[int] | None) -> list[list[int]]:
+                                 seeds: list[int] | None, allowed: list[int] | None = None
+                                 ) -> list[list[int]]:
     """One batched ``generate`` call with left padding; response ids up to and including the
-    first of ``stop_ids`` (:func:`answer_stop_ids`).
+    first of ``stop_ids`` (:func:`answer_stop_ids`). ``allowed``: the only tokens it may emit
+    (a draft's reduced head, draftkit/models/draft_vocab.py).
 
     Greedy at ``temperature`` 0; otherwise each answer is drawn from its own one of ``seeds``
     (one a prompt) and depends on it alone, not on the global RNG: a resumed run, or another
@@ -174,6 +176,8 @@ def generate_responses_in_memory(model: Any, prompts: list[list[int]], max_new_t
         if seeds is None or len(seeds) != len(prompts):
             raise ValueError("sampled answers need one seed a prompt")
         kwargs["logits_processor"] = [RowSampler(seeds, temperature)]
+    if allowed is not None:  # masks the scores before RowSampler draws from them
+        kwargs["prefix_allowed_tokens_fn"] = lambda batch_id, sent: allowed
     with torch.no_grad():
         out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device),
                              max_new_tokens=max_new_tokens, pad_token_id=pad_id,

@@ -69,10 +69,19 @@ class DraftSection:
                                                "the target emits most in the training data "
                                                "(FR-Spec; best/draft_vocab.json); null keeps "
                                                "the full head")
+    train_reduced_head: bool = option(
+        False, help="train over the draft.vocab_size tokens it decodes with, as EAGLE-3 "
+                    "does: the head and its softmax then cost vocab_size / V of the whole "
+                    "head's, most of a small draft's step. The rest of the head gets no "
+                    "training, and engines that ignore best/draft_vocab.json (HF assisted "
+                    "generation, vLLM, SGLang) propose from all of it")
 
     def validate(self) -> None:
         if self.vocab_size is not None and self.vocab_size < 1:
             raise ConfigError(f"draft.vocab_size must be >= 1 or null, got {self.vocab_size}")
+        if self.train_reduced_head and self.vocab_size is None and self.model is None:
+            raise ConfigError("draft.train_reduced_head trains over a reduced head: set "
+                              "draft.vocab_size, or draft.train_reduced_head=false")
         ways = {"model": self.model, "derive_layers": self.derive_layers,
                 "num_layers": self.num_layers}
         given = [f"draft.{k}" for k, v in ways.items() if v is not None]

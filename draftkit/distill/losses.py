@@ -101,8 +101,11 @@ def sparse_logprobs(student_logits: Tensor, teacher_logp_topk: Tensor, teacher_i
     or (B, T, k) renormalised over the kept ids when ``tail`` is False.
     """
     q_full = dense_logprobs(student_logits, temperature)  # (B, T, V)
-    q_topk = q_full.gather(-1, teacher_ids.long())  # (B, T, k)
     p_topk = teacher_logp_topk.float()
+    # An entry without teacher mass (an id outside a reduced head, at a stand-in position:
+    # reduced_head.py) is left out of q's kept mass too, so that it counts in neither.
+    q_topk = q_full.gather(-1, teacher_ids.long()).masked_fill(torch.isneginf(p_topk),
+                                                                float("-inf"))  # (B, T, k)
     if tail:
         return with_tail(p_topk), with_tail(q_topk)
     return (p_topk - torch.logsumexp(p_topk, -1, keepdim=True),

@@ -26,6 +26,7 @@ import torch
 from draftkit.data import Rows, positions
 from draftkit.distill.hidden import Tap, tapped
 from draftkit.distill.losses import dense_logprobs
+from draftkit.distill.reduced_head import ReducedHead, head_logits
 from draftkit.errors import DraftkitError
 from draftkit.io import atomic_write_json, one_builder
 
@@ -34,24 +35,27 @@ class MaskedLM(torch.nn.Module):
     """Logits only where the loss is taken: the LM head over a large vocabulary is most of a
     small draft's cost, and prompt positions need none. Wrapping the model keeps DDP's hooks.
 
-    ``taps``: hidden states to return beside the logits (draftkit/distill/hidden.py).
+    ``taps``: hidden states to return beside the logits (draftkit/distill/hidden.py);
+    ``head``: logits over a reduced head only (draftkit/distill/reduced_head.py).
     """
 
-    def __init__(self, model: Any, taps: list[Tap] | None = None):
+    def __init__(self, model: Any, taps: list[Tap] | None = None,
+                 head: ReducedHead | None = None):
         super().__init__()
         self.model = model
         self.taps = tuple(taps or ())  # a tuple: the frozen norms stay out of the parameters
+        self.head = head
 
     def forward(self, input_ids: torch.Tensor, mask: torch.Tensor,
                 position_ids: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        # input_ids, mask, position_ids: (B, T) -> logits (N, V) at the N positions where mask
-        # is true, and the tapped streams there (N, P, H) or None. Positions restarting inside
-        # a row keep packed examples apart (data/pack.py).
+        # input_ids, mask, position_ids: (B, T) -> logits (N, V), or (N, |H|) over a reduced
+        # head, at the N positions where mask is true, and the tapped streams there (N, P, H)
+        # or None. Positions restarting inside a row keep packed examples apart (data/pack.py).
         out = self.model.get_decoder()(input_ids=input_ids, position_ids=position_ids,
                                        use_cache=False,  # no cache: see pack.py
                                        output_hidden_states=bool(self.taps))
-        logits = self.model.get_output_embeddings()(out.last_hidden_state[mask])  # (N, V)
+        logits = head_logits(self.model, out.last_hidden_state[mask], self.head)
         return final_logits(self.model, logits), tapped(out.hidden_states, mask, list(self.taps))
 
 

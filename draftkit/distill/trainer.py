@@ -35,6 +35,8 @@ from draftkit.distill.distributed import (Dist, all_reduce_mean, barrier, deepsp
                                           gathered, init_distributed, zero_stage)
 from draftkit.distill.losses import (dense_logprobs, divergence, hidden_distance,
                                      next_token_ce, sparse_logprobs)
+from draftkit.distill.reduced_head import (ReducedHead, restrict_dense, restrict_labels,
+                                           restrict_sparse)
 from draftkit.distill.schedule import warmup_cosine
 from draftkit.distill.teacher import (MaskedLM, OnlineTeacher, TopKCache, cache_key,
                                       default_cache_dir)
@@ -161,26 +163,38 @@ def batch_rows(micro_step: int, n_rows: int, batch_size: int, seed: int, rank: i
 # --- one step -----------------------------------------------------------------------------------
 
 def micro_loss(student: Any, teacher: Any, rows: Rows, idx: torch.Tensor, cfg: DistillConfig,
-               autocast: Any) -> tuple[torch.Tensor, int]:
+               autocast: Any, head: ReducedHead | None = None) -> tuple[torch.Tensor, int]:
     """Divergence over the response positions of rows ``idx``, plus ``loss.hidden_weight``
-    times the hidden-state term where the student has taps; (loss, positions)."""
+    times the hidden-state term where the student has taps; (loss, positions).
+
+    ``head``: the student's logits are over this reduced head (draft.train_reduced_head), so
+    the target, or the control's labels, are restricted to it (distill/reduced_head.py)."""
     ids = rows.input_ids[idx]  # (B, T)
     mask = rows.loss_mask[idx]  # (B, T)
     device = next(student.parameters()).device
     ids, mask, pos = ids.to(device), mask.to(device), positions(rows, idx).to(device)
     if cfg.loss.divergence == "ce":  # the control: the same tokens, no teacher distribution
         with autocast():
-            logits, _ = student(ids, mask, pos)  # (N, V)
+            logits, _ = student(ids, mask, pos)  # (N, V) or (N, |H|)
         labels = ids.roll(-1, dims=1)[mask]  # (N,) the next token at each trained position
+        if head is not None:
+            labels, inside = restrict_labels(labels, head)
+            logits, labels = logits[inside], labels[inside]
         return next_token_ce(logits, labels), int(mask.sum())
     target = teacher(idx, ids, mask, pos)  # logp (N, V) or (N, k) + ids (N, k)
     with autocast():
-        logits, hidden = student(ids, mask, pos)  # (N, V), (N, P, H) or None
+        logits, hidden = student(ids, mask, pos)  # (N, V) or (N, |H|), (N, P, H) or None
     t = cfg.loss.temperature
-    if target.ids is None:
-        p_logp, q_logp = target.logp.to(device), dense_logprobs(logits, t)
+    p_logp, p_ids = target.logp.to(device), target.ids
+    if head is not None:
+        if p_ids is None:
+            p_logp = restrict_dense(p_logp, head)
+        else:
+            p_logp, p_ids = restrict_sparse(p_logp, p_ids.to(device), head)
+    if p_ids is None:
+        q_logp = dense_logprobs(logits, t)
     else:
-        p_logp, q_logp = sparse_logprobs(logits, target.logp.to(device), target.ids.to(device), t)
+        p_logp, q_logp = sparse_logprobs(logits, p_logp, p_ids.to(device), t)
     per_token = divergence(cfg.loss.divergence, p_logp, q_logp, cfg.loss.beta)  # (N,)
     if not per_token.numel():
         return logits.sum() * 0.0, 0
@@ -329,7 +343,14 @@ class _Run:
         tok = self.tokenizer
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
 
-        student: Any = MaskedLM(self.draft, draft_taps)
+        self.head = None  # the reduced head the draft trains over, if it does
+        if cfg.draft.train_reduced_head:
+            if self.vocab is None:
+                raise DraftkitError(f"draft.train_reduced_head trains over a reduced head and "
+                                    f"{cfg.draft.model} has none (no draft_vocab.json): set "
+                                    f"draft.vocab_size, or draft.train_reduced_head=false")
+            self.head = ReducedHead(self.vocab["ids"], vocab_size).to(device)
+        student: Any = MaskedLM(self.draft, draft_taps, self.head)
         if dist.world_size > 1 and not cfg.train.deepspeed:
             student = torch.nn.parallel.DistributedDataParallel(student)
         self.params = [p for p in self.draft.parameters() if p.requires_grad]
@@ -435,7 +456,8 @@ class _Run:
             if self.engine is None and hasattr(self.student, "no_sync") and micro < accum - 1:
                 sync = self.student.no_sync()  # all-reduce gradients once per step
             with sync:
-                loss, n = micro_loss(self.student, source, rows, idx, cfg, self.autocast)
+                loss, n = micro_loss(self.student, source, rows, idx, cfg, self.autocast,
+                                     self.head)
                 # its share of the step's mean, times the ranks: DDP averages over them
                 share = loss * (n * dist.world_size / step_tokens)
                 # Checked before backward: a bad loss must never reach the weights.
@@ -472,7 +494,7 @@ class _Run:
         g = cfg.data.generate
         rows = draft_rows(self.draft, self.rows, cfg.train.batch_size, cfg.seed, m, dist.rank,
                           g.max_new_tokens, g.temperature, cfg.data.seq_len, self.pad_id,
-                          self.stop_ids)
+                          self.stop_ids, None if self.vocab is None else self.vocab["ids"])
         return rows, torch.arange(len(rows)), self.online
 
     def evaluate(self, loss_value: float | None) -> dict:

@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--set", nargs="*", default=[], help="key=value recipe overrides")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--whole-head", action="store_true",
+                    help="score drafts with a reduced head (draft_vocab.json) on all of their "
+                         "head, as engines that ignore that file propose")
     ap.add_argument("--out", type=Path, help="also write acceptance_by_entropy.md here")
     args = ap.parse_args(argv)
 
@@ -124,14 +127,18 @@ def main(argv: list[str] | None = None) -> int:
     names = [str(d) for d in args.drafts] + ([args.control] if args.control else [])
     train_alpha, buckets, per_row = {}, {}, {}
     for name in names:
-        draft_fn = model_logits(load_model(name, "draft", device=args.device, dtype="float32"),
-                                args.device)
+        draft = load_model(name, "draft", device=args.device, dtype="float32")
+        if args.whole_head:
+            draft.draft_vocab = None
+        draft_fn = model_logits(draft, args.device)
         train_alpha[name] = heldout_alpha(draft_fn, target_fn, train_sample, args.batch_size)
         buckets[name], per_row[name] = by_entropy(draft_fn, target_fn, heldout, args.batch_size)
 
     domains = list(buckets[names[0]])
     lines = ["# Acceptance by the target's entropy", "",
-             f"Recipe `{args.recipe}`; held-out rows of its split, temperature 1.", "",
+             f"Recipe `{args.recipe}`; held-out rows of its split, temperature 1; drafts "
+             f"scored on {'all of their head' if args.whole_head else 'the head they decode with'}"
+             ".", "",
              "## Training rows against held-out rows (alpha)", "",
              "| draft | " + " | ".join(f"{d} train | {d} held-out" for d in domains) + " |",
              "|---" * (1 + 2 * len(domains)) + "|"]

@@ -99,6 +99,24 @@ def test_acceptance_by_entropy_buckets_add_up_to_heldout_alpha(tmp_path, tiny_di
     assert f"| {draft_dir} | +0.000 [+0.000, +0.000] |" in text
     assert text in capsys.readouterr().out
 
+    # A draft with a reduced head is scored on it, or with --whole-head on all of its head.
+    from draftkit.models import draft_vocab
+
+    v = target.config.vocab_size
+    head = list(range(0, v, 3))
+    draft_vocab.save(draft_dir, head, v, 0.5, "test")
+    scored = {}
+    for flag in ([], ["--whole-head"]):
+        mod.main(["--recipe", str(recipe), "--drafts", str(draft_dir), "--train-rows", "4",
+                  *flag])
+        row = next(x for x in capsys.readouterr().out.splitlines()
+                   if x.startswith(f"| {draft_dir}"))
+        scored[bool(flag)] = float(row.split("|")[3])  # code held-out
+    reduced = model_logits(draft, "cpu", head_ids=torch.tensor(head))
+    want = heldout_alpha(reduced, t_fn, heldout, 4)
+    assert abs(scored[False] - want["alpha/code"]) < 6e-4
+    assert abs(scored[True] - weighted) < 6e-4 and abs(scored[True] - scored[False]) > 1e-2
+
 
 def test_quality_bar_is_judged_on_the_drafts_each_run_keeps(tmp_path, capsys):
     """A control that peaks early ships its peak: the margin is taken against that, not against

@@ -174,7 +174,8 @@ def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path, tiny_dirs, monkeypat
     run = tmp_path / "run"
     train(_cfg(tmp_path, tiny_dirs), stop_after=2, progress=False)
     train(_cfg(tmp_path, tiny_dirs), progress=False)
-    ids = {p.name.rsplit("-", 1)[1] for p in (run / "wandb").glob("offline-run-*")}
+    # offline-run-<time>-<id>, and "-1" after it when both runs started within one second
+    ids = {p.name.split("-")[3] for p in (run / "wandb").glob("offline-run-*")}
     assert len(list((run / "wandb").glob("offline-run-*"))) == 2
     assert ids == {(run / "wandb_run_id").read_text()}
     train(_cfg(tmp_path, tiny_dirs, resume=False), progress=False)  # a new run, a new id

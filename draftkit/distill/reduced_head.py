@@ -1,0 +1,84 @@
+"""Training over the reduced head the draft decodes with (``draft.train_reduced_head``).
+
+A draft with ``draft.vocab_size`` proposes from q renormalised over its N most frequent tokens
+H (FR-Spec, Zhao et al. 2025, arXiv 2502.14856), so only q over H is ever served. EAGLE-3 (Li
+et al. 2025, arXiv 2503.01840) trains its draft over such a vocabulary too: the head's matrix
+product and the softmax then cost N / V of the whole head's, which on a small draft with a 49k
+vocabulary is most of a training step.
+
+The target p is restricted to H the same way: the draft cannot propose a token outside H, so
+that mass is out of reach. Renormalised over H, p_H is the q_H that maximises acceptance,
+sum over x in H of min(p(x), q_H(x)) = p(H) (Leviathan et al. 2023, arXiv 2211.17192), so
+every divergence in draftkit/distill/losses.py keeps its meaning.
+
+Everything here maps vocabulary ids to positions in H, ``index`` (V,), -1 outside H.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+Tensor = torch.Tensor
+
+
+class ReducedHead:
+    """The tokens H the draft proposes from, and where each vocabulary id sits in H."""
+
+    def __init__(self, ids: list[int] | Tensor, vocab_size: int):
+        self.ids = torch.as_tensor(ids, dtype=torch.long)  # (N,)
+        self.index = torch.full((vocab_size,), -1, dtype=torch.long)  # (V,)
+        self.index[self.ids] = torch.arange(len(self.ids))
+
+    def to(self, device: Any) -> "ReducedHead":
+        self.ids, self.index = self.ids.to(device), self.index.to(device)
+        return self
+
+
+def head_logits(model: Any, hidden: Tensor, head: ReducedHead | None) -> Tensor:
+    """The draft's head over H only: hidden (N, D) -> logits (N, |H|), or (N, V) without H.
+
+    Multiplies by H's rows of a plain linear head; a head it cannot read that way (LoRA on
+    the head, a ZeRO-3 partitioned weight, which is only whole inside the head's own forward)
+    runs whole and is sliced, the same logits at the whole head's cost.
+    """
+    lm_head = model.get_output_embeddings()
+    if head is None:
+        return lm_head(hidden)
+    weight = getattr(lm_head, "weight", None)
+    if type(lm_head) is not torch.nn.Linear or hasattr(weight, "ds_status"):
+        return lm_head(hidden)[..., head.ids]
+    bias = None if lm_head.bias is None else lm_head.bias[head.ids]
+    return F.linear(hidden, weight[head.ids], bias)
+
+
+def restrict_dense(p_logp: Tensor, head: ReducedHead) -> Tensor:
+    """The target over H, renormalised: (N, V) log-probs -> (N, |H|)."""
+    p = p_logp[..., head.ids]
+    return p - torch.logsumexp(p, dim=-1, keepdim=True)
+
+
+def restrict_sparse(p_logp_topk: Tensor, ids: Tensor, head: ReducedHead
+                    ) -> tuple[Tensor, Tensor]:
+    """A cached top-k teacher over H: (N, k) log p and ids -> (N, k) log p and positions in H.
+
+    Ids outside H get log p = -inf (and position 0, unread: losses.sparse_logprobs leaves out
+    entries where p is -inf). The rest is renormalised by Z = 1 - (top-k mass outside H), so
+    that the tail bucket sparse_logprobs adds, 1 - (kept mass), is p_H's mass on H beyond the
+    top k (all of the unseen tail is counted in H: the cache cannot say where it lies).
+    """
+    pos = head.index[ids.long()]  # (N, k)
+    inside = pos >= 0
+    p = p_logp_topk.float()
+    outside_mass = torch.where(inside, 0.0, p.exp()).sum(-1, keepdim=True)  # (N, 1)
+    log_z = torch.log1p(-outside_mass.clamp(max=1.0 - 1e-6))
+    return torch.where(inside, p - log_z, float("-inf")), pos.clamp(min=0)
+
+
+def restrict_labels(labels: Tensor, head: ReducedHead) -> tuple[Tensor, Tensor]:
+    """Next-token labels (N,) -> their positions in H and which are in H at all (N,) bool:
+    the cross-entropy control cannot be asked for a token its head does not have."""
+    pos = head.index[labels]
+    return pos.clamp(min=0), pos >= 0
