@@ -185,16 +185,16 @@ def micro_loss(student: Any, teacher: Any, rows: Rows, idx: torch.Tensor, cfg: D
     with autocast():
         logits, hidden = student(ids, mask, pos)  # (N, V) or (N, |H|), (N, P, H) or None
     t = cfg.loss.temperature
-    p_logp, p_ids = target.logp.to(device), target.ids
+    p_logp, p_ids = target.logp.to(device), None if target.ids is None else target.ids.to(device)
     if head is not None:
         if p_ids is None:
             p_logp = restrict_dense(p_logp, head)
         else:
-            p_logp, p_ids = restrict_sparse(p_logp, p_ids.to(device), head)
+            p_logp, p_ids = restrict_sparse(p_logp, p_ids, head)
     if p_ids is None:
         q_logp = dense_logprobs(logits, t)
     else:
-        p_logp, q_logp = sparse_logprobs(logits, p_logp, p_ids.to(device), t)
+        p_logp, q_logp = sparse_logprobs(logits, p_logp, p_ids, t)
     per_token = divergence(cfg.loss.divergence, p_logp, q_logp, cfg.loss.beta)  # (N,)
     if not per_token.numel():
         return logits.sum() * 0.0, 0

@@ -11,20 +11,13 @@ from draftkit.distill.losses import dense_logprobs, divergence, sparse_logprobs
 from draftkit.distill.reduced_head import (ReducedHead, head_logits, restrict_dense,
                                            restrict_labels, restrict_sparse)
 from draftkit.errors import ConfigError, DraftkitError
-from tests.distill.test_trainer import _cfg
+from tests.distill.test_trainer import _cfg, _loaded
 
 
 def _setup(tmp_path, tiny_dirs, **over):
-    from draftkit.data import build_rows
     from draftkit.distill.trainer import batch_rows
-    from draftkit.models import load_model, load_tokenizer
 
-    cfg = _cfg(tmp_path, tiny_dirs, **over)
-    target_dir, draft_dir = tiny_dirs
-    tok = load_tokenizer(str(target_dir))
-    target = load_model(str(target_dir), device="cpu", dtype="float32")
-    draft = load_model(str(draft_dir), device="cpu", dtype="float32")
-    rows, _ = build_rows(cfg.data, tok, 0)
+    cfg, target, draft, rows = _loaded(tmp_path, tiny_dirs, **over)
     v = target.config.vocab_size
     head = ReducedHead(torch.arange(0, v, 2), v)  # half the vocabulary: labels on both sides
     return cfg, target, draft, rows, head, batch_rows(0, len(rows), 3, 0)

@@ -46,6 +46,19 @@ def _cfg(tmp_path, tiny_dirs, out="run", **over):
     return from_dict(DistillConfig, data, "test")
 
 
+def _loaded(tmp_path, tiny_dirs, **over):
+    """(cfg, target, draft, rows): the tiny target and draft loaded, the recipe's rows built."""
+    from draftkit.data import build_rows
+    from draftkit.models import load_model, load_tokenizer
+
+    cfg = _cfg(tmp_path, tiny_dirs, **over)
+    target_dir, draft_dir = tiny_dirs
+    target = load_model(str(target_dir), device="cpu", dtype="float32")
+    draft = load_model(str(draft_dir), device="cpu", dtype="float32")
+    rows, _ = build_rows(cfg.data, load_tokenizer(str(target_dir)), 0)
+    return cfg, target, draft, rows
+
+
 def _weights(path):
     from safetensors.torch import load_file
 
@@ -318,19 +331,12 @@ def test_a_damaged_teacher_cache_is_one_clear_error(tmp_path, tiny_dirs):
 
 def test_cache_matches_online_teacher_with_full_support(tmp_path, tiny_dirs):
     """With top_k = V the cached sparse teacher gives the online teacher's loss."""
-    from draftkit.data import build_rows
     from draftkit.distill.teacher import OnlineTeacher, TopKCache
     from draftkit.distill.trainer import batch_rows, micro_loss
     from draftkit.distill.teacher import MaskedLM
-    from draftkit.models import load_model, load_tokenizer
     import contextlib
 
-    cfg = _cfg(tmp_path, tiny_dirs)
-    target_dir, draft_dir = tiny_dirs
-    tok = load_tokenizer(str(target_dir))
-    target = load_model(str(target_dir), device="cpu", dtype="float32")
-    draft = load_model(str(draft_dir), device="cpu", dtype="float32")
-    rows, _ = build_rows(cfg.data, tok, 0)
+    cfg, target, draft, rows = _loaded(tmp_path, tiny_dirs)
     v = target.config.vocab_size
     cache = TopKCache(tmp_path / "c", rows, v, 1.0, "k")
     cache.build(target, rows, 4, progress=False)
