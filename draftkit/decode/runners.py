@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from draftkit.decode.cache import StaticKVCache, WriteIndex
+from draftkit.decode.cpu_linear import DecodeLinear, tune
 from draftkit.errors import DraftkitError
 
 if TYPE_CHECKING:
@@ -143,24 +144,21 @@ class LlamaRunner:
 
     def _prepare_weights(self) -> None:
         """Fuse q/k/v and gate/up into one matrix each (fewer, larger matmuls) and, on CPU,
-        pick the matmul form per shape. Decoding multiplies a few rows by weights streamed
-        from memory, and MKL's speed there depends on the layout: for one row, x @ W^T with W^T
-        stored contiguous takes a matrix-vector path about 2x faster than ``F.linear`` on a
-        wide matrix (the 49152 x 576 head of SmolLM2); for 2-8 rows (verification), W @ x^T
-        beats both. So the CPU path keeps W and a contiguous W^T (one extra copy)."""
+        measure the fastest matmul layout per row count (:mod:`draftkit.decode.cpu_linear`)."""
         import torch
 
         self.cpu = self.param.device.type == "cpu"
 
-        def prep(*linears):
-            w = torch.cat([m.weight.detach() for m in linears], dim=0).contiguous()  # (out, in)
+        def prep(*linears, rows: "torch.Tensor | None" = None) -> DecodeLinear:
+            w = torch.cat([m.weight.detach() for m in linears], dim=0)  # (out, in)
             biases = [m.bias for m in linears]
             b = None if all(x is None for x in biases) else torch.cat(
                 [x.detach() if x is not None else torch.zeros(m.out_features, dtype=w.dtype,
                                                               device=w.device)
                  for x, m in zip(biases, linears)])
-            wt = w.t().contiguous() if self.cpu and w.shape[0] >= w.shape[1] else None
-            return w, wt, b
+            if rows is not None:  # a reduced draft vocabulary: keep only those head rows
+                w, b = w[rows], None if b is None else b[rows]
+            return DecodeLinear(w, b)
 
         self.w = []
         for layer in self.layers:
@@ -168,30 +166,10 @@ class LlamaRunner:
             self.w.append({"qkv": prep(a.q_proj, a.k_proj, a.v_proj), "o": prep(a.o_proj),
                            "gate_up": prep(mlp.gate_proj, mlp.up_proj), "down": prep(mlp.down_proj),
                            "act": mlp.act_fn})
-        self.w_head = prep(self.lm_head)
         self.head_ids = head_ids(self.model, self.param.device)
-        if self.head_ids is not None:  # a reduced draft vocabulary: keep only those head rows
-            w, _, b = self.w_head
-            w = w[self.head_ids].contiguous()
-            self.w_head = (w, w.t().contiguous() if self.cpu else None,
-                           None if b is None else b[self.head_ids])
-
-    def _linear(self, x: "torch.Tensor", weights) -> "torch.Tensor":
-        """x: (B, T, in) -> (B, T, out), in the fastest form for this many rows."""
-        import torch
-        import torch.nn.functional as F
-
-        w, wt, b = weights
-        rows = x.shape[0] * x.shape[1]
-        if not self.cpu:
-            return F.linear(x, w, b)
-        if rows == 1:
-            y = torch.matmul(x, wt) if wt is not None else F.linear(x, w)
-        elif rows <= 8 and w.shape[0] >= w.shape[1]:
-            y = torch.matmul(w, x.reshape(rows, -1).t()).t().reshape(*x.shape[:-1], w.shape[0])
-        else:
-            y = F.linear(x, w)
-        return y if b is None else y + b
+        self.w_head = prep(self.lm_head, rows=self.head_ids)
+        tune([w[name] for w in self.w for name in ("qkv", "o", "gate_up", "down")]
+             + [self.w_head])
 
     def _sdpa_backends(self):
         """Attention kernels for decoding. cuDNN's SDPA builds a plan per new shape (~8 ms of
@@ -245,7 +223,7 @@ class LlamaRunner:
         nq, nk = nh * hd, nkv * hd
         for i, layer in enumerate(self.layers):
             attn, w = layer.self_attn, self.w[i]
-            qkv = self._linear(layer.input_layernorm(x), w["qkv"])  # (B, T, (H + 2 Hkv) D)
+            qkv = w["qkv"](layer.input_layernorm(x))  # (B, T, (H + 2 Hkv) D)
             q = qkv[..., :nq].view(bsz, t, nh, hd)
             k = qkv[..., nq:nq + nk].view(bsz, t, nkv, hd)
             v = qkv[..., nq + nk:].view(bsz, t, nkv, hd).transpose(1, 2)  # (B, Hkv, T, D)
@@ -259,13 +237,13 @@ class LlamaRunner:
             with self._sdpa_backends():
                 o = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,
                                                    scale=attn.scaling, enable_gqa=nkv != nh)
-            x = x + self._linear(o.transpose(1, 2).reshape(bsz, t, nq), w["o"])
-            gate, up = self._linear(layer.post_attention_layernorm(x), w["gate_up"]).chunk(2, -1)
-            x = x + self._linear(w["act"](gate) * up, w["down"])
+            x = x + w["o"](o.transpose(1, 2).reshape(bsz, t, nq))
+            gate, up = w["gate_up"](layer.post_attention_layernorm(x)).chunk(2, -1)
+            x = x + w["down"](w["act"](gate) * up)
         cache.lengths[index.row_ids] = start_t + t
         if last is not None:  # only the positions whose logits are needed go through the head
             x = x[torch.arange(bsz, device=x.device), torch.tensor(last, device=x.device)]
-        return full_vocab(self._linear(self.norm(x), self.w_head), self.head_ids,
+        return full_vocab(self.w_head(self.norm(x)), self.head_ids,
                           self.vocab_size)
 
 

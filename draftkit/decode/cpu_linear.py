@@ -1,0 +1,141 @@
+"""Linear layers for decoding on CPU: x @ W^T in the layout that is fastest for few rows.
+
+Decoding multiplies a few rows (1 for a plain step, K + 1 to verify, times the batch) by weights
+streamed from memory, and MKL's speed there depends on the operand layout: ``F.linear(x, W)``,
+``x @ W^T`` with W^T stored contiguous, or ``W @ x^T``. Which one wins depends on the CPU and
+the MKL build, not only on the shape. Over the layers of SmolLM2-135M (30 x qkv, o, gate_up,
+down; 2 threads):
+
+- the machine the fast path was first tuned on: contiguous W^T best for 1 row (a matrix-vector
+  path about 2x faster than ``F.linear`` on the 49152 x 576 head), W @ x^T best for 2-8 rows;
+- a 2-core AVX-512 machine (2026-12-01): contiguous W^T 23 ms for 1 row, but 56 ms for 2 rows
+  where ``F.linear`` takes 27 ms and W @ x^T 45 ms. The fixed choice made verifying 2 tokens
+  cost 2.1 plain steps, which priced every K out of ``--k auto``.
+
+So :func:`tune` measures: for each row count 1..``MAX_ROWS`` and each form, one pass over a
+model's weights in model order (so each weight streams from memory as in a forward; the first
+``SAMPLE_BYTES`` of them, plus the first of any shape not yet seen, such as the head), and
+keeps per weight shape and row count the fastest form. Models under ``MIN_TUNE_BYTES`` fit in
+cache, where the layout matters little; they keep the fixed choice, which also keeps the tiny
+models of the tests deterministic. More than ``MAX_ROWS`` rows is a matrix product MKL blocks
+well, so it always takes ``F.linear``. Results are kept per process, keyed by the shapes, dtype
+and thread count, so a second runner over the same model does not measure again.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+MAX_ROWS = 8  # row counts measured; beyond, F.linear
+MIN_TUNE_BYTES = 32 * 2**20  # weights this large stream from memory rather than cache
+SAMPLE_BYTES = 128 * 2**20  # weights timed: layers repeat their shapes, a prefix stands for all
+FORMS = ("linear", "x@wt", "w@xt")
+
+_tuned: dict[tuple, dict[tuple, dict[int, str]]] = {}  # model key -> shape -> rows -> form
+
+
+def _apply(form: str, x2: "torch.Tensor", w: "torch.Tensor", wt: "torch.Tensor | None"
+           ) -> "torch.Tensor":
+    """x2: (rows, in) -> (rows, out) in the given form."""
+    import torch
+    import torch.nn.functional as F
+
+    if form == "x@wt":
+        return torch.matmul(x2, wt)
+    if form == "w@xt":
+        return torch.matmul(w, x2.t()).t()
+    return F.linear(x2, w)
+
+
+class DecodeLinear:
+    """One weight (out, in) with an optional bias, multiplied in the form chosen per row count.
+
+    On CPU, keeps a contiguous W^T beside W (one extra copy) for out >= in, where the 1-row
+    matrix-vector path needs it, and drops it after tuning if no row count chose it. Off CPU
+    every row count takes ``F.linear``."""
+
+    def __init__(self, w: "torch.Tensor", b: "torch.Tensor | None" = None):
+        self.w, self.b = w.contiguous(), b  # w: (out, in)
+        layouts = w.device.type == "cpu" and self.w.shape[0] >= self.w.shape[1]
+        self.wt = self.w.t().contiguous() if layouts else None  # (in, out)
+        # the fixed choice, measured on the first machine (module docstring); off CPU, F.linear
+        self.forms = {rows: ("x@wt" if rows == 1 else "w@xt") if layouts else "linear"
+                      for rows in range(1, MAX_ROWS + 1)}
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.w.shape)
+
+    def available(self) -> tuple[str, ...]:
+        return FORMS if self.wt is not None else ("linear", "w@xt")
+
+    def __call__(self, x: "torch.Tensor") -> "torch.Tensor":
+        """x: (..., in) -> (..., out)."""
+        rows = x.numel() // x.shape[-1]
+        y = _apply(self.forms.get(rows, "linear"), x.reshape(rows, -1), self.w, self.wt)
+        y = y.reshape(*x.shape[:-1], self.w.shape[0])
+        return y if self.b is None else y + self.b
+
+    def set_forms(self, forms: dict[int, str]) -> None:
+        self.forms = dict(forms)
+        if self.wt is not None and "x@wt" not in self.forms.values():
+            self.wt = None  # no row count uses it: give the memory back
+
+
+def tune(linears: list[DecodeLinear], reps: int = 2, min_bytes: int | None = None) -> bool:
+    """Choose each weight shape's form per row count by timing (module docstring). Returns
+    whether it measured (False off CPU or for weights under ``min_bytes``, default
+    ``MIN_TUNE_BYTES``, where the fixed choice stays)."""
+    import torch
+
+    if not linears or linears[0].w.device.type != "cpu":
+        return False
+    floor = MIN_TUNE_BYTES if min_bytes is None else min_bytes
+    if sum(lin.w.numel() * lin.w.element_size() for lin in linears) < floor:
+        return False
+    key = (tuple(lin.shape for lin in linears), linears[0].w.dtype, torch.get_num_threads())
+    if key not in _tuned:
+        _tuned[key] = _measure(_sample(linears), reps)
+    for lin in linears:
+        lin.set_forms(_tuned[key][lin.shape])
+    return True
+
+
+def _sample(linears: list[DecodeLinear]) -> list[DecodeLinear]:
+    """The first ``SAMPLE_BYTES`` of weights in model order, and the first of every shape."""
+    out, seen, total = [], set(), 0
+    for lin in linears:
+        if total < SAMPLE_BYTES or lin.shape not in seen:
+            out.append(lin)
+            seen.add(lin.shape)
+            total += lin.w.numel() * lin.w.element_size()
+    return out
+
+
+def _measure(linears: list[DecodeLinear], reps: int) -> dict[tuple, dict[int, str]]:
+    import torch
+
+    dtype = linears[0].w.dtype
+    inputs = {n: torch.randn(MAX_ROWS, n, dtype=dtype) for n in {lin.shape[1] for lin in linears}}
+    best: dict[tuple, dict[int, str]] = {lin.shape: {} for lin in linears}
+    with torch.no_grad():
+        for rows in range(1, MAX_ROWS + 1):
+            seconds: dict[tuple, dict[str, float]] = {shape: {} for shape in best}
+            for form in FORMS:
+                for _ in range(reps):
+                    spent: dict[tuple, float] = {}
+                    for lin in linears:  # model order: each weight arrives from memory
+                        if form not in lin.available():
+                            continue
+                        start = time.perf_counter()
+                        _apply(form, inputs[lin.shape[1]][:rows], lin.w, lin.wt)
+                        spent[lin.shape] = spent.get(lin.shape, 0.0) + time.perf_counter() - start
+                    for shape, s in spent.items():  # the fastest of the reps
+                        seconds[shape][form] = min(seconds[shape].get(form, s), s)
+            for shape, by_form in seconds.items():
+                best[shape][rows] = min(by_form, key=by_form.get)
+    return best

@@ -1,0 +1,67 @@
+"""CPU matmul layouts for decoding: every form computes x @ W^T, and tuning keeps the fastest."""
+
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from draftkit.decode import cpu_linear
+from draftkit.decode.cpu_linear import FORMS, MAX_ROWS, DecodeLinear, tune
+from draftkit.decode.engine import SpeculativeEngine
+from tests.decode.helpers import hf_greedy, tiny_target_and_draft
+
+
+@pytest.mark.parametrize("shape", [(48, 16), (16, 48), (16, 16)])
+def test_every_form_is_x_times_w_transposed(shape):
+    torch.manual_seed(0)
+    w, b = torch.randn(*shape), torch.randn(shape[0])
+    lin = DecodeLinear(w, b)
+    for form in lin.available():
+        lin.forms = {rows: form for rows in range(1, MAX_ROWS + 1)}
+        for rows in (1, 2, 5, MAX_ROWS, MAX_ROWS + 3):  # beyond MAX_ROWS: F.linear
+            x = torch.randn(1, rows, shape[1])  # (B, T, in)
+            torch.testing.assert_close(lin(x), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    assert ("x@wt" in lin.available()) == (shape[0] >= shape[1])
+
+
+def test_tune_keeps_the_form_the_clock_finds_fastest(monkeypatch):
+    """Slow every form but W @ x^T down: each shape and row count must choose it, and the
+    unused W^T copy is dropped."""
+    apply = cpu_linear._apply
+
+    def slowed(form, x2, w, wt):
+        if form != "w@xt":
+            time.sleep(0.002)
+        return apply(form, x2, w, wt)
+
+    monkeypatch.setattr(cpu_linear, "_apply", slowed)
+    monkeypatch.setattr(cpu_linear, "_tuned", {})
+    linears = [DecodeLinear(torch.randn(64, 32)), DecodeLinear(torch.randn(32, 64))]
+    assert linears[0].wt is not None
+    assert tune(linears, reps=1, min_bytes=0)
+    for lin in linears:
+        assert lin.forms == {rows: "w@xt" for rows in range(1, MAX_ROWS + 1)}
+        assert lin.wt is None
+    linears[0].forms[1] = "linear"
+    assert tune(linears, reps=1, min_bytes=0)  # a second model of these shapes: remembered
+    assert linears[0].forms[1] == "w@xt"
+
+
+def test_small_models_keep_the_fixed_choice():
+    lin = DecodeLinear(torch.randn(64, 32))
+    fixed = dict(lin.forms)
+    assert not tune([lin])  # 8 KiB is far under MIN_TUNE_BYTES: in cache, nothing to measure
+    assert lin.forms == fixed and set(fixed.values()) <= set(FORMS)
+
+
+def test_tuned_fast_path_decodes_as_hf_generate(monkeypatch):
+    """The engine with the layouts tuned (forced on a tiny model) is still exact greedy."""
+    monkeypatch.setattr(cpu_linear, "MIN_TUNE_BYTES", 0)
+    monkeypatch.setattr(cpu_linear, "_tuned", {})
+    target, draft = tiny_target_and_draft()
+    prompt = [5, 9, 22, 31, 7]
+    engine = SpeculativeEngine(target, draft, eos_token_id=None, fast_path=True)
+    assert cpu_linear._tuned  # the runners measured
+    out = engine.generate([prompt], k=3, max_new_tokens=12)
+    assert out[0].tokens == hf_greedy(target, prompt, 12)
