@@ -11,7 +11,10 @@ section 1),
            / (K T_draft + T_target(K + 1) + T_overhead),
 
 with tau = 1 + sum_i prod_{j<=i} alpha_j, and moves off the current K only for a gain above a
-small margin (hysteresis), so noise in the clocks does not make it thrash.
+small margin (hysteresis), so noise in the clocks does not make it thrash. T_target of a verify
+length not yet timed is extrapolated along a line through T(1); since that line can overstate a
+cost that is concave in length, a K whose length was never timed gets one round to time it when
+it would win at its lower bound (the longest length timed below it).
 
 alpha_i is a Beta posterior mean over the last ~``window`` tested trials at position i (the
 weight of a trial decays per trial, not per round, so the memory means the same at any batch
@@ -139,15 +142,19 @@ class KPolicy:
         key = min(table, key=lambda b: abs(b - batch))
         return table[key]
 
+    def _timed(self, batch: int) -> dict[int, float]:
+        """Target seconds by tokens verified at this batch size, else at the nearest one."""
+        known = {t: s for (b, t), s in self.t_target.items() if b == batch}
+        if not known and self.t_target:
+            near = min({b for b, _ in self.t_target}, key=lambda b: abs(b - batch))
+            known = {t: s for (b, t), s in self.t_target.items() if b == near}
+        return known
+
     def target_seconds(self, batch: int, tokens: int) -> float | None:
         """Measured, or interpolated linearly in tokens from the nearest batch's figures."""
-        known = {t: s for (b, t), s in self.t_target.items() if b == batch}
+        known = self._timed(batch)
         if not known:
-            batches = {b for b, _ in self.t_target}
-            if not batches:
-                return None
-            near = min(batches, key=lambda b: abs(b - batch))
-            known = {t: s for (b, t), s in self.t_target.items() if b == near}
+            return None
         if tokens in known:
             return known[tokens]
         if 1 in known and len(known) > 1:  # line through T = 1 and the farthest measured T
@@ -158,12 +165,12 @@ class KPolicy:
         base = s / (1 + self.prior_slope * (t - 1))
         return base * (1 + self.prior_slope * (tokens - 1))
 
-    def predicted_speedup(self, k: int, batch: int, alphas: list[float] | None = None
-                          ) -> float | None:
+    def predicted_speedup(self, k: int, batch: int, alphas: list[float] | None = None,
+                          t_verify: float | None = None) -> float | None:
         if k == 0:
             return 1.0
         t1 = self.target_seconds(batch, 1)
-        tv = self.target_seconds(batch, k + 1)
+        tv = t_verify if t_verify is not None else self.target_seconds(batch, k + 1)
         td = self._nearest(self.t_draft, batch)
         to = self._nearest(self.t_other, batch) or 0.0
         if t1 is None or tv is None or td is None:
@@ -188,6 +195,9 @@ class KPolicy:
         best = max(scores, key=lambda k: scores[k])
         if scores[best] > scores.get(self.k, 0.0) * (1 + self.hysteresis):
             self.k = best
+        untimed = self._untimed(batch, max(scores[best], 1.0))
+        if untimed is not None:  # one round to time a verify length the line may overstate
+            return untimed
         if self.k > 0:
             self.probe_gap, self.since_probe, self.probe_left = self.probe_every, 0, 0
             self.sampling = True  # judged below if plain decoding takes over
@@ -197,9 +207,7 @@ class KPolicy:
             self.probe_left -= 1
             return 1
         if self.sampling:
-            optimistic = self.alphas(upper=2.0)
-            hope = max(self.predicted_speedup(k, batch, optimistic) or 0.0
-                       for k in range(1, self.k_max + 1))
+            hope = max(s for s, _ in self._hopes(batch, self.alphas(upper=2.0)).values())
             unsettled = hope >= 1.0 or self._departure(0) > 1  # may pay, or leans above
             if unsettled and self.recent[0].trials < 4 * self.probe_trials:
                 return 1  # look one round longer
@@ -216,6 +224,34 @@ class KPolicy:
         for est in self.recent:
             est.restart()
         return 1
+
+    def _hopes(self, batch: int, alphas: list[float]) -> dict[int, tuple[float, bool]]:
+        """(predicted speedup, timed) per K >= 1, where an untimed verify length is priced at its
+        lower bound: the longest length timed below it, as a forward's cost never falls with
+        its length. Otherwise T_target(K + 1) of an untimed K is extrapolated along a line
+        through T(1), which overstates it where cost is concave in length: on a 2-core CPU a
+        2-token forward once cost 2.1 plain steps and a 7-token one 2.6, so the line through
+        T(1) and T(2) priced every K out while K 4 to 6 paid 1.12x."""
+        known = self._timed(batch)
+        hopes = {}
+        for k in range(1, self.k_max + 1):
+            below = [s for t, s in known.items() if t < k + 1]
+            timed = k + 1 in known or not below
+            floor = None if timed else max(below)
+            hopes[k] = (self.predicted_speedup(k, batch, alphas, t_verify=floor) or 0.0, timed)
+        return hopes
+
+    def _untimed(self, batch: int, to_beat: float) -> int | None:
+        """The K whose verify length was never timed at this batch and that would beat
+        ``to_beat`` (by the hysteresis) at its lower bound (:meth:`_hopes`): worth one round
+        to time it. Each untimed K costs at most one round."""
+        if batch not in {b for b, _ in self.t_target}:
+            return None  # nothing timed here yet: the nearest batch's figures stand in
+        hopes = {k: s for k, (s, timed) in self._hopes(batch, self.alphas()).items() if not timed}
+        if not hopes:
+            return None
+        k = max(hopes, key=hopes.get)
+        return k if hopes[k] > to_beat * (1 + self.hysteresis) else None
 
     def _probe_rounds(self, batch: int) -> int:
         """Rounds of K = 1 that test ``probe_trials`` positions (rows test one each)."""

@@ -4,9 +4,10 @@ Rounds at batch 1 where every drafted token is accepted with probability alpha o
 (i.i.d., the assumption of Leviathan et al., arXiv 2211.17192, section 3.1) and stops at the
 first rejection; time per round follows a cost model instead of a clock:
 
-    T_draft = K c T_STEP,   T_target(K + 1) = T_STEP (1 + 0.05 K),   plus T_OVERHEAD,
+    T_draft = K c T_STEP,   T_target(K + 1) = T_STEP v(K),   plus T_OVERHEAD,
 
-so a policy can be compared with the best fixed K over thousands of rounds in a second, and
+with v(K) = 1 + 0.05 K by default (a memory-bound verify) or any curve ``v`` given (a CPU whose
+2-token forward costs two plain steps and longer ones little more), so a policy can be compared with the best fixed K over thousands of rounds in a second, and
 a change to the policy with what it replaces (``eval/benchmarks/k_policy_sim.py``).
 """
 
@@ -23,12 +24,18 @@ T_STEP, T_OVERHEAD = 0.010, 0.0002  # seconds: one target step, the per-round ov
 V_SLOPE = 0.05  # verify inflation per drafted token: T_target(K + 1) / T_target(1) = 1 + 0.05 K
 
 
+def linear_v(k: int) -> float:
+    """The default verify inflation T_target(K + 1) / T_target(1)."""
+    return 1 + V_SLOPE * k
+
+
 def simulate_speedup(alpha: float | Callable[[int], float], c: float, k: int | str = "auto",
                      rounds: int = 2000, seed: int = 0, policy_class: type = KPolicy,
-                     ) -> tuple[float, list[int]]:
+                     v: Callable[[int], float] = linear_v) -> tuple[float, list[int]]:
     """Decode ``rounds`` rounds at batch 1 with i.i.d. acceptance ``alpha`` (a rate, or a
-    function of the round index) and draft cost ratio ``c``; K fixed, or ``"auto"``: chosen
-    each round by a fresh ``policy_class(k_max=8)`` fed the round's counts and modelled times.
+    function of the round index), draft cost ratio ``c`` and verify inflation ``v(K)``; K fixed,
+    or ``"auto"``: chosen each round by a fresh ``policy_class(k_max=8)`` fed the round's counts
+    and modelled times.
 
     Returns the speedup over plain decoding (tokens per second against K = 0's) and the K of
     every round.
@@ -47,7 +54,7 @@ def simulate_speedup(alpha: float | Callable[[int], float], c: float, k: int | s
                 break
             accepted[j] = 1
         n = sum(accepted)
-        t_draft, t_verify = kk * c * T_STEP, T_STEP * (1 + V_SLOPE * kk)
+        t_draft, t_verify = kk * c * T_STEP, T_STEP * v(kk)
         tokens += n + 1  # the accepted drafts and the target's own token
         seconds += t_draft + t_verify + T_OVERHEAD
         policy.observe(RoundStats(kk, 1, accepted, tested, 0.0, int(n < kk), int(n == kk), n + 1,
@@ -55,8 +62,8 @@ def simulate_speedup(alpha: float | Callable[[int], float], c: float, k: int | s
     return tokens / seconds * (T_STEP + T_OVERHEAD), chosen
 
 
-def best_fixed_k(alpha: float, c: float, k_max: int = 8) -> tuple[int, float]:
+def best_fixed_k(alpha: float, c: float, k_max: int = 8, v: Callable[[int], float] = linear_v
+                 ) -> tuple[int, float]:
     """(K, speedup) of the best fixed K under the simulator's cost model, from the speedup
     model (:func:`draftkit.metrics.optimal_k`); K = 0 when speculation loses."""
-    return metrics.optimal_k(alpha, c, k_max=k_max, v=lambda k: 1 + V_SLOPE * k,
-                             overhead=T_OVERHEAD / T_STEP)
+    return metrics.optimal_k(alpha, c, k_max=k_max, v=v, overhead=T_OVERHEAD / T_STEP)
