@@ -1,8 +1,9 @@
 """Linear layers for decoding on CPU: x @ W^T in the layout that is fastest for few rows.
 
 Decoding multiplies a few rows (1 for a plain step, K + 1 to verify, times the batch) by weights
-streamed from memory, and MKL's speed there depends on the operand layout: ``F.linear(x, W)``,
-``x @ W^T`` with W^T stored contiguous, or ``W @ x^T``. Which one wins depends on the CPU and
+streamed from memory, and the speed there depends on the operand layout: ``F.linear(x, W)``,
+``x @ W^T`` with W^T stored contiguous or ``W @ x^T`` (all MKL), or oneDNN's matmul over W
+reordered once. Which one wins depends on the CPU and
 the MKL build, not only on the shape. Over the layers of SmolLM2-135M (30 x qkv, o, gate_up,
 down; 2 threads):
 
@@ -33,22 +34,9 @@ if TYPE_CHECKING:
 MAX_ROWS = 8  # row counts measured; beyond, F.linear
 MIN_TUNE_BYTES = 32 * 2**20  # weights this large stream from memory rather than cache
 SAMPLE_BYTES = 128 * 2**20  # weights timed: layers repeat their shapes, a prefix stands for all
-FORMS = ("linear", "x@wt", "w@xt")
+FORMS = ("linear", "x@wt", "w@xt", "onednn")
 
 _tuned: dict[tuple, dict[tuple, dict[int, str]]] = {}  # model key -> shape -> rows -> form
-
-
-def _apply(form: str, x2: "torch.Tensor", w: "torch.Tensor", wt: "torch.Tensor | None"
-           ) -> "torch.Tensor":
-    """x2: (rows, in) -> (rows, out) in the given form."""
-    import torch
-    import torch.nn.functional as F
-
-    if form == "x@wt":
-        return torch.matmul(x2, wt)
-    if form == "w@xt":
-        return torch.matmul(w, x2.t()).t()
-    return F.linear(x2, w)
 
 
 class DecodeLinear:
@@ -60,6 +48,7 @@ class DecodeLinear:
 
     def __init__(self, w: "torch.Tensor", b: "torch.Tensor | None" = None):
         self.w, self.b = w.contiguous(), b  # w: (out, in)
+        self.packed = None  # W reordered for oneDNN: made only to be timed (:func:`tune`)
         layouts = w.device.type == "cpu" and self.w.shape[0] >= self.w.shape[1]
         self.wt = self.w.t().contiguous() if layouts else None  # (in, out)
         # the fixed choice, measured on the first machine (module docstring); off CPU, F.linear
@@ -71,19 +60,52 @@ class DecodeLinear:
         return tuple(self.w.shape)
 
     def available(self) -> tuple[str, ...]:
-        return FORMS if self.wt is not None else ("linear", "w@xt")
+        return tuple(f for f in FORMS if (f != "x@wt" or self.wt is not None)
+                     and (f != "onednn" or self.packed is not None))
+
+    def pack(self) -> None:
+        """Reorder W for oneDNN's matmul (a private op of torch, used by its CPU compiler, so
+        the form is offered only where this torch has it and it runs)."""
+        import torch
+
+        try:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.w, None)
+            self._apply("onednn", self.w.new_zeros(1, self.w.shape[1]))
+        except (AttributeError, RuntimeError):
+            self.packed = None
+
+    def _apply(self, form: str, x2: "torch.Tensor") -> "torch.Tensor":
+        """x2: (rows, in) -> (rows, out) in the given form."""
+        import torch
+        import torch.nn.functional as F
+
+        if form == "x@wt":
+            return torch.matmul(x2, self.wt)
+        if form == "w@xt":  # contiguous: a transposed view would reach attention with
+            # stride(-1) = rows, which CPU flash attention refuses (the math path is ~4x slower)
+            return torch.matmul(self.w, x2.t()).t().contiguous()
+        if form == "onednn":
+            return torch.ops.mkldnn._linear_pointwise(x2, self.packed, None, "none", [], "")
+        return F.linear(x2, self.w)
 
     def __call__(self, x: "torch.Tensor") -> "torch.Tensor":
         """x: (..., in) -> (..., out)."""
         rows = x.numel() // x.shape[-1]
-        y = _apply(self.forms.get(rows, "linear"), x.reshape(rows, -1), self.w, self.wt)
+        y = self._apply(self.forms.get(rows, "linear"), x.reshape(rows, -1))
         y = y.reshape(*x.shape[:-1], self.w.shape[0])
         return y if self.b is None else y + self.b
 
     def set_forms(self, forms: dict[int, str]) -> None:
+        """Use these forms; make what they need, drop what no row count uses."""
         self.forms = dict(forms)
+        if "onednn" in self.forms.values() and self.packed is None:
+            self.pack()
+            if self.packed is None:  # cannot happen where the form was measured; stay safe
+                self.forms = {r: "linear" if f == "onednn" else f for r, f in self.forms.items()}
+        if self.packed is not None and "onednn" not in self.forms.values():
+            self.packed = None
         if self.wt is not None and "x@wt" not in self.forms.values():
-            self.wt = None  # no row count uses it: give the memory back
+            self.wt = None
 
 
 def tune(linears: list[DecodeLinear], reps: int = 2, min_bytes: int | None = None) -> bool:
@@ -122,6 +144,8 @@ def _measure(linears: list[DecodeLinear], reps: int) -> dict[tuple, dict[int, st
     dtype = linears[0].w.dtype
     inputs = {n: torch.randn(MAX_ROWS, n, dtype=dtype) for n in {lin.shape[1] for lin in linears}}
     best: dict[tuple, dict[int, str]] = {lin.shape: {} for lin in linears}
+    for lin in linears:
+        lin.pack()
     with torch.no_grad():
         for rows in range(1, MAX_ROWS + 1):
             seconds: dict[tuple, dict[str, float]] = {shape: {} for shape in best}
@@ -132,7 +156,7 @@ def _measure(linears: list[DecodeLinear], reps: int) -> dict[tuple, dict[int, st
                         if form not in lin.available():
                             continue
                         start = time.perf_counter()
-                        _apply(form, inputs[lin.shape[1]][:rows], lin.w, lin.wt)
+                        lin._apply(form, inputs[lin.shape[1]][:rows])
                         spent[lin.shape] = spent.get(lin.shape, 0.0) + time.perf_counter() - start
                     for shape, s in spent.items():  # the fastest of the reps
                         seconds[shape][form] = min(seconds[shape].get(form, s), s)

@@ -17,32 +17,34 @@ def test_every_form_is_x_times_w_transposed(shape):
     torch.manual_seed(0)
     w, b = torch.randn(*shape), torch.randn(shape[0])
     lin = DecodeLinear(w, b)
+    lin.pack()
     for form in lin.available():
         lin.forms = {rows: form for rows in range(1, MAX_ROWS + 1)}
         for rows in (1, 2, 5, MAX_ROWS, MAX_ROWS + 3):  # beyond MAX_ROWS: F.linear
             x = torch.randn(1, rows, shape[1])  # (B, T, in)
             torch.testing.assert_close(lin(x), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
     assert ("x@wt" in lin.available()) == (shape[0] >= shape[1])
+    assert "onednn" in lin.available()  # the torch draftkit pins has the op
 
 
 def test_tune_keeps_the_form_the_clock_finds_fastest(monkeypatch):
     """Slow every form but W @ x^T down: each shape and row count must choose it, and the
     unused W^T copy is dropped."""
-    apply = cpu_linear._apply
+    apply = DecodeLinear._apply
 
-    def slowed(form, x2, w, wt):
+    def slowed(self, form, x2):
         if form != "w@xt":
             time.sleep(0.002)
-        return apply(form, x2, w, wt)
+        return apply(self, form, x2)
 
-    monkeypatch.setattr(cpu_linear, "_apply", slowed)
+    monkeypatch.setattr(DecodeLinear, "_apply", slowed)
     monkeypatch.setattr(cpu_linear, "_tuned", {})
     linears = [DecodeLinear(torch.randn(64, 32)), DecodeLinear(torch.randn(32, 64))]
     assert linears[0].wt is not None
     assert tune(linears, reps=1, min_bytes=0)
     for lin in linears:
         assert lin.forms == {rows: "w@xt" for rows in range(1, MAX_ROWS + 1)}
-        assert lin.wt is None
+        assert lin.wt is None and lin.packed is None
     linears[0].forms[1] = "linear"
     assert tune(linears, reps=1, min_bytes=0)  # a second model of these shapes: remembered
     assert linears[0].forms[1] == "w@xt"
