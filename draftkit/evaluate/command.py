@@ -30,7 +30,8 @@ class EvalArgs:
                                                    "its teacher-forced alpha on the same "
                                                    "continuations is reported as alpha_before, "
                                                    "the draft's as alpha_after")
-    k: str = option("auto", help="K drafted tokens per round, or 'auto' (the K policy)")
+    k: str = option("auto", help="K drafted tokens per round, or 'auto' (the K policy; one "
+                    "per domain, learning across its prompts as a server's does across requests)")
     k_max: int = option(8, help="largest K for 'auto' and the K sweep")
     temperature: float = option(0.0, help="sampling temperature (0 = greedy)")
     top_p: float = option(1.0, help="nucleus sampling mass")

@@ -87,11 +87,15 @@ class Evaluator:
         if isinstance(settings.k, int) and settings.k < 0:
             raise DraftkitError(f"--k must be >= 0 or 'auto', got {settings.k}")
 
-    def decode(self, prompts: list[list[int]], k, max_new_tokens: int, stats, seed: int):
+    def decode(self, prompts: list[list[int]], k, max_new_tokens: int, stats, seed: int,
+               policy=None):
+        """Timed decode; with ``k="auto"``, ``policy`` (a KPolicy) carries what it learnt
+        from earlier calls, else each call starts a fresh one."""
         s = self.s
         return _timed(lambda: self.engine.generate(
             prompts, k=k, max_new_tokens=max_new_tokens, temperature=s.temperature,
-            top_k=s.top_k, top_p=s.top_p, seed=seed, k_max=s.k_max, stats=stats), self.device)
+            top_k=s.top_k, top_p=s.top_p, seed=seed, k_max=s.k_max, policy=policy,
+            stats=stats), self.device)
 
     def warm_up(self, prompts: list[list[int]], k) -> None:
         """Decode ``prompts`` once with K = 0 and once at ``k``, untimed and uncounted."""
@@ -110,6 +114,7 @@ class Evaluator:
     # --- batch size 1, per domain -------------------------------------------------------------
 
     def run_domain(self, prompts: list[list[int]]) -> DomainRun:
+        from draftkit.decode.policy import KPolicy
         from draftkit.decode.stats import DecodeStats
 
         if not self._warm and prompts:
@@ -117,6 +122,8 @@ class Evaluator:
             self._warm = True
         spec_stats, plain_stats = DecodeStats(), DecodeStats()
         plain_secs, spec_secs, sequences = [], [], []
+        # --k auto: one policy for the domain's prompts, as a server keeps one across requests
+        policy = KPolicy(k_max=self.s.k_max) if self.s.k == "auto" else None
         tokens = spec_tokens = 0
         for rep in range(self.s.repeats):
             t_plain = t_spec = 0.0
@@ -133,7 +140,7 @@ class Evaluator:
                         n_plain += len(res.tokens)
                     else:
                         (res,), secs = self.decode([ids], self.s.k, self.s.max_new_tokens,
-                                                    spec_stats, seed)
+                                                    spec_stats, seed, policy)
                         t_spec += secs
                         n_spec += len(res.tokens)
                         sequences.append((ids, res.tokens))

@@ -250,3 +250,29 @@ def test_predictions_use_v_measured_at_each_k():
     assert v(3) == pytest.approx(1.65) and v(4) == 2.0
     # with the run's v at every K it would say K=4 at 1.15x
     assert "predicted 1.39x at K=1" in verdict(fig, 8, v_of_k(fig, measured))
+
+
+def test_k_auto_keeps_one_policy_per_domain(tiny_dirs):
+    """--k auto: the timed decodes of a domain share one K policy (what a server's scheduler
+    does across requests), so each prompt does not pay the policy's start-up rounds again; a
+    new domain starts a new one."""
+    from draftkit.evaluate.runner import EvalSettings, Evaluator
+    from draftkit.models import load_pair
+
+    target, draft = tiny_dirs
+    pair = load_pair(str(target), str(draft), device="cpu", dtype="float32")
+    ev = Evaluator(pair.target, pair.draft, EvalSettings(k="auto", max_new_tokens=10, repeats=2))
+    policies, generate = [], ev.engine.generate
+
+    def record(prompts, k, max_new_tokens, policy=None, **kw):
+        if k == "auto" and max_new_tokens == 10:  # the timed decodes, not the warm-up
+            policies.append(policy)
+        return generate(prompts, k=k, max_new_tokens=max_new_tokens, policy=policy, **kw)
+
+    ev.engine.generate = record
+    ev.run_domain([[5, 6, 7], [8, 9]])
+    assert len(policies) == 4 and policies[0] is not None
+    assert all(p is policies[0] for p in policies)
+    assert policies[0].rounds > 4  # it saw every decode's rounds
+    ev.run_domain([[5, 6, 7]])
+    assert policies[-1] is not policies[0]
