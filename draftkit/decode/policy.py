@@ -14,7 +14,11 @@ with tau = 1 + sum_i prod_{j<=i} alpha_j, and moves off the current K only for a
 small margin (hysteresis), so noise in the clocks does not make it thrash. T_target of a verify
 length not yet timed is extrapolated along a line through T(1); since that line can overstate a
 cost that is concave in length, a K whose length was never timed gets one round to time it when
-it would win at its lower bound (the longest length timed below it).
+it would win at its lower bound (the longest length timed below it). Every prediction divides
+by the plain step's time, so it is timed over the first ``plain_first`` rounds and again once
+every ``retime_every`` speculative rounds (under 1% in the decode simulator), and each time is
+the median of its last ``time_window`` samples: one lucky clock must not set K for the rest of
+a decode.
 
 alpha_i is a Beta posterior mean over the last ~``window`` tested trials at position i (the
 weight of a trial decays per trial, not per round, so the memory means the same at any batch
@@ -43,6 +47,8 @@ decoding at batch 1 and c = 0.2, 2% at c = 0.6) while one near break-even is re-
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 
 from draftkit import metrics
 from draftkit.decode.stats import RoundStats
@@ -71,7 +77,8 @@ class KPolicy:
     def __init__(self, k_max: int = 8, hysteresis: float = 0.02, probe_every: int = 16,
                  max_probe_every: int = 256, probe_trials: int = 8, window: int = 128,
                  recent: int = 16, prior_alpha: float = 0.5, prior_weight: float = 2.0,
-                 time_decay: float = 0.9, prior_v_slope: float = 0.15):
+                 time_window: int = 9, prior_v_slope: float = 0.15, plain_first: int = 3,
+                 retime_every: int = 32):
         if k_max < 0:
             raise ValueError("k_max must be >= 0")
         self.k_max, self.hysteresis = k_max, hysteresis
@@ -84,18 +91,26 @@ class KPolicy:
         self.prior_alpha, self.prior_weight = prior_alpha, prior_weight
         self.long = [_Rate(window) for _ in range(k_max)]
         self.recent = [_Rate(recent) for _ in range(k_max)]
-        self.time_decay = time_decay  # clocks are noisy per round but drift only slowly
+        # clocks are noisy per round (one sample can be off by half) but drift only slowly: the
+        # median of the last few samples ignores the outlier and follows the drift
+        self.time_window = time_window
+        self._samples: dict[tuple, deque] = {}
         self.prior_slope = prior_v_slope  # v(K) ~ 1 + slope * K until measured
         self.t_target: dict[tuple[int, int], float] = {}  # (batch, tokens) -> seconds
         self.t_draft: dict[int, float] = {}  # batch -> seconds per draft step
         self.t_other: dict[int, float] = {}  # batch -> seconds per round outside forwards
         self.k = 0
         self.rounds = 0
+        self.plain_first = plain_first  # plain rounds timed before the first speculative one
+        self.retime_every = retime_every  # speculative rounds between two timed plain ones
+        self.plain_rounds, self.since_plain = 0, 0
 
     # --- estimates ----------------------------------------------------------------------------
 
     def observe(self, r: RoundStats) -> None:
         self.rounds += 1
+        self.plain_rounds += r.k == 0
+        self.since_plain = 0 if r.k == 0 else self.since_plain + 1
         if r.rows == 0:
             return
         for i in range(r.k):
@@ -108,9 +123,9 @@ class KPolicy:
                 long, recent = self.long[i], self.recent[i]
                 long.rate, long.weight = recent.rate, recent.weight
         if r.k:
-            self._ema(self.t_draft, r.rows, r.seconds_draft / r.k)
-        self._ema(self.t_target, (r.rows, r.k + 1), r.seconds_verify)
-        self._ema(self.t_other, r.rows, r.seconds_other)
+            self._record(self.t_draft, "draft", r.rows, r.seconds_draft / r.k)
+        self._record(self.t_target, "target", (r.rows, r.k + 1), r.seconds_verify)
+        self._record(self.t_other, "other", r.rows, r.seconds_other)
 
     def _departure(self, i: int) -> float:
         """Recent minus long acceptance at position i, in standard errors of the recent window
@@ -121,9 +136,11 @@ class KPolicy:
         p = min(max(long.rate, 0.05), 0.95)  # the floor keeps a few trials from alarming
         return (recent.rate - long.rate) / math.sqrt(p * (1 - p) / recent.weight)
 
-    def _ema(self, table: dict, key, value: float) -> None:
-        old = table.get(key)
-        table[key] = value if old is None else self.time_decay * old + (1 - self.time_decay) * value
+    def _record(self, table: dict, name: str, key, value: float) -> None:
+        """Add a timing sample; ``table[key]`` becomes the median of the last ``time_window``."""
+        samples = self._samples.setdefault((name, key), deque(maxlen=self.time_window))
+        samples.append(value)
+        table[key] = statistics.median(samples)
 
     def alphas(self, upper: float = 0.0) -> list[float]:
         """Posterior mean of the conditional alpha_i, or mean + ``upper`` standard deviations.
@@ -184,8 +201,13 @@ class KPolicy:
         """K for the next round at this many active rows."""
         if self.k_max == 0:
             return 0
-        if self.rounds == 0:  # measure the plain step first
-            self.k = 0
+        # every prediction divides by the plain step's time, so time it first over a few rounds
+        # and again now and then while speculating: one noisy sample would skew every K's
+        # prediction for as long as speculation pays (a plain round costs about (1 - 1/S) of
+        # a round, so 1 in 32 costs under 1%)
+        if self.plain_rounds < self.plain_first or self.since_plain >= self.retime_every:
+            if self.plain_rounds < self.plain_first:
+                self.k = 0
             return 0
         if not self.t_draft:  # then one speculative round, at the cheapest K: evidence raises it
             self.k = 1
