@@ -26,7 +26,9 @@ size), with the posterior of position i - 1 as its prior, so unmeasured deeper p
 the rate before them. A long window keeps one unlucky round from switching speculation off near
 break-even; to still follow a real change (a new prompt, a new domain) a ``recent`` window runs
 alongside, and when it departs from the long one by more than three standard errors the long
-one restarts from it.
+one restarts from it. A position beyond the K drafted is not tested at all, so its evidence
+ages instead: its weight shrinks by 1 / ``stale_rounds`` a round, and the estimate drifts back
+to the rate before it, so a K given up while the text was hard is tried again.
 
 The first speculative round drafts K = 1, the cheapest K, and evidence raises it. K = 0 (plain
 decoding) wins when speculation loses. Acceptance is then unobserved, so the policy probes: it
@@ -78,7 +80,7 @@ class KPolicy:
                  max_probe_every: int = 256, probe_trials: int = 8, window: int = 128,
                  recent: int = 16, prior_alpha: float = 0.5, prior_weight: float = 2.0,
                  time_window: int = 9, prior_v_slope: float = 0.15, plain_first: int = 3,
-                 retime_every: int = 32):
+                 retime_every: int = 32, stale_rounds: int = 32):
         if k_max < 0:
             raise ValueError("k_max must be >= 0")
         self.k_max, self.hysteresis = k_max, hysteresis
@@ -104,6 +106,7 @@ class KPolicy:
         self.plain_first = plain_first  # plain rounds timed before the first speculative one
         self.retime_every = retime_every  # speculative rounds between two timed plain ones
         self.plain_rounds, self.since_plain = 0, 0
+        self.stale_rounds = stale_rounds  # memory of an undrafted position, in rounds
 
     # --- estimates ----------------------------------------------------------------------------
 
@@ -122,6 +125,11 @@ class KPolicy:
             if abs(self._departure(i)) > 3:  # alpha moved: forget what came before it
                 long, recent = self.long[i], self.recent[i]
                 long.rate, long.weight = recent.rate, recent.weight
+        # positions beyond this round's K (past the first, which probes keep fresh) were not
+        # drafted: their evidence ages, so their estimate drifts back to the rate before them
+        # and a K that looked bad while the text was hard is tried again once it may pay
+        for est in self.long[max(r.k, 1):]:
+            est.weight *= 1 - 1 / self.stale_rounds
         if r.k:
             self._record(self.t_draft, "draft", r.rows, r.seconds_draft / r.k)
         self._record(self.t_target, "target", (r.rows, r.k + 1), r.seconds_verify)

@@ -178,3 +178,25 @@ def test_one_outlying_plain_step_timing_does_not_set_k():
     once = {"plain_first": 1, "retime_every": 10**9}
     assert len({usual_k(once, f) for f in (0.4, 1.0, 1.5)}) > 1
     assert len({usual_k({}, f) for f in (0.4, 1.0, 1.5)}) == 1
+
+
+def test_a_deeper_position_that_recovers_is_drafted_again():
+    """Position 2 accepts 10% for 300 rounds (K = 1 is best), then 80% like position 1 (K 4-5
+    is best at c = 0.1). At K = 1 position 2 is never drafted, so its estimate used to stay at
+    its worst and K stayed 1 for good (1.6x where 2.0x was on offer); undrafted positions now
+    age back towards the rate before them, and K climbs again."""
+    rng = random.Random(0)
+    p, chosen = KPolicy(k_max=8), []
+    for i in range(1200):
+        k = p.choose(1)
+        chosen.append(k)
+        accepted, tested = [0] * k, [0] * k
+        for j in range(k):
+            tested[j] = 1
+            if rng.random() >= (0.8 if j == 0 or i >= 300 else 0.1):
+                break
+            accepted[j] = 1
+        p.observe(RoundStats(k, 1, accepted, tested, 0.0, 0, 0, 0, 0.001 * k,
+                             0.01 * (1 + 0.05 * k), 0.0001))
+    assert chosen[200:300].count(1) > 0.6 * 100  # K = 1 while position 2 is poor
+    assert min(k for k in chosen[-200:] if k > 0) >= 3
