@@ -13,8 +13,8 @@ section 1),
 with tau = 1 + sum_i prod_{j<=i} alpha_j, and moves off the current K only for a gain above a
 small margin (hysteresis), so noise in the clocks does not make it thrash. T_target of a verify
 length not yet timed is extrapolated along a line through T(1); since that line can overstate a
-cost that is concave in length, a K whose length was never timed gets one round to time it when
-it would win at its lower bound (the longest length timed below it). Every prediction divides
+cost that is concave in length, a K whose length is not yet timed in ``timed_samples`` rounds
+gets a round to time it when it would win at its lower bound (the longest length timed below it). Every prediction divides
 by the plain step's time, so it is timed over the first ``plain_first`` rounds and again once
 every ``retime_every`` speculative rounds (under 1% in the decode simulator), and each time is
 the median of its last ``time_window`` samples: one lucky clock must not set K for the rest of
@@ -80,7 +80,7 @@ class KPolicy:
                  max_probe_every: int = 256, probe_trials: int = 8, window: int = 128,
                  recent: int = 16, prior_alpha: float = 0.5, prior_weight: float = 2.0,
                  time_window: int = 9, prior_v_slope: float = 0.15, plain_first: int = 3,
-                 retime_every: int = 32, stale_rounds: int = 32):
+                 retime_every: int = 32, stale_rounds: int = 64, timed_samples: int = 3):
         if k_max < 0:
             raise ValueError("k_max must be >= 0")
         self.k_max, self.hysteresis = k_max, hysteresis
@@ -107,6 +107,7 @@ class KPolicy:
         self.retime_every = retime_every  # speculative rounds between two timed plain ones
         self.plain_rounds, self.since_plain = 0, 0
         self.stale_rounds = stale_rounds  # memory of an undrafted position, in rounds
+        self.timed_samples = timed_samples  # rounds before a verify length's time is trusted
 
     # --- estimates ----------------------------------------------------------------------------
 
@@ -256,9 +257,10 @@ class KPolicy:
         return 1
 
     def _hopes(self, batch: int, alphas: list[float]) -> dict[int, tuple[float, bool]]:
-        """(predicted speedup, timed) per K >= 1, where an untimed verify length is priced at its
-        lower bound: the longest length timed below it, as a forward's cost never falls with
-        its length. Otherwise T_target(K + 1) of an untimed K is extrapolated along a line
+        """(predicted speedup, timed) per K >= 1, where a verify length timed in fewer than
+        ``timed_samples`` rounds at this batch is priced at its lower bound: the longest length
+        timed below it, as a forward's cost never falls with its length (one slow round must
+        not keep a K out for good). Otherwise T_target(K + 1) of an untimed K is extrapolated along a line
         through T(1), which overstates it where cost is concave in length: on a 2-core CPU a
         2-token forward once cost 2.1 plain steps and a 7-token one 2.6, so the line through
         T(1) and T(2) priced every K out while K 4 to 6 paid 1.12x."""
@@ -266,15 +268,16 @@ class KPolicy:
         hopes = {}
         for k in range(1, self.k_max + 1):
             below = [s for t, s in known.items() if t < k + 1]
-            timed = k + 1 in known or not below
+            samples = len(self._samples.get(("target", (batch, k + 1)), ()))
+            timed = samples >= self.timed_samples or not below
             floor = None if timed else max(below)
             hopes[k] = (self.predicted_speedup(k, batch, alphas, t_verify=floor) or 0.0, timed)
         return hopes
 
     def _untimed(self, batch: int, to_beat: float) -> int | None:
-        """The K whose verify length was never timed at this batch and that would beat
-        ``to_beat`` (by the hysteresis) at its lower bound (:meth:`_hopes`): worth one round
-        to time it. Each untimed K costs at most one round."""
+        """The K whose verify length is not yet timed at this batch (:meth:`_hopes`) and that
+        would beat ``to_beat`` (by the hysteresis) at its lower bound: worth a round to time
+        it. Each K costs at most ``timed_samples`` such rounds per batch size."""
         if batch not in {b for b, _ in self.t_target}:
             return None  # nothing timed here yet: the nearest batch's figures stand in
         hopes = {k: s for k, (s, timed) in self._hopes(batch, self.alphas()).items() if not timed}
