@@ -3,9 +3,8 @@
 Decoding multiplies a few rows (1 for a plain step, K + 1 to verify, times the batch) by weights
 streamed from memory, and the speed there depends on the operand layout: ``F.linear(x, W)``,
 ``x @ W^T`` with W^T stored contiguous or ``W @ x^T`` (all MKL), or oneDNN's matmul over W
-reordered once. Which one wins depends on the CPU and
-the MKL build, not only on the shape. Over the layers of SmolLM2-135M (30 x qkv, o, gate_up,
-down; 2 threads):
+reordered once. Which one wins depends on the CPU and the MKL build, not only on the shape.
+Over the layers of SmolLM2-135M (30 x qkv, o, gate_up, down; 2 threads):
 
 - the machine the fast path was first tuned on: contiguous W^T best for 1 row (a matrix-vector
   path about 2x faster than ``F.linear`` on the 49152 x 576 head), W @ x^T best for 2-8 rows;
@@ -15,13 +14,14 @@ down; 2 threads):
 
 So :func:`tune` measures: for each row count 1..``MAX_ROWS`` and each form, one pass over a
 model's weights in model order (so each weight streams from memory as in a forward; the first
-``SAMPLE_BYTES`` of them, plus the first of any shape not yet seen, such as the head), and
-keeps per weight shape and row count the fastest of three interleaved rounds, unless the fixed
-choice is within ``MARGIN`` of it (so clock noise alone never moves off a known-good form). Models under ``MIN_TUNE_BYTES`` fit in
-cache, where the layout matters little; they keep the fixed choice, which also keeps the tiny
-models of the tests deterministic. More than ``MAX_ROWS`` rows is a matrix product MKL blocks
-well, so it always takes ``F.linear``. Results are kept per process, keyed by the shapes, dtype
-and thread count, so a second runner over the same model does not measure again.
+``SAMPLE_BYTES`` of them, plus the first of any shape not yet seen, such as the head), and keeps
+per weight shape and row count the fastest of three interleaved rounds, unless the fixed choice
+is within ``MARGIN`` of it (so clock noise alone never moves off a known-good form). Models
+under ``MIN_TUNE_BYTES`` fit in cache, where the layout matters little; they keep the fixed
+choice, which also keeps the tiny models of the tests deterministic. More than ``MAX_ROWS`` rows
+is a matrix product MKL blocks well, so it always takes ``F.linear``. Results are kept per
+process, keyed by the shapes, dtype and thread count, so a second runner over the same model
+does not measure again.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def tune(linears: list[DecodeLinear], reps: int = 3, min_bytes: int | None = Non
     if not linears or linears[0].w.device.type != "cpu":
         return False
     floor = MIN_TUNE_BYTES if min_bytes is None else min_bytes
-    if sum(lin.w.numel() * lin.w.element_size() for lin in linears) < floor:
+    if sum(lin.w.nbytes for lin in linears) < floor:
         return False
     key = (tuple(lin.shape for lin in linears), linears[0].w.dtype, torch.get_num_threads())
     if key not in _tuned:
@@ -141,7 +141,7 @@ def _sample(linears: list[DecodeLinear]) -> list[DecodeLinear]:
         if total < SAMPLE_BYTES or lin.shape not in seen:
             out.append(lin)
             seen.add(lin.shape)
-            total += lin.w.numel() * lin.w.element_size()
+            total += lin.w.nbytes
     return out
 
 

@@ -14,11 +14,11 @@ with tau = 1 + sum_i prod_{j<=i} alpha_j, and moves off the current K only for a
 small margin (hysteresis), so noise in the clocks does not make it thrash. T_target of a verify
 length not yet timed is extrapolated along a line through T(1); since that line can overstate a
 cost that is concave in length, a K whose length is not yet timed in ``timed_samples`` rounds
-gets a round to time it when it would win at its lower bound (the longest length timed below it). Every prediction divides
-by the plain step's time, so it is timed over the first ``plain_first`` rounds and again once
-every ``retime_every`` speculative rounds (under 1% in the decode simulator), and each time is
-the median of its last ``time_window`` samples: one lucky clock must not set K for the rest of
-a decode.
+gets a round to time it when it would win at its lower bound (the longest length timed below
+it). Every prediction divides by the plain step's time, so it is timed over the first
+``plain_first`` rounds and again once every ``retime_every`` speculative rounds (under 1% in
+the decode simulator), and each time is the median of its last ``time_window`` samples: one
+lucky clock must not set K for the rest of a decode.
 
 alpha_i is a Beta posterior mean over the last ~``window`` tested trials at position i (the
 weight of a trial decays per trial, not per round, so the memory means the same at any batch
@@ -168,17 +168,16 @@ class KPolicy:
         key = min(table, key=lambda b: abs(b - batch))
         return table[key]
 
-    def _timed(self, batch: int) -> dict[int, float]:
-        """Target seconds by tokens verified at this batch size, else at the nearest one."""
-        known = {t: s for (b, t), s in self.t_target.items() if b == batch}
-        if not known and self.t_target:
-            near = min({b for b, _ in self.t_target}, key=lambda b: abs(b - batch))
-            known = {t: s for (b, t), s in self.t_target.items() if b == near}
-        return known
+    def _timed(self, batch: int) -> tuple[int, dict[int, float]]:
+        """(the batch size used, its target seconds by tokens verified): this batch size's
+        figures, else the nearest one's."""
+        if self.t_target and batch not in {b for b, _ in self.t_target}:
+            batch = min({b for b, _ in self.t_target}, key=lambda b: abs(b - batch))
+        return batch, {t: s for (b, t), s in self.t_target.items() if b == batch}
 
     def target_seconds(self, batch: int, tokens: int) -> float | None:
         """Measured, or interpolated linearly in tokens from the nearest batch's figures."""
-        known = self._timed(batch)
+        _, known = self._timed(batch)
         if not known:
             return None
         if tokens in known:
@@ -221,12 +220,13 @@ class KPolicy:
         if not self.t_draft:  # then one speculative round, at the cheapest K: evidence raises it
             self.k = 1
             return 1
-        scores = {k: self.predicted_speedup(k, batch) for k in range(self.k_max + 1)}
+        alphas = self.alphas()
+        scores = {k: self.predicted_speedup(k, batch, alphas) for k in range(self.k_max + 1)}
         scores = {k: s for k, s in scores.items() if s is not None}
         best = max(scores, key=lambda k: scores[k])
         if scores[best] > scores.get(self.k, 0.0) * (1 + self.hysteresis):
             self.k = best
-        untimed = self._untimed(batch, max(scores[best], 1.0))
+        untimed = self._untimed(batch, alphas, max(scores[best], 1.0))
         if untimed is not None:  # one round to time a verify length the line may overstate
             return untimed
         if self.k > 0:
@@ -258,29 +258,29 @@ class KPolicy:
 
     def _hopes(self, batch: int, alphas: list[float]) -> dict[int, tuple[float, bool]]:
         """(predicted speedup, timed) per K >= 1, where a verify length timed in fewer than
-        ``timed_samples`` rounds at this batch is priced at its lower bound: the longest length
-        timed below it, as a forward's cost never falls with its length (one slow round must
-        not keep a K out for good). Otherwise T_target(K + 1) of an untimed K is extrapolated along a line
+        ``timed_samples`` rounds is priced at its lower bound: the longest length timed below
+        it, as a forward's cost never falls with its length (one slow round must not keep a K
+        out for good). Otherwise T_target(K + 1) of an untimed K is extrapolated along a line
         through T(1), which overstates it where cost is concave in length: on a 2-core CPU a
         2-token forward once cost 2.1 plain steps and a 7-token one 2.6, so the line through
         T(1) and T(2) priced every K out while K 4 to 6 paid 1.12x."""
-        known = self._timed(batch)
+        used, known = self._timed(batch)
         hopes = {}
         for k in range(1, self.k_max + 1):
             below = [s for t, s in known.items() if t < k + 1]
-            samples = len(self._samples.get(("target", (batch, k + 1)), ()))
+            samples = len(self._samples.get(("target", (used, k + 1)), ()))
             timed = samples >= self.timed_samples or not below
             floor = None if timed else max(below)
             hopes[k] = (self.predicted_speedup(k, batch, alphas, t_verify=floor) or 0.0, timed)
         return hopes
 
-    def _untimed(self, batch: int, to_beat: float) -> int | None:
+    def _untimed(self, batch: int, alphas: list[float], to_beat: float) -> int | None:
         """The K whose verify length is not yet timed at this batch (:meth:`_hopes`) and that
         would beat ``to_beat`` (by the hysteresis) at its lower bound: worth a round to time
         it. Each K costs at most ``timed_samples`` such rounds per batch size."""
-        if batch not in {b for b, _ in self.t_target}:
+        if self._timed(batch)[0] != batch:
             return None  # nothing timed here yet: the nearest batch's figures stand in
-        hopes = {k: s for k, (s, timed) in self._hopes(batch, self.alphas()).items() if not timed}
+        hopes = {k: s for k, (s, timed) in self._hopes(batch, alphas).items() if not timed}
         if not hopes:
             return None
         k = max(hopes, key=hopes.get)

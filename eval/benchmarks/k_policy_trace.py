@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  K counts {sorted(Counter(chosen).items())}")
         print(f"  alpha_i {[round(a, 2) for a in policy.alphas()]}")
         print(f"  T(n)/T(1) {timed}  c {policy.t_draft[1] / t1:.3f}")
-        print(f"  predicted S(K) {[round(policy.predicted_speedup(k, 1), 2) for k in range(args.k_max + 1)]}")
+        predicted = [round(policy.predicted_speedup(k, 1), 2) for k in range(args.k_max + 1)]
+        print(f"  predicted S(K) {predicted}")
         chosen.clear()
     return 0
 
