@@ -146,9 +146,10 @@ def test_auto_finds_the_paying_k_when_verify_cost_is_concave_in_length():
     assert chosen[100:].count(0) < 0.1 * len(chosen[100:])
 
 
-def plain_step_outlier(policy, first: float, rounds=300, alpha=0.8, seed=0):
-    """Rounds at batch 1 (i.i.d. alpha, T_target(T) = 10 ms (1 + 0.1 (T - 1)), c = 0.1) whose
-    first plain step is timed at ``first`` times its cost (a lucky or unlucky clock)."""
+def rounds_at_batch_1(policy, rounds, accept, t_verify, seed=0):
+    """Feed ``policy`` rounds at batch 1: position j of round i accepts with probability
+    ``accept(i, j)`` until the first rejection, verification takes ``t_verify(i, k)`` seconds,
+    a draft step 1 ms. Returns the K of every round."""
     rng = random.Random(seed)
     chosen = []
     for i in range(rounds):
@@ -157,13 +158,19 @@ def plain_step_outlier(policy, first: float, rounds=300, alpha=0.8, seed=0):
         accepted, tested = [0] * k, [0] * k
         for j in range(k):
             tested[j] = 1
-            if rng.random() >= alpha:
+            if rng.random() >= accept(i, j):
                 break
             accepted[j] = 1
-        t_verify = 0.01 * (1 + 0.1 * k) * (first if i == 0 else 1.0)
-        policy.observe(RoundStats(k, 1, accepted, tested, 0.0, 0, 0, 0, 0.001 * k, t_verify,
-                                  0.0001))
+        policy.observe(RoundStats(k, 1, accepted, tested, 0.0, 0, 0, 0, 0.001 * k,
+                                  t_verify(i, k), 0.0001))
     return chosen
+
+
+def plain_step_outlier(policy, first: float, rounds=300, alpha=0.8):
+    """Rounds at batch 1 (i.i.d. alpha, T_target(T) = 10 ms (1 + 0.1 (T - 1)), c = 0.1) whose
+    first plain step is timed at ``first`` times its cost (a lucky or unlucky clock)."""
+    return rounds_at_batch_1(policy, rounds, lambda i, j: alpha,
+                             lambda i, k: 0.01 * (1 + 0.1 * k) * (first if i == 0 else 1.0))
 
 
 def test_one_outlying_plain_step_timing_does_not_set_k():
@@ -185,18 +192,8 @@ def test_a_deeper_position_that_recovers_is_drafted_again():
     is best at c = 0.1). At K = 1 position 2 is never drafted, so its estimate used to stay at
     its worst and K stayed 1 for good (1.6x where 2.0x was on offer); undrafted positions now
     age back towards the rate before them, and K climbs again."""
-    rng = random.Random(0)
-    p, chosen = KPolicy(k_max=8), []
-    for i in range(1200):
-        k = p.choose(1)
-        chosen.append(k)
-        accepted, tested = [0] * k, [0] * k
-        for j in range(k):
-            tested[j] = 1
-            if rng.random() >= (0.8 if j == 0 or i >= 300 else 0.1):
-                break
-            accepted[j] = 1
-        p.observe(RoundStats(k, 1, accepted, tested, 0.0, 0, 0, 0, 0.001 * k,
-                             0.01 * (1 + 0.05 * k), 0.0001))
+    chosen = rounds_at_batch_1(KPolicy(k_max=8), 1200,
+                               lambda i, j: 0.8 if j == 0 or i >= 300 else 0.1,
+                               lambda i, k: 0.01 * (1 + 0.05 * k))
     assert chosen[200:300].count(1) > 0.6 * 100  # K = 1 while position 2 is poor
     assert min(k for k in chosen[-200:] if k > 0) >= 3
