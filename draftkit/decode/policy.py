@@ -17,8 +17,9 @@ cost that is concave in length, a K whose length is not yet timed in ``timed_sam
 gets a round to time it when it would win at its lower bound (the longest length timed below
 it). Every prediction divides by the plain step's time, so it is timed over the first
 ``plain_first`` rounds and again once every ``retime_every`` speculative rounds (under 1% in
-the decode simulator), and each time is the median of its last ``time_window`` samples: one
-lucky clock must not set K for the rest of a decode.
+the decode simulator; every ``retime_first`` until ``time_window`` are in, as a process's first
+rounds run slow), and each time is the median of its last ``time_window`` samples: one lucky
+clock must not set K for the rest of a decode.
 
 alpha_i is a Beta posterior mean over the last ~``window`` tested trials at position i (the
 weight of a trial decays per trial, not per round, so the memory means the same at any batch
@@ -80,7 +81,8 @@ class KPolicy:
                  max_probe_every: int = 256, probe_trials: int = 8, window: int = 128,
                  recent: int = 16, prior_alpha: float = 0.5, prior_weight: float = 2.0,
                  time_window: int = 9, prior_v_slope: float = 0.15, plain_first: int = 3,
-                 retime_every: int = 32, stale_rounds: int = 64, timed_samples: int = 3):
+                 retime_every: int = 32, retime_first: int = 8, stale_rounds: int = 64,
+                 timed_samples: int = 3):
         if k_max < 0:
             raise ValueError("k_max must be >= 0")
         self.k_max, self.hysteresis = k_max, hysteresis
@@ -105,6 +107,7 @@ class KPolicy:
         self.rounds = 0
         self.plain_first = plain_first  # plain rounds timed before the first speculative one
         self.retime_every = retime_every  # speculative rounds between two timed plain ones
+        self.retime_first = retime_first  # the same, until time_window plain rounds are timed
         self.plain_rounds, self.since_plain = 0, 0
         self.stale_rounds = stale_rounds  # memory of an undrafted position, in rounds
         self.timed_samples = timed_samples  # rounds before a verify length's time is trusted
@@ -213,7 +216,12 @@ class KPolicy:
         # and again now and then while speculating: one noisy sample would skew every K's
         # prediction for as long as speculation pays (a plain round costs about (1 - 1/S) of
         # a round, so 1 in 32 costs under 1%)
-        if self.plain_rounds < self.plain_first or self.since_plain >= self.retime_every:
+        # The first rounds of a process run slow (a 2-core CPU's opening plain steps took 53-57
+        # ms, later ones 44-46), which inflates T(1) and so every K's predicted gain: K = 1 ran
+        # ~100 rounds at a loss before 1-in-32 retimes outvoted the slow samples. Until the
+        # window is full, retime more often so later, steadier samples take the median sooner.
+        retime = self.retime_every if self.plain_rounds >= self.time_window else self.retime_first
+        if self.plain_rounds < self.plain_first or self.since_plain >= retime:
             if self.plain_rounds < self.plain_first:
                 self.k = 0
             return 0

@@ -1,6 +1,7 @@
 """--k auto: the choice follows the speedup model and does not thrash."""
 
 import random
+import statistics
 
 import pytest
 
@@ -119,15 +120,21 @@ def test_short_decodes_near_break_even_keep_the_gain(alpha, c):
 
 def test_auto_follows_alpha_down_and_back_up():
     """alpha 0.8 -> 0.1 -> 0.8 at c = 0.3: plain decoding within a few dozen rounds of the drop,
-    speculation again once a probe sees the recovery (at most ~max_probe_every rounds)."""
+    speculation again once a probe sees the recovery (at most ~max_probe_every rounds).
+    Medians over 5 seeds: in one seed in five the first probe after the recovery sees 5 of 12
+    drafts accepted (a 0.4% draw at alpha 0.8) and the next probe comes ~250 rounds later."""
     def alpha(i):
         return 0.1 if 600 <= i < 1200 else 0.8
 
-    _, chosen = simulate_speedup(alpha, 0.3, rounds=2000)
-    assert chosen[500:600].count(0) <= 100 // KPolicy().retime_every + 1  # retiming the plain step
-    assert chosen[600:650].count(0) >= 10
-    assert chosen[650:1200].count(0) >= 0.85 * len(chosen[650:1200])
-    assert chosen[1500:].count(0) <= 500 // KPolicy().retime_every + 1
+    runs = [simulate_speedup(alpha, 0.3, rounds=2000, seed=seed)[1] for seed in range(5)]
+
+    def plain(start, stop):
+        return statistics.median(chosen[start:stop].count(0) for chosen in runs)
+
+    assert plain(500, 600) <= 100 // KPolicy().retime_every + 1  # retiming the plain step
+    assert plain(600, 650) >= 10
+    assert plain(650, 1200) >= 0.85 * 550
+    assert plain(1500, 2000) <= 500 // KPolicy().retime_every + 1
 
 
 def test_auto_finds_the_paying_k_when_verify_cost_is_concave_in_length():
@@ -182,7 +189,7 @@ def test_one_outlying_plain_step_timing_does_not_set_k():
         chosen = plain_step_outlier(KPolicy(k_max=8, **policy_args), first)
         return max(set(chosen[100:]), key=chosen[100:].count)
 
-    once = {"plain_first": 1, "retime_every": 10**9}
+    once = {"plain_first": 1, "retime_every": 10**9, "retime_first": 10**9}
     assert len({usual_k(once, f) for f in (0.4, 1.0, 1.5)}) > 1
     assert len({usual_k({}, f) for f in (0.4, 1.0, 1.5)}) == 1
 
@@ -197,3 +204,25 @@ def test_a_deeper_position_that_recovers_is_drafted_again():
                                lambda i, k: 0.01 * (1 + 0.05 * k))
     assert chosen[200:300].count(1) > 0.6 * 100  # K = 1 while position 2 is poor
     assert min(k for k in chosen[-200:] if k > 0) >= 3
+
+
+def test_a_slow_start_does_not_keep_a_losing_k():
+    """The first rounds of a process run slow (on a 2-core CPU the opening plain steps took
+    53-57 ms, later ones 44-46), so the plain step's first samples overstate T(1) and with it
+    every K's gain. Here all forwards of the first 10 rounds cost 1.25x, at alpha 0.3 where K = 1
+    loses (break-even ~0.4): retimed 1 round in 32, the slow samples held the median and K = 1
+    ran about twice as many of the first 200 rounds as without the slow start; retimed 1 in 8
+    until ``time_window`` samples are in, the slow start changes little."""
+    def speculative_rounds(policy_args, slow):
+        counts = []
+        for seed in range(10):
+            chosen = rounds_at_batch_1(
+                KPolicy(k_max=8, **policy_args), 200, lambda i, j: 0.3,
+                lambda i, k: 0.01 * (1 if k == 0 else 1.2 + 0.1 * k) * (slow if i < 10 else 1),
+                seed=seed)
+            counts.append(sum(k > 0 for k in chosen))
+        return statistics.mean(counts)
+
+    late = {"retime_first": 32}  # retimed at the steady rate from the start
+    assert speculative_rounds(late, 1.25) > 1.5 * speculative_rounds(late, 1.0)
+    assert speculative_rounds({}, 1.25) < 1.15 * speculative_rounds({}, 1.0)
