@@ -40,6 +40,11 @@ class EvalArgs:
                                                            "(empty to skip)")
     k_sweep: list[int] = option([1, 2, 4, 6], help="K values measured in the K sweep (empty "
                                                    "to skip; predictions cover 1..k_max)")
+    k_sweep_prompts: int = option(2, help="prompts per domain the K sweep decodes at each K "
+                                          "(its first ones)")
+    k_sweep_tokens: int = option(48, help="new tokens per prompt in the K sweep; with "
+                                          "--k-sweep-prompts equal to the table's, the sweep "
+                                          "compares like for like with it")
     limit: int | None = option(None, help="at most N prompts per domain")
     domains: list[str] | None = option(None, nargs="*", metavar="DOMAIN",
                                        help="only these domains (space- or comma-separated)")
@@ -63,7 +68,7 @@ class EvalArgs:
             raise ConfigError(f"--temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"--top-p must lie in (0, 1], got {self.top_p}")
-        for name in ("max_new_tokens", "repeats", "k_max"):
+        for name in ("max_new_tokens", "repeats", "k_max", "k_sweep_prompts", "k_sweep_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
         if self.limit is not None and self.limit < 1:
@@ -90,6 +95,7 @@ def run_eval(args: EvalArgs, tracker=None, extra_drafts: dict[str, Any] | None =
         temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
         repeats=args.repeats, seed=args.seed, k_sweep=[k for k in args.k_sweep if
                                                         k <= args.k_max],
+        k_sweep_prompts=args.k_sweep_prompts, k_sweep_tokens=args.k_sweep_tokens,
         batch_sizes=args.batch_sizes)
     baselines = dict(extra_drafts or {})
     if args.baseline_draft:

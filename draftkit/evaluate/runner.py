@@ -232,7 +232,8 @@ class Evaluator:
             tps = tok / secs_sum if secs_sum else None
             # v grows with K: keep the v (and c) measured at this K for the predictions
             rows.append({"k": k, "tau": stats.tau(), "c": stats.c(step), "v": stats.v(k, step),
-                         "speedup_measured": (tps / plain_tps) if (tps and plain_tps) else None})
+                         "speedup_measured": (tps / plain_tps) if (tps and plain_tps) else None,
+                         "prompts": len(subset), "new_tokens": self.s.k_sweep_tokens})
         return rows
 
     def batch_sweep(self, prompts: list[list[int]], k: int) -> list[dict]:
@@ -386,7 +387,8 @@ def v_of_k(fig: dict, measured: list[dict]):
 def k_sweep_rows(domain: str, fig: dict, measured: list[dict], k_max: int) -> list[dict]:
     """Predicted tau and speedup for K = 1..k_max from the measured alpha_i, c and v(K)
     (:func:`v_of_k`), beside the figures measured where the sweep ran that K (``tau_measured``,
-    c, v, ``speedup_measured``; None elsewhere)."""
+    c, v, ``speedup_measured``, and the ``prompts`` and ``new_tokens`` they were measured on;
+    None elsewhere)."""
     by_k = {r["k"]: r for r in measured}
     rows = []
     alpha = fig["alpha_per_position"] or fig["alpha"]
@@ -400,7 +402,8 @@ def k_sweep_rows(domain: str, fig: dict, measured: list[dict], k_max: int) -> li
         m = by_k.get(k) or {}
         rows.append({"domain": domain, "k": k, "tau": tau, "tau_measured": m.get("tau"),
                      "c": m.get("c"), "v": m.get("v"), "speedup_predicted": pred,
-                     "speedup_measured": m.get("speedup_measured")})
+                     "speedup_measured": m.get("speedup_measured"),
+                     "prompts": m.get("prompts"), "new_tokens": m.get("new_tokens")})
     return rows
 
 

@@ -21,7 +21,8 @@ def tiny_args(target, draft, suite, out, **kw):
 def test_report_schema_and_consistency(tiny_dirs, suite, tmp_path):
     target, draft = tiny_dirs
     report = evaluate(tiny_args(target, draft, suite, tmp_path / "out",
-                                baseline_draft=str(target)))
+                                baseline_draft=str(target), k_sweep_prompts=1,
+                                k_sweep_tokens=6))
     on_disk = json.loads((tmp_path / "out" / "report.json").read_text())
     assert on_disk == json.loads(json.dumps(report))
     assert set(REPORT_KEYS) <= set(report)
@@ -58,6 +59,10 @@ def test_report_schema_and_consistency(tiny_dirs, suite, tmp_path):
     # the sweep keeps c and v measured at each K it ran (v grows with K)
     assert all((r["c"] is not None and r["v"] is not None) == (r["k"] in measured_k)
                for r in report["k_sweep"])
+    # what the sweep's points were measured on is kept, and said beside its plot
+    assert {(r["prompts"], r["new_tokens"]) for r in report["k_sweep"]
+            if r["k"] in measured_k} == {(1, 6)}
+    assert "on the first 1 prompt(s) of each domain, up to 6 new tokens" in md
     assert [r["batch_size"] for r in report["batch_sweep"]] == [1, 2]
     for row in report["batch_sweep"]:
         assert {"batch_size", "alpha", "c", "v", "speedup_predicted",
@@ -276,3 +281,10 @@ def test_k_auto_keeps_one_policy_per_domain(tiny_dirs):
     assert policies[0].rounds > 4  # it saw every decode's rounds
     ev.run_domain([[5, 6, 7]])
     assert policies[-1] is not policies[0]
+
+
+def test_k_sweep_size_below_1_is_one_line(tiny_dirs):
+    _, draft = tiny_dirs
+    proc = subprocess.run([sys.executable, "-m", "draftkit", "eval", "--draft", str(draft),
+                           "--k-sweep-prompts", "0"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "--k-sweep-prompts must be >= 1" in proc.stderr
