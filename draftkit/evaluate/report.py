@@ -265,7 +265,8 @@ def k_sweep_note(report: dict) -> str | None:
     return (f"Points: measured at fixed K on the first {prompts} prompt(s) of each domain, up to "
             f"{tokens} new tokens each; dashed lines: predicted from the table's alpha_i, c and v. "
             "The table covers every prompt: to compare its figures with these points like for "
-            "like, set --k-sweep-prompts and --k-sweep-tokens to its prompts and tokens.")
+            "like, set draftkit eval's --k-sweep-prompts and --k-sweep-tokens to its prompts "
+            "and tokens.")
 
 
 def _summary_lines(report: dict) -> list[str]:
