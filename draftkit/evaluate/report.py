@@ -284,10 +284,11 @@ def render_markdown(report: dict, plots: dict[str, Path]) -> str:
     out += markdown_table(header, rows) + [""]
     if "alpha before" in header:
         out += [BEFORE_NOTE, ""]
+    sweep_note = k_sweep_note(report)
     for title, path in plots.items():
         out += [f"## {title}", "", f"![{title}]({path.name})", ""]
-        if path.stem == "speedup_vs_k" and k_sweep_note(report):
-            out += [k_sweep_note(report), ""]
+        if path.stem == "speedup_vs_k" and sweep_note:
+            out += [sweep_note, ""]
         if path.stem == "acceptance_by_entropy":
             out += [ENTROPY_NOTE, ""] + markdown_table(*entropy_table(report)) + [""]
     return "\n".join(out)
@@ -300,10 +301,11 @@ def render_html(report: dict, plots: dict[str, Path]) -> str:
     parts.append(html_table(header, rows))
     if "alpha before" in header:
         parts.append(f"<p>{esc(BEFORE_NOTE)}</p>")
+    sweep_note = k_sweep_note(report)
     for title, path in plots.items():
         parts.append(f"<h2>{esc(title)}</h2>{html_image(title, path)}")
-        if path.stem == "speedup_vs_k" and k_sweep_note(report):
-            parts.append(f"<p>{esc(k_sweep_note(report))}</p>")
+        if path.stem == "speedup_vs_k" and sweep_note:
+            parts.append(f"<p>{esc(sweep_note)}</p>")
         if path.stem == "acceptance_by_entropy":
             parts += [f"<p>{esc(ENTROPY_NOTE)}</p>", html_table(*entropy_table(report))]
     return html_page("draftkit evaluation report", parts)
