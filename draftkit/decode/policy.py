@@ -215,11 +215,10 @@ class KPolicy:
         # every prediction divides by the plain step's time, so time it first over a few rounds
         # and again now and then while speculating: one noisy sample would skew every K's
         # prediction for as long as speculation pays (a plain round costs about (1 - 1/S) of
-        # a round, so 1 in 32 costs under 1%)
-        # The first rounds of a process run slow (a 2-core CPU's opening plain steps took 53-57
-        # ms, later ones 44-46), which inflates T(1) and so every K's predicted gain: K = 1 ran
-        # ~100 rounds at a loss before 1-in-32 retimes outvoted the slow samples. Until the
-        # window is full, retime more often so later, steadier samples take the median sooner.
+        # a round, so 1 in 32 costs under 1%). Until the window is full, retime 1 in 8: a
+        # process's first rounds run slow (a 2-core CPU's opening plain steps took 53-57 ms,
+        # later ones 44-46), and at 1 in 32 those samples held the median, inflating every K's
+        # predicted gain, for ~100 rounds of a losing K = 1.
         retime = self.retime_every if self.plain_rounds >= self.time_window else self.retime_first
         if self.plain_rounds < self.plain_first or self.since_plain >= retime:
             if self.plain_rounds < self.plain_first:
