@@ -47,24 +47,30 @@ TABLE = [("domain", None, "{}"), ("prompts", "n_prompts", "{}"),
 
 def break_even_text(report: dict) -> str:
     """One sentence on where speculation stops paying along the batch sweep, worded from the
-    break-even's ``kind`` (``command.break_even_batch``)."""
+    break-even's ``kind`` (``command.break_even_batch``), naming the K the sweep ran at."""
     rows = report.get("batch_sweep") or []
     if not rows:
         return "no batch sweep was run"
     be = report.get("break_even") or {}
     kind, b, x = be.get("kind"), be.get("batch_size"), be.get("x")
     top = max(r["batch_size"] for r in rows)
+    k = rows[0].get("k")
+    spec = "speculation" if k is None else f"speculation at K {k}"
+    # --k 0 decodes plainly; the sweep still speculates (at K 1) to show what it would buy
+    why = "" if str(report.get("k")) != "0" else "; --k 0 decodes plainly, the sweep used K 1"
     if kind == "above":
-        return f"speculation pays at every batch size measured (up to {top})"
-    if kind == "below":
-        return f"speculation does not pay at any batch size measured (up to {top})"
-    if kind == "crosses":
-        return (f"speculation stops paying at batch size {b} (speedup falls below 1.0 at B ~ "
+        text = f"{spec} pays at every batch size measured (up to {top})"
+    elif kind == "below":
+        text = f"{spec} does not pay at any batch size measured (up to {top})"
+    elif kind == "crosses":
+        text = (f"{spec} stops paying at batch size {b} (speedup falls below 1.0 at B ~ "
                 f"{x:.3g} and stays below up to {top})")
-    if kind == "rises":
-        return (f"speculation loses at small batches and pays from batch size {b} on (speedup "
+    elif kind == "rises":
+        text = (f"{spec} loses at small batches and pays from batch size {b} on (speedup "
                 f"rises above 1.0 at B ~ {x:.3g})")
-    return "the batch sweep measured no speedup"
+    else:
+        text = "the batch sweep measured no speedup"
+    return text + why
 
 
 def entropy_table(report: dict) -> tuple[list[str], list[list[str]]]:
