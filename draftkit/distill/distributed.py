@@ -56,6 +56,7 @@ class Dist:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    owns_group: bool = False  # init_distributed created the process group, so it ends it
 
     @property
     def is_main(self) -> bool:
@@ -71,11 +72,27 @@ def init_distributed(device: str) -> Dist:
     import torch.distributed as td
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if not td.is_initialized():
+    owns = not td.is_initialized()
+    if owns:
         if device.startswith("cuda"):
             torch.cuda.set_device(local_rank)  # else NCCL's barrier guesses the device
         td.init_process_group("nccl" if device.startswith("cuda") else "gloo")
-    return Dist(td.get_rank(), td.get_world_size(), local_rank)
+    return Dist(td.get_rank(), td.get_world_size(), local_rank, owns)
+
+
+def close_distributed(dist: Dist) -> None:
+    """End the process group this run created, once every rank is done with it.
+
+    Call it on success only: after an error the other ranks may be inside a collective, and
+    ending the group would hang them (the launcher stops them instead). Left to interpreter
+    exit, gloo's worker threads can outlive Python and abort the process ("terminate called
+    without an active exception"), which fails a finished run."""
+    if dist.world_size > 1 and dist.owns_group:
+        import torch.distributed as td
+
+        if td.is_initialized():
+            td.barrier()
+            td.destroy_process_group()
 
 
 def barrier(dist: Dist) -> None:

@@ -31,8 +31,9 @@ from draftkit.data import Rows, positions
 from draftkit.data.generate import answer_stop_ids
 from draftkit.distill import checkpoint as ckpt
 from draftkit.distill.config import DistillConfig
-from draftkit.distill.distributed import (Dist, all_reduce_mean, barrier, deepspeed_engine,
-                                          gathered, init_distributed, zero_stage)
+from draftkit.distill.distributed import (Dist, all_reduce_mean, barrier, close_distributed,
+                                          deepspeed_engine, gathered, init_distributed,
+                                          zero_stage)
 from draftkit.distill.losses import (dense_logprobs, divergence, hidden_distance,
                                      next_token_ce, sparse_logprobs)
 from draftkit.distill.reduced_head import (ReducedHead, restrict_dense, restrict_labels,
@@ -298,6 +299,7 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
         if bar is not None:
             bar.close()
         run.tracker.finish()
+    close_distributed(dist)
     return out / "best"
 
 

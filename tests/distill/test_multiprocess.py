@@ -1,5 +1,6 @@
 """Two processes over gloo on CPU, launched the way the recipes say (torchrun)."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -106,3 +107,25 @@ def test_zero3_rules_out_lora_and_on_policy_data(tmp_path):
         zero_stage(cfg(draft={"lora": {"enabled": True}}))
     with pytest.raises(ConfigError, match="on-policy data"):
         zero_stage(cfg(data={"regime": "on_policy", "lmbda": 0.5}))
+
+
+def test_a_run_ends_only_the_process_group_it_created(tmp_path, monkeypatch):
+    """Left to interpreter exit, gloo's threads can abort a finished run; a group the caller
+    made is the caller's to end."""
+    import torch.distributed as td
+
+    from draftkit.distill.distributed import close_distributed, init_distributed
+
+    td.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                          world_size=1)
+    try:
+        monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun would say; the group exists already
+        dist = init_distributed("cpu")
+        assert not dist.owns_group
+        close_distributed(dist)
+        assert td.is_initialized()
+        close_distributed(dataclasses.replace(dist, world_size=2, owns_group=True))
+        assert not td.is_initialized()
+    finally:
+        if td.is_initialized():
+            td.destroy_process_group()
