@@ -57,7 +57,7 @@ def break_even_text(report: dict) -> str:
     k = rows[0].get("k")
     spec = "speculation" if k is None else f"speculation at K {k}"
     # --k 0 decodes plainly; the sweep still speculates (at K 1) to show what it would buy
-    why = "" if str(report.get("k")) != "0" else "; --k 0 decodes plainly, the sweep used K 1"
+    why = "" if str(report.get("k")) != "0" else f"; --k 0 decodes plainly, the sweep used K {k}"
     if kind == "above":
         text = f"{spec} pays at every batch size measured (up to {top})"
     elif kind == "below":
