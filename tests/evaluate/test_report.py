@@ -69,10 +69,12 @@ def test_break_even_text_is_worded_from_the_crossover():
 
     # pays from 2 on: not "does not pay at any batch size"
     text = break_even_text(_batch_report({1: 0.95, 2: 1.25, 4: 1.30, 8: 1.10}))
-    assert text.startswith("speculation at K 2 loses at small batches and pays from batch size 2 on")
+    assert text.startswith("speculation at K 2 loses at small batches and pays from batch "
+                           "size 2 on")
     # a dip at 2 that recovers is not where it stops paying; the largest batch is named
     text = break_even_text(_batch_report({1: 1.4, 2: 0.99, 4: 1.3, 8: 1.2, 16: 0.8}))
-    assert text.startswith("speculation at K 2 stops paying at batch size 16 (") and "up to 16" in text
+    assert text.startswith("speculation at K 2 stops paying at batch size 16 (")
+    assert "up to 16" in text
     assert break_even_text(_batch_report({4: 1.2, 1: 1.5, 2: 1.3})) == \
         "speculation at K 2 pays at every batch size measured (up to 4)"
     assert break_even_text(_batch_report({4: 0.7, 1: 0.9})) == \
