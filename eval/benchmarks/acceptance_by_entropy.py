@@ -31,14 +31,14 @@ def load(args):
 
     from draftkit.distill.command import load_config
     from draftkit.distill.distributed import Dist
-    from draftkit.distill.trainer import _rows
+    from draftkit.distill.trainer import recipe_rows
     from draftkit.models import load_model, load_tokenizer, resolve_model
 
     cfg = load_config(args.recipe, list(args.set))
     ref = resolve_model(cfg.target, "target")
     tok = load_tokenizer(ref, "target")
     target = load_model(ref, "target", device=args.device, dtype="float32")
-    train_rows, heldout = _rows(cfg, tok, target, ref, Dist(), False)
+    train_rows, heldout = recipe_rows(cfg, tok, target, ref, Dist(), False)
     pick = torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(0))
     return cfg, target, train_rows.select(pick[:args.train_rows]), heldout
 

@@ -68,14 +68,14 @@ def common_heldout(args):
     """The target's answers to the held-out prompts: the same rows for every cell."""
     from draftkit.distill.command import load_config
     from draftkit.distill.distributed import Dist
-    from draftkit.distill.trainer import _rows
+    from draftkit.distill.trainer import recipe_rows
     from draftkit.models import load_model, load_tokenizer, resolve_model
 
     cfg = load_config(args.recipe, run_overrides(args, "tvd", "target", None))
     ref = resolve_model(cfg.target, "target")
     tok = load_tokenizer(ref, "target")
     target = load_model(ref, "target", device=args.device, dtype="float32")
-    _, heldout = _rows(cfg, tok, target, ref, Dist(), False)
+    _, heldout = recipe_rows(cfg, tok, target, ref, Dist(), False)
     return cfg, target, heldout
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from draftkit.distill.losses import dense_logprobs, divergence, sparse_logprobs
-from draftkit.distill.reduced_head import (ReducedHead, head_logits, restrict_dense,
-                                           restrict_labels, restrict_sparse)
+from draftkit.distill.reduced_head import (ReducedHead, head_logits, restrict_labels,
+                                           restrict_sparse)
 from draftkit.errors import ConfigError, DraftkitError
 from tests.distill.test_trainer import _cfg, _loaded
 

@@ -492,10 +492,10 @@ def test_draft_vocab_is_chosen_saved_exported_and_loaded(tmp_path, tiny_dirs):
     # 40 tokens (it was the whole head's: 0.60 where the served draft had 0.08)
     from draftkit.distill.distributed import Dist
     from draftkit.distill.evaluate import heldout_alpha, model_logits
-    from draftkit.distill.trainer import _load_target, _rows
+    from draftkit.distill.trainer import _load_target, recipe_rows
 
     ref, tok, target = _load_target(cfg, "cpu")
-    _, heldout = _rows(cfg, tok, target, ref, Dist(), False)
+    _, heldout = recipe_rows(cfg, tok, target, ref, Dist(), False)
     served = heldout_alpha(model_logits(pair.draft, "cpu"), model_logits(target, "cpu"),
                            heldout)["alpha"]
     whole = heldout_alpha(model_logits(pair.draft, "cpu", head_ids=torch.arange(
@@ -517,7 +517,7 @@ def test_best_is_replaced_whole_with_its_vocabulary_and_evaluation(tmp_path, tin
                                                                    monkeypatch):
     """A kill while a new best/ is written leaves the old one, weights, vocabulary and
     best.json together: they are written in one folder and renamed in once."""
-    from draftkit.distill.trainer import export_draft
+    from draftkit.distill.draft import export_draft
     from draftkit.distill.trainer import train
     from draftkit.models import draft_vocab, load_model, load_tokenizer, resolve_model
 

@@ -1,0 +1,112 @@
+"""The draft a recipe trains: built from the recipe (a model, some of the target's layers, or a
+smaller random-init model), its frozen parts, its reduced vocabulary (FR-Spec) and its export
+as a plain HF model folder.
+
+    draft = build_draft(cfg, target, tokenizer, target_ref)   # float32, frozen parts set
+    export_draft(draft, tokenizer, out / "best", vocab)      # LoRA merged, one rename
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftkit.data import Rows
+from draftkit.distill.config import DistillConfig
+from draftkit.errors import DraftkitError
+from draftkit.io import atomic_write_json
+
+
+def build_draft(cfg: DistillConfig, target: Any, tokenizer: Any, target_ref: Any) -> Any:
+    """The draft named by the recipe, or derived from the target; in float32 for training."""
+    from draftkit.models import check_compatible, load_model, load_tokenizer, resolve_model
+    from draftkit.models.derive import derive_by_layers, derive_random
+
+    d = cfg.draft
+    if d.model is not None:
+        ref = resolve_model(d.model, "draft")
+        from transformers import AutoConfig
+
+        # A vocabulary or special-token mismatch is caught here, before any training.
+        check_compatible(tokenizer, load_tokenizer(ref, "draft"),
+                         AutoConfig.from_pretrained(target_ref.path),
+                         AutoConfig.from_pretrained(ref.path))
+        draft = load_model(ref, "draft", device="cpu", dtype="float32")
+    elif d.derive_layers is not None:
+        draft = derive_by_layers(target, d.derive_layers)
+    else:
+        draft = derive_random(target, d.num_layers, d.hidden_size, d.intermediate_size, cfg.seed)
+    draft = draft.float()
+    apply_freeze(draft, d.freeze)
+    if d.lora.enabled:
+        from peft import LoraConfig, get_peft_model
+
+        draft = get_peft_model(draft, LoraConfig(
+            task_type="CAUSAL_LM", r=d.lora.r, lora_alpha=d.lora.alpha,
+            lora_dropout=d.lora.dropout, target_modules=list(d.lora.target_modules)))
+    return draft
+
+
+def apply_freeze(model: Any, parts: list[str]) -> None:
+    """Freeze named parts; a name that matches nothing is an error (a typo trains everything)."""
+    for part in parts:
+        if part == "embeddings":
+            params = [model.get_input_embeddings().weight]
+        elif part == "head":
+            params = [model.get_output_embeddings().weight]
+        elif part == "norm":
+            params = [p for n, p in model.named_parameters()
+                      if n.endswith("norm.weight") and ".layers." not in n]
+        else:
+            params = [p for n, p in model.named_parameters() if part in n]
+        if not params:
+            raise DraftkitError(f"draft.freeze: '{part}' matches no parameter of the draft; "
+                                f"use embeddings, head, norm or a parameter-name substring")
+        for p in params:
+            p.requires_grad_(False)
+
+
+def export_draft(draft: Any, tokenizer: Any, path: Path, vocab: dict | None = None,
+                 row: dict | None = None) -> Path:
+    """Write ``path`` as a plain HF model folder; LoRA adapters are merged first. ``vocab``:
+    a reduced draft vocabulary to store in it (keyword arguments of draft_vocab.save);
+    ``row``: the evaluation that chose it, as ``best.json``. All of it lands in one rename, so
+    a kill never leaves weights without their vocabulary or evaluation."""
+    import copy
+
+    from draftkit.models import draft_vocab
+    from draftkit.models.derive import save_draft
+
+    model = draft
+    if hasattr(draft, "merge_and_unload"):  # a peft model: serving engines take no adapters
+        model = copy.deepcopy(draft).merge_and_unload()
+
+    def also(folder: Path) -> None:
+        if vocab is not None:
+            draft_vocab.save(folder, **vocab)
+        if row is not None:
+            atomic_write_json(folder / "best.json", row)
+
+    return save_draft(model, tokenizer, path, force=True, also=also)
+
+
+def token_counts(rows: Rows, vocab_size: int) -> torch.Tensor:
+    """(V,) how often each token is the next token at the trained positions of ``rows``."""
+    nxt = rows.input_ids.roll(-1, dims=1)[rows.loss_mask]
+    return torch.bincount(nxt, minlength=vocab_size)
+
+
+def choose_draft_vocab(size: int, train_rows: Rows, heldout: Rows, tokenizer: Any,
+                       vocab_size: int) -> dict:
+    """The ``size`` tokens the target emits most in the training rows (what the draft will be
+    asked to propose), and their share of the held-out rows' tokens."""
+    from draftkit.models import draft_vocab
+
+    special = list(tokenizer.all_special_ids) + [tokenizer.eos_token_id]
+    ids = draft_vocab.choose(token_counts(train_rows, vocab_size), size,
+                             always=[i for i in special if i is not None])
+    covered = draft_vocab.coverage(ids, token_counts(heldout, vocab_size))
+    return {"ids": ids, "vocab_size": vocab_size, "covered": covered,
+            "source": f"target tokens of {len(train_rows)} training rows"}
