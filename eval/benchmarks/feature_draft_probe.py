@@ -20,8 +20,9 @@ own output in place of f (EAGLE's feature uncertainty). ``alpha2`` scores that: 
 reads the draft's own previous output (stricter than a round, where the earlier positions keep
 the target's features). draftkit's decoder cannot run such a draft: this measures what the
 architecture would buy in held-out alpha, not a speedup. Each run keeps its best draft's
-weights (``<loss>/best.pt``); the target's features are computed once (``features.pt``). The
-target here is the dense distribution over the reduced vocabulary, not the recipe's top-k cache.
+weights (``<loss>/best.pt``); the target's features are computed once (``features.pt``, in
+bfloat16). Forward KL's target is the distribution those features give over the reduced
+vocabulary, dense, not the recipe's top-k cache.
 Command (about an hour for 960 steps of both runs on 2 cores)::
 
     python eval/benchmarks/feature_draft_probe.py \\
