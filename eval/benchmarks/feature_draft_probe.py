@@ -111,16 +111,19 @@ def draft_logits_fn(draft, target, head_ids, own: bool = False):
     import torch
 
     from draftkit.decode.runners import full_vocab
+    from draftkit.distill.reduced_head import ReducedHead, head_logits
+
+    vocab_size = target.config.vocab_size
+    head = None if head_ids is None else ReducedHead(head_ids, vocab_size)
 
     def fn(ids, pos):
         with torch.no_grad():
             hidden = draft(shifted(features(target, ids, pos), pos), ids, pos)  # (B, T, H)
             if own:
                 hidden = draft(shifted(hidden, pos), ids, pos)
-            logits = draft.body.get_output_embeddings()(hidden).float()  # (B, T, V)
-        if head_ids is None:
-            return logits
-        return full_vocab(logits[..., head_ids], head_ids, logits.shape[-1])
+            # only the reduced head's rows: (B, T, |H|), or (B, T, V) without one
+            logits = head_logits(draft.body, hidden, head).float()
+        return logits if head is None else full_vocab(logits, head.ids, vocab_size)
     return fn
 
 
