@@ -28,7 +28,7 @@ demo: setup
 	$(BIN)/draftkit quickstart $(ARGS)
 
 test: setup
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q --durations=10 $(ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -9,6 +9,13 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import pytest  # noqa: E402
 
 
+def pytest_collection_modifyitems(items):
+    """A test on the embedded target is slow too, so `-m "not slow"` is the quick layer."""
+    for item in items:
+        if item.get_closest_marker("embedded"):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def embedded_dir():
     """The converted embedded target (converted once per machine, then cached)."""

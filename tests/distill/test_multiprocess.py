@@ -6,9 +6,12 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from tests.distill.test_trainer import _data
+
+pytestmark = pytest.mark.slow  # each test launches two processes, twice
 
 
 def _recipe(tmp_path, tiny_dirs, name, max_steps, every, grad_accum, stage=None):
