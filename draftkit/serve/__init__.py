@@ -6,7 +6,10 @@ The pipeline, one concept per module::
     detok.py      incremental detokenization and stop strings, per request
     scheduler.py  continuous batching: one thread owns the engine, admits between rounds
     metrics.py    Prometheus counters named like vLLM's (prefix ``draftkit:``)
-    app.py        the FastAPI app over a scheduler (tests build it on tiny models)
+    http.py       the OpenAI error answer, the request body limit, the SSE response
+    service.py    a completions request as a scheduler job, and its answer (body or stream)
+    app.py        the FastAPI app and its routes over a scheduler (tests build it on tiny
+                  models)
     command.py    ``ServeArgs`` and ``serve()``: load a bundle and run uvicorn
 
 Only ``command.py`` is imported by ``draftkit --help``; fastapi, uvicorn and

@@ -451,7 +451,7 @@ def test_a_stream_whose_client_left_before_its_first_chunk_is_cancelled():
 
     from starlette.requests import ClientDisconnect
 
-    from draftkit.serve.app import Stream
+    from draftkit.serve.http import Stream
 
     started, exits = [], []
 

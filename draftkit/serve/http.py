@@ -1,0 +1,145 @@
+"""HTTP plumbing of the server: the OpenAI error answer, the body-size limit, the SSE response.
+
+Every 4xx answer carries the OpenAI error body
+``{"error": {"message", "type": "invalid_request_error", "param", "code"}}``; FastAPI's 422 for
+a body that does not validate becomes a 400 in that shape, and an unexpected exception (a bug)
+a 500 of type "server_error", its traceback logged.
+
+fastapi is imported at the top: only ``draftkit serve`` imports this module.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from draftkit.serve.metrics import ServeMetrics
+from draftkit.serve.protocol import error_body, error_param, main_error
+
+
+class RequestError(Exception):
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 code: str | None = None):
+        super().__init__(message)
+        self.message, self.param, self.status, self.code = message, param, status, code
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """ASGI middleware: a body over ``limit`` bytes gets a 413 with the OpenAI error body,
+    by its Content-Length before anything is read, or by counting a chunked body."""
+
+    def __init__(self, app, limit: int, on_reject=None):
+        self.app, self.limit, self.on_reject = app, limit, on_reject
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers", ())).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.limit:
+            return await self._reject(send, int(length))
+        seen = 0
+        started = False
+
+        async def counting_receive():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _TooLarge()
+            return message
+
+        async def watching_send(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, watching_send)
+        except _TooLarge:
+            if not started:
+                await self._reject(send, seen)
+
+    async def _reject(self, send, size: int) -> None:
+        if self.on_reject is not None:
+            self.on_reject()
+        body = json.dumps(error_body(f"the request body is over {self.limit} bytes ({size} "
+                                     f"read); send less")).encode()
+        await send({"type": "http.response.start", "status": 413, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class Stream(StreamingResponse):
+    """An SSE response that calls ``on_exit`` however it ends. The body generator's own
+    ``finally`` runs only once the generator has started, and a client that leaves before
+    the first chunk is pulled never starts it: its request would decode on to max_tokens."""
+
+    def __init__(self, content, on_exit: Callable[[], None], **kwargs):
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"}, **kwargs)
+        self.on_exit = on_exit
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_exit()
+
+
+def error_response(metrics: ServeMetrics, status: int, message: str, param: str | None = None,
+                   code: str | None = None, request: bool = True) -> JSONResponse:
+    """An OpenAI error body with ``status``; ``request``: a refused request (counted in the
+    metrics), not a health probe's answer."""
+    if request:
+        metrics.reject(status)
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse(error_body(message, param, kind, code), status_code=status)
+
+
+def install_error_handlers(app: FastAPI, metrics: ServeMetrics, max_body_bytes: int) -> None:
+    """Every failure answers in the OpenAI error shape: invalid bodies, refused requests,
+    unknown routes, bodies over ``max_body_bytes`` and bugs."""
+
+    def error(status: int, message: str, param: str | None = None, code: str | None = None):
+        return error_response(metrics, status, message, param, code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request, exc: RequestValidationError):
+        first = main_error(exc.errors())
+        if first.get("type") == "json_invalid":
+            return error(400, "the request body is not valid JSON", None)
+        unknown = first.get("type") == "extra_forbidden"
+        param = error_param(first.get("loc", ()), unknown)
+        if unknown:
+            return error(400, f"unknown field '{param}'", param)
+        msg = first.get("msg", "invalid request").removeprefix("Value error, ")
+        return error(400, f"{param}: {msg}" if param else msg, param)
+
+    @app.exception_handler(RequestError)
+    async def _bad(request, exc: RequestError):
+        return error(exc.status, exc.message, exc.param, exc.code)
+
+    @app.exception_handler(Exception)
+    async def _bug(request, exc: Exception):
+        # Starlette raises the exception again once this is sent: uvicorn logs its traceback
+        return error(500, f"internal error ({type(exc).__name__}); see the server's log")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request, exc: StarletteHTTPException):  # unknown route, wrong method
+        if isinstance(exc.__cause__, _TooLarge):  # FastAPI made a failed body read a 400:
+            raise exc.__cause__  # on to BodyLimit, which answers 413
+        what = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed "
+                f"on {request.url.path}"}.get(exc.status_code, str(exc.detail))
+        return error(exc.status_code, f"{what}; see /v1/models, /v1/completions and "
+                                      f"/v1/chat/completions")
+
+    app.add_middleware(BodyLimit, limit=max_body_bytes, on_reject=lambda: metrics.reject(413))
