@@ -228,7 +228,7 @@ class LossSection:
                   "derive_layers [0, 1, 2, 29]): the stream entering each layer after a gap "
                   "matched to the target's entering that layer, as that layer's input norm "
                   "sees it; 0: logits only (on the embedded recipe's 26-layer gap it cost "
-                  "alpha: eval/results/fkl-vs-ce-cpu.md)")
+                  "alpha: eval/results/notes/2026-11-30-fkl-vs-ce-cpu.md)")
 
     def validate(self) -> None:
         if self.temperature <= 0:

@@ -1,9 +1,9 @@
 """A probe: does a draft that reads the target's features widen forward KL's lead over CE?
 
 The derived drafts of the CPU recipes read tokens only. On code their held-out alpha stays
-within +0.06 of a cross-entropy control (eval/results/fkl-vs-ce-cpu.md): soft labels lead
-only where the target is unsure, and a 4-layer draft fits the target's distribution there
-poorly. EAGLE (Li et al. 2024, arXiv 2401.15077) gives the draft the target's last hidden
+within +0.06 of a cross-entropy control (eval/results/notes/2026-11-30-fkl-vs-ce-cpu.md): soft
+labels lead only where the target is unsure, and a 4-layer draft fits the target's distribution
+there poorly. EAGLE (Li et al. 2024, arXiv 2401.15077) gives the draft the target's last hidden
 state of the previous position besides the token. This probe trains such a draft twice on a
 recipe's rows, in the same order from the same start, once with the recipe's divergence and
 once with next-token cross-entropy, and scores both as the recipe's drafts are scored.

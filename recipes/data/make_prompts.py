@@ -1,10 +1,11 @@
 """Write templated code and math prompts for the CPU recipes' training data.
 
 The long CPU recipes are short of data, not capacity: on their own training rows the draft
-reaches 0.86 alpha, on held-out rows 0.50 (eval/results/fkl-vs-ce-cpu.md). These prompts add
-contexts (``fkl_topk_cpu_more_prompts.yaml``). The target answers them (data.regime: target), so
-only the questions are written here; they are train-only sources (``heldout: false``), so the
-held-out split stays the hand-written prompts and no templated prompt is scored.
+reaches 0.86 alpha, on held-out rows 0.50 (eval/results/notes/2026-11-30-fkl-vs-ce-cpu.md).
+These prompts add contexts (``fkl_topk_cpu_more_prompts.yaml``). The target answers them
+(data.regime: target), so only the questions are written here; they are train-only sources
+(``heldout: false``), so the held-out split stays the hand-written prompts and no templated
+prompt is scored.
 
     python recipes/data/make_prompts.py            # rewrites the two *_templated.jsonl files
 
