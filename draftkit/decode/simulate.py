@@ -9,7 +9,7 @@ first rejection; time per round follows a cost model instead of a clock:
 with v(K) = 1 + 0.05 K by default (a memory-bound verify) or any curve ``v`` given (a CPU whose
 2-token forward costs two plain steps and longer ones little more), so a policy can be compared
 with the best fixed K over thousands of rounds in a second, and a change to the policy with
-what it replaces (``eval/benchmarks/k_policy_sim.py``).
+what it replaces (``eval/benchmarks/probes/k_policy_sim.py``).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def tiny_recipe(tmp_path: Path, target: Path) -> tuple[Path, Path]:
 
 
 def test_every_cell_is_trained_and_scored_on_one_heldout_set(tmp_path, tiny_dirs):
-    mod = load_script(BENCHMARKS / "loss_regime_table.py")
+    mod = load_script(BENCHMARKS / "reproduce" / "loss_regime_table.py")
     recipe, prompts = tiny_recipe(tmp_path, tiny_dirs[0])
     rng = random.Random(1)
     text = tmp_path / "text.jsonl"
@@ -63,7 +63,7 @@ def test_acceptance_by_entropy_buckets_add_up_to_heldout_alpha(tmp_path, tiny_di
 
     from draftkit.distill.evaluate import heldout_alpha, model_logits
 
-    mod = load_script(BENCHMARKS / "acceptance_by_entropy.py")
+    mod = load_script(BENCHMARKS / "reproduce" / "acceptance_by_entropy.py")
     recipe, _ = tiny_recipe(tmp_path, tiny_dirs[0])
     args = mod.argparse.Namespace(recipe=recipe, set=[], device="cpu", train_rows=4)
     _, target, sample, heldout = mod.load(args)
@@ -122,7 +122,7 @@ def test_acceptance_by_entropy_buckets_add_up_to_heldout_alpha(tmp_path, tiny_di
 def test_quality_bar_is_judged_on_the_drafts_each_run_keeps(tmp_path, capsys):
     """A control that peaks early ships its peak: the margin is taken against that, not against
     its later, overfitted evaluations."""
-    quality = load_script(BENCHMARKS / "distill_quality.py")
+    quality = load_script(BENCHMARKS / "reproduce" / "distill_quality.py")
 
     def run(name, curve):
         d = tmp_path / name
@@ -151,7 +151,7 @@ def test_feature_draft_reads_the_previous_feature_and_both_losses_are_scored(tmp
                                                                              tiny_dirs, capsys):
     import torch
 
-    mod = load_script(BENCHMARKS / "feature_draft_probe.py")
+    mod = load_script(BENCHMARKS / "probes" / "feature_draft_probe.py")
     feats = torch.arange(1.0, 7.0).view(1, 6, 1)  # (B, T, H)
     pos = torch.tensor([[0, 1, 2, 0, 1, 2]])  # two packed examples
     # f_(t-1) at t, and zero where an example starts: nothing crosses the packing boundary

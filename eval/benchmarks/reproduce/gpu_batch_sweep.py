@@ -12,8 +12,8 @@ through our fast path (draftkit.decode.runners.LlamaRunner, static KV cache) at 
 Random weights make acceptance meaningless, so alpha is an input here, not a measurement.
 Commands::
 
-    python eval/benchmarks/gpu_batch_sweep.py                       # GPU, bf16, 1B shape
-    python eval/benchmarks/gpu_batch_sweep.py --device cpu --tiny   # smoke test
+    python eval/benchmarks/reproduce/gpu_batch_sweep.py                       # GPU, bf16, 1B shape
+    python eval/benchmarks/reproduce/gpu_batch_sweep.py --device cpu --tiny   # smoke test
 """
 
 from __future__ import annotations

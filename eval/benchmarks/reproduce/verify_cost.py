@@ -6,8 +6,8 @@ Speculation pays only if a forward over K + 1 new tokens costs little more than 
 rounds, and prints the medians; ``--fixed-layouts`` skips the per-machine layout timing of
 :mod:`draftkit.decode.cpu_linear` to show what it buys. Command (2 CPU cores)::
 
-    OMP_NUM_THREADS=2 python eval/benchmarks/verify_cost.py
-    OMP_NUM_THREADS=2 python eval/benchmarks/verify_cost.py --fixed-layouts
+    OMP_NUM_THREADS=2 python eval/benchmarks/reproduce/verify_cost.py
+    OMP_NUM_THREADS=2 python eval/benchmarks/reproduce/verify_cost.py --fixed-layouts
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ Greedy, batch 1, runs interleaved and medians reported (draftkit.decode.bench.ru
 
 Command (2 CPU cores; drafts are cut from the target in-process unless --draft is given)::
 
-    python eval/benchmarks/bench_decoder.py --layers 0,1,2,29 --layers 0,29 --k 2 3 4
-    python eval/benchmarks/bench_decoder.py --draft drafts/smol-4l --k 3 --json
+    python eval/benchmarks/reproduce/bench_decoder.py --layers 0,1,2,29 --layers 0,29 --k 2 3 4
+    python eval/benchmarks/reproduce/bench_decoder.py --draft drafts/smol-4l --k 3 --json
 """
 
 from __future__ import annotations

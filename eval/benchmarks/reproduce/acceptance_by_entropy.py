@@ -14,7 +14,7 @@ Soft-label distillation can only beat a cross-entropy control where the target i
 (there the hard label hides the rest of its distribution); where the target is near-certain both
 see the same signal. The buckets show how much of a domain's traffic is which. Command::
 
-    python eval/benchmarks/acceptance_by_entropy.py \\
+    python eval/benchmarks/reproduce/acceptance_by_entropy.py \\
         --recipe recipes/smollm2-135m-instruct_to_4layer/fkl_topk_cpu.yaml \\
         --drafts runs/long-fkl/best --control runs/long-ce/best --out runs/entropy
 """

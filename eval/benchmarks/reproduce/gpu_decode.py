@@ -17,8 +17,8 @@ bf16 the per-config ``greedy_equal`` flag can be false: a (K + 1)-token verify a
 step round differently, and random weights leave many near-ties for the argmax to flip.
 Commands::
 
-    python eval/benchmarks/gpu_decode.py                        # GPU, bf16, 1B shape
-    python eval/benchmarks/gpu_decode.py --device cpu --tiny    # smoke test
+    python eval/benchmarks/reproduce/gpu_decode.py                        # GPU, bf16, 1B shape
+    python eval/benchmarks/reproduce/gpu_decode.py --device cpu --tiny    # smoke test
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ bfloat16). Forward KL's target is the distribution those features give over the 
 vocabulary, dense, not the recipe's top-k cache.
 Command (about an hour for 960 steps of both runs on 2 cores)::
 
-    python eval/benchmarks/feature_draft_probe.py \\
+    python eval/benchmarks/probes/feature_draft_probe.py \\
         --recipe recipes/smollm2-135m-instruct_to_4layer/fkl_topk_cpu_more_prompts.yaml \\
         --steps 960 --out runs/feature-probe
 """

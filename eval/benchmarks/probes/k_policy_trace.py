@@ -5,8 +5,8 @@ the server do), and after each prompt prints the K it chose round by round, its 
 alpha_i, T_target(n) / T_target(1) for every verify length it timed, c, and the speedup it
 predicts for each K. Command (2 CPU cores)::
 
-    OMP_NUM_THREADS=2 python eval/benchmarks/k_policy_trace.py --draft runs/rh-tpl-fkl/best \\
-        --domain math --limit 12
+    OMP_NUM_THREADS=2 python eval/benchmarks/probes/k_policy_trace.py \\
+        --draft runs/rh-tpl-fkl/best --domain math --limit 12
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ with what it replaces. ``--verify concave`` prices verification as a 2-core CPU 
 matmul layouts were tuned (2 tokens 2.1 plain steps, each further token 0.09 more) instead of
 the memory-bound 1 + 0.05 K. Command::
 
-    python eval/benchmarks/k_policy_sim.py --rev HEAD --seeds 20
-    python eval/benchmarks/k_policy_sim.py --rev HEAD --verify concave --cs 0.18 --alphas 0.8 0.9
+    python eval/benchmarks/probes/k_policy_sim.py --rev HEAD --seeds 20
+    python eval/benchmarks/probes/k_policy_sim.py --rev HEAD --verify concave --cs 0.18 \\
+        --alphas 0.8 0.9
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 import types
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from draftkit.decode.policy import KPolicy  # noqa: E402

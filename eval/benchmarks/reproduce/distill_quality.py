@@ -3,7 +3,7 @@
     draftkit distill recipes/smollm2-135m-instruct_to_4layer/fkl_topk_cpu.yaml out_dir=runs/fkl
     draftkit distill recipes/smollm2-135m-instruct_to_4layer/ce_control_cpu.yaml out_dir=runs/ce
     draftkit eval --draft runs/fkl/best --domains code,math --k auto --out runs/fkl-eval
-    python eval/benchmarks/distill_quality.py --run runs/fkl --control runs/ce \
+    python eval/benchmarks/reproduce/distill_quality.py --run runs/fkl --control runs/ce \
         --eval-report runs/fkl-eval/report.json --out runs/quality
 
 It prints, and writes to ``--out/quality.md`` with a plot ``alpha_vs_minutes.png``:

@@ -15,7 +15,8 @@ Every run is a plain ``draftkit distill`` of the base recipe with overrides, so 
 own folder, checkpoints and ``metrics.jsonl`` under ``--out`` and a rerun resumes or skips what
 is done. It writes ``table.json``, ``table.md`` and ``table.png`` (alpha per cell). Command::
 
-    python eval/benchmarks/loss_regime_table.py --domain code --steps 30 --out runs/loss-regimes
+    python eval/benchmarks/reproduce/loss_regime_table.py --domain code --steps 30 \\
+        --out runs/loss-regimes
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 
 LOSSES = ("fkl", "rkl", "jsd", "tvd")
 REGIMES = ("fixed", "target", "on_policy")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BASE = ROOT / "recipes" / "smollm2-135m-instruct_to_4layer" / "quickstart_tvd_topk.yaml"
 
 
