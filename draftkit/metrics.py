@@ -3,7 +3,7 @@
 Pure math on floats: no models, no I/O. The decoder, the K policy, the eval stage and the
 reports all use these functions, so every figure draftkit prints means the same thing.
 
-Notation (Leviathan et al., arXiv 2211.17192; see REFERENCE.md section 1):
+Notation (Leviathan et al., arXiv 2211.17192; see README.md, "How speculation pays"):
 
 - alpha: probability that a drafted token is accepted; ``alpha_i`` the conditional acceptance
   at draft position i given positions 1..i-1 were accepted (it falls with i in practice).
@@ -106,7 +106,7 @@ def speedup(alpha: AlphaLike, c: float, k: int, v: VLike = 1.0, overhead: float 
 
 def speedup_from_times(tau_value: float, t_target: float, t_draft: float, t_verify: float,
                        t_overhead: float, k: int) -> float:
-    """The general model (REFERENCE.md section 1), in seconds at one batch size and context:
+    """The general model (README.md, "How speculation pays"), in seconds at one batch and context:
 
     S = tau * T_target / (K T_draft + T_verify(K + 1) + T_overhead).
     """
@@ -258,7 +258,7 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], weights: Sequence[f
     return delta(range(n)), lo, hi
 
 
-# --- other stacks' figures (REFERENCE.md section 2) -----------------------------------------
+# --- other stacks' figures (README.md, "How speculation pays") ---------------------------------
 
 def tau_from_acceptance_rate(rate: float, k: int) -> float:
     """vLLM "draft acceptance rate" / SGLang ``spec_accept_rate`` = (tau - 1) / K -> tau."""

@@ -7,7 +7,7 @@ slows them alike) and medians over repeats reported:
 - ``ours_spec``: our engine at K drafted tokens;
 - ``hf_generate``: ``model.generate`` (greedy);
 - ``hf_assisted``: ``model.generate(assistant_model=draft)`` at constant K and confidence
-  threshold 0 (REFERENCE.md section 4).
+  threshold 0 (``num_assistant_tokens``, ``assistant_confidence_threshold``).
 
 Plus the measured speedup (ours_spec / ours_k0) against the speedup predicted from the measured
 conditional alpha_i, c and v (metrics.speedup): their ratio shows what the loop's own overhead

@@ -4,8 +4,8 @@ Each round the engine reports what happened (:class:`~draftkit.decode.stats.Roun
 policy estimates the conditional acceptance alpha_i of every draft position and the seconds per
 target call by tokens verified, per draft step and per round of overhead, keyed by the active
 batch size (verify inflation v grows with it). It picks the K in 0..K_max that maximises the
-speedup model of Leviathan et al. (arXiv 2211.17192) in its general form (REFERENCE.md
-section 1),
+speedup model of Leviathan et al. (arXiv 2211.17192) in its general form (README.md, "How
+speculation pays"),
 
     S(K) = tau(alpha_1..K) * (T_target(1) + T_overhead)
            / (K T_draft + T_target(K + 1) + T_overhead),

@@ -1,7 +1,7 @@
 """Turning logits into the distributions that speculative sampling compares.
 
 Temperature, top-k and top-p must warp the target's p and the draft's q the same way before
-the accept test (REFERENCE.md section 1): speculative sampling is then lossless with respect
+the accept test (arXiv 2211.17192): speculative sampling is then lossless with respect
 to the warped target distribution, which is what plain sampling would draw from.
 Temperature 0 means greedy decoding and never reaches :func:`warp_logits`.
 

@@ -4,7 +4,7 @@
     draftkit regimes --target T --draft runs/quickstart/bundle --domains code math creative
     draftkit regimes --target T --draft D --drafts-by-domain code=D_code math=D_math
 
-The field knows four ways speculative decoding fails (REFERENCE.md section 1). Each is measured
+Speculative decoding fails in four known ways (README.md, "How speculation pays"). Each is measured
 on the user's own target, draft and prompts, always against plain decoding (K = 0) run right
 next to it, prompt by prompt (:meth:`Evaluator.run_domain`):
 

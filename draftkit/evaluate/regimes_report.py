@@ -267,7 +267,7 @@ def tables(key: str, sec: dict) -> list[tuple[str, list[str], list[list[str]]]]:
 
 TITLE = "When does speculation pay? draftkit regime map"
 MODEL_NOTE = ("Predicted speedups use the speedup model S(K) = tau(alpha_1..K) / (K c + v(K)) "
-              "with the alpha_i, c and v measured at that point (REFERENCE.md section 1); it "
+              "with the alpha_i, c and v measured at that point (arXiv 2211.17192); it "
               "leaves out per-round overhead, so a measured speedup below the predicted one is "
               "that overhead. The break-even alpha is the i.i.d. alpha at which S(K) = 1 for this "
               "c and v. A crossover is where a curve falls below 1.0, interpolated between the "

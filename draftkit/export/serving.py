@@ -1,6 +1,6 @@
 """Serving configs written into a bundle: the same draft for vLLM, SGLang and HF transformers.
 
-The flag names follow each project's documented conventions (REFERENCE.md section 4):
+The flag names follow each project's documented conventions (serve/README.md shows them):
 vLLM's ``speculative_config`` with ``method: draft_model``; SGLang's STANDALONE speculative
 algorithm; HF's ``assistant_model`` with a constant ``num_assistant_tokens``.
 """

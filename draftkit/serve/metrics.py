@@ -1,6 +1,6 @@
 """Prometheus metrics for ``GET /metrics``, named like vLLM's with a ``draftkit:`` prefix.
 
-Speculation counters mirror vLLM's (REFERENCE.md section 4): ``spec_decode_num_drafts``
+Speculation counters mirror vLLM's (README.md, "How speculation pays"): ``spec_decode_num_drafts``
 (one per row per speculative round), ``..._num_draft_tokens``, ``..._num_accepted_tokens`` and
 ``..._num_accepted_tokens_per_pos{position=}``; the text format appends ``_total``. From them a
 dashboard gets alpha = accepted / drafted and tau = 1 + accepted / drafts per round. The gauge
