@@ -5,7 +5,11 @@ A configuration is a (possibly nested) dataclass whose fields carry their help t
 
 - a YAML recipe (nested mappings for nested dataclasses),
 - ``key=value`` overrides after the recipe (dotted keys reach nested fields: ``train.lr=1e-4``),
-- ``--flags`` generated for argparse (flat dataclasses only, used by the subcommands).
+- ``--flags`` generated for argparse (flat dataclasses, inherited fields included, used by the
+  subcommands; fields that several commands share may sit in an argparse group of their own).
+
+A type with a parser of its own (K: an integer or ``'auto'``) is written
+``Annotated[T, Parsed(parse, name)]`` and is read through ``parse`` from all three.
 
 Unknown or mistyped keys are errors that name the key and the file they came from.
 """
@@ -19,11 +23,11 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Callable, Literal
 
 import yaml
 
-from draftkit.errors import ConfigError
+from draftkit.errors import ConfigError, DraftkitError
 
 _MISSING = dataclasses.MISSING
 
@@ -84,20 +88,45 @@ def _yaml_load(text: str):
 
 def option(default: Any = _MISSING, *, help: str, choices: tuple | None = None,
            positional: bool = False, metavar: str | None = None, short: str | None = None,
-           nargs: str | None = None) -> Any:
+           nargs: str | None = None, group: str | None = None) -> Any:
     """A dataclass field with its help text; lists and dicts get a fresh copy per instance.
 
     ``nargs`` (for list fields) takes several values from the command line as separate
     words, like argparse's ``nargs="*"``; other list fields take one comma-separated value.
+    ``group`` titles the argparse group its flag is listed under in ``--help``.
     """
     meta = {"help": help, "choices": choices, "positional": positional, "metavar": metavar,
-            "short": short, "nargs": nargs}
+            "short": short, "nargs": nargs, "group": group}
+    return _field(default, meta)
+
+
+def _field(default: Any, meta: dict) -> Any:
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda d=default: type(d)(d), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
 
 
+def reuse(cls: type, name: str, default: Any = _MISSING, *, note: str = "") -> Any:
+    """Field ``name`` of dataclass ``cls`` declared again, for a class that does not inherit it
+    or that needs another default: its help is ``cls``'s (``note`` appended), so a flag that
+    several commands share is described once."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    meta = dict(f.metadata)
+    meta["help"] += note
+    return _field(_default(f) if default is _MISSING else default, meta)
+
+
 # --- types --------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Parsed:
+    """Marks ``Annotated[T, Parsed(parse, name)]``: a field type read by ``parse``, which takes a
+    YAML value or a command-line word and returns the field's value or raises (ValueError,
+    TypeError or DraftkitError); ``name`` says what it expects, in errors and in help."""
+
+    parse: Callable[[Any], Any]
+    name: str
+
 
 def _default(f: dataclasses.Field) -> Any:
     """A field's default (a fresh one from its factory), or ``_MISSING`` for a required field."""
@@ -107,7 +136,14 @@ def _default(f: dataclasses.Field) -> Any:
 
 
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+    return typing.get_type_hints(cls, include_extras=True)  # keeps Annotated's Parsed
+
+
+def _parsed(tp: Any) -> Parsed | None:
+    """The Parsed marker of an ``Annotated`` type, else None."""
+    if typing.get_origin(tp) is not Annotated:
+        return None
+    return next((m for m in tp.__metadata__ if isinstance(m, Parsed)), None)
 
 
 def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
@@ -121,7 +157,9 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
 
 def _type_name(tp: Any) -> str:
     inner, optional = _unwrap_optional(tp)
-    if typing.get_origin(inner) is Literal:
+    if _parsed(inner) is not None:
+        name = _parsed(inner).name
+    elif typing.get_origin(inner) is Literal:
         name = " | ".join(repr(a) for a in typing.get_args(inner))
     elif typing.get_origin(inner) is list:
         name = f"list of {_type_name(typing.get_args(inner)[0])}"
@@ -144,6 +182,12 @@ def coerce(value: Any, tp: Any, key: str, source: str) -> Any:
         if optional:
             return None
         raise fail()
+    parsed = _parsed(inner)
+    if parsed is not None:
+        try:
+            return parsed.parse(value)
+        except (ValueError, TypeError, DraftkitError):
+            raise fail() from None
     origin = typing.get_origin(inner)
     if origin is Literal:
         allowed = typing.get_args(inner)
@@ -401,10 +445,15 @@ def dump_yaml(cfg: Any, path: str | Path) -> None:
 # --- argparse -----------------------------------------------------------------------------------
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """Add one flag per field of a flat dataclass, with its help, type and default."""
+    """Add one flag per field of a flat dataclass (inherited fields too), with its help, type
+    and default; a field with a ``group`` is listed under that title, after the others."""
     hints = _hints(cls)
-    for f in dataclasses.fields(cls):
+    groups: dict[str, Any] = {}
+    for f in sorted(dataclasses.fields(cls), key=lambda f: f.metadata.get("group") is not None):
         meta = f.metadata
+        title = meta.get("group")
+        if title and title not in groups:
+            groups[title] = parser.add_argument_group(title)
         tp = hints[f.name]
         inner, _ = _unwrap_optional(tp)
         default = _default(f)
@@ -433,7 +482,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
                     tp = typing.get_args(inner)[0]
                 # a flag's word may hold several values (--batch-sizes 1,2 4): each converts
                 # to a list, joined in from_namespace
-            kwargs["type"] = _argparse_type(tp, f.name)
+            if _parsed(inner) is None:  # a parsed type's word is read in from_namespace
+                kwargs["type"] = _argparse_type(tp, f.name)
             kwargs["metavar"] = meta.get("metavar") or (None if choices else f.name.upper())
             if choices:
                 kwargs["choices"] = choices
@@ -445,7 +495,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
                 kwargs["default"] = default
                 if required:
                     kwargs["required"] = True
-        parser.add_argument(*names, **kwargs)
+        groups.get(title, parser).add_argument(*names, **kwargs)
 
 
 def _argparse_type(tp: Any, name: str):
@@ -461,14 +511,24 @@ def _argparse_type(tp: Any, name: str):
 def from_namespace(cls: type, ns: argparse.Namespace) -> Any:
     """Build the dataclass from parsed flags and run its ``validate()``."""
     kwargs = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if hasattr(ns, f.name)}
+    hints = _hints(cls)
     for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        inner, _ = _unwrap_optional(hints[f.name])
+        if _parsed(inner) is not None and isinstance(kwargs.get(f.name), str):
+            # read here rather than by argparse (which prints its usage first), so a bad K is
+            # the one line that names its flag, as a value validate() refuses is
+            try:
+                kwargs[f.name] = coerce(kwargs[f.name], hints[f.name], f.name, "command line")
+            except ConfigError:
+                raise ConfigError(f"{flag} expects {_type_name(hints[f.name])}, got "
+                                  f"{kwargs[f.name]!r}") from None
         words = kwargs.get(f.name)
         if f.metadata.get("nargs") and not f.metadata.get("positional") and words and \
                 all(isinstance(w, list) for w in words):
             kwargs[f.name] = [v for w in words for v in w]
         if kwargs.get(f.name) == [] and f.default is None:
             # unset (None) is how such a flag says "all" or "none": given empty, it is a slip
-            flag = "--" + f.name.replace("_", "-")
             raise ConfigError(f"{flag} names nothing; name some, or leave {flag} out")
     cfg = cls(**kwargs)
     _validate(cfg, "command line")
