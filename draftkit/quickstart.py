@@ -118,6 +118,7 @@ def distill_config(args: QuickstartArgs, recipe: Path, out: Path, init_dir: Path
 
 
 def quickstart(args: QuickstartArgs) -> dict:
+    from draftkit.decode.k import AUTO
     from draftkit.distill.command import load_config
     from draftkit.distill.trainer import prepare, train
     from draftkit.evaluate.command import EvalArgs, run_eval
@@ -169,7 +170,7 @@ def quickstart(args: QuickstartArgs) -> dict:
     stamp("4/6 evaluate on the eval suites (before vs after distillation)")
     eval_args = EvalArgs(draft=str(best), target="embedded", out=str(out),
                          baseline_draft=str(init_dir), limit=args.eval_limit,
-                         max_new_tokens=args.eval_tokens, k="auto", k_max=6,
+                         max_new_tokens=args.eval_tokens, k=AUTO, k_max=6,
                          k_sweep=[1, 2, 4], batch_sizes=[1, 2, 4, 8], repeats=1)
     with Tracker("eval", vars(eval_args), out_dir=out, group=group) as tracker:
         report = run_eval(eval_args, tracker)

@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Literal
 
+from draftkit.decode.k import AUTO, K_MAX, KValue, check_k_max, resolve_k
 from draftkit.decode.runners import (decoding_context, make_runner, sliding_window,
                                      stop_token_ids, text_config, token_ids)
 from draftkit.decode.sampling import Generators, SamplingParams, row_probabilities, sample
@@ -200,42 +201,31 @@ class SpeculativeEngine:
 
     # --- one-call API ---------------------------------------------------------------------
 
-    def generate(self, prompts: list[list[int]], *, k: int | Literal["auto"] = 4,
+    def generate(self, prompts: list[list[int]], *, k: KValue = AUTO,
                  max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, seed: int | None = None, k_max: int = 8,
+                 top_p: float = 1.0, seed: int | None = None, k_max: int = K_MAX,
                  policy: "KPolicy | None" = None, stats: DecodeStats | None = None
                  ) -> list[Result]:
-        """Decode every prompt (token ids) and return one :class:`Result` per prompt."""
+        """Decode every prompt (token ids) and return one :class:`Result` per prompt.
+
+        K is fixed, or ``"auto"``: chosen each round by ``policy`` (a fresh KPolicy up to
+        ``k_max`` when None); K = 0 without a draft (:func:`~draftkit.decode.k.resolve_k`)."""
         import torch
 
         params = SamplingParams(temperature, top_k, top_p)
-        if k != "auto":
-            if not isinstance(k, int) or k < 0:
-                raise DraftkitError(f"K (num_speculative_tokens) must be >= 0 or 'auto', got {k}")
-            k_max = k
-        else:
-            if policy is None:
-                from draftkit.decode.policy import KPolicy
-
-                policy = KPolicy(k_max=k_max)
-            k_max = policy.k_max
-        if self.draft is None:
-            k, k_max, policy = 0, 0, None
+        choice = resolve_k(k, k_max, has_draft=self.draft is not None, policy=policy)
         if self.one_row_cohorts and len(prompts) > 1:  # one policy learns from every row
             for i, p in enumerate(prompts):  # each fits, named by its index, before any runs
-                self._budget(len(p), max_new_tokens, self.context, k_max, i)
+                self._budget(len(p), max_new_tokens, self.context, choice.k_max, i)
             return [self.generate([p], k=k, max_new_tokens=max_new_tokens,
                                   temperature=temperature, top_k=top_k, top_p=top_p,
                                   seed=None if seed is None else seed + i, k_max=k_max,
-                                  policy=policy, stats=stats)[0]
+                                  policy=choice.policy, stats=stats)[0]
                     for i, p in enumerate(prompts)]
         with torch.inference_mode():
-            state = self.start(prompts, params, max_new_tokens, seed, k_max, stats)
+            state = self.start(prompts, params, max_new_tokens, seed, choice.k_max, stats)
             while not state.finished:
-                if policy is None:
-                    self.step(state, k)
-                else:
-                    policy.observe(self.step(state, policy.choose(sum(not d for d in state.done))))
+                choice.observe(self.step(state, choice.choose(sum(not d for d in state.done))))
         return state.results()
 
     # --- step-wise API ----------------------------------------------------------------------
@@ -252,8 +242,7 @@ class SpeculativeEngine:
             raise DraftkitError("no prompts given")
         if max_new_tokens < 1:
             raise DraftkitError(f"max new tokens must be >= 1, got {max_new_tokens}")
-        if k_max < 0:
-            raise DraftkitError(f"K (num_speculative_tokens) must be >= 0, got {k_max}")
+        check_k_max(k_max)
         lens = [len(p) for p in prompts]
         if min(lens) == 0:
             raise DraftkitError("empty prompt; give some text")
@@ -276,8 +265,7 @@ class SpeculativeEngine:
 
         if slots < 1:
             raise DraftkitError(f"a batch needs at least one slot, got {slots}")
-        if k_max < 0:
-            raise DraftkitError(f"K (num_speculative_tokens) must be >= 0, got {k_max}")
+        check_k_max(k_max)
         if max_len is None:
             if not self.context:
                 raise DraftkitError("the target's config has no max_position_embeddings; "

@@ -54,6 +54,7 @@ import statistics
 from collections import deque
 
 from draftkit import metrics
+from draftkit.decode.k import K_MAX, check_k_max
 from draftkit.decode.stats import RoundStats
 
 
@@ -77,14 +78,13 @@ class _Rate:
 
 
 class KPolicy:
-    def __init__(self, k_max: int = 8, hysteresis: float = 0.02, probe_every: int = 16,
+    def __init__(self, k_max: int = K_MAX, hysteresis: float = 0.02, probe_every: int = 16,
                  max_probe_every: int = 256, probe_trials: int = 8, window: int = 128,
                  recent: int = 16, prior_alpha: float = 0.5, prior_weight: float = 2.0,
                  time_window: int = 9, prior_v_slope: float = 0.15, plain_first: int = 3,
                  retime_every: int = 32, retime_first: int = 8, stale_rounds: int = 64,
                  timed_samples: int = 3):
-        if k_max < 0:
-            raise ValueError("k_max must be >= 0")
+        check_k_max(k_max)
         self.k_max, self.hysteresis = k_max, hysteresis
         self.probe_every, self.max_probe_every = probe_every, max(probe_every, max_probe_every)
         self.probe_trials = probe_trials

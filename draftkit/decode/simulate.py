@@ -18,6 +18,7 @@ import random
 from typing import Callable
 
 from draftkit import metrics
+from draftkit.decode.k import AUTO, K_MAX
 from draftkit.decode.policy import KPolicy
 from draftkit.decode.stats import RoundStats
 
@@ -30,23 +31,23 @@ def linear_v(k: int) -> float:
     return 1 + V_SLOPE * k
 
 
-def simulate_speedup(alpha: float | Callable[[int], float], c: float, k: int | str = "auto",
+def simulate_speedup(alpha: float | Callable[[int], float], c: float, k: int | str = AUTO,
                      rounds: int = 2000, seed: int = 0, policy_class: type = KPolicy,
                      v: Callable[[int], float] = linear_v) -> tuple[float, list[int]]:
     """Decode ``rounds`` rounds at batch 1 with i.i.d. acceptance ``alpha`` (a rate, or a
     function of the round index), draft cost ratio ``c`` and verify inflation ``v(K)``; K fixed,
-    or ``"auto"``: chosen each round by a fresh ``policy_class(k_max=8)`` fed the round's counts
-    and modelled times.
+    or ``"auto"``: chosen each round by a fresh ``policy_class(k_max=K_MAX)`` fed the round's
+    counts and modelled times.
 
     Returns the speedup over plain decoding (tokens per second against K = 0's) and the K of
     every round.
     """
     rng = random.Random(seed)
-    policy = policy_class(k_max=8)
+    policy = policy_class(k_max=K_MAX)
     tokens, seconds, chosen = 0, 0.0, []
     for i in range(rounds):
         a = alpha(i) if callable(alpha) else alpha
-        kk = policy.choose(1) if k == "auto" else int(k)
+        kk = policy.choose(1) if k == AUTO else int(k)
         chosen.append(kk)
         accepted, tested = [0] * kk, [0] * kk
         for j in range(kk):  # positions are tested until the first rejection
@@ -63,7 +64,7 @@ def simulate_speedup(alpha: float | Callable[[int], float], c: float, k: int | s
     return tokens / seconds * (T_STEP + T_OVERHEAD), chosen
 
 
-def best_fixed_k(alpha: float, c: float, k_max: int = 8, v: Callable[[int], float] = linear_v
+def best_fixed_k(alpha: float, c: float, k_max: int = K_MAX, v: Callable[[int], float] = linear_v
                  ) -> tuple[int, float]:
     """(K, speedup) of the best fixed K under the simulator's cost model, from the speedup
     model (:func:`draftkit.metrics.optimal_k`); K = 0 when speculation loses."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from draftkit import metrics
-from draftkit.errors import DraftkitError
+from draftkit.decode.k import AUTO, K_MAX, KValue, check_k, resolve_k
 from draftkit.evaluate import entropy
 
 # Tokens of the untimed warm-up decodes: enough to run every forward the timed decodes run
@@ -34,8 +34,8 @@ WARMUP_TOKENS = 8
 
 @dataclass
 class EvalSettings:
-    k: int | str = "auto"  # an int >= 0 or "auto"
-    k_max: int = 8
+    k: KValue = AUTO
+    k_max: int = K_MAX
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -84,8 +84,7 @@ class Evaluator:
         self.progress = progress or (lambda n=1: None)
         self._warm = False  # run_domain has warmed both modes up
         self._turn = 0  # decode pairs so far: which of K = 0 and speculation goes first
-        if isinstance(settings.k, int) and settings.k < 0:
-            raise DraftkitError(f"--k must be >= 0 or 'auto', got {settings.k}")
+        check_k(settings.k, settings.k_max)
 
     def decode(self, prompts: list[list[int]], k, max_new_tokens: int, stats, seed: int,
                policy=None):
@@ -114,7 +113,6 @@ class Evaluator:
     # --- batch size 1, per domain -------------------------------------------------------------
 
     def run_domain(self, prompts: list[list[int]]) -> DomainRun:
-        from draftkit.decode.policy import KPolicy
         from draftkit.decode.stats import DecodeStats
 
         if not self._warm and prompts:
@@ -123,7 +121,7 @@ class Evaluator:
         spec_stats, plain_stats = DecodeStats(), DecodeStats()
         plain_secs, spec_secs, sequences = [], [], []
         # --k auto: one policy for the domain's prompts, as a server keeps one across requests
-        policy = KPolicy(k_max=self.s.k_max) if self.s.k == "auto" else None
+        policy = resolve_k(self.s.k, self.s.k_max, has_draft=self.draft_model is not None).policy
         tokens = spec_tokens = 0
         for rep in range(self.s.repeats):
             t_plain = t_spec = 0.0

@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from draftkit.config import option
+from draftkit.decode.k import AUTO, DEFAULT_FIXED_K, K, KValue, parse_k
 from draftkit.errors import DraftkitError, ModelError
 from draftkit.io import sha256_file
 
 MANIFEST = "draftkit.json"
 FORMAT = 1
-DEFAULT_K = 3
 
 
 @dataclass
@@ -42,17 +42,15 @@ class ExportArgs:
     target: str = option("embedded", help="target model the draft serves")
     report: str | None = option(None, help="eval report.json: per-domain figures and the "
                                            "recommended K go into the bundle")
-    k: int | None = option(None, help="recommended K (num_speculative_tokens); default: the "
-                                      "report's, else 3")
+    k: K = option(AUTO, help="recommended K (num_speculative_tokens) for the serving "
+                             "configs; 'auto': the K the report's decodes used most, else "
+                             f"{DEFAULT_FIXED_K}")
     recipe: str | None = option(None, help="the distillation recipe (resolved config.yaml) that "
                                            "trained the draft, recorded in the bundle")
     force: bool = option(False, help="replace an existing bundle directory")
 
     def validate(self) -> None:
-        from draftkit.errors import ConfigError
-
-        if self.k is not None and self.k < 0:
-            raise ConfigError(f"--k must be >= 0, got {self.k}")
+        parse_k(self.k)
 
 
 @dataclass
@@ -96,7 +94,7 @@ def _probe_ids(vocab_size: int):
 # --- export -------------------------------------------------------------------------------------
 
 def export_bundle(target: str, draft: str, out: str | Path, report: str | Path | None = None,
-                  k: int | None = None, recipe: str | Path | None = None,
+                  k: KValue = AUTO, recipe: str | Path | None = None,
                   force: bool = False) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
@@ -209,13 +207,14 @@ def _read_recipe(path) -> dict:
     return {"path": str(path), "config": data}
 
 
-def _recommended_k(k: int | None, report: dict | None) -> tuple[int, str]:
-    if k is not None:
+def _recommended_k(k: KValue, report: dict | None) -> tuple[int, str]:
+    k = parse_k(k)
+    if k != AUTO:
         return k, "flag"
     overall = (report or {}).get("overall") or {}
     if isinstance(overall.get("k"), int):
         return overall["k"], "report"
-    return DEFAULT_K, "default"
+    return DEFAULT_FIXED_K, "default"
 
 
 def _figures(report: dict | None) -> dict:

@@ -21,6 +21,7 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 
+from draftkit.decode.k import AUTO, K_MAX, KValue
 from draftkit.serve.http import error_response, install_error_handlers
 from draftkit.serve.metrics import ServeMetrics
 from draftkit.serve.protocol import ChatCompletionRequest, CompletionRequest
@@ -64,7 +65,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
     return await request.app.state.completions.answer(request, req, chat=True)
 
 
-def create_app(engine, tokenizer, *, model_name: str, k: int | str = "auto", k_max: int = 8,
+def create_app(engine, tokenizer, *, model_name: str, k: KValue = AUTO, k_max: int = K_MAX,
                max_batch: int = 16, max_model_len: int | None = None,
                max_tokens_limit: int = 2048, max_body_bytes: int = 1 << 20) -> FastAPI:
     """An app serving ``engine`` (a SpeculativeEngine) under ``model_name``. The scheduler

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draftkit.decode.engine import round_margin
+from draftkit.decode.k import AUTO, K_MAX, KValue, resolve_k
 from draftkit.decode.sampling import SamplingParams
 from draftkit.errors import ConfigError
 from draftkit.serve.detok import TextStream
@@ -68,15 +69,11 @@ class Job:
 
 class Scheduler:
     def __init__(self, engine, metrics: ServeMetrics, *, max_batch: int = 16,
-                 k: int | str = "auto", k_max: int = 8, max_model_len: int | None = None):
-        from draftkit.decode.policy import KPolicy
-
+                 k: KValue = AUTO, k_max: int = K_MAX, max_model_len: int | None = None):
         self.engine, self.metrics = engine, metrics
-        if engine.draft is None:
-            k, k_max = 0, 0
-        self.policy = KPolicy(k_max=k_max) if k == "auto" else None
-        self.k_fixed = None if k == "auto" else int(k)
-        k_max = k_max if k == "auto" else int(k)
+        # K each round: fixed, or the policy's for the live batch size; 0 without a draft
+        self.k_choice = resolve_k(k, k_max, has_draft=engine.draft is not None)
+        k_max = self.k_choice.k_max
         limit = engine.context
         if max_model_len is not None and limit is not None:
             max_model_len = min(max_model_len, limit)
@@ -158,17 +155,11 @@ class Scheduler:
                     log.exception("decoding failed")
                     self._fail_all(f"decoding failed: {type(e).__name__}: {e}")
 
-    def _choose_k(self, rows: int) -> int:
-        if self.policy is None:
-            return self.k_fixed
-        return self.policy.choose(rows)
-
     def _round(self) -> None:
         live = self.state.live()
-        self.k = self._choose_k(len(live))
+        self.k = self.k_choice.choose(len(live))
         r = self.engine.step(self.state, self.k)
-        if self.policy is not None:
-            self.policy.observe(r)
+        self.k_choice.observe(r)
         self.metrics.observe_round(r)
         for slot in live:
             self._emit(slot)

@@ -1,0 +1,103 @@
+"""K (num_speculative_tokens): one type, one parser, one resolver."""
+
+import argparse
+from dataclasses import dataclass
+
+import pytest
+
+from draftkit.config import add_arguments, describe_keys, from_namespace, load_recipe, option
+from draftkit.decode.k import AUTO, K, K_MAX, check_k, parse_k, resolve_k
+from draftkit.decode.policy import KPolicy
+from draftkit.errors import ConfigError, DraftkitError
+
+
+@pytest.mark.parametrize("value,k", [(0, 0), (3, 3), ("3", 3), (" 12 ", 12), ("+2", 2),
+                                     ("auto", "auto"), ("AUTO", "auto"), (" Auto ", "auto")])
+def test_parse_k_reads_integers_and_auto(value, k):
+    assert parse_k(value) == k and type(parse_k(value)) is type(k)
+
+
+@pytest.mark.parametrize("value", [-1, "-1", "fast", "3.0", 3.0, True, None, "", "²"])
+def test_parse_k_refuses_anything_else(value):
+    with pytest.raises(DraftkitError, match=r"K \(num_speculative_tokens\) must be an integer "
+                                            r">= 0 or 'auto', got "):
+        parse_k(value)
+
+
+@dataclass
+class Decoding:
+    k: K = option(AUTO, help="K")
+    k_max: int = option(K_MAX, help="largest K")
+
+
+def test_the_k_type_reads_yaml_and_overrides(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("k: auto\n")
+    assert load_recipe(Decoding, recipe).k == "auto"
+    recipe.write_text("k: 3\n")
+    k = load_recipe(Decoding, recipe).k
+    assert k == 3 and type(k) is int  # not YAML's int that keeps its text
+    assert load_recipe(Decoding, recipe, ["k=auto"]).k == "auto"
+    assert load_recipe(Decoding, recipe, ["k=5"]).k == 5
+    recipe.write_text("k: -1\n")
+    with pytest.raises(ConfigError, match=rf"^{recipe}: key 'k' expects an integer >= 0 or "
+                                          r"'auto', got -1; fix the value"):
+        load_recipe(Decoding, recipe)
+    with pytest.raises(ConfigError, match=r"^command line: key 'k' expects an integer >= 0 or "
+                                          r"'auto', got 'fast'"):
+        load_recipe(Decoding, recipe, ["k=fast"])
+    assert describe_keys(Decoding)[0].startswith("k = auto (an integer >= 0 or 'auto')")
+
+
+@pytest.mark.parametrize("words,k", [([], "auto"), (["--k", "auto"], "auto"), (["--k", "3"], 3),
+                                     (["--k=0"], 0)])
+def test_the_k_flag(words, k):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, Decoding)
+    assert from_namespace(Decoding, parser.parse_args(words)).k == k
+
+
+@pytest.mark.parametrize("word", ["-1", "fast", "2.5"])
+def test_a_bad_k_flag_is_one_error_that_names_it(word):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, Decoding)
+    with pytest.raises(ConfigError) as e:
+        from_namespace(Decoding, parser.parse_args(["--k", word]))
+    assert str(e.value) == f"--k expects an integer >= 0 or 'auto', got '{word}'"
+
+
+def test_no_draft_means_k_0():
+    for k in (AUTO, 0, 3, 20):
+        choice = resolve_k(k, K_MAX, has_draft=False)
+        assert (choice.fixed, choice.policy, choice.k_max, choice.label) == (0, None, 0, "0")
+        assert choice.choose(4) == 0
+
+
+def test_auto_is_the_policy_up_to_k_max():
+    choice = resolve_k(AUTO, 5, has_draft=True)
+    assert isinstance(choice.policy, KPolicy) and choice.policy.k_max == 5
+    assert choice.k_max == 5 and choice.fixed is None and choice.label == "auto"
+    assert resolve_k("auto", has_draft=True).policy.k_max == K_MAX
+    # a policy that has learnt already (eval: across a domain's prompts) goes on learning
+    learnt = KPolicy(k_max=3)
+    choice = resolve_k(AUTO, 8, has_draft=True, policy=learnt)
+    assert choice.policy is learnt and choice.k_max == 3
+
+
+def test_a_fixed_k_is_also_the_most_a_round_drafts():
+    choice = resolve_k(3, 8, has_draft=True)
+    assert (choice.fixed, choice.policy, choice.k_max, choice.label) == (3, None, 3, "3")
+    assert choice.choose(1) == choice.choose(16) == 3
+    assert resolve_k("2", has_draft=True).fixed == 2  # the same parser as the flags
+    # k_max bounds what auto may choose; a fixed K above it only where a command says so (eval:
+    # its predictions and K sweep stop at k_max)
+    assert resolve_k(5, 2, has_draft=True).k_max == 5
+    with pytest.raises(ConfigError, match=r"^--k 5 is above --k-max 2; raise --k-max$"):
+        resolve_k(5, 2, has_draft=True, bounded=True)
+    assert check_k(2, 2, bounded=True) == 2 and check_k(AUTO, 0, bounded=True) == AUTO
+
+
+@pytest.mark.parametrize("k,k_max", [(-1, 8), ("fast", 8), (3, -1)])
+def test_the_resolver_refuses_what_the_parser_refuses(k, k_max):
+    with pytest.raises(DraftkitError, match="must be"):
+        resolve_k(k, k_max, has_draft=True)
