@@ -23,7 +23,9 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from draftkit.config import option
+from draftkit.config import option, reuse
+from draftkit.decode.args import SpeculationArgs
+from draftkit.decode.k import AUTO, DEFAULT_FIXED_K, K, parse_k
 from draftkit.errors import ConfigError
 
 METHODS = ("ours_k0", "ours_spec", "hf_generate", "hf_assisted")
@@ -37,7 +39,8 @@ class BenchArgs:
     prompts: str = option(help="JSONL file of prompts (string, {\"prompt\"} or {\"messages\"})")
     target: str = option("embedded", help="target model: HF directory, hub id, bundle or "
                                           "'embedded'")
-    k: int = option(3, help="drafted tokens per round (num_speculative_tokens)")
+    k: K = reuse(SpeculationArgs, "k", DEFAULT_FIXED_K, note="; bench takes a fixed K >= 1, "
+                 "as HF assisted generation drafts a constant number")
     max_new_tokens: int = option(64, help="new tokens per prompt at most")
     repeats: int = option(3, help="interleaved repetitions; medians are reported")
     methods: list[str] = option(list(METHODS), help="methods to run, comma-separated")
@@ -47,7 +50,8 @@ class BenchArgs:
     dtype: str = option("auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16")
 
     def validate(self) -> None:
-        if self.k < 1:
+        k = parse_k(self.k)
+        if k == AUTO or k < 1:
             raise ConfigError(f"--k must be >= 1 for a speculative benchmark, got {self.k}")
         if self.repeats < 1 or self.max_new_tokens < 1:
             raise ConfigError("--repeats and --max-new-tokens must be >= 1")

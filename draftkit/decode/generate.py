@@ -19,49 +19,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftkit.config import option
+from draftkit.decode.args import DecodingArgs
 from draftkit.errors import ConfigError, DraftkitError
 
 
-def parse_k(value: str) -> int | str:
-    """'auto' or an integer >= 0 (K = 0 is plain decoding)."""
-    if str(value).strip().lower() == "auto":
-        return "auto"
-    try:
-        k = int(value)
-    except ValueError:
-        raise ConfigError(f"--k must be an integer >= 0 or 'auto', got {value!r}") from None
-    if k < 0:
-        raise ConfigError(f"--k (num_speculative_tokens) must be >= 0, got {k}")
-    return k
-
-
-def check_sampling(temperature: float, top_p: float, top_k: int) -> None:
-    if temperature < 0:
-        raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
-    if not 0.0 < top_p <= 1.0:
-        raise ConfigError(f"--top-p must lie in (0, 1], got {top_p}")
-    if top_k < 0:
-        raise ConfigError(f"--top-k must be >= 0 (0 = off), got {top_k}")
-
-
 @dataclass
-class GenerateArgs:
+class GenerateArgs(DecodingArgs):
     """Generate text from prompts with the target, speculatively when a draft is given."""
 
     target: str = option("embedded", help="target model: HF directory, hub id, bundle or "
                                           "'embedded'")
     draft: str | None = option(None, help="draft model (HF directory or bundle); none = plain "
                                           "decoding")
-    k: str = option("4", help="drafted tokens per round (num_speculative_tokens), or 'auto' "
-                              "to choose per round")
-    k_max: int = option(8, help="largest K that --k auto may choose")
-    temperature: float = option(0.0, help="sampling temperature; 0 = greedy")
-    top_p: float = option(1.0, help="nucleus sampling mass in (0, 1]; 1 = off")
-    top_k: int = option(0, help="keep the top-k tokens; 0 = off")
     max_new_tokens: int = option(128, help="new tokens per prompt at most")
-    seed: int = option(0, help="random seed for sampling; the same seed repeats the output "
-                               "exactly with a fixed --k (with --k auto, K follows measured "
-                               "timings, and the draws follow K)")
     prompt: str | None = option(None, help="one prompt (text)")
     prompts: str | None = option(None, help="JSONL file of prompts (string, {\"prompt\"} or "
                                             "{\"messages\"} per line)")
@@ -72,16 +42,13 @@ class GenerateArgs:
     dtype: str = option("auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16")
 
     def validate(self) -> None:
-        parse_k(self.k)
-        check_sampling(self.temperature, self.top_p, self.top_k)
+        super().validate()
         if (self.prompt is None) == (self.prompts is None):
             raise ConfigError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
         if self.max_new_tokens < 1:
             raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
-        if self.k_max < 0:
-            raise ConfigError(f"--k-max must be >= 0, got {self.k_max}")
 
 
 def read_prompts(path: str | Path) -> list:
@@ -118,19 +85,17 @@ def generate(args: GenerateArgs) -> list[dict]:
     from draftkit.decode.engine import SpeculativeEngine
     from draftkit.models import load_pair
 
-    k = parse_k(args.k)
     texts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
     pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
     tok = pair.tokenizer
     prompts = [encode_prompt(tok, p, raw=args.raw) for p in texts]
-    engine = SpeculativeEngine(pair.target, pair.draft)
-    if pair.draft is None and k not in (0, "auto"):
-        k = 0
+    engine = SpeculativeEngine(pair.target, pair.draft)  # it decodes at K = 0 without a draft
     torch.manual_seed(args.seed)
     records = []
     for i in range(0, len(prompts), args.batch_size):
         batch = prompts[i:i + args.batch_size]
-        results = engine.generate(batch, k=k, k_max=args.k_max, max_new_tokens=args.max_new_tokens,
+        results = engine.generate(batch, k=args.k, k_max=args.k_max,
+                                  max_new_tokens=args.max_new_tokens,
                                   temperature=args.temperature, top_k=args.top_k,
                                   top_p=args.top_p, seed=args.seed + i)
         for r in results:

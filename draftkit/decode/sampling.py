@@ -39,6 +39,8 @@ class SamplingParams:
     top_p: float = 1.0  # 1 = off
 
     def __post_init__(self) -> None:
+        # each message starts with the parameter's name as its flag spells it, less the "--"
+        # (decode/args.py adds it back for the commands)
         if not 0 <= self.temperature < float("inf"):  # also NaN
             raise DraftkitError(f"temperature must be a finite number >= 0 (0 = greedy), got "
                                 f"{self.temperature}")

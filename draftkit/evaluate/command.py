@@ -14,12 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from draftkit.config import option
+from draftkit.decode.args import DecodingArgs
+from draftkit.decode.k import check_k
 from draftkit.errors import ConfigError
 
 
 @dataclass
-class EvalArgs:
-    """Measure a draft against its target on domain suites and write a report."""
+class EvalArgs(DecodingArgs):
+    """Measure a draft against its target on domain suites and write a report. Under --k auto,
+    one K policy runs per domain, learning across its prompts as a server's does across
+    requests; --k-max also bounds the K sweep's predictions."""
 
     draft: str = option(help="draft model: HF folder, bundle, hub id")
     target: str = option("embedded", help="target model: HF folder, bundle, hub id, 'embedded'")
@@ -30,11 +34,6 @@ class EvalArgs:
                                                    "its teacher-forced alpha on the same "
                                                    "continuations is reported as alpha_before, "
                                                    "the draft's as alpha_after")
-    k: str = option("auto", help="K drafted tokens per round, or 'auto' (the K policy; one "
-                    "per domain, learning across its prompts as a server's does across requests)")
-    k_max: int = option(8, help="largest K for 'auto' and the K sweep")
-    temperature: float = option(0.0, help="sampling temperature (0 = greedy)")
-    top_p: float = option(1.0, help="nucleus sampling mass")
     max_new_tokens: int = option(128, help="new tokens per prompt")
     batch_sizes: list[int] = option([1, 2, 4, 8, 16], help="batch sizes of the batch sweep "
                                                            "(empty to skip)")
@@ -49,25 +48,12 @@ class EvalArgs:
     domains: list[str] | None = option(None, nargs="*", metavar="DOMAIN",
                                        help="only these domains (space- or comma-separated)")
     repeats: int = option(1, help="timing repeats (medians reported)")
-    seed: int = option(0, help="sampling seed")
     dtype: str = option("auto", help="auto, float32, bfloat16 or float16")
     device: str | None = option(None, help="cpu or cuda (default: cuda if available)")
 
     def validate(self) -> None:
-        if self.k != "auto":
-            try:
-                k = int(self.k)
-            except ValueError:
-                raise ConfigError(f"--k must be an integer >= 0 or 'auto', got {self.k!r}") \
-                    from None
-            if k < 0:
-                raise ConfigError(f"--k must be >= 0 or 'auto', got {k}")
-            if k > self.k_max:  # predictions and the K sweep stop at k_max
-                raise ConfigError(f"--k {k} is above --k-max {self.k_max}; raise --k-max")
-        if self.temperature < 0:
-            raise ConfigError(f"--temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"--top-p must lie in (0, 1], got {self.top_p}")
+        super().validate()
+        check_k(self.k, self.k_max, bounded=True)  # predictions and the K sweep stop at k_max
         for name in ("max_new_tokens", "repeats", "k_max", "k_sweep_prompts", "k_sweep_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
@@ -90,11 +76,9 @@ def run_eval(args: EvalArgs, tracker=None, extra_drafts: dict[str, Any] | None =
     suite = builtin_suites_dir() if args.suite == "builtin" else Path(args.suite)
     rows = load_suite(suite, limit=args.limit, domains=args.domains)
     pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
-    settings = runner.EvalSettings(
-        k=args.k if args.k == "auto" else int(args.k), k_max=args.k_max,
-        temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-        repeats=args.repeats, seed=args.seed, k_sweep=[k for k in args.k_sweep if
-                                                        k <= args.k_max],
+    settings = runner.EvalSettings.of(
+        args, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+        k_sweep=[k for k in args.k_sweep if k <= args.k_max],
         k_sweep_prompts=args.k_sweep_prompts, k_sweep_tokens=args.k_sweep_tokens,
         batch_sizes=args.batch_sizes)
     baselines = dict(extra_drafts or {})

@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from draftkit import metrics
-from draftkit.config import option
+from draftkit.config import option, reuse
+from draftkit.decode.args import SamplingArgs, SpeculationArgs
+from draftkit.decode.k import AUTO, K, parse_k
 from draftkit.errors import ConfigError, DraftkitError
 
 DEFAULT_DRAFT_LAYERS = 4  # the early exit mapped when no --draft is given (c ~ 0.2 on CPU)
@@ -48,7 +50,7 @@ FIG_KEYS = ("n_prompts", "new_tokens", "alpha", "alpha_per_position", "tau", "c"
 
 
 @dataclass
-class RegimesArgs:
+class RegimesArgs(SpeculationArgs):
     """Measure where speculation stops paying for a target and draft on your own prompts: high
     entropy, a draft too slow for its acceptance, domain mismatch and large batches."""
 
@@ -76,13 +78,18 @@ class RegimesArgs:
                                              "mismatch regimes (the batch regime takes as many "
                                              "as its largest batch)")
     max_new_tokens: int = option(32, help="new tokens per prompt")
-    k: int = option(2, help="K drafted tokens per round, fixed in every measurement")
-    k_max: int = option(8, help="largest K the policy may pick in the batch regime")
-    seed: int = option(0, help="sampling seed")
+    k: K = reuse(SpeculationArgs, "k", 2, note="; regimes takes a fixed K >= 1, the same in "
+                 "every measurement, so that slowdowns show instead of the policy hiding them "
+                 "(the batch regime also reports the K that --k auto picks)")
+    seed: int = reuse(SamplingArgs, "seed")
     dtype: str = option("auto", help="auto, float32, bfloat16 or float16")
     device: str | None = option(None, help="cpu or cuda (default: cuda if available)")
 
     def validate(self) -> None:
+        super().validate()
+        if parse_k(self.k) == AUTO:
+            raise ConfigError("--k must be a fixed K >= 1: regimes measures every draft at "
+                              "the same K")
         for name in ("prompts_per_domain", "max_new_tokens", "k", "k_max"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
@@ -217,7 +224,7 @@ def measure_batches(ev, prompts: list[list[int]], k: int) -> list[dict]:
         bsz = row["batch_size"]
         batch = [prompts[i % len(prompts)] for i in range(bsz)]
         stats = DecodeStats()
-        res, secs = ev.decode(batch, "auto", ev.s.batch_tokens, stats, ev.s.seed)
+        res, secs = ev.decode(batch, AUTO, ev.s.batch_tokens, stats, ev.s.seed)
         ev.progress(1)
         tps = sum(len(r.tokens) for r in res) / secs
         row["policy_k"] = runner.k_used(stats)

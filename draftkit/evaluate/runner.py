@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from draftkit import metrics
-from draftkit.decode.k import AUTO, K_MAX, KValue, check_k, resolve_k
+from draftkit.decode.args import DecodingArgs
+from draftkit.decode.k import check_k, resolve_k
 from draftkit.evaluate import entropy
 
 # Tokens of the untimed warm-up decodes: enough to run every forward the timed decodes run
@@ -33,15 +34,11 @@ WARMUP_TOKENS = 8
 
 
 @dataclass
-class EvalSettings:
-    k: KValue = AUTO
-    k_max: int = K_MAX
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
+class EvalSettings(DecodingArgs):
+    """What the measurements decode with (K, sampling) and how much they measure."""
+
     max_new_tokens: int = 128
     repeats: int = 1
-    seed: int = 0
     k_sweep: list[int] = field(default_factory=lambda: [1, 2, 4, 6])
     k_sweep_prompts: int = 2
     k_sweep_tokens: int = 48

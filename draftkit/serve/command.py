@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftkit.config import option
+from draftkit.decode.args import SpeculationArgs
 from draftkit.errors import ConfigError
 
 NO_DRAFT = "none"  # --draft none: plain decoding, even when the bundle holds a draft
@@ -30,7 +31,7 @@ DEFAULT_MAX_MODEL_LEN = 2048
 
 
 @dataclass
-class ServeArgs:
+class ServeArgs(SpeculationArgs):
     """Serve a bundle (or a target and draft) over an OpenAI-compatible HTTP API."""
 
     bundle: str | None = option(None, positional=True, help="bundle directory from `draftkit "
@@ -42,9 +43,6 @@ class ServeArgs:
     draft: str = option("", help="draft model (overrides the bundle's); none = plain decoding")
     host: str = option("127.0.0.1", help="address to listen on")
     port: int = option(8000, help="port to listen on")
-    k: str = option("auto", help="drafted tokens per round: 'auto' (chosen each round for the "
-                                 "live batch size) or a fixed integer (0 = no speculation)")
-    k_max: int = option(8, help="largest K that --k auto may choose")
     max_batch: int = option(16, help="slots: requests decoded together at most")
     max_model_len: int | None = option(None, help="positions per slot (prompt + output); "
                                                   f"default: the target's context window, at "
@@ -64,15 +62,13 @@ class ServeArgs:
                             choices=("critical", "error", "warning", "info", "debug"))
 
     def validate(self) -> None:
-        from draftkit.decode.generate import parse_k
-
-        parse_k(self.k)
+        super().validate()
         if self.bundle is None and self.target is None:
             raise ConfigError("give a BUNDLE directory, or --target (and --draft)")
         if not 0 < self.port < 65536:
             raise ConfigError(f"--port must lie in 1..65535, got {self.port}")
         for name, low in (("max_batch", 1), ("max_tokens_limit", 1), ("max_body_bytes", 1),
-                          ("k_max", 0), ("shutdown_timeout", 0)):
+                          ("shutdown_timeout", 0)):
             if getattr(self, name) < low:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= {low}, got "
                                   f"{getattr(self, name)}")
@@ -104,20 +100,16 @@ def resolve_models(args: ServeArgs) -> tuple[str, str | None, str]:
 def build(args: ServeArgs):
     """Load the models and build the app (no server started): (app, description)."""
     from draftkit.decode.engine import SpeculativeEngine
-    from draftkit.decode.generate import parse_k
     from draftkit.models import load_pair
     from draftkit.serve.app import create_app
 
     target, draft, name = resolve_models(args)
-    k = parse_k(args.k)
     pair = load_pair(target, draft, device=args.device, dtype=args.dtype)
     engine = SpeculativeEngine(pair.target, pair.draft, fast_path=None if args.fast_path
                                else False)
-    if pair.draft is None:
-        k = 0
     max_model_len = args.max_model_len or min(engine.context or DEFAULT_MAX_MODEL_LEN,
                                               DEFAULT_MAX_MODEL_LEN)
-    app = create_app(engine, pair.tokenizer, model_name=name, k=k, k_max=args.k_max,
+    app = create_app(engine, pair.tokenizer, model_name=name, k=args.k, k_max=args.k_max,
                      max_batch=args.max_batch, max_model_len=max_model_len,
                      max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes)
     sched = app.state.scheduler
@@ -127,8 +119,9 @@ def build(args: ServeArgs):
              if c is not None and hasattr(c, "k"))
     desc = (f"model '{name}': target {pair.target_ref.path}"
             + (f", draft {pair.draft_ref.path}" if pair.draft_ref else ", no draft")
-            + f"; K {k}; {args.max_batch} slots x {sched.state.max_len} positions, "
-              f"{batching} batching ({kv / 2**30:.2f} GiB KV cache); device {engine.device}")
+            + f"; K {sched.k_choice.label}; {args.max_batch} slots x {sched.state.max_len} "
+              f"positions, {batching} batching ({kv / 2**30:.2f} GiB KV cache); device "
+              f"{engine.device}")
     return app, desc
 
 

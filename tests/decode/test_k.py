@@ -1,11 +1,13 @@
-"""K (num_speculative_tokens): one type, one parser, one resolver."""
+"""K (num_speculative_tokens): one type, one parser, one resolver, and the decoding flags the
+commands share."""
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import pytest
 
 from draftkit.config import add_arguments, describe_keys, from_namespace, load_recipe, option
+from draftkit.decode.args import GROUP, DecodingArgs, SamplingArgs, SpeculationArgs
 from draftkit.decode.k import AUTO, K, K_MAX, check_k, parse_k, resolve_k
 from draftkit.decode.policy import KPolicy
 from draftkit.errors import ConfigError, DraftkitError
@@ -58,12 +60,22 @@ def test_the_k_flag(words, k):
 
 
 @pytest.mark.parametrize("word", ["-1", "fast", "2.5"])
-def test_a_bad_k_flag_is_one_error_that_names_it(word):
+def test_a_bad_k_flag_is_one_error_that_names_it(word, capsys):
     parser = argparse.ArgumentParser()
     add_arguments(parser, Decoding)
     with pytest.raises(ConfigError) as e:
         from_namespace(Decoding, parser.parse_args(["--k", word]))
     assert str(e.value) == f"--k expects an integer >= 0 or 'auto', got '{word}'"
+    # through the command line: one line, exit status 2, for every command with --k
+    from draftkit.cli import main
+
+    for argv in (["generate", "--prompt", "hi"], ["eval", "--draft", "d"],
+                 ["serve", "--target", "t"], ["regimes"], ["export", "--out", "o", "--draft",
+                                                           "d"]):
+        assert main(argv + ["--k", word]) == 2
+        err = capsys.readouterr().err
+        assert err == f"draftkit {argv[0]}: error: --k expects an integer >= 0 or 'auto', got " \
+                      f"'{word}'\n"
 
 
 def test_no_draft_means_k_0():
@@ -101,3 +113,72 @@ def test_a_fixed_k_is_also_the_most_a_round_drafts():
 def test_the_resolver_refuses_what_the_parser_refuses(k, k_max):
     with pytest.raises(DraftkitError, match="must be"):
         resolve_k(k, k_max, has_draft=True)
+
+
+# --- the flags the decoding commands share ------------------------------------------------------
+
+SHARED = {f.name: f.metadata["help"] for cls in (SpeculationArgs, SamplingArgs)
+          for f in fields(cls)}
+# each command's shared flags: decoding ones where the command decodes with them
+TAKES = {"generate": list(SHARED), "eval": list(SHARED), "serve": ["k", "k_max"],
+         "regimes": ["k", "k_max", "seed"], "bench": ["k"]}
+
+
+@pytest.mark.parametrize("command", sorted(TAKES))
+def test_shared_flags_have_one_help_text_in_every_command(command):
+    from draftkit.cli import build_parser
+
+    parser = build_parser().commands[command]
+    groups = {a.dest: g.title for g in parser._action_groups for a in g._group_actions}
+    helps = {a.dest: a.help for a in parser._actions}
+    for name in TAKES[command]:
+        assert groups[name] == GROUP
+        # the shared text, then a command's own note where its K must be fixed, then the default
+        assert helps[name].startswith(SHARED[name])
+    for name in set(SHARED) - set(TAKES[command]):
+        assert name not in helps
+    help_text = parser.format_help().replace("\n", " ")
+    assert GROUP + ":" in help_text
+
+
+def test_eval_takes_top_k_and_hands_it_to_its_settings():
+    from draftkit.cli import build_parser, parse
+    from draftkit.evaluate.command import EvalArgs
+    from draftkit.evaluate.runner import EvalSettings
+
+    args = from_namespace(EvalArgs, parse(build_parser(), ["eval", "--draft", "d", "--top-k",
+                                                           "20", "--temperature", "0.7",
+                                                           "--k", "2", "--seed", "4"]))
+    assert (args.top_k, args.temperature, args.k, args.seed) == (20, 0.7, 2, 4)
+    settings = EvalSettings.of(args, max_new_tokens=9)
+    assert (settings.top_k, settings.temperature, settings.k, settings.k_max, settings.seed,
+            settings.top_p, settings.max_new_tokens) == (20, 0.7, 2, K_MAX, 4, 1.0, 9)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("temperature", -0.5, "--temperature must be a finite number >= 0 (0 = greedy), got -0.5"),
+    ("top_p", 0.0, "--top-p must lie in (0, 1], got 0.0"),
+    ("top_p", 1.5, "--top-p must lie in (0, 1], got 1.5"),
+    ("top_k", -1, "--top-k must be >= 0 (0 = off), got -1"),
+    ("k_max", -1, "--k-max must be >= 0, got -1"),
+])
+def test_decoding_args_check_as_the_engine_does(field, value, message):
+    """The sampling checks are SamplingParams' own, named by their flags."""
+    from draftkit.decode.generate import GenerateArgs
+    from draftkit.evaluate.command import EvalArgs
+
+    for args in (DecodingArgs(), GenerateArgs(prompt="hi"), EvalArgs(draft="d")):
+        setattr(args, field, value)
+        with pytest.raises(ConfigError) as e:
+            args.validate()
+        assert str(e.value) == message
+
+
+def test_commands_whose_measurement_needs_a_fixed_k_refuse_auto():
+    from draftkit.decode.bench import BenchArgs
+    from draftkit.evaluate.regimes import RegimesArgs
+
+    with pytest.raises(ConfigError, match="--k must be >= 1 for a speculative benchmark"):
+        BenchArgs(draft="d", prompts="p", k=AUTO).validate()
+    with pytest.raises(ConfigError, match="--k must be a fixed K >= 1"):
+        RegimesArgs(k=AUTO).validate()

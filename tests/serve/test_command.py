@@ -52,7 +52,7 @@ def test_a_context_with_no_room_is_a_one_line_error(tiny_dirs):
                                           r"--max-model-len or lower K"):
         build(ServeArgs(bundle=str(target), draft=str(draft), max_model_len=10, k="auto",
                         k_max=8, device="cpu"))
-    app, _ = build(ServeArgs(bundle=str(target), draft=str(draft), max_model_len=10, k="2",
+    app, _ = build(ServeArgs(bundle=str(target), draft=str(draft), max_model_len=10, k=2,
                              device="cpu"))
     assert app.state.scheduler.context == 6
 

@@ -1,0 +1,76 @@
+"""The decoding flags that the commands share, declared (with their help and checks) once.
+
+- :class:`SpeculationArgs`: ``--k`` and ``--k-max`` (generate, eval, serve, regimes; bench
+  takes ``--k`` alone, fixed);
+- :class:`SamplingArgs`: ``--temperature``, ``--top-k``, ``--top-p`` and ``--seed``
+  (generate, eval; regimes takes ``--seed``; serve's requests carry their own);
+- :class:`DecodingArgs`: both, as generate and eval take them (and eval's settings).
+
+A command's args dataclass inherits them; a command that needs another default, or one of the
+fields alone, declares it again with :func:`draftkit.config.reuse`, which keeps the help.
+Their flags are listed under one ``--help`` group, :data:`GROUP`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from draftkit.config import option
+from draftkit.decode.k import AUTO, K, K_MAX, check_k
+from draftkit.errors import ConfigError, DraftkitError
+
+GROUP = "decoding options"
+
+
+@dataclass(kw_only=True)
+class SpeculationArgs:
+    """K, the tokens drafted per round, and the largest K the policy may choose."""
+
+    k: K = option(AUTO, group=GROUP, help="drafted tokens per round (K, num_speculative_"
+                  "tokens): an integer (0 = plain decoding) or 'auto', chosen each round from "
+                  "measured acceptance and cost for the live batch size (K = 0 when "
+                  "speculation loses)")
+    k_max: int = option(K_MAX, group=GROUP, help="largest K that --k auto may choose")
+
+    def validate(self) -> None:
+        check_k(self.k, self.k_max)
+
+
+@dataclass(kw_only=True)
+class SamplingArgs:
+    """How tokens are chosen (the same for target and draft: sampling.SamplingParams)."""
+
+    temperature: float = option(0.0, group=GROUP, help="sampling temperature; 0 = greedy")
+    top_k: int = option(0, group=GROUP, help="keep the top-k tokens; 0 = off")
+    top_p: float = option(1.0, group=GROUP, help="nucleus sampling mass in (0, 1]; 1 = off")
+    seed: int = option(0, group=GROUP, help="random seed for sampling; the same seed repeats "
+                       "the output exactly with a fixed --k (with --k auto, K follows "
+                       "measured timings, and the draws follow K)")
+
+    def sampling_params(self):
+        from draftkit.decode.sampling import SamplingParams
+
+        return SamplingParams(self.temperature, self.top_k, self.top_p)
+
+    def validate(self) -> None:
+        try:
+            self.sampling_params()  # its checks, whose messages name each flag less its "--"
+        except DraftkitError as e:
+            raise ConfigError(f"--{e}") from None
+
+
+@dataclass(kw_only=True)
+class DecodingArgs(SamplingArgs, SpeculationArgs):
+    """K and sampling: everything a decode is given besides its prompts and budget."""
+
+    def validate(self) -> None:
+        SpeculationArgs.validate(self)
+        SamplingArgs.validate(self)
+
+    @classmethod
+    def of(cls, decoding: DecodingArgs, **rest):
+        """A ``cls`` (a subclass with fields of its own, given in ``rest``) that takes
+        ``decoding``'s shared fields as they are."""
+        shared = {f.name: getattr(decoding, f.name) for f in dataclasses.fields(DecodingArgs)}
+        return cls(**shared, **rest)
