@@ -66,20 +66,35 @@ def run_bench(target, draft, prompts: list[list[int]], k: int, max_new_tokens: i
               repeats: int = 3, methods: tuple[str, ...] = METHODS, pad_token_id: int | None = None,
               log=None) -> dict:
     """Interleaved greedy benchmark at batch 1; returns medians and the speedup figures."""
-    import torch
-
-    from draftkit import metrics
-    from draftkit.decode.engine import SpeculativeEngine, synchronize
+    from draftkit.decode.engine import SpeculativeEngine
     from draftkit.decode.stats import DecodeStats
 
     engine = SpeculativeEngine(target, draft)
-    device = engine.device
     if "hf_assisted" in methods:
         gc = draft.generation_config
         gc.num_assistant_tokens = k
         gc.num_assistant_tokens_schedule = "constant"
         gc.assistant_confidence_threshold = 0.0
     stats = {"ours_k0": DecodeStats(), "ours_spec": DecodeStats()}
+    run = _runner(engine, target, draft, k, max_new_tokens, pad_token_id, stats)
+    run("ours_spec", prompts[0])  # warm-up: first-call allocations stay out of the figures
+    for m in methods:
+        run(m, prompts[0][:8] or prompts[0])
+    # the warm-up's rounds stay out of the figures too (run reads stats at each call)
+    stats.update(ours_k0=DecodeStats(), ours_spec=DecodeStats())
+    per_rep = _interleaved(run, engine.device, prompts, methods, repeats, log)
+    out = {"k": k, "max_new_tokens": max_new_tokens, "prompts": len(prompts),
+           "repeats": repeats, "tokens_per_s": {m: statistics.median(v)
+                                                for m, v in per_rep.items()},
+           "tokens_per_s_all": per_rep}
+    out.update(_speedups(out["tokens_per_s"], stats, k))
+    return out
+
+
+def _runner(engine, target, draft, k: int, max_new_tokens: int, pad_token_id: int | None,
+            stats: dict):
+    """``run(method, ids)``: decode one prompt greedily with ``method``; its new tokens."""
+    import torch
 
     def run(method: str, ids: list[int]) -> int:
         if method in ("ours_k0", "ours_spec"):
@@ -87,20 +102,23 @@ def run_bench(target, draft, prompts: list[list[int]], k: int, max_new_tokens: i
             r = engine.generate([ids], k=kk, max_new_tokens=max_new_tokens, stats=stats[method])
             return len(r[0].tokens)
         kw = {"assistant_model": draft} if method == "hf_assisted" else {}
-        x = torch.tensor([ids], device=device)
+        x = torch.tensor([ids], device=engine.device)
         with torch.inference_mode():
             out = target.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
                                   max_new_tokens=max_new_tokens, pad_token_id=pad_token_id,
                                   temperature=None, top_p=None, top_k=None, **kw)
         return out.shape[1] - len(ids)
+    return run
 
-    run("ours_spec", prompts[0])  # warm-up: first-call allocations stay out of the figures
-    for m in methods:
-        run(m, prompts[0][:8] or prompts[0])
-    stats = {"ours_k0": DecodeStats(), "ours_spec": DecodeStats()}
+
+def _interleaved(run, device, prompts: list[list[int]], methods: tuple[str, ...],
+                 repeats: int, log=None) -> dict[str, list[float]]:
+    """Tokens/s of each method per repeat; every method sees the same machine conditions."""
+    from draftkit.decode.engine import synchronize
+
     per_rep: dict[str, list[float]] = {m: [] for m in methods}
     for rep in range(repeats):
-        for m in methods:  # interleaved: every method sees the same machine conditions
+        for m in methods:
             tokens, seconds = 0, 0.0
             for ids in prompts:
                 synchronize(device)
@@ -111,11 +129,15 @@ def run_bench(target, draft, prompts: list[list[int]], k: int, max_new_tokens: i
             per_rep[m].append(tokens / seconds)
             if log:
                 log(f"repeat {rep + 1}/{repeats} {m}: {tokens / seconds:.2f} tokens/s")
-    out = {"k": k, "max_new_tokens": max_new_tokens, "prompts": len(prompts),
-           "repeats": repeats, "tokens_per_s": {m: statistics.median(v)
-                                                for m, v in per_rep.items()},
-           "tokens_per_s_all": per_rep}
-    tps = out["tokens_per_s"]
+    return per_rep
+
+
+def _speedups(tps: dict[str, float], stats: dict, k: int) -> dict:
+    """Measured speedup against the one predicted from the measured alpha_i, c and v, and our
+    decoder against HF's, for the methods that ran."""
+    from draftkit import metrics
+
+    out = {}
     if "ours_k0" in tps and "ours_spec" in tps:
         base, spec = stats["ours_k0"], stats["ours_spec"]
         t1 = base.target_step_seconds(1)
