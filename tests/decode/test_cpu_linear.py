@@ -1,6 +1,6 @@
 """CPU matmul layouts for decoding: every form computes x @ W^T, and tuning keeps the fastest."""
 
-import time
+import types
 
 import pytest
 import torch
@@ -28,16 +28,18 @@ def test_every_form_is_x_times_w_transposed(shape):
 
 
 def test_tune_keeps_the_form_the_clock_finds_fastest(monkeypatch):
-    """Slow every form but W @ x^T down: each shape and row count must choose it, and the
-    unused W^T copy is dropped."""
+    """A clock on which every form but W @ x^T takes ten times as long: each shape and row
+    count must choose it, and the unused W^T copy is dropped. (A fake clock, not sleeps: on a
+    loaded machine the real one is noisier than any sleep a test can afford.)"""
     apply = DecodeLinear._apply
+    now = [0.0]
 
-    def slowed(self, form, x2):
-        if form != "w@xt":
-            time.sleep(0.002)
+    def timed(self, form, x2):
+        now[0] += 1.0 if form == "w@xt" else 10.0
         return apply(self, form, x2)
 
-    monkeypatch.setattr(DecodeLinear, "_apply", slowed)
+    monkeypatch.setattr(DecodeLinear, "_apply", timed)
+    monkeypatch.setattr(cpu_linear, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     monkeypatch.setattr(cpu_linear, "_tuned", {})
     linears = [DecodeLinear(torch.randn(64, 32)), DecodeLinear(torch.randn(32, 64))]
     assert linears[0].wt is not None
