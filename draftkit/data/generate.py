@@ -37,7 +37,7 @@ def cache_file(cache_dir: Path, target_id: str, max_new_tokens: int, temperature
 def answer_stop_ids(model: Any, tokenizer: Any) -> list[int]:
     """Where an answer ends: where decoding and serving stop (the target's end-of-turn
     tokens), and at the tokenizer's eos."""
-    from draftkit.decode.runners import stop_token_ids
+    from draftkit.models.facts import stop_token_ids
 
     ids = set(stop_token_ids(model))
     if tokenizer.eos_token_id is not None:

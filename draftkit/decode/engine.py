@@ -46,12 +46,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Literal
 
 from draftkit.decode.k import AUTO, K_MAX, KValue, check_k_max, resolve_k
-from draftkit.decode.runners import (decoding_context, make_runner, sliding_window,
-                                     stop_token_ids, text_config, token_ids)
+from draftkit.decode.runners import make_runner
 from draftkit.decode.sampling import Generators, SamplingParams, row_probabilities, sample
 from draftkit.decode.stats import DecodeStats, RoundStats
 from draftkit.decode.verify import verify_greedy, verify_sampled
 from draftkit.errors import DraftkitError
+from draftkit.models.facts import (decoding_context, sliding_window, stop_token_ids, text_config,
+                                   token_ids)
 
 if TYPE_CHECKING:
     import torch

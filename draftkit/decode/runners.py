@@ -26,62 +26,12 @@ from typing import TYPE_CHECKING
 from draftkit.decode.cache import StaticKVCache, WriteIndex
 from draftkit.decode.cpu_linear import DecodeLinear, tune
 from draftkit.errors import DraftkitError
+from draftkit.models.facts import sliding_window, text_config, vocab_size
 
 if TYPE_CHECKING:
     import torch
 
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-
-
-def text_config(model):
-    """The text part of ``model``'s config (a model or its HF config, as a dry run has it
-    before any weights load)."""
-    cfg = getattr(model, "config", model)
-    get = getattr(cfg, "get_text_config", None)
-    return get() if callable(get) else cfg
-
-
-def context_window(model) -> int | None:
-    """Positions ``model`` (a model or its HF config) can attend to, if its config says."""
-    return getattr(text_config(model), "max_position_embeddings", None)
-
-
-def token_ids(ids: int | list[int] | tuple[int, ...] | None) -> list[int]:
-    """An eos setting as HF configs write it (one id, a list, or none) as a sorted id list."""
-    ids = ids if isinstance(ids, (list, tuple)) else ([] if ids is None else [ids])
-    return sorted({int(i) for i in ids})
-
-
-def stop_token_ids(model) -> list[int]:
-    """The tokens a model's turn ends with, as its generation config lists them (Gemma and
-    Llama 3 list their end-of-turn token beside the tokenizer's eos), else its config's."""
-    gen = getattr(model, "generation_config", None)
-    ids = getattr(gen, "eos_token_id", None) if gen is not None else None
-    if ids is None:
-        ids = getattr(text_config(model), "eos_token_id", None)
-    return token_ids(ids)
-
-
-def sliding_window(model) -> int | None:
-    """The attention window of a model that uses one (Mistral v0.1, Phi-3, Gemma 2/3), else
-    None."""
-    cfg = text_config(model)
-    window = getattr(cfg, "sliding_window", None)
-    return window if window and getattr(cfg, "use_sliding_window", True) else None
-
-
-def decoding_context(*models) -> int | None:
-    """The longest sequence the decoder runs exactly for all of ``models``.
-
-    A sliding window caps it: within the window every layer attends to everything, which is
-    exact (and transformers' sliding-window caches cannot be cropped once full). transformers
-    counts the window in cache columns, which equal a row's positions only at batch 1: a
-    batched general-runner cache also holds padding and rolled-back holes, so the engine
-    decodes such models one row at a time (``SpeculativeEngine.one_row_cohorts``).
-    """
-    limits = [n for m in models if m is not None
-              for n in (context_window(m), sliding_window(m)) if n]
-    return min(limits) if limits else None
 
 
 def supports_fast_path(model) -> bool:
@@ -264,7 +214,7 @@ class HFRunner:
 
     def __init__(self, model):
         self.model = model
-        self.vocab_size = text_config(model).vocab_size
+        self.vocab_size = vocab_size(model)
         self.param = next(model.parameters())
         self.head_ids = head_ids(model, self.param.device)
         # transformers 5.x renames past_key_values to cache; older versions only know the first

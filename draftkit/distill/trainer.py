@@ -43,6 +43,7 @@ from draftkit.distill.schedule import warmup_cosine
 from draftkit.distill.teacher import (MaskedLM, OnlineTeacher, TopKCache, cache_key,
                                       default_cache_dir)
 from draftkit.errors import DraftkitError
+from draftkit.models.facts import context_window
 from draftkit.io import append_jsonl, atomic_write_text, recover_writes
 
 
@@ -498,8 +499,6 @@ def _load_target(cfg: DistillConfig, device: str) -> tuple[Any, Any, Any]:
 def check_context(config: Any, seq_len: int, role: str) -> None:
     """Packed rows of ``seq_len`` tokens must fit the position embeddings of a model of
     ``config`` (its HF config: the dry run checks before any weights load)."""
-    from draftkit.decode.runners import context_window
-
     context = context_window(config)
     if context and seq_len > context:
         raise DraftkitError(f"data.seq_len={seq_len} is longer than the {role}'s context "

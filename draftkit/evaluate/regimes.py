@@ -121,7 +121,7 @@ class Draft:
 
 
 def num_layers(model) -> int:
-    from draftkit.decode.runners import text_config
+    from draftkit.models.facts import text_config
 
     return text_config(model).num_hidden_layers
 

@@ -99,11 +99,10 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-    from draftkit.decode.runners import context_window
     from draftkit.io import atomic_dir
     from draftkit.models import check_compatible, load_tokenizer, resolve_model
-    from draftkit.models.compat import _vocab_size
     from draftkit.models import draft_vocab
+    from draftkit.models.facts import context_window, vocab_size
     from draftkit.models.load import load_causal_lm, save_model, save_tokenizer
 
     out = Path(out)
@@ -137,7 +136,7 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
         draft_dir = tmp / "draft"
         save_model(draft_model, draft_dir)
         save_tokenizer(target_tok, draft_dir)  # the target's tokenizer
-        ids = draft_vocab.load(draft_ref.path, _vocab_size(target_cfg)) if \
+        ids = draft_vocab.load(draft_ref.path, vocab_size(target_cfg)) if \
             Path(draft_ref.path).is_dir() else None
         if ids is not None:  # our decoder's reduced head; other engines ignore the file
             shutil.copy2(Path(draft_ref.path) / draft_vocab.FILE, draft_dir / draft_vocab.FILE)
@@ -153,7 +152,7 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
 
         # Load what was written and compare with the in-memory draft.
         written = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
-        ids = _probe_ids(_vocab_size(target_cfg))
+        ids = _probe_ids(vocab_size(target_cfg))
         with torch.no_grad():
             diff = (written(ids).logits - draft_model(ids).logits).abs().max().item()
         if diff > 1e-4:

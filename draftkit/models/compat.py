@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from draftkit.errors import ModelError
+from draftkit.models.facts import vocab_size
 
 _SPECIAL = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")
 
@@ -21,7 +22,7 @@ def check_compatible(target_tokenizer: Any, draft_tokenizer: Any, target_config:
     fix = ("derive the draft from the target (`draftkit derive`) or pick a draft of the same "
            "model family")
     if target_config is not None and draft_config is not None:
-        tv, dv = _vocab_size(target_config), _vocab_size(draft_config)
+        tv, dv = vocab_size(target_config), vocab_size(draft_config)
         if tv != dv:
             raise ModelError(f"draft vocab_size {dv} differs from the target's {tv}; {fix}")
     t_vocab, d_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
@@ -45,8 +46,3 @@ def check_compatible(target_tokenizer: Any, draft_tokenizer: Any, target_config:
         if t != d:
             raise ModelError(f"draft {name} is {d} but the target's is {t}; {fix}")
 
-
-def _vocab_size(config: Any) -> int | None:
-    text = getattr(config, "get_text_config", None)
-    cfg = text() if callable(text) else config
-    return getattr(cfg, "vocab_size", None)
