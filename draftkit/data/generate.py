@@ -14,9 +14,12 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from draftkit.io import append_jsonl
+
+if TYPE_CHECKING:
+    from draftkit.models.reduced_head import ReducedHead
 
 
 def prompt_key(prompt_ids: list[int]) -> str:
@@ -152,11 +155,11 @@ class RowSampler:
 
 def generate_responses_in_memory(model: Any, prompts: list[list[int]], max_new_tokens: int,
                                  temperature: float, pad_id: int, stop_ids: list[int],
-                                 seeds: list[int] | None, allowed: list[int] | None = None
+                                 seeds: list[int] | None, head: "ReducedHead | None" = None
                                  ) -> list[list[int]]:
     """One batched ``generate`` call with left padding; response ids up to and including the
-    first of ``stop_ids`` (:func:`answer_stop_ids`). ``allowed``: the only tokens it may emit
-    (a draft's reduced head, draftkit/models/draft_vocab.py).
+    first of ``stop_ids`` (:func:`answer_stop_ids`). ``head``: a draft's reduced head
+    (draftkit/models/reduced_head.py), the only tokens it may then emit.
 
     Greedy at ``temperature`` 0; otherwise each answer is drawn from its own one of ``seeds``
     (one a prompt) and depends on it alone, not on the global RNG: a resumed run, or another
@@ -176,7 +179,8 @@ def generate_responses_in_memory(model: Any, prompts: list[list[int]], max_new_t
         if seeds is None or len(seeds) != len(prompts):
             raise ValueError("sampled answers need one seed a prompt")
         kwargs["logits_processor"] = [RowSampler(seeds, temperature)]
-    if allowed is not None:  # masks the scores before RowSampler draws from them
+    if head is not None:  # masks the scores outside H before RowSampler draws from them
+        allowed = head.ids.tolist()
         kwargs["prefix_allowed_tokens_fn"] = lambda batch_id, sent: allowed
     with torch.no_grad():
         out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device),

@@ -14,8 +14,8 @@ engine.open(n_slots, k_max)``, ``engine.admit(state, prompts, params, max_new_to
 generators)`` between rounds, ``engine.step(state, k)`` over the live rows, and
 ``engine.release(state, slot)`` when a row finishes or its client goes away.
 
-A draft carrying ``draft_vocab`` (a reduced head vocabulary, draftkit/models/draft_vocab.py)
-proposes only those tokens; the output distribution is unchanged.
+A draft carrying a reduced head (``draft_vocab.json``, draftkit/models/reduced_head.py)
+proposes only its tokens; the output distribution is unchanged.
 """
 
 from draftkit.decode.engine import BatchState, Result, RowStats, SpeculativeEngine

@@ -27,9 +27,12 @@ from draftkit.decode.cache import StaticKVCache, WriteIndex
 from draftkit.decode.cpu_linear import DecodeLinear, tune
 from draftkit.errors import DraftkitError
 from draftkit.models.facts import sliding_window, text_config, vocab_size
+from draftkit.models.reduced_head import head_of
 
 if TYPE_CHECKING:
     import torch
+
+    from draftkit.models.reduced_head import ReducedHead
 
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -53,23 +56,6 @@ def make_runner(model, fast: bool | None = None) -> "LlamaRunner | HFRunner":
         raise DraftkitError(f"the fast decoding path does not support "
                             f"{type(model).__name__}; drop the fast-path option")
     return LlamaRunner(model) if fast else HFRunner(model)
-
-
-def head_ids(model, device) -> "torch.Tensor | None":
-    """The draft's reduced vocabulary (:mod:`draftkit.models.draft_vocab`) on ``device``."""
-    ids = getattr(model, "draft_vocab", None)
-    return None if ids is None else ids.to(device)
-
-
-def full_vocab(logits: "torch.Tensor", ids: "torch.Tensor | None", vocab_size: int
-               ) -> "torch.Tensor":
-    """Logits over a vocabulary subset (..., M) -> (..., V) with -inf elsewhere, so argmax,
-    softmax and sampling see a distribution that is zero outside the subset."""
-    if ids is None:
-        return logits
-    full = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
-    full[..., ids] = logits
-    return full
 
 
 class LlamaRunner:
@@ -99,15 +85,15 @@ class LlamaRunner:
 
         self.cpu = self.param.device.type == "cpu"
 
-        def prep(*linears, rows: "torch.Tensor | None" = None) -> DecodeLinear:
+        def prep(*linears, head: "ReducedHead | None" = None) -> DecodeLinear:
             w = torch.cat([m.weight.detach() for m in linears], dim=0)  # (out, in)
             biases = [m.bias for m in linears]
             b = None if all(x is None for x in biases) else torch.cat(
                 [x.detach() if x is not None else torch.zeros(m.out_features, dtype=w.dtype,
                                                               device=w.device)
                  for x, m in zip(biases, linears)])
-            if rows is not None:  # a reduced draft vocabulary: keep only those head rows
-                w, b = w[rows], None if b is None else b[rows]
+            if head is not None:  # a reduced head: keep only its rows, (V, D) -> (N, D)
+                w, b = head.restrict(w, dim=0), None if b is None else head.restrict(b, dim=0)
             return DecodeLinear(w, b)
 
         self.w = []
@@ -116,8 +102,8 @@ class LlamaRunner:
             self.w.append({"qkv": prep(a.q_proj, a.k_proj, a.v_proj), "o": prep(a.o_proj),
                            "gate_up": prep(mlp.gate_proj, mlp.up_proj), "down": prep(mlp.down_proj),
                            "act": mlp.act_fn})
-        self.head_ids = head_ids(self.model, self.param.device)
-        self.w_head = prep(self.lm_head, rows=self.head_ids)
+        self.head = _head_on(self.model, self.param.device)
+        self.w_head = prep(self.lm_head, head=self.head)
         tune([w[name] for w in self.w for name in ("qkv", "o", "gate_up", "down")]
              + [self.w_head])
 
@@ -193,8 +179,14 @@ class LlamaRunner:
         cache.lengths[index.row_ids] = start_t + t
         if last is not None:  # only the positions whose logits are needed go through the head
             x = x[torch.arange(bsz, device=x.device), torch.tensor(last, device=x.device)]
-        return full_vocab(self.w_head(self.norm(x)), self.head_ids,
-                          self.vocab_size)
+        logits = self.w_head(self.norm(x))  # (..., V), or (..., N) over a reduced head
+        return logits if self.head is None else self.head.expand(logits)
+
+
+def _head_on(model, device) -> "ReducedHead | None":
+    """The draft's reduced head (:mod:`draftkit.models.reduced_head`) on ``device``."""
+    head = head_of(model)
+    return None if head is None else head.to(device)
 
 
 def _rotate_half(x: "torch.Tensor") -> "torch.Tensor":
@@ -216,7 +208,7 @@ class HFRunner:
         self.model = model
         self.vocab_size = vocab_size(model)
         self.param = next(model.parameters())
-        self.head_ids = head_ids(model, self.param.device)
+        self.head = _head_on(model, self.param.device)
         # transformers 5.x renames past_key_values to cache; older versions only know the first
         import inspect
 
@@ -256,8 +248,8 @@ class HFRunner:
         self.valid = torch.cat([self.valid, new_valid], dim=1)
         self.col_pos = torch.cat([self.col_pos, pos], dim=1)
         logits = out.logits  # (B, T, V)
-        if self.head_ids is not None:  # no cheaper, but the same distribution as the fast path
-            logits = full_vocab(logits[..., self.head_ids], self.head_ids, self.vocab_size)
+        if self.head is not None:  # no cheaper, but the same distribution as the fast path
+            logits = self.head.expand(self.head.restrict(logits))
         if last is not None:
             logits = logits[torch.arange(bsz, device=dev), torch.tensor(last, device=dev)]
         return logits

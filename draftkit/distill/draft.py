@@ -3,7 +3,7 @@ smaller random-init model), its frozen parts, its reduced vocabulary (FR-Spec) a
 as a plain HF model folder.
 
     draft = build_draft(cfg, target, tokenizer, target_ref)   # float32, frozen parts set
-    export_draft(draft, tokenizer, out / "best", vocab)      # LoRA merged, one rename
+    export_draft(draft, tokenizer, out / "best", head)       # LoRA merged, one rename
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from draftkit.data import Rows
 from draftkit.distill.config import DistillConfig
 from draftkit.errors import DraftkitError
 from draftkit.io import atomic_write_json
+from draftkit.models.reduced_head import ReducedHead
 
 
 def build_draft(cfg: DistillConfig, target: Any, tokenizer: Any, target_ref: Any) -> Any:
@@ -68,15 +69,14 @@ def apply_freeze(model: Any, parts: list[str]) -> None:
             p.requires_grad_(False)
 
 
-def export_draft(draft: Any, tokenizer: Any, path: Path, vocab: dict | None = None,
+def export_draft(draft: Any, tokenizer: Any, path: Path, head: ReducedHead | None = None,
                  row: dict | None = None) -> Path:
-    """Write ``path`` as a plain HF model folder; LoRA adapters are merged first. ``vocab``:
-    a reduced draft vocabulary to store in it (keyword arguments of draft_vocab.save);
-    ``row``: the evaluation that chose it, as ``best.json``. All of it lands in one rename, so
-    a kill never leaves weights without their vocabulary or evaluation."""
+    """Write ``path`` as a plain HF model folder; LoRA adapters are merged first. ``head``:
+    the reduced head to store in it (``draft_vocab.json``); ``row``: the evaluation that
+    chose it, as ``best.json``. All of it lands in one rename, so a kill never leaves weights
+    without their vocabulary or evaluation."""
     import copy
 
-    from draftkit.models import draft_vocab
     from draftkit.models.derive import save_draft
 
     model = draft
@@ -84,8 +84,8 @@ def export_draft(draft: Any, tokenizer: Any, path: Path, vocab: dict | None = No
         model = copy.deepcopy(draft).merge_and_unload()
 
     def also(folder: Path) -> None:
-        if vocab is not None:
-            draft_vocab.save(folder, **vocab)
+        if head is not None:
+            head.save(folder)
         if row is not None:
             atomic_write_json(folder / "best.json", row)
 
@@ -99,14 +99,13 @@ def token_counts(rows: Rows, vocab_size: int) -> torch.Tensor:
 
 
 def choose_draft_vocab(size: int, train_rows: Rows, heldout: Rows, tokenizer: Any,
-                       vocab_size: int) -> dict:
-    """The ``size`` tokens the target emits most in the training rows (what the draft will be
-    asked to propose), and their share of the held-out rows' tokens."""
-    from draftkit.models import draft_vocab
-
+                       vocab_size: int) -> ReducedHead:
+    """The reduced head of the ``size`` tokens the target emits most in the training rows
+    (what the draft will be asked to propose), covering its share of the held-out rows'
+    tokens."""
     special = list(tokenizer.all_special_ids) + [tokenizer.eos_token_id]
-    ids = draft_vocab.choose(token_counts(train_rows, vocab_size), size,
-                             always=[i for i in special if i is not None])
-    covered = draft_vocab.coverage(ids, token_counts(heldout, vocab_size))
-    return {"ids": ids, "vocab_size": vocab_size, "covered": covered,
-            "source": f"target tokens of {len(train_rows)} training rows"}
+    head = ReducedHead.choose(token_counts(train_rows, vocab_size), size,
+                              always=[i for i in special if i is not None])
+    head.covered = head.coverage(token_counts(heldout, vocab_size))
+    head.source = f"target tokens of {len(train_rows)} training rows"
+    return head

@@ -16,32 +16,28 @@ import torch
 
 from draftkit.data import Rows, positions
 from draftkit.distill.losses import dense_logprobs
+from draftkit.models.reduced_head import ReducedHead, head_of
 
 
 def model_logits(model, device: str, autocast: Callable = contextlib.nullcontext,
-                 head_ids: "torch.Tensor | None" = None) -> Callable:
+                 head: "ReducedHead | None" = None) -> Callable:
     """``fn(input_ids, position_ids) -> logits`` for the functions below: (B, T), (B, T) ->
     (B, T, V) float32; packed rows stay apart because ``use_cache=False`` lets transformers
     build the mask from ``position_ids``.
 
-    A draft with a reduced head vocabulary (``head_ids``, else the ``draft_vocab`` a loaded
-    draft carries: draftkit/models/draft_vocab.py) proposes from q renormalised over it, as
-    the decoder does, so its logits are -inf outside it: alpha is then the served draft's.
+    A draft with a reduced head (``head``, else the one a loaded draft carries:
+    draftkit/models/reduced_head.py) proposes from q renormalised over it, as the decoder
+    does, so its logits are -inf outside it: alpha is then the served draft's.
     """
-    from draftkit.decode.runners import full_vocab
-
-    if head_ids is None:
-        head_ids = getattr(model, "draft_vocab", None)
-    if head_ids is not None:
-        head_ids = torch.as_tensor(head_ids, device=device)
+    head = head if head is not None else head_of(model)
+    if head is not None:
+        head = head.to(device)
 
     def fn(ids, pos):
         with autocast():
             logits = model(input_ids=ids.to(device), position_ids=pos.to(device),
                            use_cache=False).logits.float()  # (B, T, V)
-        if head_ids is None:
-            return logits
-        return full_vocab(logits[..., head_ids], head_ids, logits.shape[-1])
+        return logits if head is None else head.expand(head.restrict(logits))
     return fn
 
 

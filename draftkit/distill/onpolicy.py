@@ -11,12 +11,15 @@ cannot hold sequences that did not exist when it was written).
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from draftkit.data import Rows
 from draftkit.data.pack import Tokenized, pack
+
+if TYPE_CHECKING:
+    from draftkit.models.reduced_head import ReducedHead
 
 
 def is_on_policy(seed: int, step: int, lmbda: float) -> bool:
@@ -26,9 +29,10 @@ def is_on_policy(seed: int, step: int, lmbda: float) -> bool:
 @torch.no_grad()
 def draft_rows(draft: Any, rows: Rows, n: int, seed: int, micro_step: int, rank: int,
                max_new_tokens: int, temperature: float, seq_len: int, pad_id: int,
-               stop_ids: list[int], allowed: list[int] | None = None) -> Rows:
+               stop_ids: list[int], head: "ReducedHead | None" = None) -> Rows:
     """``n`` rows of (training prompt + the draft's response), response tokens trained;
-    ``allowed``: the draft's reduced head, the only tokens it proposes when it is served.
+    ``head``: the draft's reduced head (draftkit/models/reduced_head.py), the only tokens it
+    proposes when it is served.
 
     The prompts and the answers' samples come from ``seed``, the micro-step and the rank alone
     (not the global RNG), so a resumed run, on every rank, draws what the killed one would have.
@@ -43,7 +47,7 @@ def draft_rows(draft: Any, rows: Rows, n: int, seed: int, micro_step: int, rank:
     was_training = draft.training
     draft.eval()
     answers = generate_responses_in_memory(draft, prompts, budget, temperature, pad_id, stop_ids,
-                                          seeds, allowed)
+                                          seeds, head)
     draft.train(was_training)
     examples = [Tokenized(p + a, [False] * len(p) + [True] * len(a),
                           rows.domains[rows.prompt_domains[i]], "on-policy")

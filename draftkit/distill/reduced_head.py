@@ -11,7 +11,8 @@ that mass is out of reach. Renormalised over H, p_H is the q_H that maximises ac
 sum over x in H of min(p(x), q_H(x)) = p(H) (Leviathan et al. 2023, arXiv 2211.17192), so
 every divergence in draftkit/distill/losses.py keeps its meaning.
 
-Everything here maps vocabulary ids to positions in H, ``index`` (V,), -1 outside H.
+H is a :class:`draftkit.models.reduced_head.ReducedHead`, the object the decoder and export use
+too; its ``index`` (V,) maps vocabulary ids to positions in H, -1 outside H.
 """
 
 from __future__ import annotations
@@ -21,20 +22,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from draftkit.models.reduced_head import ReducedHead
+
 Tensor = torch.Tensor
-
-
-class ReducedHead:
-    """The tokens H the draft proposes from, and where each vocabulary id sits in H."""
-
-    def __init__(self, ids: list[int] | Tensor, vocab_size: int):
-        self.ids = torch.as_tensor(ids, dtype=torch.long)  # (N,)
-        self.index = torch.full((vocab_size,), -1, dtype=torch.long)  # (V,)
-        self.index[self.ids] = torch.arange(len(self.ids))
-
-    def to(self, device: Any) -> "ReducedHead":
-        self.ids, self.index = self.ids.to(device), self.index.to(device)
-        return self
 
 
 def head_logits(model: Any, hidden: Tensor, head: ReducedHead | None) -> Tensor:
@@ -49,14 +39,14 @@ def head_logits(model: Any, hidden: Tensor, head: ReducedHead | None) -> Tensor:
         return lm_head(hidden)
     weight = getattr(lm_head, "weight", None)
     if type(lm_head) is not torch.nn.Linear or hasattr(weight, "ds_status"):
-        return lm_head(hidden)[..., head.ids]
-    bias = None if lm_head.bias is None else lm_head.bias[head.ids]
-    return F.linear(hidden, weight[head.ids], bias)
+        return head.restrict(lm_head(hidden))
+    bias = None if lm_head.bias is None else head.restrict(lm_head.bias)
+    return F.linear(hidden, head.restrict(weight, dim=0), bias)  # H's rows: (N, D)
 
 
 def restrict_dense(p_logp: Tensor, head: ReducedHead) -> Tensor:
     """The target over H, renormalised: (N, V) log-probs -> (N, |H|)."""
-    p = p_logp[..., head.ids]
+    p = head.restrict(p_logp)
     return p - torch.logsumexp(p, dim=-1, keepdim=True)
 
 

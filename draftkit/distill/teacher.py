@@ -26,9 +26,10 @@ import torch
 from draftkit.data import Rows, positions
 from draftkit.distill.hidden import Tap, tapped
 from draftkit.distill.losses import dense_logprobs
-from draftkit.distill.reduced_head import ReducedHead, head_logits
+from draftkit.distill.reduced_head import head_logits
 from draftkit.errors import DraftkitError
 from draftkit.io import atomic_write_json, one_builder
+from draftkit.models.reduced_head import ReducedHead
 
 
 class MaskedLM(torch.nn.Module):

@@ -37,13 +37,13 @@ from draftkit.distill.distributed import (Dist, all_reduce_mean, barrier, close_
 from draftkit.distill.draft import build_draft, choose_draft_vocab, export_draft, token_counts
 from draftkit.distill.losses import (dense_logprobs, divergence, hidden_distance,
                                      next_token_ce, sparse_logprobs)
-from draftkit.distill.reduced_head import (ReducedHead, restrict_dense, restrict_labels,
-                                           restrict_sparse)
+from draftkit.distill.reduced_head import restrict_dense, restrict_labels, restrict_sparse
 from draftkit.distill.schedule import warmup_cosine
 from draftkit.distill.teacher import (MaskedLM, OnlineTeacher, TopKCache, cache_key,
                                       default_cache_dir)
 from draftkit.errors import DraftkitError
-from draftkit.models.facts import context_window
+from draftkit.models.facts import context_window, vocab_size
+from draftkit.models.reduced_head import ReducedHead, head_of
 from draftkit.io import append_jsonl, atomic_write_text, recover_writes
 
 
@@ -227,24 +227,21 @@ class _Run:
         key, self.stop_ids = target_id(target_ref, target), answer_stop_ids(target, self.tokenizer)
         self.rows, self.heldout = recipe_rows(cfg, self.tokenizer, target, target_ref, dist,
                                               progress, key, self.stop_ids)
-        self.vocab = None
-        vocab_size = target.config.get_text_config().vocab_size
-        kept = getattr(self.draft, "draft_vocab", None)  # a draft.model folder that has one
+        # the reduced head the draft decodes with, if any: scored with it and saved with it
+        self.reduced_head = None
+        v = vocab_size(target)
+        kept = head_of(self.draft)  # a draft.model folder that has one
         if cfg.draft.vocab_size:
-            self.vocab = choose_draft_vocab(cfg.draft.vocab_size, self.rows, self.heldout,
-                                            self.tokenizer, vocab_size)
-        elif kept is not None:  # it decodes with that head: score it and save it with it
-            from draftkit.models import draft_vocab
-
-            ids = kept.tolist()
-            self.vocab = {"ids": ids, "vocab_size": vocab_size, "source": f"{cfg.draft.model}",
-                          "covered": draft_vocab.coverage(ids, token_counts(self.heldout,
-                                                                            vocab_size))}
-        if self.vocab is not None and dist.is_main:
-            print(f"draft vocabulary: {len(self.vocab['ids'])} tokens cover "
-                  f"{self.vocab['covered']:.1%} of the held-out target tokens"
-                  + ("" if cfg.draft.vocab_size else " (the draft's own; set draft.vocab_size "
-                     "to choose again)"), flush=True)
+            self.reduced_head = choose_draft_vocab(cfg.draft.vocab_size, self.rows,
+                                                   self.heldout, self.tokenizer, v)
+        elif kept is not None:
+            self.reduced_head = ReducedHead(kept.ids, v, source=f"{cfg.draft.model}")
+            self.reduced_head.covered = self.reduced_head.coverage(token_counts(self.heldout, v))
+        if self.reduced_head is not None and dist.is_main:
+            print(f"draft vocabulary: {len(self.reduced_head)} tokens cover "
+                  f"{self.reduced_head.covered:.1%} of the held-out target tokens"
+                  + ("" if cfg.draft.vocab_size else " (the draft's own; set "
+                     "draft.vocab_size to choose again)"), flush=True)
         draft_taps, target_taps = hidden_taps(cfg, target)
         self.teacher = _teacher(cfg, target, key, self.rows, dist, progress, target_taps)
         self.online = OnlineTeacher(target, cfg.loss.temperature,  # on-policy rows need it
@@ -254,11 +251,11 @@ class _Run:
 
         self.head = None  # the reduced head the draft trains over, if it does
         if cfg.draft.train_reduced_head:
-            if self.vocab is None:
+            if self.reduced_head is None:
                 raise DraftkitError(f"draft.train_reduced_head trains over a reduced head and "
                                     f"{cfg.draft.model} has none (no draft_vocab.json): set "
                                     f"draft.vocab_size, or draft.train_reduced_head=false")
-            self.head = ReducedHead(self.vocab["ids"], vocab_size).to(device)
+            self.head = self.reduced_head.to(device)
         student: Any = MaskedLM(self.draft, draft_taps, self.head)
         if dist.world_size > 1 and not cfg.train.deepspeed:
             student = torch.nn.parallel.DistributedDataParallel(student)
@@ -278,7 +275,7 @@ class _Run:
         self.autocast = (lambda: torch.autocast(device.split(":")[0], dtype=torch.bfloat16)) \
             if cfg.train.precision == "bf16" else contextlib.nullcontext
         self.draft_logits = model_logits(  # for evaluation: with the head it will decode with
-            self.draft, device, self.autocast, None if self.vocab is None else self.vocab["ids"])
+            self.draft, device, self.autocast, self.reduced_head)
         self.target_logits = model_logits(target, device)
         self.seconds = {"step": 0.0, "eval": 0.0, "checkpoint": 0.0}  # latest, for max_minutes
         self.lr = cfg.train.lr  # the latest step's learning rate, for the log
@@ -403,7 +400,7 @@ class _Run:
         g = cfg.data.generate
         rows = draft_rows(self.draft, self.rows, cfg.train.batch_size, cfg.seed, m, dist.rank,
                           g.max_new_tokens, g.temperature, cfg.data.seq_len, self.pad_id,
-                          self.stop_ids, None if self.vocab is None else self.vocab["ids"])
+                          self.stop_ids, self.reduced_head)
         return rows, torch.arange(len(rows)), self.online
 
     def evaluate(self, loss_value: float | None) -> dict:
@@ -427,8 +424,8 @@ class _Run:
             self.best_alpha = self.last_alpha
             with gathered(self.draft, self.stage):
                 if dist.is_main:
-                    export_draft(self.draft, self.tokenizer, self.out / "best", self.vocab,
-                                 row)
+                    export_draft(self.draft, self.tokenizer, self.out / "best",
+                                 self.reduced_head, row)
         self.seconds["eval"] = time.perf_counter() - t
         return row
 

@@ -162,12 +162,16 @@ class Evaluator:
         """
         import torch
 
-        from draftkit.decode.runners import full_vocab, head_ids
         from draftkit.decode.sampling import SamplingParams, probabilities
+        from draftkit.models.reduced_head import head_of
 
         params = SamplingParams(self.s.temperature or 1.0, self.s.top_k, self.s.top_p)
         models = {"draft": self.draft_model, **drafts} if with_draft else dict(drafts)
         buckets = entropy.EntropyBuckets(list(models))
+        heads = {}  # each draft's reduced head, if any: its q as the decoder sees it
+        for name, model in models.items():
+            head = head_of(model)
+            heads[name] = None if head is None else head.to(self.device)
         with torch.inference_mode():
             for prompt, new in sequences:
                 if not new:
@@ -179,9 +183,8 @@ class Evaluator:
                 accept = {}
                 for name, model in models.items():
                     q_logits = model(seq).logits[0, span].float()  # (T, V)
-                    ids = head_ids(model, q_logits.device)  # as the decoder sees the draft
-                    if ids is not None:
-                        q_logits = full_vocab(q_logits[:, ids], ids, q_logits.shape[-1])
+                    if heads[name] is not None:  # zero outside its reduced head
+                        q_logits = heads[name].expand(heads[name].restrict(q_logits))
                     if self.s.temperature == 0:
                         accept[name] = (q_logits.argmax(-1) == p_logits.argmax(-1)).double()
                     else:

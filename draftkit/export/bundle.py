@@ -101,9 +101,9 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
 
     from draftkit.io import atomic_dir
     from draftkit.models import check_compatible, load_tokenizer, resolve_model
-    from draftkit.models import draft_vocab
     from draftkit.models.facts import context_window, vocab_size
     from draftkit.models.load import load_causal_lm, save_model, save_tokenizer
+    from draftkit.models.reduced_head import FILE, ReducedHead
 
     out = Path(out)
     if out.exists() and not force:
@@ -136,10 +136,10 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
         draft_dir = tmp / "draft"
         save_model(draft_model, draft_dir)
         save_tokenizer(target_tok, draft_dir)  # the target's tokenizer
-        ids = draft_vocab.load(draft_ref.path, vocab_size(target_cfg)) if \
+        head = ReducedHead.load(draft_ref.path, vocab_size(target_cfg)) if \
             Path(draft_ref.path).is_dir() else None
-        if ids is not None:  # our decoder's reduced head; other engines ignore the file
-            shutil.copy2(Path(draft_ref.path) / draft_vocab.FILE, draft_dir / draft_vocab.FILE)
+        if head is not None:  # our decoder's reduced head (checked); other engines ignore it
+            shutil.copy2(Path(draft_ref.path) / FILE, draft_dir / FILE)
         gen = GenerationConfig.from_model_config(draft_model.config)
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
             value = getattr(target_tok, key, None)

@@ -137,17 +137,20 @@ def load_model(model: str | ResolvedModel, role: Role = "target", device: str | 
                dtype: str | None = "auto") -> "PreTrainedModel":
     """A causal LM in eval mode on ``device`` (a LoRA adapter folder comes back merged).
 
-    A draft folder holding ``draft_vocab.json`` gives the model its reduced head vocabulary
-    (``model.draft_vocab``, see :mod:`draftkit.models.draft_vocab`)."""
+    A draft folder holding ``draft_vocab.json`` gives the model its reduced head
+    (``model.reduced_head``, see :mod:`draftkit.models.reduced_head`)."""
     resolved = model if isinstance(model, ResolvedModel) else resolve_model(model, role)
     device = device or default_device()
     check_device(device)
     _quiet_transformers()
     lm, _ = load_causal_lm(resolved.path, parse_dtype(dtype, device), role)
     if role == "draft" and Path(resolved.path).is_dir():
-        from draftkit.models.draft_vocab import attach
+        from draftkit.models.facts import vocab_size
+        from draftkit.models.reduced_head import ReducedHead, attach
 
-        attach(lm, resolved.path)
+        head = ReducedHead.load(resolved.path, vocab_size(lm))
+        if head is not None:
+            attach(lm, head)
     return lm.to(device).eval()
 
 

@@ -223,8 +223,10 @@ def test_step_api_draft_catches_up_after_plain_rounds(models, reference):
 def _with_vocab(draft, ids):
     import copy
 
+    from draftkit.models.reduced_head import ReducedHead, attach
+
     d = copy.deepcopy(draft)
-    d.draft_vocab = torch.tensor(ids)
+    attach(d, ReducedHead(ids, d.config.vocab_size))
     return d
 
 

@@ -101,11 +101,11 @@ def test_acceptance_by_entropy_buckets_add_up_to_heldout_alpha(tmp_path, tiny_di
     assert text in capsys.readouterr().out
 
     # A draft with a reduced head is scored on it, or with --whole-head on all of its head.
-    from draftkit.models import draft_vocab
+    from draftkit.models.reduced_head import ReducedHead
 
     v = target.config.vocab_size
-    head = list(range(0, v, 3))
-    draft_vocab.save(draft_dir, head, v, 0.5, "test")
+    head = ReducedHead(range(0, v, 3), v, 0.5, "test")
+    head.save(draft_dir)
     scored = {}
     for flag in ([], ["--whole-head"]):
         mod.main(["--recipe", str(recipe), "--drafts", str(draft_dir), "--train-rows", "4",
@@ -113,7 +113,7 @@ def test_acceptance_by_entropy_buckets_add_up_to_heldout_alpha(tmp_path, tiny_di
         row = next(x for x in capsys.readouterr().out.splitlines()
                    if x.startswith(f"| {draft_dir}"))
         scored[bool(flag)] = float(row.split("|")[3])  # code held-out
-    reduced = model_logits(draft, "cpu", head_ids=torch.tensor(head))
+    reduced = model_logits(draft, "cpu", head=head)
     want = heldout_alpha(reduced, t_fn, heldout, 4)
     assert abs(scored[False] - want["alpha/code"]) < 6e-4
     assert abs(scored[True] - weighted) < 6e-4 and abs(scored[True] - scored[False]) > 1e-2
@@ -176,10 +176,10 @@ def test_feature_draft_reads_the_previous_feature_and_both_losses_are_scored(tmp
     # Scored as the recipe's drafts are: q is zero outside the reduced vocabulary.
     from draftkit.data import positions
 
-    _, target, _, heldout, head_ids = mod.load(str(recipe), ["draft.vocab_size=64"])
-    assert len(head_ids) == 64
-    fn = mod.draft_logits_fn(mod.make_draft(target), target, torch.tensor(head_ids))
+    _, target, _, heldout, head = mod.load(str(recipe), ["draft.vocab_size=64"])
+    assert len(head) == 64
+    fn = mod.draft_logits_fn(mod.make_draft(target), target, head)
     logits = fn(heldout.input_ids[:2], positions(heldout, slice(0, 2)))  # (B, T, V)
     outside = torch.ones(logits.shape[-1], dtype=torch.bool)
-    outside[head_ids] = False
+    outside[head.ids] = False
     assert torch.isinf(logits[..., outside]).all() and torch.isfinite(logits[..., ~outside]).all()

@@ -37,9 +37,10 @@ def test_a_reduced_head_is_scored_as_it_decodes():
     from types import SimpleNamespace
 
     from draftkit.distill.evaluate import model_logits
+    from draftkit.models.reduced_head import ReducedHead
 
     class Draft(torch.nn.Module):
-        draft_vocab = torch.tensor([0, 2])  # what load_model attaches from draft_vocab.json
+        reduced_head = ReducedHead([0, 2], 3)  # what load_model attaches from draft_vocab.json
 
         def forward(self, input_ids, position_ids, use_cache):
             q = torch.log(torch.tensor([0.4, 0.4, 0.2]))
@@ -49,7 +50,7 @@ def test_a_reduced_head_is_scored_as_it_decodes():
     target = lambda ids, pos: p.expand(*ids.shape, 3).clone()  # noqa: E731
     out = heldout_alpha(model_logits(Draft(), "cpu"), target, _rows())
     assert out["alpha"] == pytest.approx(2 / 3 + 0.1)
-    whole = model_logits(Draft(), "cpu", head_ids=torch.arange(3))
+    whole = model_logits(Draft(), "cpu", head=ReducedHead(range(3), 3))
     assert heldout_alpha(whole, target, _rows())["alpha"] == pytest.approx(0.7)
 
 

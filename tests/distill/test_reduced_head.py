@@ -1,5 +1,6 @@
 """draft.train_reduced_head: the draft trains over the head it decodes with, the target and the
-control's labels restricted to it (draftkit/distill/reduced_head.py)."""
+control's labels restricted to it (draftkit/distill/reduced_head.py, over the ReducedHead of
+draftkit/models/reduced_head.py)."""
 
 import contextlib
 import json
@@ -8,9 +9,9 @@ import pytest
 import torch
 
 from draftkit.distill.losses import dense_logprobs, divergence, sparse_logprobs
-from draftkit.distill.reduced_head import (ReducedHead, head_logits, restrict_labels,
-                                           restrict_sparse)
+from draftkit.distill.reduced_head import head_logits, restrict_labels, restrict_sparse
 from draftkit.errors import ConfigError, DraftkitError
+from draftkit.models.reduced_head import ReducedHead
 from tests.distill.test_trainer import _cfg, _loaded
 
 
@@ -131,7 +132,7 @@ def test_a_run_trains_over_h_and_needs_a_reduced_head(tmp_path, tiny_dirs):
         train(cfg, progress=False)
 
 
-def test_on_policy_answers_stay_inside_the_allowed_tokens():
+def test_on_policy_answers_stay_inside_the_reduced_head():
     from draftkit.data.generate import generate_responses_in_memory
     from tests.tiny import make_llama, make_tokenizer
 
@@ -139,11 +140,12 @@ def test_on_policy_answers_stay_inside_the_allowed_tokens():
     draft = make_llama(len(tok), num_layers=1, seed=3)
     prompt = tok("<|im_start|>user write python code <|im_end|> <|im_start|>assistant ")
     allowed = list(range(5, 25))
+    head = ReducedHead(allowed, len(tok))
     for temperature in (0.0, 1.0):
         (answer,) = generate_responses_in_memory(draft, [prompt["input_ids"]], 16, temperature,
                                                  tok.pad_token_id, [tok.eos_token_id], [7],
-                                                 allowed)
+                                                 head)
         assert answer and set(answer) <= set(allowed)
         (free,) = generate_responses_in_memory(draft, [prompt["input_ids"]], 16, temperature,
                                                tok.pad_token_id, [tok.eos_token_id], [7])
-        assert not set(free) <= set(allowed)  # without it, the draft leaves them
+        assert not set(free) <= set(allowed)  # without it, the draft leaves H

@@ -478,7 +478,7 @@ def test_draft_vocab_is_chosen_saved_exported_and_loaded(tmp_path, tiny_dirs):
     from draftkit.distill.trainer import train
     from draftkit.export.bundle import export_bundle
     from draftkit.models import load_model, load_pair
-    from draftkit.models.draft_vocab import FILE
+    from draftkit.models.reduced_head import FILE, ReducedHead, head_of
 
     cfg = _cfg(tmp_path, tiny_dirs, **{"draft.vocab_size": 40, "max_steps": 2})
     best = train(cfg, progress=False)
@@ -487,7 +487,7 @@ def test_draft_vocab_is_chosen_saved_exported_and_loaded(tmp_path, tiny_dirs):
     bundle = export_bundle(str(tiny_dirs[0]), str(best), tmp_path / "bundle")
     assert (bundle / "draft" / FILE).is_file()
     pair = load_pair(str(tiny_dirs[0]), str(bundle), device="cpu")
-    assert pair.draft.draft_vocab.tolist() == data["token_ids"]
+    assert head_of(pair.draft).ids.tolist() == data["token_ids"]
     # the held-out alpha that picked best/ is the one of the draft as it decodes, with its
     # 40 tokens (it was the whole head's: 0.60 where the served draft had 0.08)
     from draftkit.distill.distributed import Dist
@@ -498,8 +498,9 @@ def test_draft_vocab_is_chosen_saved_exported_and_loaded(tmp_path, tiny_dirs):
     _, heldout = recipe_rows(cfg, tok, target, ref, Dist(), False)
     served = heldout_alpha(model_logits(pair.draft, "cpu"), model_logits(target, "cpu"),
                            heldout)["alpha"]
-    whole = heldout_alpha(model_logits(pair.draft, "cpu", head_ids=torch.arange(
-        target.config.vocab_size)), model_logits(target, "cpu"), heldout)["alpha"]
+    v = target.config.vocab_size
+    whole = heldout_alpha(model_logits(pair.draft, "cpu", head=ReducedHead(range(v), v)),
+                          model_logits(target, "cpu"), heldout)["alpha"]
     assert json.loads((best / "best.json").read_text())["alpha"] == pytest.approx(served, abs=1e-4)
     assert served < whole
     # training on from that draft without draft.vocab_size keeps its head, scored and saved
@@ -519,21 +520,22 @@ def test_best_is_replaced_whole_with_its_vocabulary_and_evaluation(tmp_path, tin
     best.json together: they are written in one folder and renamed in once."""
     from draftkit.distill.draft import export_draft
     from draftkit.distill.trainer import train
-    from draftkit.models import draft_vocab, load_model, load_tokenizer, resolve_model
+    from draftkit.models import load_model, load_tokenizer, resolve_model
+    from draftkit.models.reduced_head import FILE, ReducedHead
 
     best = train(_cfg(tmp_path, tiny_dirs, **{"draft.vocab_size": 40, "max_steps": 2}),
                  progress=False)
     before = {p.name: p.read_bytes() for p in best.iterdir()}
-    assert {"best.json", draft_vocab.FILE, "model.safetensors"} <= set(before)
+    assert {"best.json", FILE, "model.safetensors"} <= set(before)
 
     def killed(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(draft_vocab, "save", killed)
+    monkeypatch.setattr(ReducedHead, "save", killed)
     ref = resolve_model(str(tiny_dirs[1]), "draft")
     with pytest.raises(KeyboardInterrupt):
         export_draft(load_model(ref, "draft", device="cpu"), load_tokenizer(ref, "draft"), best,
-                     {"ids": [0], "vocab_size": 1, "covered": 1.0, "source": "x"},
+                     ReducedHead([0], 1, 1.0, "x"),
                      {"step": 99})
     assert {p.name: p.read_bytes() for p in best.iterdir()} == before
     assert not list(best.parent.glob(".best.*"))

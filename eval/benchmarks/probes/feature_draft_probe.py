@@ -39,7 +39,7 @@ from pathlib import Path
 
 
 def load(recipe: str, overrides: list[str]):
-    """(cfg, target, train rows, held-out rows, reduced head ids or None)."""
+    """(cfg, target, train rows, held-out rows, the recipe's reduced head or None)."""
     from draftkit.distill.command import load_config
     from draftkit.distill.distributed import Dist
     from draftkit.distill.draft import choose_draft_vocab
@@ -51,11 +51,11 @@ def load(recipe: str, overrides: list[str]):
     tok = load_tokenizer(ref, "target")
     target = load_model(ref, "target", device="cpu", dtype="float32").requires_grad_(False)
     rows, heldout = recipe_rows(cfg, tok, target, ref, Dist(), False)
-    ids = None
+    head = None
     if cfg.draft.vocab_size:
-        ids = choose_draft_vocab(cfg.draft.vocab_size, rows, heldout, tok,
-                                 target.config.vocab_size)["ids"]
-    return cfg, target, rows, heldout, ids
+        head = choose_draft_vocab(cfg.draft.vocab_size, rows, heldout, tok,
+                                  target.config.vocab_size)
+    return cfg, target, rows, heldout, head
 
 
 def features(target, ids, pos):
@@ -101,7 +101,7 @@ def make_draft(target):
     return FeatureDraft()
 
 
-def draft_logits_fn(draft, target, head_ids, own: bool = False):
+def draft_logits_fn(draft, target, head, own: bool = False):
     """``fn(ids, pos) -> (B, T, V)`` for draftkit.distill.evaluate.heldout_alpha.
 
     ``own``: every position reads the draft's own output at the previous position in place
@@ -110,11 +110,7 @@ def draft_logits_fn(draft, target, head_ids, own: bool = False):
     target's, so expect it to read below the second proposal's acceptance."""
     import torch
 
-    from draftkit.decode.runners import full_vocab
-    from draftkit.distill.reduced_head import ReducedHead, head_logits
-
-    vocab_size = target.config.vocab_size
-    head = None if head_ids is None else ReducedHead(head_ids, vocab_size)
+    from draftkit.distill.reduced_head import head_logits
 
     def fn(ids, pos):
         with torch.no_grad():
@@ -123,11 +119,11 @@ def draft_logits_fn(draft, target, head_ids, own: bool = False):
                 hidden = draft(shifted(hidden, pos), ids, pos)
             # only the reduced head's rows: (B, T, |H|), or (B, T, V) without one
             logits = head_logits(draft.body, hidden, head).float()
-        return logits if head is None else full_vocab(logits, head.ids, vocab_size)
+        return logits if head is None else head.expand(logits)
     return fn
 
 
-def train_one(divergence: str, cfg, target, rows, heldout, head_ids, feats, steps: int,
+def train_one(divergence: str, cfg, target, rows, heldout, head, feats, steps: int,
               every: int, out: Path) -> list[dict]:
     """Train one feature draft with ``divergence`` (or "ce"); the evaluations, also written
     to ``out/metrics.jsonl``."""
@@ -138,14 +134,13 @@ def train_one(divergence: str, cfg, target, rows, heldout, head_ids, feats, step
     from draftkit.distill.evaluate import heldout_alpha, model_logits
     from draftkit.distill.losses import dense_logprobs, next_token_ce
     from draftkit.distill.losses import divergence as divergence_fn
-    from draftkit.distill.reduced_head import ReducedHead, head_logits, restrict_labels
+    from draftkit.distill.reduced_head import head_logits, restrict_labels
     from draftkit.distill.schedule import warmup_cosine
     from draftkit.distill.trainer import batch_rows
     from draftkit.io import append_jsonl
 
     torch.manual_seed(cfg.seed)
     draft = make_draft(target)
-    head = None if head_ids is None else ReducedHead(head_ids, target.config.vocab_size)
     t = cfg.train
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=t.lr,
                             weight_decay=t.weight_decay)
@@ -158,9 +153,9 @@ def train_one(divergence: str, cfg, target, rows, heldout, head_ids, feats, step
     def evaluate(step, loss):
         draft.eval()
         row = {"step": step, "loss": loss, "minutes": (time.time() - started) / 60,
-               **heldout_alpha(draft_logits_fn(draft, target, head_ids), target_fn, heldout,
+               **heldout_alpha(draft_logits_fn(draft, target, head), target_fn, heldout,
                                cfg.eval.batch_size)}
-        second = heldout_alpha(draft_logits_fn(draft, target, head_ids, own=True), target_fn,
+        second = heldout_alpha(draft_logits_fn(draft, target, head, own=True), target_fn,
                                heldout, cfg.eval.batch_size)
         row.update({k.replace("alpha", "alpha2", 1): v for k, v in second.items()})
         draft.train()
@@ -224,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     from draftkit.data import positions
     from draftkit.io import atomic_write_json
 
-    cfg, target, rows, heldout, head_ids = load(args.recipe, list(args.set))
+    cfg, target, rows, heldout, head = load(args.recipe, list(args.set))
     steps = args.steps or cfg.max_steps
     every = args.every or cfg.eval.every
     losses = args.losses or [cfg.loss.divergence, "ce"]
@@ -239,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                            for i in tqdm(range(0, len(rows), 8), desc="target features")])
         torch.save(feats, out / "features.pt.tmp")  # (rows, T, H), shared by the runs
         (out / "features.pt.tmp").replace(cached)
-    results = {loss: train_one(loss, cfg, target, rows, heldout, head_ids, feats, steps, every,
+    results = {loss: train_one(loss, cfg, target, rows, heldout, head, feats, steps, every,
                                out / loss) for loss in losses}
     best = {loss: max(evals, key=lambda r: r["alpha"]) for loss, evals in results.items()}
     summary = {"recipe": args.recipe, "steps": steps, "best": best}

@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     from draftkit.evaluate.entropy import label
     from draftkit.io import atomic_write_text
     from draftkit.models import load_model
+    from draftkit.models.reduced_head import attach
 
     cfg, target, train_sample, heldout = load(args)
     target_fn = model_logits(target, args.device)
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         draft = load_model(name, "draft", device=args.device, dtype="float32")
         if args.whole_head:
-            draft.draft_vocab = None
+            attach(draft, None)
         draft_fn = model_logits(draft, args.device)
         train_alpha[name] = heldout_alpha(draft_fn, target_fn, train_sample, args.batch_size)
         buckets[name], per_row[name] = by_entropy(draft_fn, target_fn, heldout, args.batch_size)
