@@ -159,8 +159,35 @@ def test_switching_the_draft_source_on_the_command_line_says_how():
                                           r"all but one to null \(e.g. draft.derive_layers=null"):
         load_config(recipe, ["draft={model: some/draft}"])
     cfg = load_config(recipe, ["draft={model: some/draft, derive_layers: null}"])
-    assert (cfg.draft.model, cfg.draft.derive_layers, cfg.draft.vocab_size) == (
+    assert (cfg.draft.model, cfg.draft.derive_layers, cfg.draft.draft_vocab_size) == (
         "some/draft", None, 4096)  # the section's other keys stay
+
+
+def test_the_old_name_of_draft_vocab_size_still_loads_and_says_the_new_one(tmp_path, capsys):
+    """draft.vocab_size was renamed draft.draft_vocab_size (N, not the vocabulary's V): a
+    recipe or override that says the old name loads the same, with one line naming the new."""
+    path = _recipe(tmp_path, "data: {sources: [{path: DATA}]}\n"
+                             "draft: {derive_layers: [0], vocab_size: 64}\n")
+    cfg = load_config(path)
+    assert (cfg.draft.draft_vocab_size, cfg.draft.vocab_size) == (64, None)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "draft.vocab_size is deprecated" in err \
+        and "draft.draft_vocab_size" in err
+    # an override replaces the recipe's value, whichever name either of them says
+    assert load_config(path, ["draft.draft_vocab_size=32"]).draft.draft_vocab_size == 32
+    assert load_config(path, ["draft.vocab_size=16"]).draft.draft_vocab_size == 16
+    recipe = RECIPES / "smollm2-135m-instruct_to_4layer" / "fkl_topk_cpu.yaml"  # the new name
+    capsys.readouterr()
+    assert load_config(recipe, ["draft.vocab_size=512"]).draft.draft_vocab_size == 512
+    assert "draft.vocab_size is deprecated; it is now draft.draft_vocab_size" in \
+        capsys.readouterr().err
+    # a key of neither name is still an error naming the key (and the file)
+    with pytest.raises(ConfigError, match="unknown key 'draft.vocab_sise'"):
+        load_config(path, ["draft.vocab_sise=32"])
+    path = _recipe(tmp_path, "data: {sources: [{path: DATA}]}\n"
+                             "draft: {derive_layers: [0], head_size: 64}\n")
+    with pytest.raises(ConfigError, match=f"{path}: unknown key 'draft.head_size'"):
+        load_config(path)
 
 
 def test_bad_deepspeed_json(tmp_path):

@@ -16,6 +16,7 @@ declared, and an unknown or mistyped key is an error naming the key and the file
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
 from typing import Literal
 
@@ -65,23 +66,34 @@ class DraftSection:
                                         "that ties its head to its embeddings (SmolLM2) freezes "
                                         "both with either")
     lora: LoraSection = section(LoraSection, "LoRA adapters through peft")
-    vocab_size: int | None = option(None, help="decode with the draft's head cut to the N tokens "
-                                               "the target emits most in the training data "
-                                               "(FR-Spec; best/draft_vocab.json); null keeps "
-                                               "the full head")
+    draft_vocab_size: int | None = option(
+        None, help="decode with the draft's head cut to the N tokens the target emits most "
+                   "in the training data (FR-Spec; best/draft_vocab.json), N being what "
+                   "EAGLE-3, SpecForge and vLLM call draft_vocab_size; null keeps the full "
+                   "head")
     train_reduced_head: bool = option(
-        False, help="train over the draft.vocab_size tokens it decodes with, as EAGLE-3 "
-                    "does: the head and its softmax then cost vocab_size / V of the whole "
-                    "head's, most of a small draft's step. The rest of the head gets no "
-                    "training, and engines that ignore best/draft_vocab.json (HF assisted "
-                    "generation, vLLM, SGLang) propose from all of it")
+        False, help="train over the draft.draft_vocab_size tokens it decodes with, as EAGLE-3 "
+                    "does: the head and its softmax then cost N / V of the whole head's, most "
+                    "of a small draft's step. The rest of the head gets no training, and "
+                    "engines that ignore best/draft_vocab.json (HF assisted generation, vLLM, "
+                    "SGLang) propose from all of it")
+    vocab_size: int | None = option(None, help="deprecated: the old name of "
+                                               "draft.draft_vocab_size")
+
+    def __post_init__(self) -> None:
+        if self.vocab_size is not None:  # a recipe that says the old name (see renamed)
+            _say_renamed()
+            if self.draft_vocab_size is None:  # given both, the new name wins
+                self.draft_vocab_size = self.vocab_size
+            self.vocab_size = None
 
     def validate(self) -> None:
-        if self.vocab_size is not None and self.vocab_size < 1:
-            raise ConfigError(f"draft.vocab_size must be >= 1 or null, got {self.vocab_size}")
-        if self.train_reduced_head and self.vocab_size is None and self.model is None:
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
+            raise ConfigError(f"draft.draft_vocab_size must be >= 1 or null, got "
+                              f"{self.draft_vocab_size}")
+        if self.train_reduced_head and self.draft_vocab_size is None and self.model is None:
             raise ConfigError("draft.train_reduced_head trains over a reduced head: set "
-                              "draft.vocab_size, or draft.train_reduced_head=false")
+                              "draft.draft_vocab_size, or draft.train_reduced_head=false")
         ways = {"model": self.model, "derive_layers": self.derive_layers,
                 "num_layers": self.num_layers}
         given = [f"draft.{k}" for k, v in ways.items() if v is not None]
@@ -99,6 +111,23 @@ class DraftSection:
                               "such as [0, 1, 2, 29]")
         if (self.hidden_size or self.intermediate_size) and self.num_layers is None:
             raise ConfigError("draft.hidden_size / draft.intermediate_size need draft.num_layers")
+
+
+def renamed(override: str) -> str:
+    """A ``key=value`` override under its key's new name: ``draft.draft_vocab_size`` was
+    ``draft.vocab_size``, which read as the whole vocabulary's size V (what vocab_size means
+    in HF configs and draft_vocab.json). The old name still works, with one line naming the
+    new one; an override renamed here replaces the recipe's value, whichever name it has."""
+    key, sep, value = override.partition("=")
+    if key.strip() != "draft.vocab_size":
+        return override
+    _say_renamed()
+    return f"draft.draft_vocab_size{sep}{value}"
+
+
+def _say_renamed() -> None:
+    print("draftkit: draft.vocab_size is deprecated; it is now draft.draft_vocab_size (the N "
+          "tokens of the draft's reduced head)", file=sys.stderr, flush=True)
 
 
 # The row columns draftkit.data.sources.to_example reads; a source's ``columns`` renames to these.

@@ -1,10 +1,10 @@
 """Training over the reduced head the draft decodes with (``draft.train_reduced_head``).
 
-A draft with ``draft.vocab_size`` proposes from q renormalised over its N most frequent tokens
-H (FR-Spec, Zhao et al. 2025, arXiv 2502.14856), so only q over H is ever served. EAGLE-3 (Li
-et al. 2025, arXiv 2503.01840) trains its draft over such a vocabulary too: the head's matrix
-product and the softmax then cost N / V of the whole head's, which on a small draft with a 49k
-vocabulary is most of a training step.
+A draft with ``draft.draft_vocab_size`` proposes from q renormalised over its N most frequent
+tokens H (FR-Spec, Zhao et al. 2025, arXiv 2502.14856), so only q over H is ever served.
+EAGLE-3 (Li et al. 2025, arXiv 2503.01840) trains its draft over such a vocabulary too: the
+head's matrix product and the softmax then cost N / V of the whole head's, which on a small
+draft with a 49k vocabulary is most of a training step.
 
 The target p is restricted to H the same way: the draft cannot propose a token outside H, so
 that mass is out of reach. Renormalised over H, p_H is the q_H that maximises acceptance,

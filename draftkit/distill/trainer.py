@@ -231,8 +231,8 @@ class _Run:
         self.reduced_head = None
         v = vocab_size(target)
         kept = head_of(self.draft)  # a draft.model folder that has one
-        if cfg.draft.vocab_size:
-            self.reduced_head = choose_draft_vocab(cfg.draft.vocab_size, self.rows,
+        if cfg.draft.draft_vocab_size:
+            self.reduced_head = choose_draft_vocab(cfg.draft.draft_vocab_size, self.rows,
                                                    self.heldout, self.tokenizer, v)
         elif kept is not None:
             self.reduced_head = ReducedHead(kept.ids, v, source=f"{cfg.draft.model}")
@@ -240,8 +240,8 @@ class _Run:
         if self.reduced_head is not None and dist.is_main:
             print(f"draft vocabulary: {len(self.reduced_head)} tokens cover "
                   f"{self.reduced_head.covered:.1%} of the held-out target tokens"
-                  + ("" if cfg.draft.vocab_size else " (the draft's own; set "
-                     "draft.vocab_size to choose again)"), flush=True)
+                  + ("" if cfg.draft.draft_vocab_size else " (the draft's own; set "
+                     "draft.draft_vocab_size to choose again)"), flush=True)
         draft_taps, target_taps = hidden_taps(cfg, target)
         self.teacher = _teacher(cfg, target, key, self.rows, dist, progress, target_taps)
         self.online = OnlineTeacher(target, cfg.loss.temperature,  # on-policy rows need it
@@ -254,7 +254,7 @@ class _Run:
             if self.reduced_head is None:
                 raise DraftkitError(f"draft.train_reduced_head trains over a reduced head and "
                                     f"{cfg.draft.model} has none (no draft_vocab.json): set "
-                                    f"draft.vocab_size, or draft.train_reduced_head=false")
+                                    f"draft.draft_vocab_size, or draft.train_reduced_head=false")
             self.head = self.reduced_head.to(device)
         student: Any = MaskedLM(self.draft, draft_taps, self.head)
         if dist.world_size > 1 and not cfg.train.deepspeed:

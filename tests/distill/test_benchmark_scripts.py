@@ -159,7 +159,7 @@ def test_feature_draft_reads_the_previous_feature_and_both_losses_are_scored(tmp
 
     recipe, _ = tiny_recipe(tmp_path, tiny_dirs[0])
     out = tmp_path / "probe"
-    assert mod.main(["--recipe", str(recipe), "--set", "draft.vocab_size=64", "--steps", "3",
+    assert mod.main(["--recipe", str(recipe), "--set", "draft.draft_vocab_size=64", "--steps", "3",
                      "--every", "2", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     steps = {loss: [json.loads(x)["step"] for x in (out / loss / "metrics.jsonl").open()]
@@ -176,7 +176,7 @@ def test_feature_draft_reads_the_previous_feature_and_both_losses_are_scored(tmp
     # Scored as the recipe's drafts are: q is zero outside the reduced vocabulary.
     from draftkit.data import positions
 
-    _, target, _, heldout, head = mod.load(str(recipe), ["draft.vocab_size=64"])
+    _, target, _, heldout, head = mod.load(str(recipe), ["draft.draft_vocab_size=64"])
     assert len(head) == 64
     fn = mod.draft_logits_fn(mod.make_draft(target), target, head)
     logits = fn(heldout.input_ids[:2], positions(heldout, slice(0, 2)))  # (B, T, V)

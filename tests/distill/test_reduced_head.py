@@ -116,19 +116,20 @@ def test_the_control_drops_labels_outside_h(tmp_path, tiny_dirs):
 def test_a_run_trains_over_h_and_needs_a_reduced_head(tmp_path, tiny_dirs):
     from draftkit.distill.trainer import train
 
-    best = train(_cfg(tmp_path, tiny_dirs, **{"draft.vocab_size": 40, "max_steps": 4,
+    best = train(_cfg(tmp_path, tiny_dirs, **{"draft.draft_vocab_size": 40, "max_steps": 4,
                                               "draft.train_reduced_head": True}),
                  progress=False)
     assert (best / "draft_vocab.json").exists()
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     first, last = json.loads(lines[0]), json.loads(lines[-1])
     assert last["alpha"] > first["alpha"]
-    with pytest.raises(ConfigError, match="draft.train_reduced_head.*draft.vocab_size"):
+    with pytest.raises(ConfigError, match="draft.train_reduced_head.*draft.draft_vocab_size"):
         _cfg(tmp_path, tiny_dirs, **{"draft.train_reduced_head": True})
     # a draft.model that has no reduced head of its own: said when the run starts
     cfg = _cfg(tmp_path, tiny_dirs, "again", draft={"model": str(tiny_dirs[1])},
                **{"draft.train_reduced_head": True})
-    with pytest.raises(DraftkitError, match="has none .no draft_vocab.json.: set draft.vocab"):
+    with pytest.raises(DraftkitError,
+                       match="has none .no draft_vocab.json.: set draft.draft_vocab_size"):
         train(cfg, progress=False)
 
 

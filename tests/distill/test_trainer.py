@@ -473,14 +473,14 @@ def test_cross_entropy_control(tmp_path, tiny_dirs):
 
 
 def test_draft_vocab_is_chosen_saved_exported_and_loaded(tmp_path, tiny_dirs):
-    """draft.vocab_size: best/ gets the target's most frequent tokens, the bundle carries them
-    and the loaded draft decodes with them."""
+    """draft.draft_vocab_size: best/ gets the target's most frequent tokens, the bundle carries
+    them and the loaded draft decodes with them."""
     from draftkit.distill.trainer import train
     from draftkit.export.bundle import export_bundle
     from draftkit.models import load_model, load_pair
     from draftkit.models.reduced_head import FILE, ReducedHead, head_of
 
-    cfg = _cfg(tmp_path, tiny_dirs, **{"draft.vocab_size": 40, "max_steps": 2})
+    cfg = _cfg(tmp_path, tiny_dirs, **{"draft.draft_vocab_size": 40, "max_steps": 2})
     best = train(cfg, progress=False)
     data = json.loads((best / FILE).read_text())
     assert len(data["token_ids"]) == 40 and 0 < data["coverage"] <= 1
@@ -503,7 +503,8 @@ def test_draft_vocab_is_chosen_saved_exported_and_loaded(tmp_path, tiny_dirs):
                           model_logits(target, "cpu"), heldout)["alpha"]
     assert json.loads((best / "best.json").read_text())["alpha"] == pytest.approx(served, abs=1e-4)
     assert served < whole
-    # training on from that draft without draft.vocab_size keeps its head, scored and saved
+    # training on from that draft without draft.draft_vocab_size keeps its head, scored and
+    # saved
     again = train(_cfg(tmp_path, tiny_dirs, out="again", max_steps=2,
                        draft={"model": str(best)}), progress=False)
     assert json.loads((again / FILE).read_text())["token_ids"] == data["token_ids"]
@@ -523,7 +524,7 @@ def test_best_is_replaced_whole_with_its_vocabulary_and_evaluation(tmp_path, tin
     from draftkit.models import load_model, load_tokenizer, resolve_model
     from draftkit.models.reduced_head import FILE, ReducedHead
 
-    best = train(_cfg(tmp_path, tiny_dirs, **{"draft.vocab_size": 40, "max_steps": 2}),
+    best = train(_cfg(tmp_path, tiny_dirs, **{"draft.draft_vocab_size": 40, "max_steps": 2}),
                  progress=False)
     before = {p.name: p.read_bytes() for p in best.iterdir()}
     assert {"best.json", FILE, "model.safetensors"} <= set(before)

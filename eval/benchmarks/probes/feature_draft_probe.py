@@ -52,8 +52,8 @@ def load(recipe: str, overrides: list[str]):
     target = load_model(ref, "target", device="cpu", dtype="float32").requires_grad_(False)
     rows, heldout = recipe_rows(cfg, tok, target, ref, Dist(), False)
     head = None
-    if cfg.draft.vocab_size:
-        head = choose_draft_vocab(cfg.draft.vocab_size, rows, heldout, tok,
+    if cfg.draft.draft_vocab_size:
+        head = choose_draft_vocab(cfg.draft.draft_vocab_size, rows, heldout, tok,
                                   target.config.vocab_size)
     return cfg, target, rows, heldout, head
 
