@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import math
 import re
+import sys
 import types
 import typing
 from pathlib import Path
@@ -266,7 +267,13 @@ def from_dict(cls: type, data: dict, source: str, prefix: str = "") -> Any:
     hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
+    renamed = _renamed(cls)
     for key, value in data.items():
+        if key not in fields and key in renamed:
+            _say_renamed(prefix + key, prefix + renamed[key])
+            if renamed[key] in data:  # given both, the new name wins
+                continue
+            key = renamed[key]
         if key not in fields:
             close = _closest(str(key), fields)
             hint = f" (did you mean '{prefix}{close}'?)" if close else ""
@@ -279,6 +286,16 @@ def from_dict(cls: type, data: dict, source: str, prefix: str = "") -> Any:
     cfg = cls(**kwargs)
     _validate(cfg, source)
     return cfg
+
+
+def _renamed(cls: type) -> dict[str, str]:
+    """Old key -> new key, for a config class that renamed some of its keys: its ``RENAMED``
+    class attribute. The old name still loads, with one line on stderr naming the new one."""
+    return getattr(cls, "RENAMED", {})
+
+
+def _say_renamed(old: str, new: str) -> None:
+    print(f"draftkit: {old} is deprecated; it is now {new}", file=sys.stderr, flush=True)
 
 
 def _validate(cfg: Any, source: str) -> None:
@@ -386,6 +403,10 @@ def _checked_overrides(cls: type, overrides: list[str]) -> list[tuple[str, Any]]
         parts = key.split(".")
         for i, part in enumerate(parts):
             names = {f.name: f for f in dataclasses.fields(node)}
+            if part not in names and part in _renamed(node):
+                parts[i] = part = _renamed(node)[part]
+                _say_renamed(key, ".".join(parts))
+                key = ".".join(parts)
             if part not in names:
                 close = _closest(part, names)
                 hint = f" (did you mean '{'.'.join(parts[:i] + [close])}'?)" if close else ""

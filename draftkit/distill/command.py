@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from draftkit.config import load_recipe, option
-from draftkit.distill.config import DistillConfig, renamed
+from draftkit.distill.config import DistillConfig
 from draftkit.errors import ConfigError, DraftkitError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -57,7 +57,7 @@ class DistillArgs:
 
 def load_config(recipe: str | Path, overrides: list[str] | None = None) -> DistillConfig:
     """Parse a recipe with overrides and make its relative paths absolute."""
-    cfg = load_recipe(DistillConfig, recipe, [renamed(o) for o in overrides or []])
+    cfg = load_recipe(DistillConfig, recipe, overrides)
     return resolve_paths(cfg, Path(recipe).resolve().parent, str(recipe))
 
 

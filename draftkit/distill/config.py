@@ -16,7 +16,6 @@ declared, and an unknown or mistyped key is an error naming the key and the file
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass
 from typing import Literal
 
@@ -77,15 +76,9 @@ class DraftSection:
                     "of a small draft's step. The rest of the head gets no training, and "
                     "engines that ignore best/draft_vocab.json (HF assisted generation, vLLM, "
                     "SGLang) propose from all of it")
-    vocab_size: int | None = option(None, help="deprecated: the old name of "
-                                               "draft.draft_vocab_size")
-
-    def __post_init__(self) -> None:
-        if self.vocab_size is not None:  # a recipe that says the old name (see renamed)
-            _say_renamed()
-            if self.draft_vocab_size is None:  # given both, the new name wins
-                self.draft_vocab_size = self.vocab_size
-            self.vocab_size = None
+    # draft_vocab_size was vocab_size, which read as the whole vocabulary's size V (what
+    # vocab_size means in HF configs and draft_vocab.json); the old name still loads
+    RENAMED = {"vocab_size": "draft_vocab_size"}
 
     def validate(self) -> None:
         if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
@@ -111,23 +104,6 @@ class DraftSection:
                               "such as [0, 1, 2, 29]")
         if (self.hidden_size or self.intermediate_size) and self.num_layers is None:
             raise ConfigError("draft.hidden_size / draft.intermediate_size need draft.num_layers")
-
-
-def renamed(override: str) -> str:
-    """A ``key=value`` override under its key's new name: ``draft.draft_vocab_size`` was
-    ``draft.vocab_size``, which read as the whole vocabulary's size V (what vocab_size means
-    in HF configs and draft_vocab.json). The old name still works, with one line naming the
-    new one; an override renamed here replaces the recipe's value, whichever name it has."""
-    key, sep, value = override.partition("=")
-    if key.strip() != "draft.vocab_size":
-        return override
-    _say_renamed()
-    return f"draft.draft_vocab_size{sep}{value}"
-
-
-def _say_renamed() -> None:
-    print("draftkit: draft.vocab_size is deprecated; it is now draft.draft_vocab_size (the N "
-          "tokens of the draft's reduced head)", file=sys.stderr, flush=True)
 
 
 # The row columns draftkit.data.sources.to_example reads; a source's ``columns`` renames to these.
