@@ -1,4 +1,4 @@
-"""Turning user prompts into token ids, the same way in every stage.
+"""Turning user prompts into token ids, the same way in every stage, and reading them from a file.
 
 Prompts go through the target's chat template (a system prompt, the user turn, and the
 assistant header), so the draft is trained and evaluated on exactly what serving sends.
@@ -7,6 +7,8 @@ assistant header), so the draft is trained and evaluated on exactly what serving
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from draftkit.errors import DraftkitError
@@ -62,3 +64,29 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, raw: bool = False) -> list[int
     if not ids:
         raise DraftkitError("the prompt encodes to no tokens; give some text")
     return list(ids)
+
+
+def read_prompts(path: str | Path) -> list[Prompt]:
+    """Prompts from a JSONL file: strings, {"prompt": ...} or {"messages": [...]} per line."""
+    path = Path(path)
+    if not path.is_file():
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise DraftkitError(f"prompts file {path} {what}; pass a JSONL file")
+    out = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise DraftkitError(f"{path}:{i} is not valid JSON; write one JSON value per "
+                                f"line") from None
+        if isinstance(row, dict):
+            row = row.get("messages", row.get("prompt"))
+        if not isinstance(row, (str, list)) or not row:
+            raise DraftkitError(f"{path}:{i}: expected a non-empty string, {{\"prompt\": ...}} "
+                                f"or {{\"messages\": [...]}}")
+        out.append(row)
+    if not out:
+        raise DraftkitError(f"{path} holds no prompts")
+    return out

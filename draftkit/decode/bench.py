@@ -1,4 +1,4 @@
-"""``draftkit bench``: tokens/s of our decoder against Hugging Face ``generate``.
+"""What ``draftkit bench`` measures: tokens/s of our decoder against Hugging Face ``generate``.
 
 Four methods on the same prompts, greedy, batch 1, runs interleaved (so a noisy, shared machine
 slows them alike) and medians over repeats reported:
@@ -18,57 +18,20 @@ costs. Command::
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
-from dataclasses import dataclass
 
-from draftkit.config import option, reuse
-from draftkit.decode.args import SpeculationArgs
-from draftkit.decode.k import AUTO, DEFAULT_FIXED_K, K, parse_k
-from draftkit.errors import ConfigError
+from draftkit import metrics
+from draftkit.decode.engine import SpeculativeEngine, synchronize
+from draftkit.decode.stats import DecodeStats
 
 METHODS = ("ours_k0", "ours_spec", "hf_generate", "hf_assisted")
-
-
-@dataclass
-class BenchArgs:
-    """Compare our K = 0 and speculative decoding with HF generate and assisted generation."""
-
-    draft: str = option(help="draft model (HF directory or bundle)")
-    prompts: str = option(help="JSONL file of prompts (string, {\"prompt\"} or {\"messages\"})")
-    target: str = option("embedded", help="target model: HF directory, hub id, bundle or "
-                                          "'embedded'")
-    k: K = reuse(SpeculationArgs, "k", DEFAULT_FIXED_K, note="; bench takes a fixed K >= 1, "
-                 "as HF assisted generation drafts a constant number")
-    max_new_tokens: int = option(64, help="new tokens per prompt at most")
-    repeats: int = option(3, help="interleaved repetitions; medians are reported")
-    methods: list[str] = option(list(METHODS), help="methods to run, comma-separated")
-    raw: bool = option(False, help="skip the chat template")
-    json: bool = option(False, help="print the figures as one JSON object")
-    device: str | None = option(None, help="cpu, cuda, ... (default: cuda if available)")
-    dtype: str = option("auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16")
-
-    def validate(self) -> None:
-        k = parse_k(self.k)
-        if k == AUTO or k < 1:
-            raise ConfigError(f"--k must be >= 1 for a speculative benchmark, got {self.k}")
-        if self.repeats < 1 or self.max_new_tokens < 1:
-            raise ConfigError("--repeats and --max-new-tokens must be >= 1")
-        bad = [m for m in self.methods if m not in METHODS]
-        if not self.methods:
-            raise ConfigError(f"--methods is empty; choose from {', '.join(METHODS)}")
-        if bad:
-            raise ConfigError(f"unknown method {bad[0]!r}; choose from {', '.join(METHODS)}")
 
 
 def run_bench(target, draft, prompts: list[list[int]], k: int, max_new_tokens: int = 64,
               repeats: int = 3, methods: tuple[str, ...] = METHODS, pad_token_id: int | None = None,
               log=None) -> dict:
     """Interleaved greedy benchmark at batch 1; returns medians and the speedup figures."""
-    from draftkit.decode.engine import SpeculativeEngine
-    from draftkit.decode.stats import DecodeStats
-
     engine = SpeculativeEngine(target, draft)
     if "hf_assisted" in methods:
         gc = draft.generation_config
@@ -114,8 +77,6 @@ def _runner(engine, target, draft, k: int, max_new_tokens: int, pad_token_id: in
 def _interleaved(run, device, prompts: list[list[int]], methods: tuple[str, ...],
                  repeats: int, log=None) -> dict[str, list[float]]:
     """Tokens/s of each method per repeat; every method sees the same machine conditions."""
-    from draftkit.decode.engine import synchronize
-
     per_rep: dict[str, list[float]] = {m: [] for m in methods}
     for rep in range(repeats):
         for m in methods:
@@ -135,8 +96,6 @@ def _interleaved(run, device, prompts: list[list[int]], methods: tuple[str, ...]
 def _speedups(tps: dict[str, float], stats: dict, k: int) -> dict:
     """Measured speedup against the one predicted from the measured alpha_i, c and v, and our
     decoder against HF's, for the methods that ran."""
-    from draftkit import metrics
-
     out = {}
     if "ours_k0" in tps and "ours_spec" in tps:
         base, spec = stats["ours_k0"], stats["ours_spec"]
@@ -172,21 +131,3 @@ def format_report(r: dict) -> str:
     if r.get("alpha_i"):
         lines.append("  alpha_i                  " + " ".join(f"{a:.3f}" for a in r["alpha_i"]))
     return "\n".join(lines)
-
-
-def bench(args: BenchArgs) -> dict:
-    """``draftkit bench``: load the pair, encode the prompts, run, print."""
-    import sys
-
-    from draftkit.chat import encode_prompt
-    from draftkit.decode.generate import read_prompts
-    from draftkit.models import load_pair
-
-    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
-    prompts = [encode_prompt(pair.tokenizer, p, raw=args.raw) for p in read_prompts(args.prompts)]
-    result = run_bench(pair.target, pair.draft, prompts, args.k, args.max_new_tokens,
-                       args.repeats, tuple(args.methods),
-                       pad_token_id=pair.tokenizer.pad_token_id or pair.tokenizer.eos_token_id,
-                       log=None if args.json else lambda s: print(s, file=sys.stderr))
-    print(json.dumps(result) if args.json else format_report(result))
-    return result

@@ -8,55 +8,20 @@ Two ways, both keeping the target's vocabulary and tokenizer so the pair is comp
 - reduced shape with random init: ``num_layers`` / ``hidden_size`` / ``intermediate_size``.
   The embeddings and head are copied when the width is kept, random otherwise.
 
-Command::
-
-    draftkit derive --target embedded --layers 0,1,2,29 --out drafts/smol-4l
+``draftkit derive`` (:mod:`draftkit.models.command`) runs either on a target it loads.
 """
 
 from __future__ import annotations
 
 import copy
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from draftkit.config import option
 from draftkit.errors import DraftkitError, ModelError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-
-@dataclass
-class DeriveArgs:
-    """Derive a draft from a target by keeping some of its layers or shrinking its shape."""
-
-    out: str = option(help="output directory (a plain Hugging Face model folder)")
-    target: str = option("embedded", help="target model: HF directory, hub id, bundle or "
-                                          "'embedded'")
-    layers: list[int] | None = option(None, help="comma-separated target layer indices to copy, "
-                                                 "e.g. 0,1,2,29")
-    num_layers: int | None = option(None, help="random-init draft with this many layers")
-    hidden_size: int | None = option(None, help="random-init draft with this hidden size")
-    intermediate_size: int | None = option(None, help="random-init draft with this MLP size")
-    seed: int = option(0, help="seed for random init")
-    force: bool = option(False, help="replace an existing output directory")
-
-    def validate(self) -> None:
-        from draftkit.errors import ConfigError
-
-        if self.layers is None and self.num_layers is None:
-            raise ConfigError("give --layers (copy target layers) or --num-layers "
-                              "(random init), e.g. --layers 0,1,2,29")
-        if self.layers is not None and any(v is not None for v in (
-                self.num_layers, self.hidden_size, self.intermediate_size)):
-            raise ConfigError("--layers copies target layers; it cannot be combined with "
-                              "--num-layers/--hidden-size/--intermediate-size")
-        for name in ("num_layers", "hidden_size", "intermediate_size"):
-            v = getattr(self, name)
-            if v is not None and v <= 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {v}")
 
 
 def decoder_layers(model: "PreTrainedModel"):
@@ -198,27 +163,4 @@ def save_draft(draft: "PreTrainedModel", tokenizer, out: Path, force: bool = Fal
         save_tokenizer(tokenizer, tmp)
         if also is not None:
             also(tmp)
-    return out
-
-
-def derive(args: DeriveArgs) -> Path:
-    """``draftkit derive``: load the target, cut or shrink it, save the draft."""
-    from draftkit.models import load_model, load_tokenizer, resolve_model
-
-    out = Path(args.out)
-    if out.exists() and not args.force:  # fail before the slow load
-        raise DraftkitError(f"{out} already exists; pass --force to replace it or choose "
-                            f"another --out")
-    ref = resolve_model(args.target, "target")
-    target = load_model(ref, "target", device="cpu", dtype="float32")
-    tokenizer = load_tokenizer(ref, "target")
-    if args.layers is not None:
-        draft = derive_by_layers(target, args.layers)
-    else:
-        draft = derive_random(target, args.num_layers, args.hidden_size,
-                              args.intermediate_size, args.seed)
-    save_draft(draft, tokenizer, out, force=args.force)
-    n_params = sum(p.numel() for p in draft.parameters())
-    print(f"wrote draft to {out}: {draft.config.num_hidden_layers} layers, hidden "
-          f"{draft.config.hidden_size}, {n_params / 1e6:.1f}M parameters")
     return out

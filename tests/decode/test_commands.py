@@ -89,7 +89,7 @@ def test_bench_reports_all_methods(tiny_dirs, tmp_path, capsys):
 
 
 def test_prompt_files_that_hold_no_usable_prompt_are_one_clear_error(tmp_path):
-    from draftkit.decode.generate import read_prompts
+    from draftkit.chat import read_prompts
     from draftkit.errors import DraftkitError
 
     with pytest.raises(DraftkitError, match="is a folder; pass a JSONL file"):

@@ -164,7 +164,7 @@ def test_eval_takes_top_k_and_hands_it_to_its_settings():
 ])
 def test_decoding_args_check_as_the_engine_does(field, value, message):
     """The sampling checks are SamplingParams' own, named by their flags."""
-    from draftkit.decode.generate import GenerateArgs
+    from draftkit.decode.command import GenerateArgs
     from draftkit.evaluate.command import EvalArgs
 
     for args in (DecodingArgs(), GenerateArgs(prompt="hi"), EvalArgs(draft="d")):
@@ -175,7 +175,7 @@ def test_decoding_args_check_as_the_engine_does(field, value, message):
 
 
 def test_commands_whose_measurement_needs_a_fixed_k_refuse_auto():
-    from draftkit.decode.bench import BenchArgs
+    from draftkit.decode.command import BenchArgs
     from draftkit.evaluate.regimes import RegimesArgs
 
     with pytest.raises(ConfigError, match="--k must be >= 1 for a speculative benchmark"):

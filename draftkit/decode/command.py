@@ -1,6 +1,6 @@
-"""``draftkit generate``: decode prompts with the target, speculatively when given a draft.
+"""The decoder's commands: ``draftkit generate`` and ``draftkit bench``.
 
-Commands::
+``generate`` decodes prompts with the target, speculatively when given a draft::
 
     draftkit generate --target embedded --prompt "Write a haiku about rain."
     draftkit generate --target embedded --draft drafts/smol-4l --k 3 --prompt "What is 7 * 8?"
@@ -9,6 +9,11 @@ Commands::
 
 Prompts go through the target's chat template (``--raw`` skips it). A ``--prompts`` file holds
 one JSON value per line: a string, ``{"prompt": "..."}`` or ``{"messages": [...]}``.
+
+``bench`` times our K = 0 and speculative decoding against HF ``generate`` and assisted
+generation on the same prompts (:mod:`draftkit.decode.bench`)::
+
+    draftkit bench --target embedded --draft drafts/smol-4l --prompts prompts.jsonl --k 3
 """
 
 from __future__ import annotations
@@ -16,11 +21,13 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-from draftkit.config import option
-from draftkit.decode.args import DecodingArgs
-from draftkit.errors import ConfigError, DraftkitError
+from draftkit.chat import encode_prompt, read_prompts
+from draftkit.config import option, reuse
+from draftkit.decode.args import DecodingArgs, SpeculationArgs
+from draftkit.decode.bench import METHODS, format_report, run_bench
+from draftkit.decode.k import AUTO, DEFAULT_FIXED_K, K, parse_k
+from draftkit.errors import ConfigError
 
 
 @dataclass
@@ -51,37 +58,10 @@ class GenerateArgs(DecodingArgs):
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
 
 
-def read_prompts(path: str | Path) -> list:
-    """Prompts from a JSONL file: strings, {"prompt": ...} or {"messages": [...]} per line."""
-    path = Path(path)
-    if not path.is_file():
-        what = "is a folder" if path.is_dir() else "does not exist"
-        raise DraftkitError(f"prompts file {path} {what}; pass a JSONL file")
-    out = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            raise DraftkitError(f"{path}:{i} is not valid JSON; write one JSON value per "
-                                f"line") from None
-        if isinstance(row, dict):
-            row = row.get("messages", row.get("prompt"))
-        if not isinstance(row, (str, list)) or not row:
-            raise DraftkitError(f"{path}:{i}: expected a non-empty string, {{\"prompt\": ...}} "
-                                f"or {{\"messages\": [...]}}")
-        out.append(row)
-    if not out:
-        raise DraftkitError(f"{path} holds no prompts")
-    return out
-
-
 def generate(args: GenerateArgs) -> list[dict]:
     """Run the decoder over the prompts; print and return one record per prompt."""
     import torch
 
-    from draftkit.chat import encode_prompt
     from draftkit.decode.engine import SpeculativeEngine
     from draftkit.models import load_pair
 
@@ -115,3 +95,48 @@ def generate(args: GenerateArgs) -> list[dict]:
                       f"{rec['new_tokens'] / max(s['seconds'], 1e-9):.1f} tokens/s]",
                       file=sys.stderr, flush=True)
     return records
+
+
+@dataclass
+class BenchArgs:
+    """Compare our K = 0 and speculative decoding with HF generate and assisted generation."""
+
+    draft: str = option(help="draft model (HF directory or bundle)")
+    prompts: str = option(help="JSONL file of prompts (string, {\"prompt\"} or {\"messages\"})")
+    target: str = option("embedded", help="target model: HF directory, hub id, bundle or "
+                                          "'embedded'")
+    k: K = reuse(SpeculationArgs, "k", DEFAULT_FIXED_K, note="; bench takes a fixed K >= 1, "
+                 "as HF assisted generation drafts a constant number")
+    max_new_tokens: int = option(64, help="new tokens per prompt at most")
+    repeats: int = option(3, help="interleaved repetitions; medians are reported")
+    methods: list[str] = option(list(METHODS), help="methods to run, comma-separated")
+    raw: bool = option(False, help="skip the chat template")
+    json: bool = option(False, help="print the figures as one JSON object")
+    device: str | None = option(None, help="cpu, cuda, ... (default: cuda if available)")
+    dtype: str = option("auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16")
+
+    def validate(self) -> None:
+        k = parse_k(self.k)
+        if k == AUTO or k < 1:
+            raise ConfigError(f"--k must be >= 1 for a speculative benchmark, got {self.k}")
+        if self.repeats < 1 or self.max_new_tokens < 1:
+            raise ConfigError("--repeats and --max-new-tokens must be >= 1")
+        bad = [m for m in self.methods if m not in METHODS]
+        if not self.methods:
+            raise ConfigError(f"--methods is empty; choose from {', '.join(METHODS)}")
+        if bad:
+            raise ConfigError(f"unknown method {bad[0]!r}; choose from {', '.join(METHODS)}")
+
+
+def bench(args: BenchArgs) -> dict:
+    """``draftkit bench``: load the pair, encode the prompts, run, print."""
+    from draftkit.models import load_pair
+
+    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
+    prompts = [encode_prompt(pair.tokenizer, p, raw=args.raw) for p in read_prompts(args.prompts)]
+    result = run_bench(pair.target, pair.draft, prompts, args.k, args.max_new_tokens,
+                       args.repeats, tuple(args.methods),
+                       pad_token_id=pair.tokenizer.pad_token_id or pair.tokenizer.eos_token_id,
+                       log=None if args.json else lambda s: print(s, file=sys.stderr))
+    print(json.dumps(result) if args.json else format_report(result))
+    return result
