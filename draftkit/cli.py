@@ -15,6 +15,8 @@ import os
 import sys
 
 from draftkit import __version__
+from draftkit.config import add_arguments, describe_keys, from_namespace
+from draftkit.errors import DraftkitError
 
 # name, module, args dataclass, function, one-line help
 COMMANDS: list[tuple[str, str, str, str, str]] = [
@@ -42,8 +44,6 @@ COMMANDS: list[tuple[str, str, str, str, str]] = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from draftkit.config import add_arguments, describe_keys
-
     parser = argparse.ArgumentParser(
         prog="draftkit", description="Train, evaluate, export and serve draft models for "
                                      "speculative decoding.")
@@ -99,9 +99,6 @@ def _cpu_accelerator_for_deepspeed() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from draftkit.config import from_namespace
-    from draftkit.errors import DraftkitError
-
     _quiet_libraries()
     parser = build_parser()
     ns = parse(parser, argv)

@@ -29,6 +29,7 @@ from typing import Annotated, Any, Callable, Literal
 import yaml
 
 from draftkit.errors import ConfigError, DraftkitError
+from draftkit.io import atomic_write_text
 
 _MISSING = dataclasses.MISSING
 
@@ -458,8 +459,6 @@ def describe_keys(cls: type, prefix: str = "") -> list[str]:
 
 def dump_yaml(cfg: Any, path: str | Path) -> None:
     """Write the resolved config as YAML, atomically."""
-    from draftkit.io import atomic_write_text
-
     atomic_write_text(Path(path), yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 

@@ -19,6 +19,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from draftkit.config import to_dict
+
 PROJECT = "draftkit"
 
 
@@ -41,7 +43,6 @@ class Tracker:
         import wandb
 
         if dataclasses.is_dataclass(config):
-            from draftkit.config import to_dict
 
             config = to_dict(config)
         wandb_dir = Path(out_dir) if out_dir else None

@@ -16,10 +16,11 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from draftkit.data.pack import (Rows, Tokenized, encode_example_prompt, pack, passages,
-                                 positions, tokenize_example)
+from draftkit.data.pack import (Rows, Tokenized, encode_example_prompt, pack, passages, positions,
+                                tokenize_example)
 from draftkit.data.sources import Example, load_examples
 from draftkit.errors import DraftkitError
+from draftkit.models.embedded import cache_root
 
 __all__ = ["Example", "Rows", "Tokenized", "build_rows", "load_examples", "pack", "passages",
            "positions", "split_heldout", "tokenize_example"]
@@ -195,6 +196,4 @@ class _FixedDate:
 
 def default_generation_dir() -> Path:
     """Generated answers are keyed by target, settings and prompt, so runs share them."""
-    from draftkit.models.embedded import cache_root
-
     return cache_root() / "generated"

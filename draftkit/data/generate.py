@@ -16,7 +16,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from draftkit.io import append_jsonl
+from draftkit.io import append_jsonl, one_builder
+from draftkit.models.facts import stop_token_ids
 
 if TYPE_CHECKING:
     from draftkit.models.reduced_head import ReducedHead
@@ -40,8 +41,6 @@ def cache_file(cache_dir: Path, target_id: str, max_new_tokens: int, temperature
 def answer_stop_ids(model: Any, tokenizer: Any) -> list[int]:
     """Where an answer ends: where decoding and serving stop (the target's end-of-turn
     tokens), and at the tokenizer's eos."""
-    from draftkit.models.facts import stop_token_ids
-
     ids = set(stop_token_ids(model))
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
@@ -91,7 +90,6 @@ def generate_responses(model: Any, tokenizer: Any, prompts: list[list[int]], pat
     prompts: lists of token ids (already rendered through the chat template). Another run
     answering into the same cache file is waited for; its answers are then read, not redone.
     """
-    from draftkit.io import one_builder
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from draftkit.config import option
 from draftkit.decode.k import AUTO, K, K_MAX, check_k
+from draftkit.decode.sampling import SamplingParams
 from draftkit.errors import ConfigError, DraftkitError
 
 GROUP = "decoding options"
@@ -49,8 +50,6 @@ class SamplingArgs:
                        "measured timings, and the draws follow K)")
 
     def sampling_params(self):
-        from draftkit.decode.sampling import SamplingParams
-
         return SamplingParams(self.temperature, self.top_k, self.top_p)
 
     def validate(self) -> None:

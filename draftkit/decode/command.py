@@ -26,8 +26,10 @@ from draftkit.chat import encode_prompt, read_prompts
 from draftkit.config import option, reuse
 from draftkit.decode.args import DecodingArgs, SpeculationArgs
 from draftkit.decode.bench import METHODS, format_report, run_bench
+from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.k import AUTO, DEFAULT_FIXED_K, K, parse_k
 from draftkit.errors import ConfigError
+from draftkit.models import load_pair
 
 
 @dataclass
@@ -61,9 +63,6 @@ class GenerateArgs(DecodingArgs):
 def generate(args: GenerateArgs) -> list[dict]:
     """Run the decoder over the prompts; print and return one record per prompt."""
     import torch
-
-    from draftkit.decode.engine import SpeculativeEngine
-    from draftkit.models import load_pair
 
     texts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
     pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
@@ -130,8 +129,6 @@ class BenchArgs:
 
 def bench(args: BenchArgs) -> dict:
     """``draftkit bench``: load the pair, encode the prompts, run, print."""
-    from draftkit.models import load_pair
-
     pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
     prompts = [encode_prompt(pair.tokenizer, p, raw=args.raw) for p in read_prompts(args.prompts)]
     result = run_bench(pair.target, pair.draft, prompts, args.k, args.max_new_tokens,

@@ -45,7 +45,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Literal
 
-from draftkit.decode.k import AUTO, K_MAX, KValue, check_k_max, resolve_k
+from draftkit.decode.k import AUTO, K_MAX, KValue, check_k_max
+from draftkit.decode.policy import KPolicy, resolve_k
 from draftkit.decode.runners import make_runner
 from draftkit.decode.sampling import Generators, SamplingParams, row_probabilities, sample
 from draftkit.decode.stats import DecodeStats, RoundStats
@@ -56,8 +57,6 @@ from draftkit.models.facts import (decoding_context, sliding_window, stop_token_
 
 if TYPE_CHECKING:
     import torch
-
-    from draftkit.decode.policy import KPolicy
 
 
 @dataclass
@@ -210,7 +209,7 @@ class SpeculativeEngine:
         """Decode every prompt (token ids) and return one :class:`Result` per prompt.
 
         K is fixed, or ``"auto"``: chosen each round by ``policy`` (a fresh KPolicy up to
-        ``k_max`` when None); K = 0 without a draft (:func:`~draftkit.decode.k.resolve_k`)."""
+        ``k_max`` when None); K = 0 without a draft (:func:`~draftkit.decode.policy.resolve_k`)."""
         import torch
 
         params = SamplingParams(temperature, top_k, top_p)

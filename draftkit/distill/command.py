@@ -26,7 +26,10 @@ from typing import ClassVar
 
 from draftkit.config import load_recipe, option
 from draftkit.distill.config import DistillConfig
-from draftkit.errors import ConfigError, DraftkitError
+from draftkit.distill.distributed import zero_stage
+from draftkit.errors import ConfigError, DraftkitError, ModelError
+from draftkit.models import resolve_model
+from draftkit.models.embedded import embedded_gguf_path
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 # a path ending in one of these is a file, never a hub id (compared in lower case)
@@ -123,8 +126,6 @@ def _looks_remote(spec: str) -> bool:
 def check_config(cfg: DistillConfig, source: str) -> list[str]:
     """The cheap checks of ``--dry-run``; returns notes on what was not checked."""
     from draftkit.data.sources import source_format  # draftkit.data imports torch
-    from draftkit.distill.distributed import zero_stage
-    from draftkit.errors import ModelError
 
     notes = []
     zero_stage(cfg)  # checks the DeepSpeed JSON and what ZeRO-3 rules out
@@ -132,7 +133,6 @@ def check_config(cfg: DistillConfig, source: str) -> list[str]:
         if spec is None:
             continue
         if spec == "embedded":
-            from draftkit.models.embedded import embedded_gguf_path
 
             try:
                 embedded_gguf_path()
@@ -144,7 +144,6 @@ def check_config(cfg: DistillConfig, source: str) -> list[str]:
             from transformers import AutoConfig
 
             from draftkit.distill.trainer import check_context
-            from draftkit.models import resolve_model
 
             try:
                 config = AutoConfig.from_pretrained(resolve_model(spec, role).path)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from draftkit.distill.schedule import warmup_cosine
 from draftkit.errors import ConfigError
 
 # Keys DeepSpeed needs to size the batch and pick the ZeRO stage. "auto" is filled from train.*.
@@ -130,8 +131,6 @@ def deepspeed_engine(model: Any, params: list, path: str, train: Any, total_step
     ds.pop("train_batch_size", None)  # derived by DeepSpeed from the two above
     ds.setdefault("bf16", {})["enabled"] = train.precision == "bf16"
     import torch
-
-    from draftkit.distill.schedule import warmup_cosine
 
     optimizer = torch.optim.AdamW(params, lr=train.lr, betas=tuple(train.betas),
                                   weight_decay=train.weight_decay)

@@ -17,14 +17,13 @@ from draftkit.data import Rows
 from draftkit.distill.config import DistillConfig
 from draftkit.errors import DraftkitError
 from draftkit.io import atomic_write_json
+from draftkit.models import check_compatible, load_model, load_tokenizer, resolve_model
+from draftkit.models.derive import derive_by_layers, derive_random, save_draft
 from draftkit.models.reduced_head import ReducedHead
 
 
 def build_draft(cfg: DistillConfig, target: Any, tokenizer: Any, target_ref: Any) -> Any:
     """The draft named by the recipe, or derived from the target; in float32 for training."""
-    from draftkit.models import check_compatible, load_model, load_tokenizer, resolve_model
-    from draftkit.models.derive import derive_by_layers, derive_random
-
     d = cfg.draft
     if d.model is not None:
         ref = resolve_model(d.model, "draft")
@@ -76,8 +75,6 @@ def export_draft(draft: Any, tokenizer: Any, path: Path, head: ReducedHead | Non
     chose it, as ``best.json``. All of it lands in one rename, so a kill never leaves weights
     without their vocabulary or evaluation."""
     import copy
-
-    from draftkit.models.derive import save_draft
 
     model = draft
     if hasattr(draft, "merge_and_unload"):  # a peft model: serving engines take no adapters

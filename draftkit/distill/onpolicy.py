@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from draftkit.data import Rows
+from draftkit.data.generate import generate_responses_in_memory, prompt_seed
 from draftkit.data.pack import Tokenized, pack
 
 if TYPE_CHECKING:
@@ -37,7 +38,6 @@ def draft_rows(draft: Any, rows: Rows, n: int, seed: int, micro_step: int, rank:
     The prompts and the answers' samples come from ``seed``, the micro-step and the rank alone
     (not the global RNG), so a resumed run, on every rank, draws what the killed one would have.
     """
-    from draftkit.data.generate import generate_responses_in_memory, prompt_seed
 
     pick = random.Random(f"{seed}:prompts:{micro_step}:{rank}")
     chosen = [pick.randrange(len(rows.prompts)) for _ in range(n)]

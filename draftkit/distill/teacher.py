@@ -29,6 +29,7 @@ from draftkit.distill.losses import dense_logprobs
 from draftkit.distill.reduced_head import head_logits
 from draftkit.errors import DraftkitError
 from draftkit.io import atomic_write_json, one_builder
+from draftkit.models.embedded import cache_root
 from draftkit.models.reduced_head import ReducedHead
 
 
@@ -247,6 +248,4 @@ class TopKCache:
 
 
 def default_cache_dir(key: str) -> Path:
-    from draftkit.models.embedded import cache_root
-
     return cache_root() / "teacher" / key

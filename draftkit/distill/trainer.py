@@ -27,24 +27,30 @@ from typing import Any
 
 import torch
 
-from draftkit.data import Rows, positions
-from draftkit.data.generate import answer_stop_ids
+from draftkit.config import dump_yaml
+from draftkit.data import Rows, build_rows, default_generation_dir, positions
+from draftkit.data.generate import answer_stop_ids, cache_file, generate_responses
 from draftkit.distill import checkpoint as ckpt
 from draftkit.distill.config import DistillConfig
 from draftkit.distill.distributed import (Dist, all_reduce_mean, barrier, close_distributed,
-                                          deepspeed_engine, gathered, init_distributed,
-                                          zero_stage)
+                                          deepspeed_engine, gathered, init_distributed, zero_stage)
 from draftkit.distill.draft import build_draft, choose_draft_vocab, export_draft, token_counts
-from draftkit.distill.losses import (dense_logprobs, divergence, hidden_distance,
-                                     next_token_ce, sparse_logprobs)
+from draftkit.distill.evaluate import heldout_alpha, model_logits
+from draftkit.distill.hidden import taps
+from draftkit.distill.losses import (dense_logprobs, divergence, hidden_distance, next_token_ce,
+                                     sparse_logprobs)
+from draftkit.distill.onpolicy import draft_rows, is_on_policy
 from draftkit.distill.reduced_head import restrict_dense, restrict_labels, restrict_sparse
 from draftkit.distill.schedule import warmup_cosine
 from draftkit.distill.teacher import (MaskedLM, OnlineTeacher, TopKCache, cache_key,
                                       default_cache_dir)
 from draftkit.errors import DraftkitError
+from draftkit.io import append_jsonl, atomic_write_text, recover_writes
+from draftkit.models import default_device, load_model, load_tokenizer, resolve_model
 from draftkit.models.facts import context_window, vocab_size
 from draftkit.models.reduced_head import ReducedHead, head_of
-from draftkit.io import append_jsonl, atomic_write_text, recover_writes
+from draftkit.models.resolve import model_identity
+from draftkit.tracking import Tracker
 
 
 # --- data order ---------------------------------------------------------------------------------
@@ -117,10 +123,6 @@ def micro_loss(student: Any, teacher: Any, rows: Rows, idx: torch.Tensor, cfg: D
 
 def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = True) -> Path:
     """Run a recipe; returns the ``best/`` folder. ``stop_after`` ends early as a kill would."""
-    from draftkit.config import dump_yaml
-    from draftkit.models import default_device
-    from draftkit.tracking import Tracker
-
     started = time.perf_counter()
     device = default_device() if cfg.train.device == "auto" else cfg.train.device
     dist = init_distributed(device)
@@ -216,7 +218,6 @@ class _Run:
 
     def __init__(self, cfg: DistillConfig, dist: Any, device: str, out: Path, started: float,
                  progress: bool):
-        from draftkit.distill.evaluate import model_logits
 
         self.cfg, self.dist, self.out, self.started = cfg, dist, out, started
         target_ref, self.tokenizer, target = _load_target(cfg, device)
@@ -391,8 +392,6 @@ class _Run:
     def _micro_batch(self, m: int) -> tuple[Rows, torch.Tensor, Any]:
         """Micro-batch ``m`` of this rank: (rows, their indices, the teacher that scores them).
         On-policy steps draw the draft's own answers, scored by the target now."""
-        from draftkit.distill.onpolicy import draft_rows, is_on_policy  # here: tests patch them
-
         cfg, dist = self.cfg, self.dist
         if not is_on_policy(cfg.seed, self.step, cfg.data.lmbda):
             return self.rows, batch_rows(m, len(self.rows), cfg.train.batch_size, cfg.seed,
@@ -405,8 +404,6 @@ class _Run:
 
     def evaluate(self, loss_value: float | None) -> dict:
         """Held-out alpha per domain to metrics.jsonl and W&B; a new best rewrites best/."""
-        from draftkit.distill.evaluate import heldout_alpha
-
         t, cfg, dist = time.perf_counter(), self.cfg, self.dist
         self.draft.eval()
         metrics = heldout_alpha(self.draft_logits, self.target_logits, self.heldout,
@@ -469,7 +466,6 @@ def prepare(cfg: DistillConfig, progress: bool = True) -> dict:
     cache). A :func:`train` of the same recipe then starts training at once, so a
     ``max_minutes`` budget buys steps, not set-up. One process; returns what was built.
     """
-    from draftkit.models import default_device
 
     device = default_device() if cfg.train.device == "auto" else cfg.train.device
     target_ref, tokenizer, target = _load_target(cfg, device)
@@ -484,8 +480,6 @@ def prepare(cfg: DistillConfig, progress: bool = True) -> dict:
 def _load_target(cfg: DistillConfig, device: str) -> tuple[Any, Any, Any]:
     """(reference, tokenizer, model) of the recipe's target; rows longer than its context
     window are an error here, before any answer is generated."""
-    from draftkit.models import load_model, load_tokenizer, resolve_model
-
     target_ref = resolve_model(cfg.target, "target")
     tokenizer = load_tokenizer(target_ref, "target")
     target = load_model(target_ref, "target", device=device, dtype=cfg.teacher.dtype)
@@ -552,8 +546,6 @@ def target_id(target_ref: Any, target: Any) -> str:
     """What the caches of target answers and top-k log-probs are keyed by: the target's
     weights (:func:`~draftkit.models.resolve.model_identity`) and the dtype it runs in, since a
     bf16 target's answers and top-k are not an fp32 one's."""
-    from draftkit.models.resolve import model_identity
-
     return f"{model_identity(target_ref)}|{next(target.parameters()).dtype}"
 
 
@@ -563,9 +555,6 @@ def recipe_rows(cfg: DistillConfig, tokenizer: Any, target: Any, target_ref: Any
     """Packed rows; target answers are generated by rank 0 first, then read from its cache.
     ``key`` (:func:`target_id`) and ``stop_ids`` (``answer_stop_ids``), when the caller has
     them already, spare computing them again."""
-    from draftkit.data import build_rows, default_generation_dir
-    from draftkit.data.generate import cache_file, generate_responses
-
     g = cfg.data.generate
     gen_dir = Path(g.cache_dir) if g.cache_dir else default_generation_dir()
 
@@ -590,7 +579,6 @@ def hidden_taps(cfg: DistillConfig, target: Any) -> tuple[list, list]:
     (draftkit/distill/hidden.py)."""
     if cfg.loss.hidden_weight <= 0:
         return [], []
-    from draftkit.distill.hidden import taps
 
     return taps(target, cfg.draft.derive_layers)
 

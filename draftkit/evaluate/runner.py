@@ -24,7 +24,8 @@ from typing import Any, Callable
 
 from draftkit import metrics
 from draftkit.decode.args import DecodingArgs
-from draftkit.decode.k import check_k, resolve_k
+from draftkit.decode.k import check_k
+from draftkit.decode.policy import resolve_k
 from draftkit.evaluate import entropy
 
 # Tokens of the untimed warm-up decodes: enough to run every forward the timed decodes run

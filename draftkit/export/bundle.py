@@ -102,7 +102,8 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
     from draftkit.io import atomic_dir
     from draftkit.models import check_compatible, load_tokenizer, resolve_model
     from draftkit.models.facts import context_window, vocab_size
-    from draftkit.models.load import load_causal_lm, save_model, save_tokenizer
+    from draftkit.models.load import load_causal_lm
+    from draftkit.models.save import save_model, save_tokenizer
     from draftkit.models.reduced_head import FILE, ReducedHead
 
     out = Path(out)

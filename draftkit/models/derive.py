@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from draftkit.errors import DraftkitError, ModelError
+from draftkit.io import atomic_dir
+from draftkit.models.save import save_model, save_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -151,9 +153,6 @@ def save_draft(draft: "PreTrainedModel", tokenizer, out: Path, force: bool = Fal
                also: Callable[[Path], None] | None = None) -> Path:
     """Write a plain HF model directory (safetensors + the target's tokenizer files), whole or
     not at all; ``also(folder)`` adds files to it before it is renamed into place."""
-    from draftkit.io import atomic_dir
-    from draftkit.models.load import save_model, save_tokenizer
-
     out = Path(out)
     if out.exists() and not force:
         raise DraftkitError(f"{out} already exists; pass --force to replace it or choose "

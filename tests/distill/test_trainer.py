@@ -414,7 +414,7 @@ def test_on_policy_mix(tmp_path, tiny_dirs, monkeypatch):
         calls.append(rows)
         return rows
 
-    monkeypatch.setattr(onpolicy, "draft_rows", spy)  # train() imports it when it starts
+    monkeypatch.setattr(trainer, "draft_rows", spy)  # the name the loop calls
     cfg = _cfg(tmp_path, tiny_dirs, **{"data.regime": "on_policy", "data.lmbda": 0.5,
                                        "data.generate.max_new_tokens": 4,
                                        "data.generate.batch_size": 4})
@@ -570,7 +570,6 @@ def test_max_minutes_leaves_time_for_the_last_evaluation(tmp_path, tiny_dirs, mo
     and its evaluation to 130 s."""
     import types
 
-    import draftkit.distill.evaluate as evaluate
     import draftkit.distill.trainer as trainer
 
     clock = [0.0]
@@ -583,7 +582,7 @@ def test_max_minutes_leaves_time_for_the_last_evaluation(tmp_path, tiny_dirs, mo
 
     monkeypatch.setattr(trainer, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     monkeypatch.setattr(trainer, "micro_loss", ticking(trainer.micro_loss, 5.0))  # 2 per step
-    monkeypatch.setattr(evaluate, "heldout_alpha", ticking(evaluate.heldout_alpha, 30.0))
+    monkeypatch.setattr(trainer, "heldout_alpha", ticking(trainer.heldout_alpha, 30.0))
     trainer.train(_cfg(tmp_path, tiny_dirs, max_steps=20, max_minutes=1.5), progress=False)
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 2]
@@ -734,7 +733,7 @@ def test_rerunning_a_finished_run_reports_nothing_to_its_wandb_run(tmp_path, tin
                                                                    monkeypatch):
     """Nothing to train: it wrote tokens_per_s 0 over the run's summary and logged best/ as
     a new artifact version of the same W&B run."""
-    import draftkit.tracking as tracking
+    import draftkit.distill.trainer as trainer
     from draftkit.distill.trainer import train
 
     calls = []
@@ -755,7 +754,7 @@ def test_rerunning_a_finished_run_reports_nothing_to_its_wandb_run(tmp_path, tin
         def finish(self):
             pass
 
-    monkeypatch.setattr(tracking, "Tracker", Fake)
+    monkeypatch.setattr(trainer, "Tracker", Fake)
     train(_cfg(tmp_path, tiny_dirs, max_steps=2), progress=False)
     assert [c[0] for c in calls] == ["summary", "artifact"] and calls[0][1]["tokens_per_s"] > 0
     calls.clear()

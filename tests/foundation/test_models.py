@@ -170,7 +170,7 @@ def test_gguf_cache_key_follows_content_not_path(tmp_path):
 
 def test_saved_tokenizers_load_under_transformers_4(tmp_path):
     """transformers 5 names the class 'TokenizersBackend', unknown to 4.x (vLLM, SGLang)."""
-    from draftkit.models.load import save_tokenizer
+    from draftkit.models.save import save_tokenizer
 
     tok = make_tokenizer()
     save_tokenizer(tok, tmp_path)
@@ -194,7 +194,7 @@ def test_saved_models_keep_their_rope_under_transformers_4(tmp_path, rope):
     and every draft folder draftkit writes (derive, best/, bundles) goes through save_model."""
     from transformers import AutoConfig
 
-    from draftkit.models.load import save_model as save_for_both
+    from draftkit.models.save import save_model as save_for_both
 
     model = make_llama(len(make_tokenizer()), num_layers=1)
     model.config.rope_parameters = dict(rope)
@@ -213,7 +213,7 @@ def test_saved_models_keep_their_rope_under_transformers_4(tmp_path, rope):
 def test_rope_written_per_layer_type_or_partial_is_written_for_transformers_4_too():
     """Phi's partial_rotary_factor and Gemma 3's per-layer-type rope_parameters, which 4.x
     reads as partial_rotary_factor, rope_theta / rope_scaling and rope_local_base_freq."""
-    from draftkit.models.load import _add_legacy_keys
+    from draftkit.models.save import _add_legacy_keys
 
     phi = {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default",
                                "partial_rotary_factor": 0.75}}
