@@ -1,0 +1,348 @@
+"""What ``draftkit eval`` and ``draftkit regimes`` report, as typed records.
+
+Each record is one JSON object of ``report.json`` (:class:`draftkit.records.Record`): its
+fields are the object's keys in the order they are written, so ``to_dict`` gives the JSON the
+writers write and ``from_dict`` reads it back (``draftkit export --report``, tests), also from
+a report an earlier version wrote (a figure it lacks reads as None).
+
+- eval: :class:`EvalReport`, with :class:`DomainFigures` per domain and overall (and their
+  :class:`EntropyTable`), the K sweep's :class:`KSweepRow`, the batch sweep's :class:`BatchRow`
+  and its :class:`BreakEven`;
+- regimes: :class:`RegimesReport`, one section per regime (:class:`EntropyRegime`,
+  :class:`CostRegime`, :class:`MismatchRegime`, :class:`BatchRegime`) over the figures of each
+  point measured (:class:`PointFigures`) and the crossovers found (:class:`Crossover`).
+
+The terms (alpha, tau, c, v, K) are those of README.md, "How speculation pays"; eval/README.md
+says what each figure of the eval report means.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import typing
+from dataclasses import dataclass, field
+
+from draftkit.records import Record, extra_keys
+
+# the report key of --baseline-draft's teacher-forced acceptance (DomainFigures.baselines)
+ALPHA_BEFORE = "alpha_before"
+
+
+def now() -> str:
+    """A report's ``created``: the time in UTC, to the second."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+# --- crossovers ----------------------------------------------------------------------------------
+
+@dataclass(kw_only=True)
+class Crossover(Record):
+    """Where a measured curve crosses speedup 1.0 (:func:`draftkit.metrics.crossover`):
+    ``kind`` is crosses (it falls below at x), rises (it rises above at x), below / above (on
+    that side everywhere; x None) or empty (no points)."""
+
+    kind: str
+    x: float | None
+
+
+@dataclass(kw_only=True)
+class BatchBreakEven(Crossover):
+    """A crossover of speedup against batch size (x in batch size, interpolated in log2 B)."""
+
+    # the first measured B from which every larger one is on the final side of 1.0 (the
+    # smallest for below; None for above and empty)
+    batch_size: int | None
+
+
+@dataclass(kw_only=True)
+class BreakEven(BatchBreakEven):
+    """The batch sweep's break-even, measured, and per domain as that domain's alpha_i and the
+    measured c(B), v(B) predict it."""
+
+    per_domain: dict[str, BatchBreakEven]
+
+
+@dataclass(kw_only=True)
+class CrossoverPair(Record):
+    """One curve's crossover as measured and as the speedup model predicts it."""
+
+    measured: Crossover
+    predicted: Crossover
+
+
+# --- draftkit eval -------------------------------------------------------------------------------
+
+@dataclass(kw_only=True)
+class EntropyTable(Record):
+    """Teacher-forced acceptance per bucket of the target's entropy
+    (:mod:`draftkit.evaluate.entropy`)."""
+
+    buckets: list[str]  # the buckets' labels, in nats
+    positions: list[int]  # decoded positions in each bucket
+    # mean acceptance per bucket (None where empty), by model: "draft", then each baseline's key
+    acceptance: dict[str, list[float | None]] = extra_keys()
+
+
+@dataclass(kw_only=True)
+class DomainFigures(Record):
+    """One domain's figures, or the token-weighted ``overall`` row: eval's per-domain table."""
+
+    n_prompts: int
+    new_tokens: int  # new tokens of the speculative decodes (one repeat)
+    alpha: float | None  # decode-time acceptance; None when nothing was drafted
+    alpha_tv: float | None  # mean 1 - TV at the tested positions (temperature > 0)
+    alpha_after: float | None  # the draft's teacher-forced acceptance (alpha_before's like)
+    alpha_per_position: list[float]  # conditional alpha_i
+    tau: float
+    c: float | None
+    v: float | None  # at k
+    k: int  # the positive K the run used most
+    plain_round_share: float
+    rounds_by_k: dict[str, int]
+    speedup_predicted: float | None
+    speedup_measured: float
+    plain_tokens_per_s: float
+    spec_tokens_per_s: float
+    target_entropy: float | None  # nats, mean over the decoded continuations
+    by_entropy: EntropyTable | None
+    overhead_per_round_ms: float
+    verdict: str | None
+    # each baseline draft's teacher-forced acceptance on the same continuations, by its key
+    # (ALPHA_BEFORE for --baseline-draft); no key at all, not a null, without a baseline
+    baselines: dict[str, float | None] = extra_keys()
+
+    @property
+    def alpha_before(self) -> float | None:
+        return self.baselines.get(ALPHA_BEFORE)
+
+
+@dataclass(kw_only=True)
+class KSweepRow(Record):
+    """One domain at one K: tau and speedup predicted from the table's alpha_i, c and v(K),
+    beside the figures measured where the sweep ran that K (None elsewhere)."""
+
+    domain: str
+    k: int
+    tau: float | None  # predicted; None when nothing was drafted
+    tau_measured: float | None
+    c: float | None
+    v: float | None
+    speedup_predicted: float | None
+    speedup_measured: float | None
+    prompts: int | None  # what the measured figures were measured on
+    new_tokens: int | None
+
+
+@dataclass(kw_only=True)
+class BatchRow(Record):
+    """K = 0 and speculation at K on the same B prompts."""
+
+    batch_size: int
+    alpha: float | None
+    c: float | None  # c(B)
+    v: float | None  # v(B)
+    k: int
+    plain_tokens_per_s: float
+    spec_tokens_per_s: float
+    speedup_predicted: float | None
+    speedup_measured: float
+
+
+@dataclass(kw_only=True)
+class EvalReport(Record):
+    """``draftkit eval``'s report.json."""
+
+    target: str
+    draft: str | None
+    device: str
+    dtype: str
+    temperature: float
+    k: int | str  # --k as given: a number or 'auto'
+    created: str
+    domains: dict[str, DomainFigures] = field(default_factory=dict)
+    overall: DomainFigures | None = None
+    k_sweep: list[KSweepRow] = field(default_factory=list)
+    batch_sweep: list[BatchRow] = field(default_factory=list)
+    break_even: BreakEven | None = None
+
+
+# --- draftkit regimes ----------------------------------------------------------------------------
+
+@dataclass(kw_only=True)
+class PointFigures(Record):
+    """The figures of one point a regime measured (a prompt, a domain, a draft, a
+    temperature): eval's per-domain figures that regimes keeps, and the break-even alpha."""
+
+    n_prompts: int
+    new_tokens: int
+    alpha: float | None
+    alpha_per_position: list[float]
+    tau: float
+    c: float | None
+    v: float | None
+    k: int
+    speedup_measured: float
+    speedup_predicted: float | None
+    plain_tokens_per_s: float
+    spec_tokens_per_s: float
+    target_entropy: float | None
+    overhead_per_round_ms: float
+    break_even_alpha: float | None  # the i.i.d. alpha at which S(K) = 1 for this c and v
+
+
+@dataclass(kw_only=True)
+class PromptPoint(PointFigures):
+    domain: str
+    index: int  # the prompt's place in its domain
+
+
+@dataclass(kw_only=True)
+class TemperaturePoint(PointFigures):
+    temperature: float
+    per_domain: dict[str, PointFigures]
+
+
+@dataclass(kw_only=True)
+class DraftPoint(PointFigures):
+    name: str
+    layers: int
+    derived: bool
+    main: bool
+    max_c: float | None  # the largest c at which this alpha still breaks even at K
+
+
+@dataclass(kw_only=True)
+class PolicyBatchRow(BatchRow):
+    """eval's batch row at the fixed K, and what the K policy (--k auto) did at that B."""
+
+    policy_k: int  # the K the policy used most
+    speedup_policy: float  # against the same K = 0 run
+    break_even_alpha: float | None
+
+
+@dataclass(kw_only=True)
+class DraftInfo(Record):
+    """A draft the regimes measured."""
+
+    name: str
+    layers: int  # decoder layers
+    main: bool = False  # the draft the entropy and batch regimes map
+    derived: bool = False  # an early exit of the target (the draft-cost curve)
+    home: str | None = None  # the domain a domain draft was distilled on
+
+
+@dataclass(kw_only=True)
+class EntropyFit(Record):
+    """alpha fitted linearly against the target's entropy over the prompts, and the entropy
+    at which it reaches the break-even alpha (the model's crossover; it may lie outside the
+    measured range, ``inside`` says)."""
+
+    intercept: float | None
+    slope: float | None
+    alpha_break_even: float | None
+    entropy: float | None
+    inside: bool
+
+
+@dataclass(kw_only=True)
+class TemperatureCrossovers(CrossoverPair):
+    alpha: Crossover  # where alpha falls below the break-even alpha
+
+
+@dataclass(kw_only=True)
+class EntropyCrossovers(CrossoverPair):
+    model: EntropyFit
+
+
+@dataclass(kw_only=True)
+class EntropyRegimeCrossovers(Record):
+    temperature: TemperatureCrossovers
+    entropy: EntropyCrossovers  # per prompt
+    per_domain_temperature: dict[str, CrossoverPair]
+
+
+@dataclass(kw_only=True)
+class EntropyRegime(Record):
+    draft: str
+    k: int
+    break_even_alpha: float | None
+    c: float | None
+    v: float | None
+    prompts: list[PromptPoint]  # at T = 0
+    domains: dict[str, PointFigures]  # at T = 0
+    temperatures: list[TemperaturePoint]
+    crossover: EntropyRegimeCrossovers
+    answer: str
+
+
+@dataclass(kw_only=True)
+class CostRegime(Record):
+    k: int
+    drafts: list[DraftPoint]
+    crossover: CrossoverPair  # against the early exits' depth
+    best_measured: str | None
+    best_predicted: str | None
+    answer: str
+
+
+@dataclass(kw_only=True)
+class MismatchCounts(Record):
+    """How many draft x domain cells are slowdowns, measured and predicted."""
+
+    cells: int
+    measured_slowdowns: int
+    predicted_slowdowns: int
+    agree: int
+    # with domain drafts: alpha_home and alpha_away, the mean alpha on a draft's own domain and
+    # on the others (None where none was measured)
+    home_and_away: dict[str, float | None] = extra_keys()
+
+
+@dataclass(kw_only=True)
+class MismatchRegime(Record):
+    drafts: list[str]  # the matrix's rows
+    home: dict[str, str | None]
+    domains: list[str]  # its columns
+    alpha: list[list[float | None]]
+    speedup_measured: list[list[float | None]]
+    speedup_predicted: list[list[float | None]]
+    crossover: MismatchCounts
+    answer: str
+
+
+@dataclass(kw_only=True)
+class BatchRegime(Record):
+    draft: str
+    k: int
+    domains: dict[str, list[PolicyBatchRow]]
+    crossover: dict[str, CrossoverPair]  # per domain
+    answer: str
+
+
+@dataclass(kw_only=True)
+class RegimesReport(Record):
+    """``draftkit regimes``' report.json."""
+
+    target: str
+    draft: str  # the main draft's name
+    target_layers: int
+    device: str
+    dtype: str
+    k: int
+    k_max: int
+    max_new_tokens: int
+    prompts_per_domain: int
+    domains: list[str]
+    drafts: list[DraftInfo]
+    entropy: EntropyRegime
+    draft_cost: CostRegime
+    mismatch: MismatchRegime
+    batch: BatchRegime
+    created: str
+    seconds: float | None
+    headline: str = ""
+
+    def regimes(self) -> list[tuple[str, typing.Any]]:
+        """(report key, section) of the four regimes, in the report's order."""
+        return [("entropy", self.entropy), ("draft_cost", self.draft_cost),
+                ("mismatch", self.mismatch), ("batch", self.batch)]
