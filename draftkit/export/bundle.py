@@ -20,47 +20,22 @@ import datetime as _dt
 import hashlib
 import json
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from draftkit.config import option
-from draftkit.decode.k import AUTO, DEFAULT_FIXED_K, K, KValue, parse_k
+from draftkit.decode.k import AUTO, DEFAULT_FIXED_K, KValue, parse_k
 from draftkit.errors import DraftkitError, ModelError
-from draftkit.io import sha256_file
+from draftkit.evaluate.figures import EvalReport
+from draftkit.export.serving import write_serving
+from draftkit.io import atomic_dir, sha256_file
+from draftkit.models import check_compatible, load_tokenizer, resolve_model
+from draftkit.models.facts import context_window, vocab_size
+from draftkit.models.load import load_causal_lm
+from draftkit.models.reduced_head import FILE, ReducedHead
+from draftkit.models.save import save_model, save_tokenizer
 
 MANIFEST = "draftkit.json"
 FORMAT = 1
-
-
-@dataclass
-class ExportArgs:
-    """Export a draft with its target reference and serving configs as a bundle."""
-
-    out: str = option(help="bundle directory to create")
-    draft: str = option(help="draft model: HF folder (a LoRA adapter folder is merged), bundle")
-    target: str = option("embedded", help="target model the draft serves")
-    report: str | None = option(None, help="eval report.json: per-domain figures and the "
-                                           "recommended K go into the bundle")
-    k: K = option(AUTO, help="recommended K (num_speculative_tokens) for the serving "
-                             "configs; 'auto': the K the report's decodes used most, else "
-                             f"{DEFAULT_FIXED_K}")
-    recipe: str | None = option(None, help="the distillation recipe (resolved config.yaml) that "
-                                           "trained the draft, recorded in the bundle")
-    force: bool = option(False, help="replace an existing bundle directory")
-
-    def validate(self) -> None:
-        parse_k(self.k)
-
-
-@dataclass
-class CheckArgs:
-    """Verify a bundle: every file's hash, the draft's config, and the pairing with its target."""
-
-    bundle: str = option(help="bundle directory", positional=True)
-    target: str | None = option(None, help="the target model, where the bundle's recorded "
-                                           "one is not found on this machine (checked against "
-                                           "its recorded sha256)")
 
 
 # --- hashing ------------------------------------------------------------------------------------
@@ -98,13 +73,6 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
                   force: bool = False) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
-
-    from draftkit.io import atomic_dir
-    from draftkit.models import check_compatible, load_tokenizer, resolve_model
-    from draftkit.models.facts import context_window, vocab_size
-    from draftkit.models.load import load_causal_lm
-    from draftkit.models.save import save_model, save_tokenizer
-    from draftkit.models.reduced_head import FILE, ReducedHead
 
     out = Path(out)
     if out.exists() and not force:
@@ -162,8 +130,6 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
 
         final_draft = str(out.resolve() / "draft")
         target_for_serving = str(target_ref.path) if target_ref.kind != "hub" else target_ref.spec
-        from draftkit.export.serving import write_serving
-
         write_serving(tmp / "serving", target_for_serving, final_draft, k)
         manifest = {
             "format": FORMAT,
@@ -184,15 +150,24 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
     return out
 
 
-def _read_report(path) -> dict:
+def _read_report(path) -> EvalReport | None:
+    """An eval report.json, this version's or an earlier one's (figures it lacks read as
+    None)."""
     try:
-        return json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise DraftkitError(f"report {path} does not exist; run `draftkit eval ... --out DIR` and "
                             f"pass DIR/report.json") from None
     except json.JSONDecodeError as e:
         raise DraftkitError(f"report {path} is not valid JSON (line {e.lineno}); re-run the "
                             f"evaluation") from None
+    if not data:
+        return None  # an empty report measured nothing: export as without one
+    try:
+        return EvalReport.from_dict(data)
+    except (AttributeError, TypeError, ValueError):
+        raise DraftkitError(f"report {path} is not a draftkit eval report.json; pass the "
+                            f"report.json `draftkit eval` wrote") from None
 
 
 def _read_recipe(path) -> dict:
@@ -207,31 +182,32 @@ def _read_recipe(path) -> dict:
     return {"path": str(path), "config": data}
 
 
-def _recommended_k(k: KValue, report: dict | None) -> tuple[int, str]:
+def _recommended_k(k: KValue, report: EvalReport | None) -> tuple[int, str]:
     k = parse_k(k)
     if k != AUTO:
         return k, "flag"
-    overall = (report or {}).get("overall") or {}
-    if isinstance(overall.get("k"), int):
-        return overall["k"], "report"
+    overall = report.overall if report is not None else None
+    if overall is not None and isinstance(overall.k, int):
+        return overall.k, "report"
     return DEFAULT_FIXED_K, "default"
 
 
-def _figures(report: dict | None) -> dict:
-    """The report's per-domain figures that serving decisions need."""
-    if not report:
+def _figures(report: EvalReport | None) -> dict:
+    """The report's per-domain figures that serving decisions need, as the manifest keeps them."""
+    if report is None:
         return {"domains": {}, "break_even_batch": None, "break_even_kind": None,
                 "measured": False}
-    keys = ("alpha", "tau", "c", "k", "speedup_measured", "speedup_predicted", "verdict")
-    domains = {name: {key: row.get(key) for key in keys}
-               for name, row in (report.get("domains") or {}).items()}
-    break_even = report.get("break_even") or {}
+    domains = {name: {"alpha": row.alpha, "tau": row.tau, "c": row.c, "k": row.k,
+                      "speedup_measured": row.speedup_measured,
+                      "speedup_predicted": row.speedup_predicted, "verdict": row.verdict}
+               for name, row in report.domains.items()}
+    be = report.break_even
     # kind says which side of batch_size pays: "crosses", it stops paying there; "rises", it
     # starts; "below" / "above", no / every batch size measured pays
-    return {"domains": domains, "break_even_batch": break_even.get("batch_size"),
-            "break_even_kind": break_even.get("kind"), "measured": True,
-            "report": {key: report.get(key) for key in ("device", "dtype", "temperature",
-                                                           "created")}}
+    return {"domains": domains, "break_even_batch": be.batch_size if be else None,
+            "break_even_kind": be.kind if be else None, "measured": True,
+            "report": {"device": report.device, "dtype": report.dtype,
+                       "temperature": report.temperature, "created": report.created}}
 
 
 def _versions() -> dict:
@@ -243,24 +219,6 @@ def _versions() -> dict:
             out[name] = md.version(name)
         except md.PackageNotFoundError:
             pass
-    return out
-
-
-def export(args: ExportArgs) -> Path:
-    """``draftkit export``."""
-    out = export_bundle(args.target, args.draft, args.out, args.report, args.k, args.recipe,
-                        args.force)
-    manifest = json.loads((out / MANIFEST).read_text())
-    from draftkit.tracking import Tracker
-
-    with Tracker("export", {"target": args.target, "draft": args.draft, "k": args.k}) as t:
-        t.log_artifact(out, name=f"bundle-{out.name}", type="model",
-                       metadata={"num_speculative_tokens": manifest["num_speculative_tokens"]})
-    print(f"wrote bundle {out}: K={manifest['num_speculative_tokens']} "
-          f"({manifest['k_source']}), {len(manifest['files'])} files hashed")
-    print(f"  vLLM:   bash {out / 'serving' / 'vllm.sh'}")
-    print(f"  SGLang: bash {out / 'serving' / 'sglang.sh'}")
-    print(f"  HF:     python {out / 'serving' / 'hf_transformers.py'}")
     return out
 
 
@@ -304,8 +262,6 @@ def check_bundle(bundle: str | Path, check_target: bool = True,
         raise ModelError(f"bundle draft/config.json does not load ({type(e).__name__}); "
                          f"re-export the bundle") from None
     if check_target:
-        from draftkit.models import check_compatible, load_tokenizer, resolve_model
-
         target_ref = resolve_model(target or str(root), "target")
         check_compatible(load_tokenizer(target_ref, "target"),
                          load_tokenizer(resolve_model(str(root), "draft"), "draft"),
@@ -314,17 +270,4 @@ def check_bundle(bundle: str | Path, check_target: bool = True,
         if recorded and target_reference(target_ref)["sha256"] != recorded:
             raise ModelError(f"the target at {target_ref.path} is not the one this bundle was "
                              f"exported for (content hash differs); pass the right target")
-    return manifest
-
-
-def check(args: CheckArgs) -> dict:
-    """``draftkit check BUNDLE``."""
-    manifest = check_bundle(args.bundle, target=args.target)
-    print(f"bundle {args.bundle} OK: {len(manifest['files'])} files verified, target "
-          f"{manifest['target']['name']}, K={manifest['num_speculative_tokens']}")
-    draft, spec = Path(args.bundle).resolve() / "draft", Path(args.bundle) / "serving/vllm.json"
-    named = json.loads(spec.read_text()).get("model") if spec.is_file() else str(draft)
-    if named != str(draft):  # hashed, so it keeps the path the bundle was exported at
-        print(f"note: the bundle has moved; serving/vllm.json names the draft at {named}, now "
-              f"at {draft} (serving/vllm.sh and sglang.sh find it where it is)")
     return manifest

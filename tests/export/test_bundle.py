@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,6 +42,39 @@ def test_export_check_and_hf_assisted_generation(tiny_dirs, tmp_path):
     plain = target.generate(ids, max_new_tokens=20, do_sample=False)
     assisted = target.generate(ids, max_new_tokens=20, do_sample=False, assistant_model=draft)
     assert torch.equal(plain, assisted)
+
+
+@pytest.mark.parametrize("name", ["eval.json", "eval_k0.json"])
+def test_export_reads_a_report_written_before_reports_were_typed(tiny_dirs, tmp_path, name):
+    """A report.json of an earlier draftkit (tests/evaluate/reports): the bundle records its
+    figures and recommends its K as export always did, read key by key from the JSON here."""
+    target_dir, draft_dir = tiny_dirs
+    path = Path(__file__).parents[1] / "evaluate" / "reports" / name
+    raw = json.loads(path.read_text())
+    manifest = check_bundle(export_bundle(str(target_dir), str(draft_dir), tmp_path / "b",
+                                          report=path))
+    assert manifest["num_speculative_tokens"] == raw["overall"]["k"]
+    assert manifest["k_source"] == "report" and manifest["measured"] is True
+    keys = ("alpha", "tau", "c", "k", "speedup_measured", "speedup_predicted", "verdict")
+    assert manifest["domains"] == {domain: {key: row[key] for key in keys}
+                                   for domain, row in raw["domains"].items()}
+    assert manifest["break_even_batch"] == raw["break_even"]["batch_size"]
+    assert manifest["break_even_kind"] == raw["break_even"]["kind"]
+    assert manifest["report"] == {key: raw[key] for key in ("device", "dtype", "temperature",
+                                                            "created")}
+
+
+def test_an_empty_or_foreign_report(tiny_dirs, tmp_path):
+    target_dir, draft_dir = tiny_dirs
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    manifest = check_bundle(export_bundle(str(target_dir), str(draft_dir), tmp_path / "b",
+                                          report=empty))
+    assert manifest["k_source"] == "default" and manifest["measured"] is False
+    foreign = tmp_path / "foreign.json"
+    foreign.write_text("[1, 2]")
+    with pytest.raises(DraftkitError, match="is not a draftkit eval report.json"):
+        export_bundle(str(target_dir), str(draft_dir), tmp_path / "c", report=foreign)
 
 
 def test_check_names_tampered_and_truncated_files(tiny_dirs, tmp_path):
@@ -164,7 +198,7 @@ def test_a_moved_bundle_still_serves_from_its_scripts(tiny_dirs, tmp_path, capsy
     import shutil
     import subprocess
 
-    from draftkit.export.bundle import CheckArgs, check
+    from draftkit.export.command import CheckArgs, check
 
     target_dir, draft_dir = tiny_dirs
     out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "bundle", k=2)

@@ -1,0 +1,79 @@
+"""The bundle commands, each an args dataclass and the plain function the CLI calls.
+
+    draftkit export --target T --draft D --report runs/eval/report.json --out BUNDLE
+    draftkit check BUNDLE
+
+``export`` writes a bundle that HF, vLLM and SGLang take as it is (:mod:`draftkit.export.bundle`);
+``check`` verifies one. Both import torch and transformers only inside the library's functions,
+so ``draftkit --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftkit.config import option
+from draftkit.decode.k import AUTO, DEFAULT_FIXED_K, K, parse_k
+from draftkit.export.bundle import MANIFEST, check_bundle, export_bundle
+from draftkit.tracking import Tracker
+
+
+@dataclass
+class ExportArgs:
+    """Export a draft with its target reference and serving configs as a bundle."""
+
+    out: str = option(help="bundle directory to create")
+    draft: str = option(help="draft model: HF folder (a LoRA adapter folder is merged), bundle")
+    target: str = option("embedded", help="target model the draft serves")
+    report: str | None = option(None, help="eval report.json: per-domain figures and the "
+                                           "recommended K go into the bundle")
+    k: K = option(AUTO, help="recommended K (num_speculative_tokens) for the serving "
+                             "configs; 'auto': the K the report's decodes used most, else "
+                             f"{DEFAULT_FIXED_K}")
+    recipe: str | None = option(None, help="the distillation recipe (resolved config.yaml) that "
+                                           "trained the draft, recorded in the bundle")
+    force: bool = option(False, help="replace an existing bundle directory")
+
+    def validate(self) -> None:
+        parse_k(self.k)
+
+
+@dataclass
+class CheckArgs:
+    """Verify a bundle: every file's hash, the draft's config, and the pairing with its target."""
+
+    bundle: str = option(help="bundle directory", positional=True)
+    target: str | None = option(None, help="the target model, where the bundle's recorded "
+                                           "one is not found on this machine (checked against "
+                                           "its recorded sha256)")
+
+
+def export(args: ExportArgs) -> Path:
+    """``draftkit export``."""
+    out = export_bundle(args.target, args.draft, args.out, args.report, args.k, args.recipe,
+                        args.force)
+    manifest = json.loads((out / MANIFEST).read_text())
+    with Tracker("export", {"target": args.target, "draft": args.draft, "k": args.k}) as t:
+        t.log_artifact(out, name=f"bundle-{out.name}", type="model",
+                       metadata={"num_speculative_tokens": manifest["num_speculative_tokens"]})
+    print(f"wrote bundle {out}: K={manifest['num_speculative_tokens']} "
+          f"({manifest['k_source']}), {len(manifest['files'])} files hashed")
+    print(f"  vLLM:   bash {out / 'serving' / 'vllm.sh'}")
+    print(f"  SGLang: bash {out / 'serving' / 'sglang.sh'}")
+    print(f"  HF:     python {out / 'serving' / 'hf_transformers.py'}")
+    return out
+
+
+def check(args: CheckArgs) -> dict:
+    """``draftkit check BUNDLE``."""
+    manifest = check_bundle(args.bundle, target=args.target)
+    print(f"bundle {args.bundle} OK: {len(manifest['files'])} files verified, target "
+          f"{manifest['target']['name']}, K={manifest['num_speculative_tokens']}")
+    draft, spec = Path(args.bundle).resolve() / "draft", Path(args.bundle) / "serving/vllm.json"
+    named = json.loads(spec.read_text()).get("model") if spec.is_file() else str(draft)
+    if named != str(draft):  # hashed, so it keeps the path the bundle was exported at
+        print(f"note: the bundle has moved; serving/vllm.json names the draft at {named}, now "
+              f"at {draft} (serving/vllm.sh and sglang.sh find it where it is)")
+    return manifest
