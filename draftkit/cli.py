@@ -28,7 +28,7 @@ COMMANDS: list[tuple[str, str, str, str, str]] = [
      "distill a draft against the target's logits from a YAML recipe"),
     ("eval", "draftkit.evaluate.command", "EvalArgs", "evaluate",
      "measure alpha, tau, c and speedup per domain and write a report"),
-    ("regimes", "draftkit.evaluate.regimes", "RegimesArgs", "regimes",
+    ("regimes", "draftkit.evaluate.command", "RegimesArgs", "regimes",
      "measure where speculation stops paying: entropy, draft cost, domain mismatch, batch size"),
     ("export", "draftkit.export.command", "ExportArgs", "export",
      "export a draft as a bundle that HF, vLLM and SGLang take as it is"),

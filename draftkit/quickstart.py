@@ -173,7 +173,7 @@ def quickstart(args: QuickstartArgs) -> dict:
                          max_new_tokens=args.eval_tokens, k=AUTO, k_max=6,
                          k_sweep=[1, 2, 4], batch_sizes=[1, 2, 4, 8], repeats=1)
     with Tracker("eval", vars(eval_args), out_dir=out, group=group) as tracker:
-        report = run_eval(eval_args, tracker)
+        report = run_eval(eval_args)
         write_report(report, out, tracker)
 
     stamp("5/6 export the bundle")

@@ -1,23 +1,46 @@
-"""``draftkit eval``: alpha, tau, c, predicted and measured speedup per domain.
+"""The evaluation commands, each an args dataclass and the plain function the CLI calls.
+
+``draftkit eval``: alpha, tau, c, predicted and measured speedup per domain::
 
     draftkit eval --target embedded --draft runs/quickstart/bundle --out runs/eval
     draftkit eval --target embedded --draft D --baseline-draft D0 --limit 10 --k 3
 
-Writes ``report.json``, ``report.md``, ``report.html`` and PNG plots to ``--out`` and the
-same tables and plots to W&B (offline by default).
+``draftkit regimes``: where speculation stops paying for this target, draft and traffic
+(:mod:`draftkit.evaluate.regimes`)::
+
+    draftkit regimes --out runs/regimes                     # embedded target, derived drafts
+    draftkit regimes --target T --draft runs/quickstart/bundle --domains code math creative
+    draftkit regimes --target T --draft D --drafts-by-domain code=D_code math=D_math
+
+Each writes ``report.json``, ``report.md``, ``report.html`` and PNG plots to ``--out`` and the
+same tables and plots to W&B (offline by default). The measurements import torch, so they are
+imported inside the functions that run them: ``draftkit --help`` stays fast.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from draftkit.config import option
-from draftkit.decode.args import DecodingArgs
-from draftkit.decode.k import check_k
+from draftkit.config import option, reuse, to_dict
+from draftkit.decode.args import DecodingArgs, SamplingArgs, SpeculationArgs
+from draftkit.decode.k import AUTO, K, check_k, parse_k
 from draftkit.errors import ConfigError
+from draftkit.evaluate.figures import EvalReport, RegimesReport
+from draftkit.evaluate.regimes.drafts import DEFAULT_DRAFT_LAYERS
+from draftkit.evaluate.regimes.report import REGIMES, write_regimes_report
+from draftkit.evaluate.report import (break_even_text, domain_table, format_text_table,
+                                      write_report)
+from draftkit.evaluate.suite import builtin_suites_dir
+from draftkit.tracking import Tracker
 
+
+def suite_path(suite: str) -> Path:
+    """``--suite``: a JSONL file or folder, or 'builtin', the shipped eval/suites."""
+    return builtin_suites_dir() if suite == "builtin" else Path(suite)
+
+
+# --- draftkit eval -------------------------------------------------------------------------------
 
 @dataclass
 class EvalArgs(DecodingArgs):
@@ -63,134 +86,115 @@ class EvalArgs(DecodingArgs):
             raise ConfigError("--batch-sizes and --k-sweep take positive integers")
 
 
-def run_eval(args: EvalArgs, tracker=None, extra_drafts: dict[str, Any] | None = None) -> dict:
-    """Measure and return the report dict (``evaluate`` also writes it)."""
-    import torch
-    from tqdm.auto import tqdm
+def run_eval(args: EvalArgs) -> EvalReport:
+    """Measure and return the report (``evaluate`` also writes it)."""
+    # the measurements import torch
+    from draftkit.evaluate.evaluation import eval_report
+    from draftkit.evaluate.runner import EvalSettings
 
-    from draftkit.chat import encode_prompt
-    from draftkit.evaluate import runner
-    from draftkit.evaluate.suite import builtin_suites_dir, by_domain, load_suite
-    from draftkit.models import load_another_draft, load_pair
-
-    suite = builtin_suites_dir() if args.suite == "builtin" else Path(args.suite)
-    rows = load_suite(suite, limit=args.limit, domains=args.domains)
-    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
-    settings = runner.EvalSettings.of(
+    settings = EvalSettings.of(
         args, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
         k_sweep=[k for k in args.k_sweep if k <= args.k_max],
         k_sweep_prompts=args.k_sweep_prompts, k_sweep_tokens=args.k_sweep_tokens,
         batch_sizes=args.batch_sizes)
-    baselines = dict(extra_drafts or {})
-    if args.baseline_draft:
-        baselines["alpha_before"] = load_another_draft(pair, args.baseline_draft,
-                                                       device=args.device, dtype=args.dtype)
-    groups = by_domain(rows)
-    prompts = {name: [encode_prompt(pair.tokenizer, r.prompt) for r in group]
-               for name, group in groups.items()}
-    total = sum(2 * len(p) * settings.repeats for p in prompts.values())
-    if settings.k_sweep:
-        total += sum(min(len(p), settings.k_sweep_prompts) * (1 + len(settings.k_sweep))
-                     for p in prompts.values())
-    total += len(settings.batch_sizes)
-    torch.manual_seed(args.seed)
-    ev = None
-    domains: dict[str, dict] = {}
-    runs: dict[str, runner.DomainRun] = {}
-    k_rows: list[dict] = []
-    swept: list[dict] = []  # the K sweep's measured rows, every domain
-    with tqdm(total=total, desc="eval", unit="run", dynamic_ncols=True) as bar:
-        ev = runner.Evaluator(pair.target, pair.draft, settings,
-                              progress=lambda n=1: bar.update(n))
-        for name, ids in prompts.items():
-            bar.set_postfix_str(name)
-            run = ev.run_domain(ids)
-            fig = runner.domain_figures(run, len(ids), settings)
-            tf = ev.teacher_forced(run.sequences, baselines)
-            fig["target_entropy"] = tf.pop("target_entropy")
-            # like for like with alpha_before: teacher-forced too, unlike the decode-time alpha
-            fig["alpha_after"] = tf.pop("draft")
-            fig.update(tf)
-            measured = ev.k_sweep(ids) if settings.k_sweep else []
-            fig["verdict"] = runner.verdict(fig, settings.k_max, runner.v_of_k(fig, measured))
-            domains[name] = fig
-            runs[name] = run
-            swept += measured
-            k_rows += runner.k_sweep_rows(name, fig, measured, settings.k_max)
-            alpha = "n/a" if fig["alpha"] is None else f"{fig['alpha']:.2f}"
-            bar.set_postfix_str(f"{name} alpha={alpha} S={fig['speedup_measured']:.2f}x")
-        overall = runner.aggregate(domains, runs, settings, swept)
-        batch_rows = []
-        if settings.batch_sizes:
-            # Interleave domains so every batch size mixes them.
-            mixed = [ids[i] for i in range(max(map(len, prompts.values())))
-                     for ids in prompts.values() if i < len(ids)]
-            bar.set_postfix_str("batch sweep")
-            batch_rows = ev.batch_sweep(mixed, max(overall["k"], 1))
-    report = {
-        "target": pair.target_ref.name, "draft": pair.draft_ref.name if pair.draft_ref else None,
-        "device": str(ev.device), "dtype": str(next(pair.target.parameters()).dtype).replace(
-            "torch.", ""), "temperature": args.temperature, "k": args.k, "created": runner.now(),
-        "domains": domains, "overall": overall, "k_sweep": k_rows, "batch_sweep": batch_rows,
-        "break_even": break_even(batch_rows, domains, settings),
-    }
-    return report
+    return eval_report(args.target, args.draft, suite_path(args.suite), settings,
+                       baseline_draft=args.baseline_draft, limit=args.limit,
+                       domains=args.domains, device=args.device, dtype=args.dtype)
 
 
-def break_even(batch_rows: list[dict], domains: dict[str, dict], settings) -> dict:
-    """Where speculation stops (or starts) paying along the batch sweep, measured, and per
-    domain as predicted from the measured c(B), v(B) and that domain's alpha_i.
-
-    Each is :func:`break_even_batch` of its curve (``kind``, ``x``, ``batch_size``), so that a
-    noisy dip that recovers, or batch sizes given out of order, do not move it."""
-    from draftkit import metrics
-
-    rows = sorted(batch_rows, key=lambda r: r["batch_size"])
-    bs = [r["batch_size"] for r in rows]
-    per_domain = {}
-    for name, fig in domains.items():
-        alpha = fig["alpha_per_position"] or fig["alpha"]
-        predicted = [metrics.speedup(alpha, r["c"], r["k"], r["v"])
-                     if None not in (alpha, r["c"], r["v"]) else None for r in rows]
-        per_domain[name] = break_even_batch(bs, predicted)
-    return {**break_even_batch(bs, [r["speedup_measured"] for r in rows]),
-            "per_domain": per_domain}
-
-
-def break_even_batch(batch_sizes: list[int], speedups: list[float | None]) -> dict:
-    """The break-even of one speedup-against-batch-size curve (points in batch order).
-
-    ``kind`` and ``x`` are :func:`draftkit.metrics.crossover`'s in log2 B (``crosses``: it
-    stops paying at x; ``rises``: it pays only from x on; ``below`` / ``above``: it loses /
-    pays at every batch size; ``empty``). ``batch_size`` is the first measured batch size from
-    which every larger one is on the final side of 1.0 (the smallest for ``below``; None for
-    ``above`` and ``empty``).
-    """
-    from draftkit import metrics
-
-    kind, x = metrics.crossover(batch_sizes, speedups, log_x=True)
-    pts = [(b, s) for b, s in zip(batch_sizes, speedups) if s is not None]
-    first = None
-    if kind in ("crosses", "rises", "below"):
-        pays_at_end = kind == "rises"
-        for b, s in reversed(pts):  # walk back while the points stay on the final side
-            if (s >= 1.0) != pays_at_end:
-                break
-            first = b
-    return {"kind": kind, "x": x, "batch_size": first}
-
-
-def evaluate(args: EvalArgs) -> dict:
+def evaluate(args: EvalArgs) -> EvalReport:
     """``draftkit eval``: measure, write the report and print the per-domain table."""
-    from draftkit.config import to_dict
-    from draftkit.evaluate.report import (break_even_text, domain_table, format_text_table,
-                                          write_report)
-    from draftkit.tracking import Tracker
-
     with Tracker("eval", to_dict(args), out_dir=args.out) as tracker:
-        report = run_eval(args, tracker)
+        report = run_eval(args)
         files = write_report(report, args.out, tracker)
     print(format_text_table(*domain_table(report)))
     print(f"\n{break_even_text(report)}")
     print(f"report: {files['md']} (also {files['html'].name}, {files['json'].name}, plots)")
+    return report
+
+
+# --- draftkit regimes ----------------------------------------------------------------------------
+
+@dataclass
+class RegimesArgs(SpeculationArgs):
+    """Measure where speculation stops paying for a target and draft on your own prompts: high
+    entropy, a draft too slow for its acceptance, domain mismatch and large batches."""
+
+    target: str = option("embedded", help="target model: HF folder, bundle, hub id, 'embedded'")
+    draft: str | None = option(None, help="the draft to map: HF folder, bundle, hub id (default: "
+                                          f"an early exit of the target's first "
+                                          f"{DEFAULT_DRAFT_LAYERS} layers)")
+    suite: str = option("builtin", help="JSONL suite file or folder of them; 'builtin' = the "
+                                        "shipped eval/suites")
+    domains: list[str] | None = option(None, nargs="*", metavar="DOMAIN",
+                                       help="only these domains (space- or comma-separated)")
+    out: str = option("runs/regimes", help="output directory for the report")
+    drafts_by_domain: list[str] = option([], nargs="*", metavar="DOMAIN=PATH",
+                                         help="drafts distilled on one domain each, for the "
+                                              "mismatch matrix (default: every draft measured, "
+                                              "on every domain)")
+    layer_sizes: list[int] = option([1, 2, 4, 8, 15, 24, 30], nargs="*", metavar="N",
+                                    help="depths of the early-exit drafts of the draft-cost "
+                                         "regime; N >= the target's depth is the target itself")
+    temperatures: list[float] = option([0.0, 0.7, 1.0, 1.3], nargs="*", metavar="T",
+                                       help="sampling temperatures of the entropy regime")
+    batch_sizes: list[int] = option([1, 2, 4, 8, 16], nargs="*", metavar="B",
+                                    help="batch sizes of the batch regime (none to skip it)")
+    prompts_per_domain: int = option(2, help="prompts per domain in the entropy, cost and "
+                                             "mismatch regimes (the batch regime takes as many "
+                                             "as its largest batch)")
+    max_new_tokens: int = option(32, help="new tokens per prompt")
+    k: K = reuse(SpeculationArgs, "k", 2, note="; regimes takes a fixed K >= 1, the same in "
+                 "every measurement, so that slowdowns show instead of the policy hiding them "
+                 "(the batch regime also reports the K that --k auto picks)")
+    seed: int = reuse(SamplingArgs, "seed")
+    dtype: str = option("auto", help="auto, float32, bfloat16 or float16")
+    device: str | None = option(None, help="cpu or cuda (default: cuda if available)")
+
+    def validate(self) -> None:
+        super().validate()
+        if parse_k(self.k) == AUTO:
+            raise ConfigError("--k must be a fixed K >= 1: regimes measures every draft at "
+                              "the same K")
+        for name in ("prompts_per_domain", "max_new_tokens", "k", "k_max"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
+        if any(n < 1 for n in self.layer_sizes) or any(b < 1 for b in self.batch_sizes):
+            raise ConfigError("--layer-sizes and --batch-sizes take positive integers")
+        if any(t < 0 for t in self.temperatures):
+            raise ConfigError("--temperatures must be >= 0")
+        for item in self.drafts_by_domain:
+            domain, _, path = item.partition("=")
+            if not domain.strip() or not path.strip():
+                raise ConfigError(f"--drafts-by-domain takes DOMAIN=PATH, got {item!r}")
+
+
+def domain_drafts(items: list[str] | None = None) -> dict[str, str]:
+    """``["code=D1", "math=D2"]`` -> ``{"code": "D1", "math": "D2"}``."""
+    return {d.strip(): p.strip() for d, _, p in (i.partition("=") for i in items or [])}
+
+
+def run_regimes(args: RegimesArgs) -> RegimesReport:
+    """Load, measure all four regimes and return the report (``regimes`` writes it)."""
+    from draftkit.evaluate.regimes.run import regime_map  # the measurements import torch
+
+    return regime_map(args.target, args.draft, suite_path(args.suite), k=args.k,
+                      k_max=args.k_max, seed=args.seed, max_new_tokens=args.max_new_tokens,
+                      temperatures=args.temperatures, layer_sizes=args.layer_sizes,
+                      batch_sizes=args.batch_sizes, prompts_per_domain=args.prompts_per_domain,
+                      drafts_by_domain=domain_drafts(args.drafts_by_domain),
+                      domains=args.domains, device=args.device, dtype=args.dtype)
+
+
+def regimes(args: RegimesArgs) -> RegimesReport:
+    """``draftkit regimes``: measure the four regimes, write the report, print the answers."""
+    with Tracker("regimes", to_dict(args), out_dir=args.out) as tracker:
+        report = run_regimes(args)
+        files = write_regimes_report(report, args.out, tracker)
+    print(report.headline)
+    titles = dict(REGIMES)
+    for key, section in report.regimes():
+        print(f"{titles[key]}: {section.answer}")
+    print(f"report: {files['md']} (also {files['html'].name}, {files['json'].name}, plots); "
+          f"{report.seconds / 60:.1f} min")
     return report

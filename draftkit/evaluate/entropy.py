@@ -15,6 +15,8 @@ import math
 
 import torch
 
+from draftkit.evaluate.figures import EntropyTable
+
 EDGES = (0.0, 0.1, 0.5, 1.0, 2.0, math.inf)  # nats
 
 
@@ -47,23 +49,22 @@ class EntropyBuckets:
         for name, a in accept.items():
             self.sums[name].index_add_(0, b, a.double().cpu())
 
-    def result(self) -> dict:
-        """``{"buckets": labels, "positions": counts, name: mean acceptance (None where a
-        bucket is empty), ...}``, JSON-ready."""
-        out: dict = {"buckets": [label(b) for b in range(len(self.counts))],
-                     "positions": [int(c) for c in self.counts]}
-        for name, s in self.sums.items():
-            out[name] = [float(x / c) if c else None for x, c in zip(s, self.counts)]
-        return out
+    def result(self) -> EntropyTable:
+        """Each bucket's label and positions, and each draft's mean acceptance there (None
+        where a bucket is empty)."""
+        return EntropyTable(
+            buckets=[label(b) for b in range(len(self.counts))],
+            positions=[int(c) for c in self.counts],
+            acceptance={name: [float(x / c) if c else None for x, c in zip(s, self.counts)]
+                        for name, s in self.sums.items()})
 
 
-def merge(results: list[dict]) -> dict:
+def merge(results: list[EntropyTable]) -> EntropyTable:
     """One :meth:`EntropyBuckets.result` from several over disjoint positions (the domains)."""
-    positions = [sum(col) for col in zip(*(r["positions"] for r in results))]
-    out: dict = {"buckets": results[0]["buckets"], "positions": positions}
-    names = [k for k in results[0] if k not in ("buckets", "positions")]
-    for name in names:
-        sums = [sum(r[name][b] * r["positions"][b] for r in results if r[name][b] is not None)
-                for b in range(len(positions))]
-        out[name] = [s / n if n else None for s, n in zip(sums, positions)]
-    return out
+    positions = [sum(col) for col in zip(*(r.positions for r in results))]
+    acceptance = {}
+    for name in results[0].acceptance:
+        sums = [sum(r.acceptance[name][b] * r.positions[b] for r in results
+                    if r.acceptance[name][b] is not None) for b in range(len(positions))]
+        acceptance[name] = [s / n if n else None for s, n in zip(sums, positions)]
+    return EntropyTable(buckets=results[0].buckets, positions=positions, acceptance=acceptance)

@@ -177,7 +177,7 @@ def test_decoding_args_check_as_the_engine_does(field, value, message):
 
 def test_commands_whose_measurement_needs_a_fixed_k_refuse_auto():
     from draftkit.decode.command import BenchArgs
-    from draftkit.evaluate.regimes import RegimesArgs
+    from draftkit.evaluate.command import RegimesArgs
 
     with pytest.raises(ConfigError, match="--k must be >= 1 for a speculative benchmark"):
         BenchArgs(draft="d", prompts="p", k=AUTO).validate()

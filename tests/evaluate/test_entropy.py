@@ -24,8 +24,8 @@ def test_means_per_bucket_and_merge_equals_one_pass():
     r = whole.result()
     b = bucket_index(h.double())
     for i in range(len(EDGES) - 1):
-        assert r["positions"][i] == int((b == i).sum())
-        assert r["draft"][i] == pytest.approx(float(a.double()[b == i].mean()))
+        assert r.positions[i] == int((b == i).sum())
+        assert r.acceptance["draft"][i] == pytest.approx(float(a.double()[b == i].mean()))
     assert whole.entropy_sum == pytest.approx(float(h.double().sum()))
     halves = []
     for part in (slice(0, 70), slice(70, 200)):
@@ -33,14 +33,15 @@ def test_means_per_bucket_and_merge_equals_one_pass():
         eb.add(h[part], {"draft": a[part]})
         halves.append(eb.result())
     merged = merge(halves)
-    assert merged["positions"] == r["positions"]
-    assert merged["draft"] == pytest.approx(r["draft"])
+    assert merged.positions == r.positions
+    assert merged.acceptance["draft"] == pytest.approx(r.acceptance["draft"])
 
 
 def test_an_empty_bucket_has_no_mean():
     eb = EntropyBuckets(["draft"])
     eb.add(torch.tensor([0.0, 0.05]), {"draft": torch.tensor([1.0, 0.0])})
     r = eb.result()
-    assert r["positions"] == [2, 0, 0, 0, 0]
-    assert r["draft"][0] == 0.5 and r["draft"][1:] == [None] * 4
-    assert merge([r, r])["draft"][1] is None and not math.isnan(merge([r, r])["draft"][0])
+    assert r.positions == [2, 0, 0, 0, 0]
+    assert r.acceptance["draft"][0] == 0.5 and r.acceptance["draft"][1:] == [None] * 4
+    merged = merge([r, r]).acceptance["draft"]
+    assert merged[1] is None and not math.isnan(merged[0])

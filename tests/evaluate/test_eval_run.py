@@ -8,7 +8,17 @@ import pytest
 
 from draftkit import metrics
 from draftkit.evaluate.command import EvalArgs, evaluate, run_eval
-from draftkit.evaluate.report import DOMAIN_KEYS, REPORT_KEYS, domain_table
+from draftkit.evaluate.figures import DomainFigures, EvalReport
+from draftkit.evaluate.report import domain_table
+from draftkit.evaluate.runner import KMeasurement
+
+# report.json's keys: the report's and each per-domain row's (and overall's)
+DOMAIN_KEYS = ("n_prompts", "new_tokens", "alpha", "alpha_tv", "alpha_after", "alpha_per_position",
+               "tau", "c", "v", "k", "plain_round_share", "rounds_by_k", "speedup_predicted",
+               "speedup_measured", "plain_tokens_per_s", "spec_tokens_per_s", "target_entropy",
+               "by_entropy", "overhead_per_round_ms", "verdict")
+REPORT_KEYS = ("target", "draft", "device", "dtype", "temperature", "k", "created", "domains",
+               "overall", "k_sweep", "batch_sweep", "break_even")
 
 
 def tiny_args(target, draft, suite, out, **kw):
@@ -22,13 +32,16 @@ def test_report_schema_and_consistency(tiny_dirs, suite, tmp_path):
     target, draft = tiny_dirs
     report = evaluate(tiny_args(target, draft, suite, tmp_path / "out",
                                 baseline_draft=str(target), k_sweep_prompts=1,
-                                k_sweep_tokens=6))
-    on_disk = json.loads((tmp_path / "out" / "report.json").read_text())
+                                k_sweep_tokens=6)).to_dict()
+    text = (tmp_path / "out" / "report.json").read_text()
+    on_disk = json.loads(text)
     assert on_disk == json.loads(json.dumps(report))
-    assert set(REPORT_KEYS) <= set(report)
+    # read back, the typed report writes the same bytes
+    assert json.dumps(EvalReport.from_dict(on_disk).to_dict(), indent=2) + "\n" == text
+    assert list(report) == list(REPORT_KEYS)
     assert list(report["domains"]) == ["code", "chat"]
     for name, fig in [*report["domains"].items(), ("overall", report["overall"])]:
-        assert set(DOMAIN_KEYS) <= set(fig), name
+        assert list(fig) == [*DOMAIN_KEYS, "alpha_before"], name
         assert fig["k"] == 2 and 0 <= fig["alpha"] <= 1
         # Tokens per target call predicted from the measured per-position alpha_i bound the
         # measured tau from above: tau counts only the tokens the 10-token budget kept.
@@ -80,10 +93,10 @@ def test_greedy_identity_draft_accepts_everything(tiny_dirs, suite, tmp_path):
     target, _ = tiny_dirs
     report = run_eval(tiny_args(target, target, suite, tmp_path / "o", batch_sizes=[],
                                 k_sweep=[], repeats=1))
-    assert report["overall"]["alpha"] == pytest.approx(1.0)
-    by_entropy = report["overall"]["by_entropy"]
-    assert by_entropy["draft"] == [1.0 if n else None for n in by_entropy["positions"]]
-    assert report["batch_sweep"] == [] and report["break_even"]["batch_size"] is None
+    assert report.overall.alpha == pytest.approx(1.0)
+    by_entropy = report.overall.by_entropy
+    assert by_entropy.acceptance["draft"] == [1.0 if n else None for n in by_entropy.positions]
+    assert report.batch_sweep == [] and report.break_even.batch_size is None
 
 
 def test_bad_suite_and_flags_are_one_line(tiny_dirs, tmp_path):
@@ -102,20 +115,23 @@ def test_bad_suite_and_flags_are_one_line(tiny_dirs, tmp_path):
 
 
 def test_verdicts_say_why():
-    from draftkit.evaluate.runner import verdict
+    from draftkit.evaluate.summary import verdict
 
-    base = {"alpha_per_position": [], "overhead_per_round_ms": 3.0, "v": 1.1}
-    fast = dict(base, speedup_measured=1.4, alpha=0.7, c=0.2, k=3)
+    def fig(**figures) -> DomainFigures:  # the figures a verdict reads; the rest not measured
+        base = {"alpha_per_position": [], "overhead_per_round_ms": 3.0, "v": 1.1}
+        return DomainFigures.from_dict(dict(base, **figures))
+
+    fast = fig(speedup_measured=1.4, alpha=0.7, c=0.2, k=3)
     assert verdict(fast, 8) == "speculate with K=3 (measured 1.40x)"
-    low = dict(base, speedup_measured=0.8, alpha=0.1, c=0.2, k=3)
+    low = fig(speedup_measured=0.8, alpha=0.1, c=0.2, k=3)
     assert verdict(low, 8).startswith("do not speculate: alpha 0.10 is below the break-even")
-    slow = dict(base, speedup_measured=0.8, alpha=0.5, c=0.9, k=1)
+    slow = fig(speedup_measured=0.8, alpha=0.5, c=0.9, k=1)
     assert verdict(slow, 8).endswith("(the draft is too slow)")
-    overhead = dict(base, speedup_measured=0.9, alpha=0.8, c=0.1, k=3)
+    overhead = fig(speedup_measured=0.9, alpha=0.8, c=0.1, k=3)
     assert "per-round overhead 3.0 ms" in verdict(overhead, 8)
-    never = dict(base, speedup_measured=1.0, alpha=0.0, c=None, k=0, v=None)
+    never = fig(speedup_measured=1.0, alpha=0.0, c=None, k=0, v=None)
     assert "never ran" in verdict(never, 8)
-    costly = dict(base, speedup_measured=0.5, alpha=0.8, c=2.0, k=1)
+    costly = fig(speedup_measured=0.5, alpha=0.8, c=2.0, k=1)
     assert verdict(costly, 8).endswith("no acceptance rate pays")  # not "break-even inf"
 
 
@@ -132,7 +148,7 @@ def test_a_baseline_draft_of_another_vocabulary_is_refused(tiny_dirs, suite, tmp
 
 def test_k_used_names_the_speculative_k_of_an_auto_run():
     from draftkit.decode.stats import DecodeStats
-    from draftkit.evaluate.runner import k_used
+    from draftkit.evaluate.summary import k_used
 
     stats = DecodeStats()
     stats.target_calls_by_tokens = {1: 50, 3: 20, 4: 5}  # plain steps outnumber any one K
@@ -146,7 +162,8 @@ def test_prediction_covers_the_mix_of_k_an_auto_run_had():
     expected target steps), as the measured speedup does, instead of assuming K = 2 throughout.
     """
     from draftkit.decode.stats import DecodeStats, RoundStats
-    from draftkit.evaluate.runner import DomainRun, EvalSettings, domain_figures
+    from draftkit.evaluate.runner import DomainRun, EvalSettings
+    from draftkit.evaluate.summary import domain_figures
 
     def plain_round():
         return RoundStats(0, 1, [], [], 0.0, 0, 0, 1, 0.0, 1.0, 0.0)
@@ -161,11 +178,11 @@ def test_prediction_covers_the_mix_of_k_an_auto_run_had():
                                   int(sum(accepted) == 2), sum(accepted) + 1, 0.2, 1.2, 0.0))
     run = DomainRun([1.0], [1.0], 10, 10, spec, plain, [])
     fig = domain_figures(run, 1, EvalSettings(k="auto"))
-    assert fig["k"] == 2 and fig["c"] == pytest.approx(0.1) and fig["v"] == pytest.approx(1.2)
-    assert fig["plain_round_share"] == pytest.approx(0.6)
-    assert fig["rounds_by_k"] == {"0": 6, "2": 4}
+    assert fig.k == 2 and fig.c == pytest.approx(0.1) and fig.v == pytest.approx(1.2)
+    assert fig.plain_round_share == pytest.approx(0.6)
+    assert fig.rounds_by_k == {"0": 6, "2": 4}
     tau2 = metrics.tau([0.75, 2 / 3], 2)
-    assert fig["speedup_predicted"] == pytest.approx((6 + 4 * tau2) / (6 + 4 * (2 * 0.1 + 1.2)))
+    assert fig.speedup_predicted == pytest.approx((6 + 4 * tau2) / (6 + 4 * (2 * 0.1 + 1.2)))
 
 
 # --- like for like, and nothing invented ---------------------------------------------------------
@@ -181,8 +198,8 @@ def test_alpha_before_compares_with_the_drafts_teacher_forced_alpha(tiny_dirs, t
     report = evaluate(tiny_args(target, draft, suite, tmp_path / "o", k="3", max_new_tokens=24,
                                 batch_sizes=[], k_sweep=[], repeats=1,
                                 baseline_draft=str(draft)))
-    for fig in (report["domains"]["chat"], report["overall"]):
-        assert fig["alpha_before"] == pytest.approx(fig["alpha_after"], abs=1e-9)
+    for fig in (report.domains["chat"], report.overall):
+        assert fig.alpha_before == pytest.approx(fig.alpha_after, abs=1e-9)
     header, rows = domain_table(report)
     i, j = header.index("alpha before"), header.index("alpha after")
     assert all(r[i] == r[j] for r in rows)
@@ -193,14 +210,14 @@ def test_a_run_that_never_drafted_has_no_alpha(tiny_dirs, suite, tmp_path):
     target, draft = tiny_dirs
     report = evaluate(tiny_args(target, draft, suite, tmp_path / "o", k="0", batch_sizes=[1],
                                 k_sweep=[1], repeats=1))
-    for fig in [*report["domains"].values(), report["overall"]]:
-        assert fig["alpha"] is None and fig["alpha_tv"] is None and fig["k"] == 0
-        assert fig["verdict"].startswith("do not speculate")
-    assert all(r["speedup_predicted"] is None for r in report["k_sweep"])
-    assert all(r["tau"] is None for r in report["k_sweep"])  # nothing to predict it from
-    assert all((r["tau_measured"] is None) == (r["speedup_measured"] is None)
-               for r in report["k_sweep"])
-    assert report["break_even"]["per_domain"]["code"]["kind"] == "empty"
+    for fig in [*report.domains.values(), report.overall]:
+        assert fig.alpha is None and fig.alpha_tv is None and fig.k == 0
+        assert fig.verdict.startswith("do not speculate")
+    assert all(r.speedup_predicted is None for r in report.k_sweep)
+    assert all(r.tau is None for r in report.k_sweep)  # nothing to predict it from
+    assert all((r.tau_measured is None) == (r.speedup_measured is None)
+               for r in report.k_sweep)
+    assert report.break_even.per_domain["code"].kind == "empty"
     header, rows = domain_table(report)
     assert {r[header.index("alpha")] for r in rows} == {"-"}
     assert (tmp_path / "o" / "alpha_per_domain.png").is_file()
@@ -236,23 +253,29 @@ def test_untimed_warm_up_then_alternating_order(tiny_dirs):
 def test_predictions_use_v_measured_at_each_k():
     """v(K) grows with K. The run at K=3 measured v=1.6, the sweep v=1.05 at K=1 and 1.3 at
     K=2: S(1) is priced with 1.05, not 1.6 (1.39x, not 0.94x), and so is the verdict's K."""
-    from draftkit.evaluate.runner import k_sweep_rows, v_of_k, verdict
+    import dataclasses
 
-    fig = {"alpha_per_position": [0.6] * 3, "alpha": 0.6, "c": 0.1, "v": 1.6, "k": 3,
-           "speedup_measured": 0.9, "overhead_per_round_ms": 3.0}
-    measured = [{"k": 1, "tau": 1.6, "speedup_measured": 1.25, "c": 0.1, "v": 1.05},
-                {"k": 2, "tau": 1.9, "speedup_measured": 1.2, "c": 0.1, "v": 1.3}]
+    from draftkit.evaluate.summary import k_sweep_rows, v_of_k, verdict
+
+    fig = DomainFigures.from_dict({"alpha_per_position": [0.6] * 3, "alpha": 0.6, "c": 0.1,
+                                   "v": 1.6, "k": 3, "speedup_measured": 0.9,
+                                   "overhead_per_round_ms": 3.0})
+    at = dict(prompts=2, new_tokens=48)
+    measured = [KMeasurement(k=1, tau=1.6, speedup_measured=1.25, c=0.1, v=1.05, **at),
+                KMeasurement(k=2, tau=1.9, speedup_measured=1.2, c=0.1, v=1.3, **at)]
     rows = k_sweep_rows("code", fig, measured, 4)
-    assert [r["speedup_predicted"] for r in rows] == pytest.approx(
+    assert [r.speedup_predicted for r in rows] == pytest.approx(
         [metrics.speedup(0.6, 0.1, k, v) for k, v in ((1, 1.05), (2, 1.3), (3, 1.6), (4, 1.6))])
-    assert [(r["c"], r["v"]) for r in rows] == [(0.1, 1.05), (0.1, 1.3), (None, None),
-                                                (None, None)]
+    assert [(r.c, r.v) for r in rows] == [(0.1, 1.05), (0.1, 1.3), (None, None), (None, None)]
     # tau: predicted at every K from alpha_i, measured only where the sweep ran
-    assert [r["tau"] for r in rows] == pytest.approx([metrics.tau([0.6] * 3, k)
-                                                      for k in range(1, 5)])
-    assert [r["tau_measured"] for r in rows] == [1.6, 1.9, None, None]
+    assert [r.tau for r in rows] == pytest.approx([metrics.tau([0.6] * 3, k)
+                                                   for k in range(1, 5)])
+    assert [r.tau_measured for r in rows] == [1.6, 1.9, None, None]
+    assert [r.prompts for r in rows] == [2, 2, None, None]
     # between measured K the line; the run's own v at its K wins over a sweep's row there
-    v = v_of_k(dict(fig, k=4, v=2.0), measured + [{"k": 4, "v": 9.0}])
+    v = v_of_k(dataclasses.replace(fig, k=4, v=2.0),
+               measured + [KMeasurement(k=4, tau=1.0, speedup_measured=None, c=None, v=9.0,
+                                        **at)])
     assert v(3) == pytest.approx(1.65) and v(4) == 2.0
     # with the run's v at every K it would say K=4 at 1.15x
     assert "predicted 1.39x at K=1" in verdict(fig, 8, v_of_k(fig, measured))

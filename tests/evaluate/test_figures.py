@@ -15,6 +15,8 @@ import pytest
 
 from draftkit.evaluate.figures import (ALPHA_BEFORE, DomainFigures, EntropyTable, EvalReport,
                                        PointFigures, PromptPoint, RegimesReport)
+from draftkit.evaluate.regimes.report import write_regimes_report
+from draftkit.evaluate.report import write_report
 
 REPORTS = Path(__file__).parent / "reports"
 
@@ -66,3 +68,13 @@ def test_of_extends_and_narrows_a_record():
     assert point.alpha == fig.alpha and point.break_even_alpha == 0.4
     prompt = PromptPoint.of(point, domain="code", index=0)
     assert list(prompt.to_dict()) == [*point.to_dict(), "domain", "index"]
+
+
+@pytest.mark.parametrize("name,record,write", [("eval", EvalReport, write_report),
+                                               ("regimes", RegimesReport, write_regimes_report)])
+def test_a_report_written_before_the_records_renders_the_same_markdown(name, record, write,
+                                                                        tmp_path):
+    report = record.from_dict(json.loads((REPORTS / f"{name}.json").read_text()))
+    files = write(report, tmp_path)
+    assert files["md"].read_text() == (REPORTS / f"{name}.md").read_text()
+    assert files["json"].read_text() == (REPORTS / f"{name}.json").read_text()

@@ -8,9 +8,11 @@ import pytest
 
 from draftkit import metrics
 from draftkit.errors import ConfigError, DraftkitError
-from draftkit.evaluate.regimes import (Draft, RegimesArgs, batch_crossovers, cost_regime,
-                                       entropy_crossover, entropy_model_text, headline, regimes,
-                                       run_regimes)
+from draftkit.evaluate.command import RegimesArgs, regimes, run_regimes
+from draftkit.evaluate.figures import BatchRow, DraftInfo, PointFigures, RegimesReport
+from draftkit.evaluate.regimes.analysis import batch_crossovers, cost_regime, headline
+from draftkit.evaluate.regimes.crossovers import entropy_crossover, entropy_model_text
+from draftkit.evaluate.regimes.measure import PromptFigures
 
 # --- the crossover finder ---------------------------------------------------------------------
 
@@ -51,46 +53,53 @@ def test_crossover_in_log_batch_size():
 def test_predicted_batch_crossover_matches_the_models_break_even():
     alpha, c, k = 0.7, 0.1, 3
     v = lambda b: 1 + 0.5 * math.log2(b)  # noqa: E731 - verify inflation growing with B
-    rows = [{"batch_size": b, "speedup_measured": 0.9 * metrics.speedup(alpha, c, k, v(b)),
-             "speedup_predicted": metrics.speedup(alpha, c, k, v(b))} for b in (1, 2, 4, 8, 16)]
+    rows = [BatchRow.from_dict({"batch_size": b,
+                                "speedup_measured": 0.9 * metrics.speedup(alpha, c, k, v(b)),
+                                "speedup_predicted": metrics.speedup(alpha, c, k, v(b))})
+            for b in (1, 2, 4, 8, 16)]
     cross = batch_crossovers(rows)
     # exact: S = 1 where v = tau - K c
     v_star = metrics.tau(alpha, k) - k * c
     b_star = 2 ** ((v_star - 1) / 0.5)
-    assert cross["predicted"]["kind"] == "crosses"
-    assert cross["predicted"]["x"] == pytest.approx(b_star, rel=0.05)  # interpolation error
+    assert cross.predicted.kind == "crosses"
+    assert cross.predicted.x == pytest.approx(b_star, rel=0.05)  # interpolation error
     # the measured curve (10% overhead) crosses earlier
-    assert cross["measured"]["kind"] == "crosses"
-    assert cross["measured"]["x"] < cross["predicted"]["x"]
+    assert cross.measured.kind == "crosses"
+    assert cross.measured.x < cross.predicted.x
 
 
 def test_predicted_entropy_crossover_from_the_break_even_alpha():
     c, k, v = 0.2, 2, 1.2
     be = metrics.break_even_alpha(c, k, v)
     assert metrics.speedup(be, c, k, v) == pytest.approx(1.0)
-    pts = [{"target_entropy": h, "alpha": be + 0.2 * (2.0 - h)} for h in (0.5, 1.0, 2.5, 3.0)]
+    def points(alpha):  # alpha(h) at four prompts of these target entropies
+        return [PointFigures.from_dict({"target_entropy": h, "alpha": alpha(h)})
+                for h in (0.5, 1.0, 2.5, 3.0)]
+
+    pts = points(lambda h: be + 0.2 * (2.0 - h))
     fit = entropy_crossover(pts, be)
-    assert fit["slope"] == pytest.approx(-0.2) and fit["entropy"] == pytest.approx(2.0)
-    assert fit["inside"] and "2.00 nats" in entropy_model_text(fit)
+    assert fit.slope == pytest.approx(-0.2) and fit.entropy == pytest.approx(2.0)
+    assert fit.inside and "2.00 nats" in entropy_model_text(fit)
     # alpha below break-even everywhere: the fitted crossing lies at negative entropy
-    low = entropy_crossover([dict(p, alpha=p["alpha"] - 0.6) for p in pts], be)
-    assert low["entropy"] < 0 and "every entropy" in entropy_model_text(low)
-    flat = entropy_crossover([dict(p, alpha=0.3) for p in pts], be)
-    assert flat["entropy"] is None and "does not fall" in entropy_model_text(flat)
-    assert entropy_crossover(pts[:1], be)["slope"] is None
+    low = entropy_crossover(points(lambda h: be + 0.2 * (2.0 - h) - 0.6), be)
+    assert low.entropy < 0 and "every entropy" in entropy_model_text(low)
+    flat = entropy_crossover(points(lambda h: 0.3), be)
+    assert flat.entropy is None and "does not fall" in entropy_model_text(flat)
+    assert entropy_crossover(pts[:1], be).slope is None
 
 
 # --- the answers say what the data say -------------------------------------------------------
 
 
-def _lost_everywhere(alpha: float | None) -> dict:
+def _lost_everywhere(alpha: float | None) -> RegimesReport:
     """A report section where nothing paid, at T = 0 with break-even alpha 0.30."""
-    return {"entropy": {"temperatures": [{"temperature": 0.0, "speedup_measured": 0.9,
-                                          "alpha": alpha}],
-                        "break_even_alpha": 0.3, "c": 0.2, "v": 1.1},
-            "draft_cost": {"drafts": []},
-            "mismatch": {"drafts": [], "domains": [], "speedup_measured": []},
-            "batch": {"domains": {}}}
+    return RegimesReport.from_dict({
+        "entropy": {"temperatures": [{"temperature": 0.0, "speedup_measured": 0.9,
+                                      "alpha": alpha}],
+                    "break_even_alpha": 0.3, "c": 0.2, "v": 1.1},
+        "draft_cost": {"drafts": []},
+        "mismatch": {"drafts": [], "domains": [], "speedup_measured": []},
+        "batch": {"domains": {}}})
 
 
 def test_headline_says_the_model_agrees_only_when_alpha_is_below_break_even():
@@ -105,12 +114,13 @@ def test_headline_says_the_model_agrees_only_when_alpha_is_below_break_even():
 
 def _cost_answer(points) -> str:
     """cost_regime's answer over early exits of (layers, alpha, c, measured speedup)."""
-    drafts = [Draft(f"first {n} layers", None, n, derived=True, main=i == 0)
+    drafts = [DraftInfo(name=f"first {n} layers", layers=n, derived=True, main=i == 0)
               for i, (n, *_) in enumerate(points)]
-    at_zero = {f"first {n} layers": {"overall": {
-        "alpha": a, "alpha_per_position": [a], "c": c, "v": 1.1, "speedup_measured": s,
-        "speedup_predicted": s}} for n, a, c, s in points}
-    return cost_regime(drafts, at_zero, 2)["answer"]
+    at_zero = {f"first {n} layers": PromptFigures(prompts={}, domains={}, overall=(
+        PointFigures.from_dict({"alpha": a, "alpha_per_position": [a], "c": c, "v": 1.1,
+                                "speedup_measured": s, "speedup_predicted": s})))
+               for n, a, c, s in points}
+    return cost_regime(drafts, at_zero, 2).answer
 
 
 def test_draft_cost_answer_is_worded_from_the_data():
@@ -144,11 +154,15 @@ def tiny_args(target, draft, suite, out, **kw):
 def test_regimes_end_to_end(tiny_dirs, suite, tmp_path):
     target, draft = tiny_dirs
     out = tmp_path / "out"
-    report = regimes(tiny_args(target, draft, suite, out, drafts_by_domain=[f"code={draft}"]))
+    report = regimes(tiny_args(target, draft, suite, out,
+                               drafts_by_domain=[f"code={draft}"])).to_dict()
     for name in ("report.json", "report.md", "report.html", "regime_entropy.png",
                  "regime_draft_cost.png", "regime_mismatch.png", "regime_batch.png"):
         assert (out / name).is_file(), name
-    assert json.loads((out / "report.json").read_text()) == json.loads(json.dumps(report))
+    text = (out / "report.json").read_text()
+    assert json.loads(text) == json.loads(json.dumps(report))
+    # read back, the typed report writes the same bytes
+    assert json.dumps(RegimesReport.from_dict(json.loads(text)).to_dict(), indent=2) + "\n" == text
     md = (out / "report.md").read_text()
     # Short answer first, then each regime's figure before its tables.
     assert md.index("## Short answer") < md.index("![") < md.index("| curve |")
@@ -198,10 +212,10 @@ def test_default_draft_is_an_early_exit_and_matrix_covers_all_drafts(suite, tmp_
     report = run_regimes(tiny_args(target, None, suite, tmp_path / "o", layer_sizes=[1],
                                    temperatures=[0.0], batch_sizes=[],
                                    prompts_per_domain=1))
-    assert report["draft"] == "first 4 layers"
-    assert [d["name"] for d in report["drafts"]] == ["first 1 layers", "first 4 layers"]
-    assert report["mismatch"]["drafts"] == ["first 1 layers", "first 4 layers"]
-    assert report["batch"]["domains"] == {} and "not measured" in report["batch"]["answer"]
+    assert report.draft == "first 4 layers"
+    assert [d.name for d in report.drafts] == ["first 1 layers", "first 4 layers"]
+    assert report.mismatch.drafts == ["first 1 layers", "first 4 layers"]
+    assert report.batch.domains == {} and "not measured" in report.batch.answer
 
 
 def test_flags_and_errors(tiny_dirs, suite, tmp_path):

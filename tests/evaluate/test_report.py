@@ -2,7 +2,9 @@ import json
 
 import pytest
 
-from draftkit.evaluate.report import domain_table, format_text_table, write_report
+from draftkit.evaluate.figures import BatchRow, DomainFigures, EvalReport
+from draftkit.evaluate.report import break_even_text, domain_table, format_text_table, write_report
+from draftkit.evaluate.summary import break_even
 
 
 def sample_report():
@@ -27,9 +29,9 @@ def sample_report():
 
 
 def test_write_report_files_and_table(tmp_path):
-    report = sample_report()
+    report = EvalReport.from_dict(sample_report())
     files = write_report(report, tmp_path)
-    assert json.loads((tmp_path / "report.json").read_text()) == report
+    assert json.loads((tmp_path / "report.json").read_text()) == report.to_dict()
     for name in ("speedup_vs_k", "speedup_vs_batch", "alpha_per_position", "alpha_per_domain"):
         assert (tmp_path / f"{name}.png").stat().st_size > 1000, name
         assert name in files
@@ -46,27 +48,32 @@ def test_write_report_files_and_table(tmp_path):
 
 
 def test_table_without_sweeps_or_before():
-    report = sample_report()
+    data = sample_report()
     for key in ("k_sweep", "batch_sweep", "break_even"):
-        report.pop(key)
-    report["domains"]["code"].pop("alpha_before")
-    header, rows = domain_table(report)
+        data.pop(key)
+    data["domains"]["code"].pop("alpha_before")
+    header, rows = domain_table(EvalReport.from_dict(data))
     assert "alpha before" not in header and [r[0] for r in rows] == ["code", "creative", "overall"]
     text = format_text_table(header, rows)
     assert "1.30x" in text and "speculate with K=3" in text
 
 
-def _batch_report(speedups: dict[int, float]) -> dict:
-    from draftkit.evaluate.command import break_even
-
-    rows = [{"batch_size": b, "speedup_measured": s, "c": 0.1, "v": 1.1, "k": 2}
+def _rows(speedups: dict[int, float], v: dict[int, float] | None = None) -> list[BatchRow]:
+    """Batch-sweep rows at K 2 with these measured speedups (and v(B), else 1.1)."""
+    return [BatchRow.from_dict({"batch_size": b, "speedup_measured": s, "c": 0.1,
+                                "v": (v or {}).get(b, 1.1), "k": 2})
             for b, s in speedups.items()]
-    return {"batch_sweep": rows, "break_even": break_even(rows, {}, None)}
+
+
+def _batch_report(speedups: dict[int, float], k: str | None = None) -> EvalReport:
+    """A report of only a batch sweep (``--k``: ``k``)."""
+    report = EvalReport.from_dict({"k": k})
+    report.batch_sweep = _rows(speedups)
+    report.break_even = break_even(report.batch_sweep, {})
+    return report
 
 
 def test_break_even_text_is_worded_from_the_crossover():
-    from draftkit.evaluate.report import break_even_text
-
     # pays from 2 on: not "does not pay at any batch size"
     text = break_even_text(_batch_report({1: 0.95, 2: 1.25, 4: 1.30, 8: 1.10}))
     assert text.startswith("speculation at K 2 loses at small batches and pays from batch "
@@ -79,28 +86,28 @@ def test_break_even_text_is_worded_from_the_crossover():
         "speculation at K 2 pays at every batch size measured (up to 4)"
     assert break_even_text(_batch_report({4: 0.7, 1: 0.9})) == \
         "speculation at K 2 does not pay at any batch size measured (up to 4)"
-    assert break_even_text({"batch_sweep": []}) == "no batch sweep was run"
+    assert break_even_text(EvalReport.from_dict({"batch_sweep": []})) == \
+        "no batch sweep was run"
     # --k 0 decodes plainly, yet the sweep speculates: the sentence says at which K and why
-    plain = dict(_batch_report({4: 0.7, 1: 0.9}), k="0")
-    plain["batch_sweep"] = [dict(r, k=1) for r in plain["batch_sweep"]]
+    plain = _batch_report({4: 0.7, 1: 0.9}, k="0")
+    for row in plain.batch_sweep:
+        row.k = 1
     assert break_even_text(plain) == ("speculation at K 1 does not pay at any batch size "
                                       "measured (up to 4); --k 0 decodes plainly, the sweep "
                                       "used K 1")
 
 
 def test_break_even_batch_does_not_depend_on_the_order_given():
-    from draftkit.evaluate.command import break_even
-
-    asc = [{"batch_size": b, "speedup_measured": s, "c": 0.1, "v": v, "k": 2}
-           for b, s, v in ((1, 1.5, 1.1), (2, 1.3, 1.3), (4, 1.1, 1.6), (8, 0.9, 2.0),
-                           (16, 0.7, 2.6))]
-    figs = {"code": {"alpha_per_position": [0.6, 0.5], "alpha": 0.55},
-            "never drafted": {"alpha_per_position": [], "alpha": None}}
-    be = break_even(asc, figs, None)
-    assert be == break_even(list(reversed(asc)), figs, None)  # --batch-sizes 16 8 4 2 1
-    assert be["kind"] == "crosses" and be["batch_size"] == 8
-    assert be["x"] == pytest.approx(2 ** 2.5)  # 1.1 at 4 and 0.9 at 8: halfway in log2 B
+    asc = _rows({1: 1.5, 2: 1.3, 4: 1.1, 8: 0.9, 16: 0.7}, v={1: 1.1, 2: 1.3, 4: 1.6, 8: 2.0,
+                                                               16: 2.6})
+    figs = {"code": DomainFigures.from_dict({"alpha_per_position": [0.6, 0.5], "alpha": 0.55}),
+            "never drafted": DomainFigures.from_dict({"alpha_per_position": [], "alpha": None})}
+    be = break_even(asc, figs)
+    assert be == break_even(list(reversed(asc)), figs)  # --batch-sizes 16 8 4 2 1
+    assert be.kind == "crosses" and be.batch_size == 8
+    assert be.x == pytest.approx(2 ** 2.5)  # 1.1 at 4 and 0.9 at 8: halfway in log2 B
     # predicted from alpha_i and c(B), v(B): tau = 1.9 over 0.2 + v, 1.06x at 4, 0.86x at 8
-    assert be["per_domain"]["code"]["kind"] == "crosses"
-    assert be["per_domain"]["code"]["batch_size"] == 8
-    assert be["per_domain"]["never drafted"] == {"kind": "empty", "x": None, "batch_size": None}
+    assert be.per_domain["code"].kind == "crosses"
+    assert be.per_domain["code"].batch_size == 8
+    assert be.per_domain["never drafted"].to_dict() == {"kind": "empty", "x": None,
+                                                        "batch_size": None}

@@ -63,9 +63,9 @@ def by_entropy(draft_logits, target_logits, rows, batch_size: int
     out = {}
     for d, eb in buckets.items():
         r = eb.result()
-        if sum(r["positions"]):
+        if sum(r.positions):
             out[d] = [(EDGES[b], EDGES[b + 1], n, float("nan") if a is None else a)
-                      for b, (n, a) in enumerate(zip(r["positions"], r["accept"]))]
+                      for b, (n, a) in enumerate(zip(r.positions, r.acceptance["accept"]))]
     return out, per_row
 
 

@@ -1,0 +1,84 @@
+"""One evaluation: a target and draft measured on a suite's domains, into an EvalReport.
+
+Per domain, :class:`~draftkit.evaluate.runner.Evaluator` decodes every prompt plainly and
+speculatively, the teacher-forced figures are taken on the continuations it decoded, and the K
+sweep runs on the domain's first prompts; then the batch sweep runs on every domain's prompts
+mixed. :mod:`draftkit.evaluate.summary` turns each measurement into the report's figures.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from draftkit.chat import encode_prompt
+from draftkit.evaluate import summary
+from draftkit.evaluate.figures import ALPHA_BEFORE, DomainFigures, EvalReport, now
+from draftkit.evaluate.runner import DomainRun, EvalSettings, Evaluator
+from draftkit.evaluate.suite import by_domain, load_suite
+from draftkit.models import load_another_draft, load_pair
+
+
+def eval_report(target: str, draft: str, suite: Path, settings: EvalSettings, *,
+                baseline_draft: str | None = None, limit: int | None = None,
+                domains: list[str] | None = None, device: str | None = None,
+                dtype: str = "auto") -> EvalReport:
+    """Measure ``draft`` against ``target`` on the suite's domains (at most ``limit`` prompts
+    each, only ``domains`` if given) and return the report; with ``baseline_draft``, its
+    teacher-forced acceptance on the same continuations is each row's ``alpha_before``."""
+    rows = load_suite(suite, limit=limit, domains=domains)
+    pair = load_pair(target, draft, device=device, dtype=dtype)
+    baselines: dict[str, Any] = {}
+    if baseline_draft:
+        baselines[ALPHA_BEFORE] = load_another_draft(pair, baseline_draft, device=device,
+                                                     dtype=dtype)
+    prompts = {name: [encode_prompt(pair.tokenizer, r.prompt) for r in group]
+               for name, group in by_domain(rows).items()}
+    total = sum(2 * len(p) * settings.repeats for p in prompts.values())
+    if settings.k_sweep:
+        total += sum(min(len(p), settings.k_sweep_prompts) * (1 + len(settings.k_sweep))
+                     for p in prompts.values())
+    total += len(settings.batch_sizes)
+    torch.manual_seed(settings.seed)
+    figures: dict[str, DomainFigures] = {}
+    runs: dict[str, DomainRun] = {}
+    k_rows = []
+    swept = []  # the K sweep's measurements, every domain
+    with tqdm(total=total, desc="eval", unit="run", dynamic_ncols=True) as bar:
+        ev = Evaluator(pair.target, pair.draft, settings, progress=lambda n=1: bar.update(n))
+        for name, ids in prompts.items():
+            bar.set_postfix_str(name)
+            run = ev.run_domain(ids)
+            fig = summary.domain_figures(run, len(ids), settings)
+            tf = ev.teacher_forced(run.sequences, baselines)
+            fig.target_entropy = tf.target_entropy
+            # like for like with alpha_before: teacher-forced too, unlike the decode-time alpha
+            fig.alpha_after = tf.acceptance.pop("draft")
+            fig.baselines = tf.acceptance
+            fig.by_entropy = tf.by_entropy
+            measured = ev.k_sweep(ids) if settings.k_sweep else []
+            fig.verdict = summary.verdict(fig, settings.k_max, summary.v_of_k(fig, measured))
+            figures[name] = fig
+            runs[name] = run
+            swept += measured
+            k_rows += summary.k_sweep_rows(name, fig, measured, settings.k_max)
+            alpha = "n/a" if fig.alpha is None else f"{fig.alpha:.2f}"
+            bar.set_postfix_str(f"{name} alpha={alpha} S={fig.speedup_measured:.2f}x")
+        overall = summary.aggregate(figures, runs, settings, swept)
+        batch_rows = []
+        if settings.batch_sizes:
+            # Interleave domains so every batch size mixes them.
+            mixed = [ids[i] for i in range(max(map(len, prompts.values())))
+                     for ids in prompts.values() if i < len(ids)]
+            bar.set_postfix_str("batch sweep")
+            batch_rows = ev.batch_sweep(mixed, max(overall.k, 1))
+    return EvalReport(
+        target=pair.target_ref.name, draft=pair.draft_ref.name if pair.draft_ref else None,
+        device=str(ev.device),
+        dtype=str(next(pair.target.parameters()).dtype).replace("torch.", ""),
+        temperature=settings.temperature, k=settings.k, created=now(), domains=figures,
+        overall=overall, k_sweep=k_rows, batch_sweep=batch_rows,
+        break_even=summary.break_even(batch_rows, figures))

@@ -1,0 +1,249 @@
+"""From measurements to the report's figures: what ``draftkit eval`` writes per domain.
+
+:class:`~draftkit.evaluate.runner.Evaluator` measures; these functions turn its runs into
+:class:`~draftkit.evaluate.figures.DomainFigures` (alpha, alpha_i, tau, c, v and the speedup the
+model predicts for the rounds the run had), the ``overall`` row (token-weighted over the
+domains), a verdict per row, the K sweep's rows (tau and speedup predicted for K = 1..k_max
+from the measured alpha_i and v(K), beside the K the sweep measured) and the batch sweep's
+break-even (where speedup crosses 1.0 as batch size grows).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Callable
+
+from draftkit import metrics
+from draftkit.decode.stats import DecodeStats
+from draftkit.evaluate import entropy
+from draftkit.evaluate.figures import (ALPHA_BEFORE, BatchBreakEven, BatchRow, BreakEven,
+                                       DomainFigures, KSweepRow)
+from draftkit.evaluate.runner import DomainRun, EvalSettings, KMeasurement
+
+
+def k_used(stats) -> int:
+    """The positive K the run used most (auto varies it per round and starts every decode
+    with plain steps, so K = 0 counts only when the run never speculated)."""
+    calls = stats.rounds_by_k()
+    spec = {k: n for k, n in calls.items() if k > 0}
+    calls = spec or calls
+    if not calls:
+        return 0
+    return max(calls, key=lambda k: (calls[k], k))
+
+
+def predicted_speedup(stats, target_step: float | None) -> float | None:
+    """Speedup the model predicts for the rounds the run actually had, K by K.
+
+    A round at K yields tau(alpha_1..alpha_K) tokens for K c + v(K) target steps (Leviathan et
+    al., arXiv 2211.17192, Theorem 3.8, with the measured verify inflation v); a K = 0 round
+    yields one token for one step. Summing both over the rounds gives expected tokens over
+    expected time, so under ``--k auto`` the prediction covers the same mix of K (plain
+    stretches included) as the measured speedup; at a fixed K it is ``metrics.speedup``.
+    None when c or some v(K) is unknown.
+    """
+    alphas = stats.alphas() or stats.alpha()
+    c = stats.c(target_step)
+    tokens = steps = 0.0
+    for k, n in stats.rounds_by_k().items():
+        v = stats.v(k, target_step) if k else 1.0
+        if k and (c is None or v is None):
+            return None
+        tokens += n * metrics.tau(alphas, k)
+        steps += n * (k * c + v if k else 1.0)
+    return tokens / steps if steps else 1.0  # no round at all: plain decoding by definition
+
+
+def domain_figures(run: DomainRun, n_prompts: int, settings: EvalSettings) -> DomainFigures:
+    """The report's per-domain fields from one domain's measurements.
+
+    ``k`` (and ``v``, at that K) is the positive K the run used most; under ``--k auto``
+    ``plain_round_share`` and ``rounds_by_k`` say how the rounds were spread over K, and
+    ``speedup_predicted`` is for that spread (:func:`predicted_speedup`)."""
+    stats = run.stats
+    step = run.plain_stats.target_step_seconds(1)
+    k = k_used(stats)
+    plain_tps = statistics.median(run.tokens / s for s in run.plain_seconds if s > 0)
+    spec_tps = statistics.median(run.spec_tokens / s for s in run.spec_seconds if s > 0)
+    alphas = stats.alphas()
+    by_k = stats.rounds_by_k()
+    rounds = stats.rounds or 1
+    # Round time the model does not explain: measured decode time per round minus the draft
+    # and verify forwards it accounts for (the draft's catch-up after K = 0 rounds included).
+    overhead_ms = 1000 * (stats.seconds_other + stats.seconds_catchup) / rounds
+    # Nothing drafted (--k 0, or auto never speculated): alpha is unknown, not 0.
+    drafted = stats.accepted + stats.rejections > 0
+    return DomainFigures(
+        n_prompts=n_prompts, new_tokens=run.spec_tokens,
+        alpha=stats.alpha() if drafted else None,
+        alpha_tv=stats.alpha_tv() if settings.temperature > 0 and drafted else None,
+        alpha_after=None,  # the draft's teacher-forced acceptance, set by the caller
+        alpha_per_position=alphas, tau=stats.tau(), c=stats.c(step),
+        v=stats.v(k, step) if k else None, k=k,
+        plain_round_share=by_k.get(0, 0) / rounds,
+        rounds_by_k={str(x): by_k[x] for x in sorted(by_k)},
+        speedup_predicted=predicted_speedup(stats, step),
+        speedup_measured=spec_tps / plain_tps,
+        plain_tokens_per_s=plain_tps, spec_tokens_per_s=spec_tps,
+        target_entropy=None, by_entropy=None, overhead_per_round_ms=overhead_ms,
+        verdict=None)  # the teacher-forced figures and the verdict are set by the caller
+
+
+def verdict(fig: DomainFigures, k_max: int, v: Callable[[int], float] | None = None) -> str:
+    """Speculate with which K, or do not, and why, from measured figures.
+
+    ``v`` is v(K) for the predictions (:func:`v_of_k`); by default the run's v at every K."""
+    measured, alpha, c = fig.speedup_measured, fig.alpha, fig.c
+    if measured is not None and measured > 1.0 and fig.k:
+        return f"speculate with K={fig.k} (measured {measured:.2f}x)"
+    if c is None:
+        return "do not speculate: the draft never ran, so its cost is unknown"
+    if alpha is None:
+        return "do not speculate: no token was drafted, so alpha is unknown"
+    if v is None:
+        v_run = fig.v if fig.v is not None else 1.0
+        v = lambda k: v_run  # noqa: E731
+    be = metrics.break_even_alpha_any_k(c, k_max, v)
+    if not math.isfinite(be):  # no alpha below 1 pays at this c and v
+        vs = [v(k) for k in range(1, k_max + 1)]
+        span = f"{min(vs):.2f}" if max(vs) - min(vs) < 5e-3 else f"{min(vs):.2f}-{max(vs):.2f}"
+        return (f"do not speculate: at this draft's c={c:.2f} and verification cost v="
+                f"{span} no acceptance rate pays")
+    if alpha < be:
+        why = f"alpha {alpha:.2f} is below the break-even {be:.2f} at this draft's c={c:.2f}"
+        if c >= 0.5:
+            why += " (the draft is too slow)"
+        return f"do not speculate: {why}"
+    best_k, best_s = metrics.optimal_k(fig.alpha_per_position or alpha, c, k_max, v)
+    if best_k == 0:
+        return "do not speculate: no K pays at this alpha, c and v"
+    return (f"do not speculate yet: predicted {best_s:.2f}x at K={best_k} but measured "
+            f"{measured:.2f}x; per-round overhead {fig.overhead_per_round_ms:.1f} ms eats "
+            f"the gain")
+
+
+def v_of_k(fig: DomainFigures, measured: list[KMeasurement]):
+    """v(K) for the predictions (:func:`metrics.v_between`): the run's v at the run's K, the K
+    sweep's v at the K it measured (the mean where several domains' rows measured one K),
+    interpolated in between; None when no v was measured."""
+    by_k: dict[int, list[float]] = {}
+    for r in measured:
+        if r.v is not None:
+            by_k.setdefault(r.k, []).append(r.v)
+    points = {k: statistics.fmean(vs) for k, vs in by_k.items()}
+    if fig.k and fig.v is not None:
+        points[fig.k] = fig.v  # measured over every round of the run, not a few prompts
+    return metrics.v_between(points)
+
+
+def k_sweep_rows(domain: str, fig: DomainFigures, measured: list[KMeasurement],
+                 k_max: int) -> list[KSweepRow]:
+    """Predicted tau and speedup for K = 1..k_max from the measured alpha_i, c and v(K)
+    (:func:`v_of_k`), beside the figures measured where the sweep ran that K (``tau_measured``,
+    c, v, ``speedup_measured``, and the ``prompts`` and ``new_tokens`` they were measured on;
+    None elsewhere)."""
+    by_k = {r.k: r for r in measured}
+    rows = []
+    alpha = fig.alpha_per_position or fig.alpha
+    v = v_of_k(fig, measured)
+    for k in range(1, k_max + 1):
+        pred = tau = None
+        if alpha is not None:  # None: nothing was drafted
+            tau = metrics.tau(alpha, k)
+            if fig.c is not None:
+                pred = metrics.speedup(alpha, fig.c, k, v)
+        m = by_k.get(k)  # the sweep's measurement at this K: None (and so its figures) if none
+        rows.append(KSweepRow(
+            domain=domain, k=k, tau=tau, tau_measured=m and m.tau, c=m and m.c, v=m and m.v,
+            speedup_predicted=pred, speedup_measured=m and m.speedup_measured,
+            prompts=m and m.prompts, new_tokens=m and m.new_tokens))
+    return rows
+
+
+def aggregate(domains: dict[str, DomainFigures], runs: dict[str, DomainRun],
+              settings: EvalSettings, measured: list[KMeasurement] = ()) -> DomainFigures:
+    """The ``overall`` row: token-weighted over all domains' runs; ``measured`` are the K
+    sweep's rows of every domain (their v(K) price the verdict's predictions)."""
+    total, plain = DecodeStats(), DecodeStats()
+    for run in runs.values():
+        _merge(total, run.stats)
+        _merge(plain, run.plain_stats)
+    merged = DomainRun(
+        [sum(r.plain_seconds[i] for r in runs.values()) for i in range(settings.repeats)],
+        [sum(r.spec_seconds[i] for r in runs.values()) for i in range(settings.repeats)],
+        sum(r.tokens for r in runs.values()), sum(r.spec_tokens for r in runs.values()),
+        total, plain, [])
+    fig = domain_figures(merged, sum(d.n_prompts for d in domains.values()), settings)
+
+    def per_token(figure: Callable[[DomainFigures], float | None]) -> float | None:
+        """A teacher-forced figure over all domains: one value per decoded token."""
+        vals = [(figure(d), d.new_tokens) for d in domains.values() if figure(d) is not None]
+        return sum(a * n for a, n in vals) / max(1, sum(n for _, n in vals)) if vals else None
+
+    fig.target_entropy = per_token(lambda d: d.target_entropy)
+    fig.alpha_after = per_token(lambda d: d.alpha_after)
+    before = per_token(lambda d: d.alpha_before)
+    if before is not None:  # the key only where a baseline was measured, as in the domains
+        fig.baselines[ALPHA_BEFORE] = before
+    by_entropy = [d.by_entropy for d in domains.values() if d.by_entropy is not None]
+    if by_entropy:
+        fig.by_entropy = entropy.merge(by_entropy)
+    fig.verdict = verdict(fig, settings.k_max, v_of_k(fig, list(measured)))
+    return fig
+
+
+def _merge(into: DecodeStats, other: DecodeStats) -> None:
+    """Add one DecodeStats into another (counts, times and per-position lists)."""
+    for name, value in vars(other).items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            setattr(into, name, getattr(into, name) + value)
+        elif isinstance(value, list):
+            mine = getattr(into, name)
+            for i, x in enumerate(value):
+                if i < len(mine):
+                    mine[i] += x
+                else:
+                    mine.append(x)
+        elif isinstance(value, dict):
+            mine = getattr(into, name)
+            for key, x in value.items():
+                mine[key] = mine.get(key, 0) + x
+
+def break_even(batch_rows: list[BatchRow], domains: dict[str, DomainFigures]) -> BreakEven:
+    """Where speculation stops (or starts) paying along the batch sweep, measured, and per
+    domain as predicted from the measured c(B), v(B) and that domain's alpha_i.
+
+    Each is :func:`break_even_batch` of its curve, so that a noisy dip that recovers, or batch
+    sizes given out of order, do not move it."""
+    rows = sorted(batch_rows, key=lambda r: r.batch_size)
+    bs = [r.batch_size for r in rows]
+    per_domain = {}
+    for name, fig in domains.items():
+        alpha = fig.alpha_per_position or fig.alpha
+        predicted = [metrics.speedup(alpha, r.c, r.k, r.v)
+                     if None not in (alpha, r.c, r.v) else None for r in rows]
+        per_domain[name] = break_even_batch(bs, predicted)
+    return BreakEven.of(break_even_batch(bs, [r.speedup_measured for r in rows]),
+                        per_domain=per_domain)
+
+
+def break_even_batch(batch_sizes: list[int], speedups: list[float | None]) -> BatchBreakEven:
+    """The break-even of one speedup-against-batch-size curve (points in batch order).
+
+    ``kind`` and ``x`` are :func:`draftkit.metrics.crossover`'s in log2 B (``crosses``: it
+    stops paying at x; ``rises``: it pays only from x on; ``below`` / ``above``: it loses /
+    pays at every batch size; ``empty``). ``batch_size`` is the first measured batch size from
+    which every larger one is on the final side of 1.0 (the smallest for ``below``; None for
+    ``above`` and ``empty``).
+    """
+    kind, x = metrics.crossover(batch_sizes, speedups, log_x=True)
+    pts = [(b, s) for b, s in zip(batch_sizes, speedups) if s is not None]
+    first = None
+    if kind in ("crosses", "rises", "below"):
+        pays_at_end = kind == "rises"
+        for b, s in reversed(pts):  # walk back while the points stay on the final side
+            if (s >= 1.0) != pays_at_end:
+                break
+            first = b
+    return BatchBreakEven(kind=kind, x=x, batch_size=first)
