@@ -18,14 +18,27 @@ one W&B group (offline by default).
 
 from __future__ import annotations
 
+import json
 import os
 import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import draftkit
 from draftkit.config import option
-from draftkit.errors import DraftkitError
+from draftkit.decode.k import AUTO
+from draftkit.distill.command import load_config
+from draftkit.errors import ConfigError, DraftkitError
+from draftkit.evaluate.command import EvalArgs, run_eval
+from draftkit.evaluate.figures import EvalReport
+from draftkit.evaluate.report import (break_even_text, domain_table, format_text_table,
+                                      write_report)
+from draftkit.export import export_bundle
+from draftkit.io import atomic_write_text
+from draftkit.models import load_model, load_tokenizer, resolve_model
+from draftkit.models.derive import derive_by_layers, save_draft
+from draftkit.tracking import Tracker
 
 RECIPE = Path("smollm2-135m-instruct_to_4layer") / "quickstart_tvd_topk.yaml"
 
@@ -52,8 +65,6 @@ class QuickstartArgs:
                                      "run's files aside")
 
     def validate(self) -> None:
-        from draftkit.errors import ConfigError
-
         if self.minutes <= 0:
             raise ConfigError(f"--minutes must be positive, got {self.minutes}")
         if min(self.eval_limit, self.eval_tokens, self.prompts_per_domain) < 1:
@@ -61,8 +72,6 @@ class QuickstartArgs:
 
 
 def _repo_file(*parts: str) -> Path:
-    import draftkit
-
     path = Path(draftkit.__file__).resolve().parent.parent.joinpath(*parts)
     if not path.exists():
         raise DraftkitError(f"{path} is missing; the quickstart runs from a draftkit checkout "
@@ -75,10 +84,6 @@ def write_code_text(path: Path, chunks: int, lines: int = 40) -> Path:
 
     Deterministic for a given Python version, and on every machine without a download.
     """
-    import json
-
-    from draftkit.io import atomic_write_text
-
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     rows = []
     for file in sorted(stdlib.glob("*.py")):
@@ -101,8 +106,6 @@ def distill_config(args: QuickstartArgs, recipe: Path, out: Path, init_dir: Path
                    sources: list[Path], group: str):
     """The quickstart's distillation: ``recipe`` on the draft in ``init_dir``, reading the
     prompt files and the code text (the last of ``sources``) within the time budget."""
-    from draftkit.distill.command import load_config
-
     *prompt_files, code_text = sources
     rows = [f"{{path: {p}, max_rows: {args.prompts_per_domain}}}" for p in prompt_files]
     rows.append(f"{{path: {code_text}, domain: code}}")
@@ -117,17 +120,8 @@ def distill_config(args: QuickstartArgs, recipe: Path, out: Path, init_dir: Path
         f"resume={str(args.resume).lower()}", f"wandb.group={group}"])
 
 
-def quickstart(args: QuickstartArgs) -> dict:
-    from draftkit.decode.k import AUTO
-    from draftkit.distill.command import load_config
-    from draftkit.distill.trainer import prepare, train
-    from draftkit.evaluate.command import EvalArgs, run_eval
-    from draftkit.evaluate.report import (break_even_text, domain_table, format_text_table,
-                                          write_report)
-    from draftkit.export import export_bundle
-    from draftkit.models import load_model, load_tokenizer, resolve_model
-    from draftkit.models.derive import derive_by_layers, save_draft
-    from draftkit.tracking import Tracker
+def quickstart(args: QuickstartArgs) -> EvalReport:
+    from draftkit.distill.trainer import prepare, train  # torch
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
