@@ -11,7 +11,10 @@ A configuration is a (possibly nested) dataclass whose fields carry their help t
 A type with a parser of its own (K: an integer or ``'auto'``) is written
 ``Annotated[T, Parsed(parse, name)]`` and is read through ``parse`` from all three.
 
-Unknown or mistyped keys are errors that name the key and the file they came from.
+Unknown or mistyped keys are errors that name the key and the file they came from; a key a
+class renamed (its ``RENAMED`` table) still loads under its old name, with a line saying so.
+
+Long: the three readers of one dataclass share its type checks and messages; apart they drift.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ run before anything is written, so the last good checkpoint stays the newest.
 
 The public entry point is :func:`train` (``train(cfg) -> Path`` of ``best/``). tokens/s in
 the progress bar and W&B counts trained (response) tokens per second, all processes together.
+
+Long: the loop and the state it checkpoints are one concept; the draft, data, teacher, losses,
+evaluation and processes each live in a module of their own.
 """
 
 from __future__ import annotations
