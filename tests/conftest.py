@@ -26,6 +26,6 @@ def embedded_dir():
 
 @pytest.fixture
 def tiny_dirs(tmp_path):
-    from tests.tiny import tiny_pair
+    from tests.helpers import tiny_pair
 
     return tiny_pair(tmp_path)

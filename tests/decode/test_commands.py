@@ -61,7 +61,7 @@ def test_generate_bad_input_is_one_line(tiny_dirs, capsys, extra, needle):
 
 
 def test_vocab_mismatch_is_a_clear_error(tmp_path, capsys):
-    from tests.tiny import make_llama, make_tokenizer, save_model
+    from tests.helpers import make_llama, make_tokenizer, save_model
 
     tok = make_tokenizer()
     target = save_model(make_llama(len(tok), num_layers=1), tok, tmp_path / "t")

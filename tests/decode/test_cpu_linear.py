@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from draftkit.decode import cpu_linear
 from draftkit.decode.cpu_linear import FORMS, MAX_ROWS, DecodeLinear, tune
 from draftkit.decode.engine import SpeculativeEngine
-from tests.decode.helpers import hf_greedy, tiny_target_and_draft
+from tests.helpers import hf_greedy, tiny_target_and_draft
 
 
 @pytest.mark.parametrize("shape", [(48, 16), (16, 48), (16, 16)])

@@ -12,7 +12,7 @@ def test_embedded_greedy_equals_hf_generate(embedded_dir):
     from draftkit.chat import encode_prompt
     from draftkit.decode.engine import SpeculativeEngine
     from draftkit.models.derive import derive_by_layers
-    from tests.decode.helpers import hf_greedy
+    from tests.helpers import hf_greedy
 
     target = AutoModelForCausalLM.from_pretrained(embedded_dir, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(embedded_dir)

@@ -9,8 +9,8 @@ from draftkit.decode.runners import HFRunner, LlamaRunner
 from draftkit.decode.sampling import SamplingParams
 from draftkit.decode.stats import DecodeStats
 from draftkit.errors import DraftkitError
-from tests.decode.helpers import (chi_square_p, exact_marginals, hf_greedy, noisy_copy,
-                                  tiny_target_and_draft)
+from tests.helpers import (broken_verify, chi_square_p, exact_marginals, hf_greedy, make_mistral,
+                           noisy_copy, tiny_target_and_draft)
 
 PROMPTS = [[5, 9, 22, 31, 7], [11, 12], [40, 41, 42, 43, 44, 45, 46, 47, 8, 50, 51]]
 N_NEW = 16
@@ -172,7 +172,6 @@ def test_output_distribution_equals_target(small_vocab, params, k):
 
 
 def test_chi_square_catches_broken_engine(small_vocab, monkeypatch):
-    from tests.decode.test_verify import broken_verify
 
     ps, _ = _spec_marginals(*small_vocab, SamplingParams(1.0), 2, seed=11,
                             verify=broken_verify, monkeypatch=monkeypatch)
@@ -182,7 +181,7 @@ def test_chi_square_catches_broken_engine(small_vocab, monkeypatch):
 # --- bad input ------------------------------------------------------------------------------
 
 def test_bad_input_is_a_draftkit_error(models):
-    from tests.tiny import make_llama
+    from tests.helpers import make_llama
 
     target, draft, _ = models
     engine = SpeculativeEngine(target, draft)
@@ -258,26 +257,11 @@ def test_reduced_draft_vocab_proposes_only_its_tokens(models, reference, fast):
     assert drafted and set(drafted) <= set(ids)
 
 
-def mistral(layers: int, seed: int, window: int, vocab: int = 100):
-    from transformers import MistralConfig, MistralForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = MistralConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
-                        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                        max_position_embeddings=256, sliding_window=window)
-    model = MistralForCausalLM(cfg).eval()
-    with torch.no_grad():  # peaked distributions, as tests/tiny.py's models
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.2)
-    return model
-
-
 @pytest.mark.parametrize("k", [0, 3])
 def test_a_sliding_window_caps_the_context_so_decoding_stays_exact(k):
     """Mistral-style windowed attention: the decoder runs sequences that fit the window, where
     every layer sees everything, and says so for a prompt that does not fit."""
-    target, draft = mistral(2, 0, 16), mistral(1, 1, 16)
+    target, draft = make_mistral(2, 0, 16), make_mistral(1, 1, 16)
     engine = SpeculativeEngine(target, draft, eos_token_id=None)
     assert engine.context == 16
     prompts = [[5, 9, 22, 31, 7], [11, 12, 13]]
@@ -293,7 +277,7 @@ def test_a_sliding_window_batch_of_unequal_prompts_stays_exact(k):
     """transformers counts the window in cache columns; a batched general cache holds padding
     and rolled-back holes besides a row's tokens, so a short row lost its early context at
     K = 0 and cropping raised at K = 2. Such a pair decodes one row at a time, exactly."""
-    target, draft = mistral(2, 0, 32), mistral(1, 1, 32)
+    target, draft = make_mistral(2, 0, 32), make_mistral(1, 1, 32)
     engine = SpeculativeEngine(target, draft, eos_token_id=None)
     assert engine.one_row_cohorts
     prompts = [[5, 9], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]]
@@ -312,7 +296,7 @@ def test_a_sliding_window_batch_of_unequal_prompts_stays_exact(k):
 def test_the_step_api_builds_no_graph_outside_inference_mode(fast):
     """decode/__init__.py shows start() and step() bare; under autograd every round's cache
     would hang on the last one's graph."""
-    from tests.tiny import make_llama
+    from tests.helpers import make_llama
 
     target = make_llama(100, num_layers=2)
     engine = SpeculativeEngine(target, noisy_copy(target), eos_token_id=None, fast_path=fast)

@@ -10,7 +10,7 @@ from draftkit.decode import engine as engine_module
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.sampling import SamplingParams
 from draftkit.decode.stats import DecodeStats
-from tests.decode.helpers import hf_greedy, noisy_copy, tiny_target_and_draft
+from tests.helpers import hf_greedy, noisy_copy, tiny_target_and_draft
 
 PROMPT = [5, 9, 22]
 PROMPTS = [[5, 9, 22, 31, 7], [11, 12], [40, 41, 42, 43, 44, 45, 46, 47, 8, 50, 51]]

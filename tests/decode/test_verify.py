@@ -6,7 +6,7 @@ import torch
 from draftkit.decode.sampling import SamplingParams, probabilities, sample
 from draftkit.decode.verify import (accept_test, leading_accepts, residual, verify_greedy,
                                     verify_sampled)
-from tests.decode.helpers import chi_square_p
+from tests.helpers import broken_verify, chi_square_p
 
 
 def one_hot_logits(ids, vocab=6):
@@ -81,18 +81,6 @@ def _emit_first(verify, p, q, n, gen):
     v = verify(drafted, qb, pb, gen)
     first = torch.where(v.num_accepted > 0, drafted[:, 0], v.next_token)
     return first, v
-
-
-def broken_verify(draft_tokens, q, p, generator=None):
-    """Negative control: resamples from p instead of norm(max(0, p - q)) after a rejection."""
-    from draftkit.decode.verify import Verdict
-
-    bsz, k = draft_tokens.shape
-    u = torch.rand((bsz, k), generator=generator)
-    n = leading_accepts(accept_test(draft_tokens, q, p, u))
-    rows = torch.arange(bsz)
-    nxt = sample(p[rows, n], generator)
-    return Verdict(n, nxt, torch.minimum(p[:, :-1], q).sum(-1))
 
 
 @pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_p=0.9),

@@ -1,42 +1,14 @@
 """The distillation benchmark scripts in eval/benchmarks end to end on tiny random models."""
 
-import importlib.util
 import json
 import random
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.distill.test_trainer import WORDS
+from tests.helpers import ROW_WORDS, load_script, tiny_recipe
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "eval" / "benchmarks"
-
-
-def load_script(path: Path):
-    """A script outside the package (eval/benchmarks, recipes/data) as a module."""
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def tiny_recipe(tmp_path: Path, target: Path) -> tuple[Path, Path]:
-    """A base recipe on ten code prompts of random words; (recipe, prompts)."""
-    rng = random.Random(0)
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": " ".join(rng.sample(WORDS, 4)),
-                                           "domain": "code"}) + "\n" for _ in range(10)))
-    recipe = tmp_path / "tiny_to_2l" / "base.yaml"
-    recipe.parent.mkdir()
-    recipe.write_text(yaml.safe_dump({
-        "target": str(target), "draft": {"derive_layers": [0, 3]},
-        "data": {"sources": [{"path": str(prompts)}], "seq_len": 48, "heldout_per_domain": 2,
-                 "regime": "target",
-                 "generate": {"max_new_tokens": 8, "cache_dir": str(tmp_path / "gen")}},
-        "teacher": {"mode": "online"},
-        "train": {"batch_size": 2, "device": "cpu"}, "eval": {"batch_size": 4}}))
-    return recipe, prompts
 
 
 def test_every_cell_is_trained_and_scored_on_one_heldout_set(tmp_path, tiny_dirs):
@@ -44,7 +16,7 @@ def test_every_cell_is_trained_and_scored_on_one_heldout_set(tmp_path, tiny_dirs
     recipe, prompts = tiny_recipe(tmp_path, tiny_dirs[0])
     rng = random.Random(1)
     text = tmp_path / "text.jsonl"
-    text.write_text("".join(json.dumps({"text": " ".join(rng.choices(WORDS, k=30)),
+    text.write_text("".join(json.dumps({"text": " ".join(rng.choices(ROW_WORDS, k=30)),
                                         "domain": "code"}) + "\n" for _ in range(10)))
     out = tmp_path / "table"
     assert mod.main(["--recipe", str(recipe), "--prompts", str(prompts), "--fixed-text",

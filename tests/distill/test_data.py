@@ -13,7 +13,7 @@ from draftkit.data import build_rows, load_examples, pack, split_heldout, tokeni
 from draftkit.data.generate import generate_responses, read_cache
 from draftkit.distill.config import DataSection, DataSource
 from draftkit.errors import DraftkitError
-from tests.tiny import make_llama, make_tokenizer
+from tests.helpers import make_llama, make_tokenizer
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from draftkit.data import build_rows, load_examples, split_heldout
 from draftkit.data.generate import RowSampler, generate_responses, prompt_key, read_cache
 from draftkit.distill.config import DataSection, DataSource
 from draftkit.errors import DraftkitError
-from tests.tiny import CHAT_TEMPLATE, make_llama, make_tokenizer
+from tests.helpers import CHAT_TEMPLATE, make_llama, make_tokenizer
 
 WORDS = ("hello", "sum of x", "what is 2 + 2", "the water is long", "print 1", "how do you do")
 

@@ -8,8 +8,7 @@ import torch
 from draftkit.distill.hidden import input_norm, junctions, taps
 from draftkit.distill.losses import hidden_distance
 from draftkit.errors import ConfigError
-from tests.distill.test_trainer import _cfg
-from tests.tiny import make_llama
+from tests.helpers import distill_config, make_llama
 
 
 def test_junctions_are_the_kept_layers_after_a_gap():
@@ -75,14 +74,16 @@ def test_draft_and_target_taps_meet_at_the_gap():
 
 def test_the_config_refuses_what_the_term_cannot_serve(tmp_path, tiny_dirs):
     with pytest.raises(ConfigError, match="set loss.hidden_weight=0 for the control"):
-        _cfg(tmp_path, tiny_dirs, **{"loss.hidden_weight": 1.0, "loss.divergence": "ce"})
+        distill_config(tmp_path, tiny_dirs, **{"loss.hidden_weight": 1.0, "loss.divergence": "ce"})
     with pytest.raises(ConfigError, match=r"draft.derive_layers \[0, 1\] has none"):
-        _cfg(tmp_path, tiny_dirs, **{"loss.hidden_weight": 1.0, "draft.derive_layers": [0, 1]})
+        distill_config(tmp_path, tiny_dirs,
+                       **{"loss.hidden_weight": 1.0, "draft.derive_layers": [0, 1]})
     with pytest.raises(ConfigError, match="this draft has none"):
-        _cfg(tmp_path, tiny_dirs, **{"loss.hidden_weight": 1.0, "draft.derive_layers": None,
-                                     "draft.num_layers": 2})
+        distill_config(tmp_path, tiny_dirs, **{"loss.hidden_weight": 1.0,
+                                               "draft.derive_layers": None,
+                                               "draft.num_layers": 2})
     with pytest.raises(ConfigError, match="loss.hidden_weight must be 0 or more"):
-        _cfg(tmp_path, tiny_dirs, **{"loss.hidden_weight": -1.0})
+        distill_config(tmp_path, tiny_dirs, **{"loss.hidden_weight": -1.0})
 
 
 def test_the_cache_keeps_the_streams_the_online_teacher_gives(tmp_path, tiny_dirs):
@@ -91,7 +92,7 @@ def test_the_cache_keeps_the_streams_the_online_teacher_gives(tmp_path, tiny_dir
     from draftkit.distill.trainer import batch_rows, micro_loss
     from draftkit.models import load_model, load_tokenizer
 
-    cfg = _cfg(tmp_path, tiny_dirs, **{"loss.hidden_weight": 0.5})
+    cfg = distill_config(tmp_path, tiny_dirs, **{"loss.hidden_weight": 0.5})
     target_dir, _ = tiny_dirs
     tok = load_tokenizer(str(target_dir))
     target = load_model(str(target_dir), device="cpu", dtype="float32")
@@ -119,7 +120,7 @@ def test_the_cache_keeps_the_streams_the_online_teacher_gives(tmp_path, tiny_dir
     student = MaskedLM(draft, draft_taps)
     with_term, n = micro_loss(student, online, rows, idx, cfg, contextlib.nullcontext)
     plain, _ = micro_loss(MaskedLM(draft), OnlineTeacher(target, 1.0), rows, idx,
-                          _cfg(tmp_path, tiny_dirs), contextlib.nullcontext)
+                          distill_config(tmp_path, tiny_dirs), contextlib.nullcontext)
     with torch.no_grad():
         _, h_draft = student(ids, mask, positions(rows, idx))
         _, h_target = online.lm(ids, mask, positions(rows, idx))
@@ -151,10 +152,11 @@ def test_training_with_the_term_brings_the_stream_closer(tmp_path, tiny_dirs):
     draft_taps, target_taps = taps(target, [0, 3])
     over = {"teacher.mode": "cache", "teacher.top_k": 8, "teacher.cache_dir": str(tmp_path / "tc"),
             "eval.every": 4}
-    with_term = train(_cfg(tmp_path, tiny_dirs, "with", **over, **{"loss.hidden_weight": 2.0}),
-                      progress=False)
-    without = train(_cfg(tmp_path, tiny_dirs, "without", **over), progress=False)
-    rows, _ = build_rows(_cfg(tmp_path, tiny_dirs).data, load_tokenizer(str(target_dir)), 0)
+    with_term = train(distill_config(tmp_path, tiny_dirs, "with", **over,
+                                     **{"loss.hidden_weight": 2.0}), progress=False)
+    without = train(distill_config(tmp_path, tiny_dirs, "without", **over), progress=False)
+    rows, _ = build_rows(distill_config(tmp_path, tiny_dirs).data,
+                         load_tokenizer(str(target_dir)), 0)
     assert distance(with_term) < distance(without)
     assert not (with_term / "hidden.f16").exists()
     assert (tmp_path / "tc").is_dir() and len(list((tmp_path / "tc").iterdir())) == 2

@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from tests.distill.test_trainer import _data
+from tests.helpers import distill_rows
 
 pytestmark = pytest.mark.slow  # each test launches two processes, twice
 
@@ -25,7 +25,7 @@ def _recipe(tmp_path, tiny_dirs, name, max_steps, every, grad_accum, stage=None)
     recipe.write_text(yaml.safe_dump({
         "out_dir": str(tmp_path / "run"), "max_steps": max_steps, "target": str(tiny_dirs[0]),
         "draft": {"derive_layers": [0, 3]},
-        "data": {"sources": [{"path": str(_data(tmp_path))}], "seq_len": 48,
+        "data": {"sources": [{"path": str(distill_rows(tmp_path))}], "seq_len": 48,
                  "heldout_per_domain": 2},
         "train": train, "eval": {"every": every}}))
     return recipe

@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from tests.distill.test_benchmark_scripts import load_script
+from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,13 +12,13 @@ from draftkit.distill.losses import dense_logprobs, divergence, sparse_logprobs
 from draftkit.distill.reduced_head import head_logits, restrict_labels, restrict_sparse
 from draftkit.errors import ConfigError, DraftkitError
 from draftkit.models.reduced_head import ReducedHead
-from tests.distill.test_trainer import _cfg, _loaded
+from tests.helpers import distill_config, distill_loaded
 
 
 def _setup(tmp_path, tiny_dirs, **over):
     from draftkit.distill.trainer import batch_rows
 
-    cfg, target, draft, rows = _loaded(tmp_path, tiny_dirs, **over)
+    cfg, target, draft, rows = distill_loaded(tmp_path, tiny_dirs, **over)
     v = target.config.vocab_size
     head = ReducedHead(torch.arange(0, v, 2), v)  # half the vocabulary: labels on both sides
     return cfg, target, draft, rows, head, batch_rows(0, len(rows), 3, 0)
@@ -116,18 +116,19 @@ def test_the_control_drops_labels_outside_h(tmp_path, tiny_dirs):
 def test_a_run_trains_over_h_and_needs_a_reduced_head(tmp_path, tiny_dirs):
     from draftkit.distill.trainer import train
 
-    best = train(_cfg(tmp_path, tiny_dirs, **{"draft.draft_vocab_size": 40, "max_steps": 4,
-                                              "draft.train_reduced_head": True}),
+    best = train(distill_config(tmp_path, tiny_dirs, **{"draft.draft_vocab_size": 40,
+                                                        "max_steps": 4,
+                                                        "draft.train_reduced_head": True}),
                  progress=False)
     assert (best / "draft_vocab.json").exists()
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     first, last = json.loads(lines[0]), json.loads(lines[-1])
     assert last["alpha"] > first["alpha"]
     with pytest.raises(ConfigError, match="draft.train_reduced_head.*draft.draft_vocab_size"):
-        _cfg(tmp_path, tiny_dirs, **{"draft.train_reduced_head": True})
+        distill_config(tmp_path, tiny_dirs, **{"draft.train_reduced_head": True})
     # a draft.model that has no reduced head of its own: said when the run starts
-    cfg = _cfg(tmp_path, tiny_dirs, "again", draft={"model": str(tiny_dirs[1])},
-               **{"draft.train_reduced_head": True})
+    cfg = distill_config(tmp_path, tiny_dirs, "again", draft={"model": str(tiny_dirs[1])},
+                         **{"draft.train_reduced_head": True})
     with pytest.raises(DraftkitError,
                        match="has none .no draft_vocab.json.: set draft.draft_vocab_size"):
         train(cfg, progress=False)
@@ -135,7 +136,7 @@ def test_a_run_trains_over_h_and_needs_a_reduced_head(tmp_path, tiny_dirs):
 
 def test_on_policy_answers_stay_inside_the_reduced_head():
     from draftkit.data.generate import generate_responses_in_memory
-    from tests.tiny import make_llama, make_tokenizer
+    from tests.helpers import make_llama, make_tokenizer
 
     tok = make_tokenizer()
     draft = make_llama(len(tok), num_layers=1, seed=3)

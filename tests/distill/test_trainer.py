@@ -6,58 +6,8 @@ import random
 import pytest
 import torch
 
-from draftkit.config import from_dict
-from draftkit.distill.config import DistillConfig
 from draftkit.errors import DraftkitError
-
-WORDS = "the a of to and in is it that for on with as was he she they we you".split()
-
-
-def _data(tmp_path, n=14):
-    rng = random.Random(0)
-    rows = []
-    for i in range(n):
-        dom = "code" if i % 2 else "math"
-        q = " ".join(rng.choice(WORDS) for _ in range(4))
-        a = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9)))
-        rows.append({"prompt": q, "response": a, "domain": dom})
-    path = tmp_path / "rows.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-def _cfg(tmp_path, tiny_dirs, out="run", **over):
-    target, _ = tiny_dirs
-    data = {"out_dir": str(tmp_path / out), "max_steps": 4, "seed": 0, "target": str(target),
-            "draft": {"derive_layers": [0, 3]},
-            "data": {"sources": [{"path": str(_data(tmp_path))}], "seq_len": 48,
-                     "heldout_per_domain": 2,
-                     "generate": {"cache_dir": str(tmp_path / "generated")}},
-            "loss": {"divergence": "fkl"},
-            "train": {"batch_size": 2, "grad_accum": 2, "lr": 1e-2, "warmup_steps": 1,
-                      "checkpoint_every": 2, "device": "cpu"},
-            "eval": {"every": 2, "batch_size": 4}}
-    for key, value in over.items():
-        node = data
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
-    return from_dict(DistillConfig, data, "test")
-
-
-def _loaded(tmp_path, tiny_dirs, **over):
-    """(cfg, target, draft, rows): the tiny target and draft loaded, the recipe's rows built."""
-    from draftkit.data import build_rows
-    from draftkit.models import load_model, load_tokenizer
-
-    cfg = _cfg(tmp_path, tiny_dirs, **over)
-    target_dir, draft_dir = tiny_dirs
-    target = load_model(str(target_dir), device="cpu", dtype="float32")
-    draft = load_model(str(draft_dir), device="cpu", dtype="float32")
-    rows, _ = build_rows(cfg.data, load_tokenizer(str(target_dir)), 0)
-    return cfg, target, draft, rows
-
+from tests.helpers import ROW_WORDS, distill_config, distill_loaded, tiny_recipe
 
 def _weights(path):
     from safetensors.torch import load_file
@@ -74,7 +24,7 @@ def _state(run):
 def test_train_writes_run_folder(tmp_path, tiny_dirs):
     from draftkit.distill.trainer import train
 
-    best = train(_cfg(tmp_path, tiny_dirs), progress=False)
+    best = train(distill_config(tmp_path, tiny_dirs), progress=False)
     run = tmp_path / "run"
     assert (best / "config.json").is_file() and (best / "model.safetensors").is_file()
     assert (best / "tokenizer.json").is_file()
@@ -91,8 +41,8 @@ def test_train_writes_run_folder(tmp_path, tiny_dirs):
 def test_resume_is_exact(tmp_path, tiny_dirs):
     from draftkit.distill.trainer import train
 
-    train(_cfg(tmp_path, tiny_dirs, "straight"), progress=False)
-    cfg = _cfg(tmp_path, tiny_dirs, "resumed")
+    train(distill_config(tmp_path, tiny_dirs, "straight"), progress=False)
+    cfg = distill_config(tmp_path, tiny_dirs, "resumed")
     train(cfg, stop_after=2, progress=False)  # killed right after the step-2 checkpoint
     train(cfg, progress=False)
     a, b = _state(tmp_path / "straight"), _state(tmp_path / "resumed")
@@ -108,11 +58,11 @@ def test_resume_false_starts_over_and_keeps_the_earlier_run(tmp_path, tiny_dirs)
     from draftkit.distill.trainer import train
 
     run = tmp_path / "run"
-    train(_cfg(tmp_path, tiny_dirs, max_steps=6), progress=False)
+    train(distill_config(tmp_path, tiny_dirs, max_steps=6), progress=False)
     old_metrics = (run / "metrics.jsonl").read_text()
     # killed inside a best/ write: recovered into the earlier run before it is set aside
     (run / "best").rename(run / ".best.old-4242")
-    train(_cfg(tmp_path, tiny_dirs, resume=False), progress=False)
+    train(distill_config(tmp_path, tiny_dirs, resume=False), progress=False)
     (aside,) = run.glob("earlier-*")
     assert (aside / "metrics.jsonl").read_text() == old_metrics
     assert sorted(p.name for p in (aside / "checkpoints").glob("step-*"))[-1] == "step-0000006"
@@ -122,7 +72,7 @@ def test_resume_false_starts_over_and_keeps_the_earlier_run(tmp_path, tiny_dirs)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == \
         ["step-0000002", "step-0000004"]
     (run / "checkpoints" / ".step-0000006.x1.tmp").mkdir()  # what a kill mid-write leaves
-    train(_cfg(tmp_path, tiny_dirs, max_steps=6), progress=False)  # resumes the new run
+    train(distill_config(tmp_path, tiny_dirs, max_steps=6), progress=False)  # resumes the new run
     assert not list((run / "checkpoints").glob(".step-*"))
     assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] \
         == [0, 2, 4, 6]
@@ -135,7 +85,7 @@ def test_accumulated_micro_batches_weigh_by_their_tokens(tmp_path, tiny_dirs):
 
     losses = []
     for name, batch, accum in (("one", 4, 1), ("four", 1, 4)):
-        train(_cfg(tmp_path, tiny_dirs, name, max_steps=1, **{
+        train(distill_config(tmp_path, tiny_dirs, name, max_steps=1, **{
             "train.batch_size": batch, "train.grad_accum": accum, "eval.every": 1}),
             progress=False)
         lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
@@ -148,7 +98,7 @@ def test_a_kill_before_the_first_checkpoint_or_inside_a_best_write_is_undone(tmp
     from draftkit.distill.trainer import train
 
     run = tmp_path / "run"
-    cfg = _cfg(tmp_path, tiny_dirs, **{"train.checkpoint_every": 4, "eval.every": 1})
+    cfg = distill_config(tmp_path, tiny_dirs, **{"train.checkpoint_every": 4, "eval.every": 1})
     train(cfg, stop_after=3, progress=False)  # killed with no checkpoint written yet
     train(cfg, progress=False)
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -158,8 +108,8 @@ def test_a_kill_before_the_first_checkpoint_or_inside_a_best_write_is_undone(tmp
     (run / ".best.abc.tmp").mkdir()
     (run / ".config.yaml.xyz.tmp").write_text("half a yaml")  # a kill inside a file write
     (run / "checkpoints" / ".step-0000004.old-77").mkdir()  # a replaced checkpoint's leftover
-    train(_cfg(tmp_path, tiny_dirs, max_steps=5, **{"train.checkpoint_every": 4,
-                                                   "eval.every": 1}), progress=False)
+    train(distill_config(tmp_path, tiny_dirs, max_steps=5, **{"train.checkpoint_every": 4,
+                                                             "eval.every": 1}), progress=False)
     assert (run / "best" / "model.safetensors").is_file()
     assert not list(run.glob(".*")) and not list((run / "checkpoints").glob(".*"))
 
@@ -169,12 +119,12 @@ def test_a_recipe_that_fails_to_start_leaves_the_earlier_run_as_it_was(tmp_path,
     from draftkit.models import load_model
 
     run = tmp_path / "run"
-    train(_cfg(tmp_path, tiny_dirs, max_steps=2), progress=False)
+    train(distill_config(tmp_path, tiny_dirs, max_steps=2), progress=False)
     before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
     too_long = load_model(str(tiny_dirs[0]), device="cpu").config.max_position_embeddings + 1
     for resume in (True, False):
         with pytest.raises(DraftkitError, match="longer than the target's context window"):
-            train(_cfg(tmp_path, tiny_dirs, resume=resume, **{"data.seq_len": too_long}),
+            train(distill_config(tmp_path, tiny_dirs, resume=resume, **{"data.seq_len": too_long}),
                   progress=False)
         assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*")
                 if p.is_file()} == before  # config.yaml too: it still says what was trained
@@ -185,19 +135,19 @@ def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path, tiny_dirs, monkeypat
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     run = tmp_path / "run"
-    train(_cfg(tmp_path, tiny_dirs), stop_after=2, progress=False)
-    train(_cfg(tmp_path, tiny_dirs), progress=False)
+    train(distill_config(tmp_path, tiny_dirs), stop_after=2, progress=False)
+    train(distill_config(tmp_path, tiny_dirs), progress=False)
     # offline-run-<time>-<id>, and "-1" after it when both runs started within one second
     ids = {p.name.split("-")[3] for p in (run / "wandb").glob("offline-run-*")}
     assert len(list((run / "wandb").glob("offline-run-*"))) == 2
     assert ids == {(run / "wandb_run_id").read_text()}
-    train(_cfg(tmp_path, tiny_dirs, resume=False), progress=False)  # a new run, a new id
+    train(distill_config(tmp_path, tiny_dirs, resume=False), progress=False)  # a new run, a new id
     assert (run / "wandb_run_id").read_text() not in ids
     # a run killed after W&B started but before its first evaluation holds only its id
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     (fresh / "wandb_run_id").write_text("0123456789ab")
-    train(_cfg(tmp_path, tiny_dirs, "fresh", resume=False, max_steps=1), progress=False)
+    train(distill_config(tmp_path, tiny_dirs, "fresh", resume=False, max_steps=1), progress=False)
     assert (fresh / "wandb_run_id").read_text() != "0123456789ab"
 
 
@@ -205,11 +155,11 @@ def test_resuming_with_other_batching_is_refused(tmp_path, tiny_dirs):
     """The data position means other rows under another batch size or accumulation."""
     from draftkit.distill.trainer import train
 
-    train(_cfg(tmp_path, tiny_dirs, max_steps=2), progress=False)
+    train(distill_config(tmp_path, tiny_dirs, max_steps=2), progress=False)
     with pytest.raises(DraftkitError, match="trained with train.batch_size=2, "
                                             "train.grad_accum=2 on 1 process"):
-        train(_cfg(tmp_path, tiny_dirs, **{"train.grad_accum": 1}), progress=False)
-    train(_cfg(tmp_path, tiny_dirs), progress=False)  # the same batching resumes
+        train(distill_config(tmp_path, tiny_dirs, **{"train.grad_accum": 1}), progress=False)
+    train(distill_config(tmp_path, tiny_dirs), progress=False)  # the same batching resumes
 
 
 def test_a_resume_follows_the_recipes_changed_lr_and_max_steps_and_says_so(tmp_path, tiny_dirs,
@@ -220,9 +170,9 @@ def test_a_resume_follows_the_recipes_changed_lr_and_max_steps_and_says_so(tmp_p
     from draftkit.distill.schedule import lr_factor
     from draftkit.distill.trainer import train
 
-    train(_cfg(tmp_path, tiny_dirs), progress=False)
+    train(distill_config(tmp_path, tiny_dirs), progress=False)
     capsys.readouterr()
-    train(_cfg(tmp_path, tiny_dirs, max_steps=6, **{"train.lr": 2e-3}), progress=False)
+    train(distill_config(tmp_path, tiny_dirs, max_steps=6, **{"train.lr": 2e-3}), progress=False)
     said = capsys.readouterr().out
     assert "train.lr=0.002 (was 0.01)" in said and "max_steps=6 (was 4)" in said
     state = load_checkpoint(list_checkpoints(tmp_path / "run" / "checkpoints")[-1])
@@ -232,7 +182,7 @@ def test_a_resume_follows_the_recipes_changed_lr_and_max_steps_and_says_so(tmp_p
     assert state["optimizer"]["param_groups"][0]["lr"] == pytest.approx(
         2e-3 * lr_factor(6, 1, 6, 0.1))
     assert state["optimizer_settings"]["train.lr"] == 2e-3
-    train(_cfg(tmp_path, tiny_dirs, max_steps=8, **{"train.lr": 2e-3}), progress=False)
+    train(distill_config(tmp_path, tiny_dirs, max_steps=8, **{"train.lr": 2e-3}), progress=False)
     assert "train.lr" not in capsys.readouterr().out  # unchanged values go unsaid
 
 
@@ -249,7 +199,7 @@ def test_nan_loss_stops_and_keeps_checkpoint(tmp_path, tiny_dirs, monkeypatch):
 
     monkeypatch.setattr(trainer, "micro_loss", poisoned)
     with pytest.raises(DraftkitError, match="loss is nan at step 4.*step-0000002"):
-        trainer.train(_cfg(tmp_path, tiny_dirs), progress=False)
+        trainer.train(distill_config(tmp_path, tiny_dirs), progress=False)
     ckpts = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
     assert ckpts == ["step-0000002"]
 
@@ -275,14 +225,14 @@ def test_a_finite_loss_with_overflowing_gradients_stops_too(tmp_path, tiny_dirs,
 
     monkeypatch.setattr(trainer, "micro_loss", poisoned)
     with pytest.raises(DraftkitError, match="gradient norm is (inf|nan) at step 4.*step-0000002"):
-        trainer.train(_cfg(tmp_path, tiny_dirs), progress=False)
+        trainer.train(distill_config(tmp_path, tiny_dirs), progress=False)
     assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["step-0000002"]
 
 
 def test_corrupted_checkpoint_is_clear(tmp_path, tiny_dirs):
     from draftkit.distill.trainer import train
 
-    cfg = _cfg(tmp_path, tiny_dirs)
+    cfg = distill_config(tmp_path, tiny_dirs)
     train(cfg, stop_after=2, progress=False)
     state = tmp_path / "run" / "checkpoints" / "step-0000002" / "state.pt"
     data = bytearray(state.read_bytes())
@@ -293,21 +243,20 @@ def test_corrupted_checkpoint_is_clear(tmp_path, tiny_dirs):
     (tmp_path / "run" / "checkpoints" / "step-0000002").rename(tmp_path / "gone")
     train(cfg, stop_after=2, progress=False)
     with pytest.raises(DraftkitError, match="trained on other rows"):
-        train(_cfg(tmp_path, tiny_dirs, **{"data.seq_len": 40}), progress=False)
+        train(distill_config(tmp_path, tiny_dirs, **{"data.seq_len": 40}), progress=False)
 
 
 def test_topk_cache_reused_and_close_to_online(tmp_path, tiny_dirs):
     from draftkit.distill.trainer import train
 
     cache = tmp_path / "cache"
-    train(_cfg(tmp_path, tiny_dirs, "c1", **{"teacher.mode": "cache", "teacher.top_k": 8,
-                                             "teacher.cache_dir": str(cache)}), progress=False)
+    cached = {"teacher.mode": "cache", "teacher.top_k": 8, "teacher.cache_dir": str(cache)}
+    train(distill_config(tmp_path, tiny_dirs, "c1", **cached), progress=False)
     (built,) = list(cache.iterdir())
     meta = json.loads((built / "meta.json").read_text())
     assert meta["bytes_per_token"] == 8 * 6 and meta["filled_rows"] == meta["rows"]
     stamp = (built / "logp.f16").stat().st_mtime_ns
-    train(_cfg(tmp_path, tiny_dirs, "c2", **{"teacher.mode": "cache", "teacher.top_k": 8,
-                                             "teacher.cache_dir": str(cache)}), progress=False)
+    train(distill_config(tmp_path, tiny_dirs, "c2", **cached), progress=False)
     assert (built / "logp.f16").stat().st_mtime_ns == stamp  # read, not rebuilt
 
 
@@ -315,8 +264,9 @@ def test_a_damaged_teacher_cache_is_one_clear_error(tmp_path, tiny_dirs):
     from draftkit.distill.trainer import prepare, train
 
     cache = tmp_path / "cache"
-    prepare(_cfg(tmp_path, tiny_dirs, **{"teacher.mode": "cache", "teacher.top_k": 8,
-                                         "teacher.cache_dir": str(cache)}), progress=False)
+    prepare(distill_config(tmp_path, tiny_dirs, **{"teacher.mode": "cache", "teacher.top_k": 8,
+                                                   "teacher.cache_dir": str(cache)}),
+            progress=False)
     (built,) = list(cache.iterdir())
     logp = built / "logp.f16"
     full = logp.stat().st_size
@@ -324,8 +274,9 @@ def test_a_damaged_teacher_cache_is_one_clear_error(tmp_path, tiny_dirs):
         f.truncate(full // 2)
     with pytest.raises(DraftkitError, match=f"teacher cache {built} is damaged \\(logp.f16 has "
                                             f"{full // 2} bytes, expected {full}\\); delete"):
-        train(_cfg(tmp_path, tiny_dirs, "again", **{"teacher.mode": "cache", "teacher.top_k": 8,
-                                                    "teacher.cache_dir": str(cache)}),
+        train(distill_config(tmp_path, tiny_dirs, "again", **{"teacher.mode": "cache",
+                                                              "teacher.top_k": 8,
+                                                              "teacher.cache_dir": str(cache)}),
               progress=False)
 
 
@@ -336,7 +287,7 @@ def test_cache_matches_online_teacher_with_full_support(tmp_path, tiny_dirs):
     from draftkit.distill.teacher import MaskedLM
     import contextlib
 
-    cfg, target, draft, rows = _loaded(tmp_path, tiny_dirs)
+    cfg, target, draft, rows = distill_loaded(tmp_path, tiny_dirs)
     v = target.config.vocab_size
     cache = TopKCache(tmp_path / "c", rows, v, 1.0, "k")
     cache.build(target, rows, 4, progress=False)
@@ -362,7 +313,8 @@ def test_a_cache_another_run_is_building_is_waited_for(tmp_path, tiny_dirs, caps
 
     target_dir, _ = tiny_dirs
     target = load_model(str(target_dir), device="cpu", dtype="float32")
-    rows, _ = build_rows(_cfg(tmp_path, tiny_dirs).data, load_tokenizer(str(target_dir)), 0)
+    rows, _ = build_rows(distill_config(tmp_path, tiny_dirs).data,
+                         load_tokenizer(str(target_dir)), 0)
     cache = TopKCache(tmp_path / "c", rows, 8, 1.0, "k")
     (tmp_path / "c").mkdir()
     other = FileLock(tmp_path / "c" / "build.lock")
@@ -381,13 +333,14 @@ def test_a_cache_another_run_is_building_is_waited_for(tmp_path, tiny_dirs, caps
 def test_freeze_and_lora(tmp_path, tiny_dirs):
     from draftkit.distill.trainer import train
 
-    cfg = _cfg(tmp_path, tiny_dirs, **{"draft.freeze": ["embeddings"], "max_steps": 2,
-                                       "draft.lora": {"enabled": True, "r": 4, "alpha": 8}})
+    lora = {"enabled": True, "r": 4, "alpha": 8}
+    cfg = distill_config(tmp_path, tiny_dirs, **{"draft.freeze": ["embeddings"], "max_steps": 2,
+                                                 "draft.lora": lora})
     best = train(cfg, progress=False)
     w = _weights(best)
     assert not any("lora" in k for k in w)  # merged at export: a plain HF folder
     with pytest.raises(DraftkitError, match="matches no parameter"):
-        train(_cfg(tmp_path, tiny_dirs, "bad", **{"draft.freeze": ["embedings"]}),
+        train(distill_config(tmp_path, tiny_dirs, "bad", **{"draft.freeze": ["embedings"]}),
               progress=False)
 
 
@@ -395,12 +348,12 @@ def test_bad_inputs(tmp_path, tiny_dirs):
     from draftkit.distill.trainer import train
 
     with pytest.raises(DraftkitError, match="context window"):
-        train(_cfg(tmp_path, tiny_dirs, **{"data.seq_len": 512}), progress=False)
+        train(distill_config(tmp_path, tiny_dirs, **{"data.seq_len": 512}), progress=False)
     with pytest.raises(DraftkitError, match="longer than data.seq_len"):
-        train(_cfg(tmp_path, tiny_dirs, **{"data.seq_len": 8}), progress=False)
+        train(distill_config(tmp_path, tiny_dirs, **{"data.seq_len": 8}), progress=False)
     with pytest.raises(DraftkitError, match=r"teacher.top_k=500 is more than the target's 138"):
-        train(_cfg(tmp_path, tiny_dirs, **{"teacher.mode": "cache", "teacher.top_k": 500}),
-              progress=False)
+        train(distill_config(tmp_path, tiny_dirs,
+                             **{"teacher.mode": "cache", "teacher.top_k": 500}), progress=False)
 
 
 def test_on_policy_mix(tmp_path, tiny_dirs, monkeypatch):
@@ -415,9 +368,9 @@ def test_on_policy_mix(tmp_path, tiny_dirs, monkeypatch):
         return rows
 
     monkeypatch.setattr(trainer, "draft_rows", spy)  # the name the loop calls
-    cfg = _cfg(tmp_path, tiny_dirs, **{"data.regime": "on_policy", "data.lmbda": 0.5,
-                                       "data.generate.max_new_tokens": 4,
-                                       "data.generate.batch_size": 4})
+    cfg = distill_config(tmp_path, tiny_dirs, **{"data.regime": "on_policy", "data.lmbda": 0.5,
+                                                 "data.generate.max_new_tokens": 4,
+                                                 "data.generate.batch_size": 4})
     trainer.train(cfg, progress=False)
     expected = sum(onpolicy.is_on_policy(0, s, 0.5) for s in range(4))
     assert 0 < expected < 4
@@ -431,7 +384,7 @@ def test_on_policy_answers_depend_on_the_seed_step_and_rank_not_the_global_rng()
     DDP a checkpoint kept rank 0's RNG only, so other ranks used to sample differently."""
     from draftkit.data import Rows
     from draftkit.distill.onpolicy import draft_rows
-    from tests.tiny import make_llama, make_tokenizer
+    from tests.helpers import make_llama, make_tokenizer
 
     tok = make_tokenizer()
     draft = make_llama(len(tok), num_layers=1, seed=3)
@@ -455,11 +408,11 @@ def test_on_policy_answers_depend_on_the_seed_step_and_rank_not_the_global_rng()
 
 def test_tokenizer_mismatch_is_clear(tmp_path, tiny_dirs):
     from draftkit.distill.trainer import train
-    from tests.tiny import make_llama, make_tokenizer, save_model
+    from tests.helpers import make_llama, make_tokenizer, save_model
 
     tok = make_tokenizer(extra_words=("zebra", "yak"))
     other = save_model(make_llama(len(tok), num_layers=1), tok, tmp_path / "other")
-    cfg = _cfg(tmp_path, tiny_dirs, draft={"model": str(other)})
+    cfg = distill_config(tmp_path, tiny_dirs, draft={"model": str(other)})
     with pytest.raises(DraftkitError, match="vocab_size|tokenizers differ"):
         train(cfg, progress=False)
 
@@ -467,7 +420,8 @@ def test_tokenizer_mismatch_is_clear(tmp_path, tiny_dirs):
 def test_cross_entropy_control(tmp_path, tiny_dirs):
     from draftkit.distill.trainer import train
 
-    train(_cfg(tmp_path, tiny_dirs, **{"loss.divergence": "ce", "max_steps": 2}), progress=False)
+    train(distill_config(tmp_path, tiny_dirs, **{"loss.divergence": "ce", "max_steps": 2}),
+          progress=False)
     last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["step"] == 2 and 0 < last["loss"] < 20 and "alpha/code" in last
 
@@ -480,7 +434,7 @@ def test_draft_vocab_is_chosen_saved_exported_and_loaded(tmp_path, tiny_dirs):
     from draftkit.models import load_model, load_pair
     from draftkit.models.reduced_head import FILE, ReducedHead, head_of
 
-    cfg = _cfg(tmp_path, tiny_dirs, **{"draft.draft_vocab_size": 40, "max_steps": 2})
+    cfg = distill_config(tmp_path, tiny_dirs, **{"draft.draft_vocab_size": 40, "max_steps": 2})
     best = train(cfg, progress=False)
     data = json.loads((best / FILE).read_text())
     assert len(data["token_ids"]) == 40 and 0 < data["coverage"] <= 1
@@ -505,8 +459,8 @@ def test_draft_vocab_is_chosen_saved_exported_and_loaded(tmp_path, tiny_dirs):
     assert served < whole
     # training on from that draft without draft.draft_vocab_size keeps its head, scored and
     # saved
-    again = train(_cfg(tmp_path, tiny_dirs, out="again", max_steps=2,
-                       draft={"model": str(best)}), progress=False)
+    again = train(distill_config(tmp_path, tiny_dirs, out="again", max_steps=2,
+                                 draft={"model": str(best)}), progress=False)
     assert json.loads((again / FILE).read_text())["token_ids"] == data["token_ids"]
     draft = load_model(str(again), "draft", device="cpu", dtype="float32")
     served = heldout_alpha(model_logits(draft, "cpu"), model_logits(target, "cpu"),
@@ -524,8 +478,8 @@ def test_best_is_replaced_whole_with_its_vocabulary_and_evaluation(tmp_path, tin
     from draftkit.models import load_model, load_tokenizer, resolve_model
     from draftkit.models.reduced_head import FILE, ReducedHead
 
-    best = train(_cfg(tmp_path, tiny_dirs, **{"draft.draft_vocab_size": 40, "max_steps": 2}),
-                 progress=False)
+    best = train(distill_config(tmp_path, tiny_dirs,
+                                **{"draft.draft_vocab_size": 40, "max_steps": 2}), progress=False)
     before = {p.name: p.read_bytes() for p in best.iterdir()}
     assert {"best.json", FILE, "model.safetensors"} <= set(before)
 
@@ -545,8 +499,8 @@ def test_best_is_replaced_whole_with_its_vocabulary_and_evaluation(tmp_path, tin
 def test_bf16_autocast_and_jsd(tmp_path, tiny_dirs):
     from draftkit.distill.trainer import train
 
-    cfg = _cfg(tmp_path, tiny_dirs, **{"train.precision": "bf16", "max_steps": 2,
-                                       "loss.divergence": "jsd", "loss.beta": 0.3})
+    cfg = distill_config(tmp_path, tiny_dirs, **{"train.precision": "bf16", "max_steps": 2,
+                                                 "loss.divergence": "jsd", "loss.beta": 0.3})
     train(cfg, progress=False)
     last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["step"] == 2 and 0 < last["loss"] < float("inf")
@@ -557,7 +511,7 @@ def test_bf16_autocast_and_jsd(tmp_path, tiny_dirs):
 def test_max_minutes_stops_with_eval_and_checkpoint(tmp_path, tiny_dirs):
     from draftkit.distill.trainer import train
 
-    train(_cfg(tmp_path, tiny_dirs, max_minutes=1e-6), progress=False)
+    train(distill_config(tmp_path, tiny_dirs, max_minutes=1e-6), progress=False)
     run = tmp_path / "run"
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1]  # the budget ran out during step 1: evaluated, then stopped
@@ -583,7 +537,8 @@ def test_max_minutes_leaves_time_for_the_last_evaluation(tmp_path, tiny_dirs, mo
     monkeypatch.setattr(trainer, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     monkeypatch.setattr(trainer, "micro_loss", ticking(trainer.micro_loss, 5.0))  # 2 per step
     monkeypatch.setattr(trainer, "heldout_alpha", ticking(trainer.heldout_alpha, 30.0))
-    trainer.train(_cfg(tmp_path, tiny_dirs, max_steps=20, max_minutes=1.5), progress=False)
+    trainer.train(distill_config(tmp_path, tiny_dirs, max_steps=20, max_minutes=1.5),
+                  progress=False)
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 2]
     assert rows[-1]["minutes"] <= 1.5
@@ -591,7 +546,8 @@ def test_max_minutes_leaves_time_for_the_last_evaluation(tmp_path, tiny_dirs, mo
     # a resume skips the step-0 evaluation that measured what an evaluation costs: the
     # checkpoint carries it, so a 60 s budget does not run on to 90 s
     start = clock[0]
-    trainer.train(_cfg(tmp_path, tiny_dirs, max_steps=20, max_minutes=1.0), progress=False)
+    trainer.train(distill_config(tmp_path, tiny_dirs, max_steps=20, max_minutes=1.0),
+                  progress=False)
     assert clock[0] - start <= 60.0
 
 
@@ -604,9 +560,9 @@ def test_prepare_builds_the_answers_and_cache_a_run_then_only_reads(tmp_path, ti
     from draftkit.distill.trainer import prepare, train
 
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": " ".join(WORDS[i:i + 4]),
+    prompts.write_text("".join(json.dumps({"prompt": " ".join(ROW_WORDS[i:i + 4]),
                                            "domain": "code"}) + "\n" for i in range(8)))
-    cfg = _cfg(tmp_path, tiny_dirs, **{
+    cfg = distill_config(tmp_path, tiny_dirs, **{
         "data.sources": [{"path": str(prompts)}], "data.regime": "target",
         "data.generate.max_new_tokens": 6, "teacher.mode": "cache", "teacher.top_k": 8,
         "teacher.cache_dir": str(tmp_path / "cache")})
@@ -632,7 +588,6 @@ def test_prepare_builds_the_answers_and_cache_a_run_then_only_reads(tmp_path, ti
 
 def test_distill_prepare_flag_builds_the_cache_and_trains_nothing(tmp_path, tiny_dirs, capsys):
     from draftkit.cli import main
-    from tests.distill.test_benchmark_scripts import tiny_recipe
 
     recipe, _ = tiny_recipe(tmp_path, tiny_dirs[0])
     out, cache = tmp_path / "run", tmp_path / "cache"
@@ -654,7 +609,7 @@ def test_rows_longer_than_the_target_context_stop_train_and_prepare(tmp_path, ti
     from draftkit.models import load_model
 
     context = load_model(str(tiny_dirs[0]), device="cpu").config.max_position_embeddings
-    cfg = _cfg(tmp_path, tiny_dirs, **{"data.seq_len": context + 1})
+    cfg = distill_config(tmp_path, tiny_dirs, **{"data.seq_len": context + 1})
     for run in (train, prepare):
         with pytest.raises(DraftkitError, match=f"data.seq_len={context + 1} is longer than "
                                                 f"the target's context window"):
@@ -671,7 +626,8 @@ def test_rows_longer_than_the_draft_context_are_an_error(tmp_path, tiny_dirs):
     config = json.loads((short / "config.json").read_text())
     config["max_position_embeddings"] = 32
     (short / "config.json").write_text(json.dumps(config))
-    cfg = _cfg(tmp_path, tiny_dirs, **{"draft": {"model": str(short)}, "data.seq_len": 48})
+    cfg = distill_config(tmp_path, tiny_dirs,
+                         **{"draft": {"model": str(short)}, "data.seq_len": 48})
     with pytest.raises(DraftkitError, match="data.seq_len=48 is longer than the draft's "
                                             "context window \\(32\\)"):
         train(cfg, progress=False)
@@ -711,7 +667,7 @@ def test_the_caches_follow_the_targets_weights_and_dtype(tmp_path):
     with other weights, or the same weights in bf16, must not reuse the other's."""
     from draftkit.distill.trainer import target_id
     from draftkit.models import resolve_model
-    from tests.tiny import make_llama, make_tokenizer, save_model
+    from tests.helpers import make_llama, make_tokenizer, save_model
 
     tok, folder = make_tokenizer(), tmp_path / "target"
     model = make_llama(len(tok), seed=0)
@@ -755,10 +711,10 @@ def test_rerunning_a_finished_run_reports_nothing_to_its_wandb_run(tmp_path, tin
             pass
 
     monkeypatch.setattr(trainer, "Tracker", Fake)
-    train(_cfg(tmp_path, tiny_dirs, max_steps=2), progress=False)
+    train(distill_config(tmp_path, tiny_dirs, max_steps=2), progress=False)
     assert [c[0] for c in calls] == ["summary", "artifact"] and calls[0][1]["tokens_per_s"] > 0
     calls.clear()
-    train(_cfg(tmp_path, tiny_dirs, max_steps=2), progress=False)
+    train(distill_config(tmp_path, tiny_dirs, max_steps=2), progress=False)
     assert calls == []
 
 
@@ -769,7 +725,7 @@ def test_a_checkpoint_is_on_disk_before_its_name_points_at_it(tmp_path, monkeypa
 
     from draftkit.distill import checkpoint as ckpt
     from draftkit.distill.schedule import warmup_cosine
-    from tests.tiny import make_llama
+    from tests.helpers import make_llama
 
     synced, real = set(), os.fsync
 

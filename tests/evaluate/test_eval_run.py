@@ -137,7 +137,7 @@ def test_verdicts_say_why():
 
 def test_a_baseline_draft_of_another_vocabulary_is_refused(tiny_dirs, suite, tmp_path):
     from draftkit.errors import ModelError
-    from tests.tiny import make_llama, make_tokenizer, save_model
+    from tests.helpers import make_llama, make_tokenizer, save_model
 
     target, draft = tiny_dirs
     other = make_tokenizer(extra_words=("zebra",))

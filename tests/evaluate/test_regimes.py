@@ -206,7 +206,7 @@ def test_regimes_end_to_end(tiny_dirs, suite, tmp_path):
 
 
 def test_default_draft_is_an_early_exit_and_matrix_covers_all_drafts(suite, tmp_path):
-    from tests.tiny import tiny_pair
+    from tests.helpers import tiny_pair
 
     target, _ = tiny_pair(tmp_path, target_layers=6)
     report = run_regimes(tiny_args(target, None, suite, tmp_path / "o", layer_sizes=[1],

@@ -6,7 +6,7 @@ import torch
 
 from draftkit.errors import DraftkitError, ModelError
 from draftkit.export import check_bundle, export_bundle
-from tests.tiny import make_llama, make_tokenizer, save_model
+from tests.helpers import make_llama, make_tokenizer, save_model
 
 
 def test_export_check_and_hf_assisted_generation(tiny_dirs, tmp_path):

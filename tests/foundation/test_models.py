@@ -6,7 +6,7 @@ import torch
 from draftkit.errors import DraftkitError, ModelError
 from draftkit.models import check_compatible, load_model, load_pair, load_tokenizer, resolve_model
 from draftkit.models.derive import derive_by_layers, derive_random, save_draft
-from tests.tiny import make_llama, make_tokenizer, save_model
+from tests.helpers import make_llama, make_tokenizer, save_model
 
 
 def test_resolve_local_dir_and_missing(tiny_dirs, tmp_path):

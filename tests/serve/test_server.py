@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from tests.serve.conftest import start_server
+from tests.helpers import make_mistral, start_server
 
 WORDS = ["hello world", "the sum of two", "write python code", "what is the answer",
          "a poem about water", "translate this story", "how many people", "first day of time"]
@@ -349,7 +349,7 @@ def test_client_gone_mid_stream_frees_its_slot(tiny_models):
     round, and the server keeps serving. Rounds are slowed so the row cannot finish first."""
     from draftkit.decode.engine import SpeculativeEngine
     from draftkit.serve.app import create_app
-    from tests.serve.conftest import LiveServer
+    from tests.helpers import LiveServer
 
     tok, target, draft = tiny_models
     engine = SpeculativeEngine(target, draft, eos_token_id=None)  # never stops by itself
@@ -490,11 +490,10 @@ def test_a_sliding_window_pair_serves_concurrent_requests_exactly(tiny_models):
     """The general path batches a sliding-window pair one row at a time (a batched cache
     would count padding and rolled-back holes into the window): concurrent greedy requests
     still equal the target's own greedy text."""
-    from tests.decode.helpers import hf_greedy, noisy_copy
-    from tests.decode.test_engine import mistral
+    from tests.helpers import hf_greedy, noisy_copy
 
     tok = tiny_models[0]
-    target = mistral(2, 0, 32, vocab=len(tok))
+    target = make_mistral(2, 0, 32, vocab=len(tok))
     srv = start_server((tok, target, noisy_copy(target)), k=2, max_batch=4)
     try:
         assert srv.scheduler.engine.one_row_cohorts
@@ -536,8 +535,8 @@ def test_template_errors_are_400_and_bugs_a_logged_500(tiny_models, caplog, monk
     escapes is a bug: a 500 in the OpenAI shape, its traceback in the log."""
     from draftkit.decode.engine import SpeculativeEngine
     from draftkit.serve.app import create_app
-    from tests.serve.conftest import LiveServer
-    from tests.tiny import make_tokenizer
+    from tests.helpers import LiveServer
+    from tests.helpers import make_tokenizer
 
     _, target, draft = tiny_models
     tok = make_tokenizer()

@@ -1,0 +1,342 @@
+"""What the tests share: tiny random models and tokenizer, reference decoders and statistics,
+tiny distillation recipes, a live server, and loading a script outside the package.
+
+Everything is built in the test process: no downloads. Fixtures stay in the conftest.py files;
+this module holds the plain functions they and the tests call.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import random
+import socket
+import threading
+import time
+from pathlib import Path
+
+from draftkit.config import from_dict
+from draftkit.distill.config import DistillConfig
+
+# --- tiny models and tokenizer ----------------------------------------------------------------
+# The tokenizer is a word-level vocabulary over lowercase words, digits and punctuation with
+# ChatML special tokens and a chat template, so every code path that renders chat works on it.
+
+WORDS = ("the a an of to and in is it that for on with as was he she they we you i be this "
+         "are by at from or have not but what all were when can there use each which do how "
+         "if will up out many then them these so some her would make like him into time has "
+         "look two more write go see number no way could people my than first water been call "
+         "who oil its now find long down day did get come made may part def return print "
+         "import class x y z 0 1 2 3 4 5 6 7 8 9 + - * / = ( ) : , . ? ! ' \" hello world "
+         "python code math sum answer question translate story poem").split()
+SPECIAL = ["<unk>", "<|im_start|>", "<|im_end|>", "<pad>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + ' ' + "
+    "message['content'] + ' <|im_end|> ' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant ' }}{% endif %}")
+
+
+def make_tokenizer(extra_words: tuple[str, ...] = ()):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = list(dict.fromkeys(WORDS + list(extra_words)))
+    vocab = {tok: i for i, tok in enumerate(SPECIAL + words)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>",
+                                  bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                  pad_token="<pad>")
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def make_llama(vocab_size: int, num_layers: int = 2, hidden_size: int = 32, seed: int = 0,
+               intermediate_size: int = 64, heads: int = 4, kv_heads: int = 2,
+               tie: bool = True):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size,
+                         intermediate_size=intermediate_size, num_hidden_layers=num_layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads,
+                         max_position_embeddings=256, tie_word_embeddings=tie,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=3)
+    model = LlamaForCausalLM(config).eval()
+    # Default init gives near-uniform logits; a larger scale makes distributions peaked enough
+    # that greedy decoding, acceptance and losses are exercised non-trivially.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.2)
+    return model
+
+
+def save_model(model, tokenizer, path: Path) -> Path:
+    path = Path(path)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def tiny_pair(tmp_path: Path, target_layers: int = 4, seed: int = 0):
+    """A saved tiny target and a 2-layer tiny draft of the same vocabulary: (target, draft)."""
+    tok = make_tokenizer()
+    target = make_llama(len(tok), num_layers=target_layers, seed=seed)
+    draft = make_llama(len(tok), num_layers=1, seed=seed + 1)
+    return (save_model(target, tok, tmp_path / "target"),
+            save_model(draft, tok, tmp_path / "draft"))
+
+
+
+def make_mistral(layers: int, seed: int, window: int, vocab: int = 100):
+    """A tiny random Mistral with a sliding window of ``window`` positions."""
+    import torch
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = MistralConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                        max_position_embeddings=256, sliding_window=window)
+    model = MistralForCausalLM(cfg).eval()
+    with torch.no_grad():  # peaked distributions, as make_llama's
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.2)
+    return model
+
+
+# --- the decoder's references -----------------------------------------------------------------
+
+def tiny_target_and_draft(vocab_size: int | None = None, target_layers: int = 3, seed: int = 0):
+    """A tiny random Llama target and an unrelated 1-layer draft (low acceptance)."""
+    v = vocab_size or len(make_tokenizer())
+    return make_llama(v, num_layers=target_layers, seed=seed), make_llama(v, num_layers=1,
+                                                                          seed=seed + 1)
+
+
+def noisy_copy(model, scale: float = 0.02, seed: int = 7):
+    """The target with small weight noise: a draft that agrees most of the time, so rounds
+    accept several tokens and the bonus / catch-up path runs."""
+    import torch
+
+    draft = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            if p.dim() == 2:
+                p.add_(torch.randn(p.shape, generator=gen) * scale)
+    return draft
+
+
+def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos_token_id=None) -> list[int]:
+    """Plain greedy decoding with HF ``generate``: the reference our engine must match."""
+    import torch
+
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
+                             dtype=torch.long), max_new_tokens=max_new_tokens, do_sample=False,
+                             eos_token_id=eos_token_id, pad_token_id=0, temperature=None,
+                             top_p=None, top_k=None)
+    return out[0, len(prompt):].tolist()
+
+
+def chi_square_p(observed, expected_probs, min_expected: float = 5.0) -> float:
+    """Pearson chi-square goodness of fit; bins expected below ``min_expected`` are pooled.
+
+    observed: (V,) counts; expected_probs: (V,) summing to 1. p = Q(df/2, stat/2).
+    """
+    import torch
+
+    observed = observed.double()
+    expected = expected_probs.double() * observed.sum()
+    small = expected < min_expected
+    obs = torch.cat([observed[~small], observed[small].sum()[None]])
+    exp = torch.cat([expected[~small], expected[small].sum()[None]])
+    keep = exp > 0
+    if (obs[~keep] > 0).any():
+        return 0.0  # a token the target can never produce was produced
+    obs, exp = obs[keep], exp[keep]
+    stat = ((obs - exp) ** 2 / exp).sum()
+    df = obs.numel() - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2))
+
+
+def exact_marginals(model, prompt: list[int], params, steps: int = 3):
+    """Exact distributions of generated tokens 1..steps under warped sampling from ``model``.
+
+    Enumerates every prefix (V^(steps-1) rows at the last step), so keep V small.
+    Returns a list of (V,) tensors.
+    """
+    import torch
+
+    from draftkit.decode.sampling import probabilities
+
+    v = model.config.vocab_size
+    prefixes = torch.tensor([prompt])  # (N, P + t)
+    weights = torch.ones(1, dtype=torch.float64)  # probability of each prefix
+    out = []
+    with torch.inference_mode():
+        for _ in range(steps):
+            logits = model(prefixes).logits[:, -1]  # (N, V)
+            p = probabilities(logits, params).double()  # (N, V)
+            joint = weights[:, None] * p  # (N, V)
+            out.append(joint.sum(0))
+            n = prefixes.shape[0]
+            prefixes = torch.cat([prefixes.repeat_interleave(v, 0),
+                                  torch.arange(v).repeat(n)[:, None]], dim=1)
+            weights = joint.reshape(-1)
+    return out
+
+
+
+def broken_verify(draft_tokens, q, p, generator=None):
+    """Negative control: resamples from p instead of norm(max(0, p - q)) after a rejection."""
+    import torch
+
+    from draftkit.decode.sampling import sample
+    from draftkit.decode.verify import Verdict, accept_test, leading_accepts
+
+    bsz, k = draft_tokens.shape
+    u = torch.rand((bsz, k), generator=generator)
+    n = leading_accepts(accept_test(draft_tokens, q, p, u))
+    rows = torch.arange(bsz)
+    nxt = sample(p[rows, n], generator)
+    return Verdict(n, nxt, torch.minimum(p[:, :-1], q).sum(-1))
+
+
+# --- tiny distillation recipes ----------------------------------------------------------------
+
+ROW_WORDS = "the a of to and in is it that for on with as was he she they we you".split()
+
+
+def distill_rows(tmp_path: Path, n: int = 14) -> Path:
+    """A JSONL file of n prompt/response rows of random words, code and math alternating."""
+    rng = random.Random(0)
+    rows = []
+    for i in range(n):
+        dom = "code" if i % 2 else "math"
+        q = " ".join(rng.choice(ROW_WORDS) for _ in range(4))
+        a = " ".join(rng.choice(ROW_WORDS) for _ in range(rng.randint(3, 9)))
+        rows.append({"prompt": q, "response": a, "domain": dom})
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def distill_config(tmp_path: Path, tiny_dirs, out: str = "run", **over):
+    """A 4-step recipe on the tiny pair (draft: target layers 0 and 3) as a DistillConfig;
+    ``over``: dotted keys to set (``**{"loss.divergence": "ce"}``)."""
+    target, _ = tiny_dirs
+    data = {"out_dir": str(tmp_path / out), "max_steps": 4, "seed": 0, "target": str(target),
+            "draft": {"derive_layers": [0, 3]},
+            "data": {"sources": [{"path": str(distill_rows(tmp_path))}], "seq_len": 48,
+                     "heldout_per_domain": 2,
+                     "generate": {"cache_dir": str(tmp_path / "generated")}},
+            "loss": {"divergence": "fkl"},
+            "train": {"batch_size": 2, "grad_accum": 2, "lr": 1e-2, "warmup_steps": 1,
+                      "checkpoint_every": 2, "device": "cpu"},
+            "eval": {"every": 2, "batch_size": 4}}
+    for key, value in over.items():
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return from_dict(DistillConfig, data, "test")
+
+
+def distill_loaded(tmp_path, tiny_dirs, **over):
+    """(cfg, target, draft, rows): the tiny target and draft loaded, the recipe's rows built."""
+    from draftkit.data import build_rows
+    from draftkit.models import load_model, load_tokenizer
+
+    cfg = distill_config(tmp_path, tiny_dirs, **over)
+    target_dir, draft_dir = tiny_dirs
+    target = load_model(str(target_dir), device="cpu", dtype="float32")
+    draft = load_model(str(draft_dir), device="cpu", dtype="float32")
+    rows, _ = build_rows(cfg.data, load_tokenizer(str(target_dir)), 0)
+    return cfg, target, draft, rows
+
+
+
+def tiny_recipe(tmp_path: Path, target: Path) -> tuple[Path, Path]:
+    """A base recipe on ten code prompts of random words; (recipe, prompts)."""
+    import yaml
+
+    rng = random.Random(0)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": " ".join(rng.sample(ROW_WORDS, 4)),
+                                           "domain": "code"}) + "\n" for _ in range(10)))
+    recipe = tmp_path / "tiny_to_2l" / "base.yaml"
+    recipe.parent.mkdir()
+    recipe.write_text(yaml.safe_dump({
+        "target": str(target), "draft": {"derive_layers": [0, 3]},
+        "data": {"sources": [{"path": str(prompts)}], "seq_len": 48, "heldout_per_domain": 2,
+                 "regime": "target",
+                 "generate": {"max_new_tokens": 8, "cache_dir": str(tmp_path / "gen")}},
+        "teacher": {"mode": "online"},
+        "train": {"batch_size": 2, "device": "cpu"}, "eval": {"batch_size": 4}}))
+    return recipe, prompts
+
+
+# --- a live server ------------------------------------------------------------------------------
+
+class LiveServer:
+    """uvicorn serving ``app`` on 127.0.0.1 in a thread; ``url`` is the API base."""
+
+    def __init__(self, app):
+        import uvicorn
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.app = app
+        self.base = f"http://127.0.0.1:{port}"
+        self.url = f"{self.base}/v1"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                                    log_level="warning",
+                                                    timeout_graceful_shutdown=5))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            if time.time() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+
+    @property
+    def scheduler(self):
+        return self.app.state.scheduler
+
+    def client(self):
+        import openai
+
+        return openai.OpenAI(base_url=self.url, api_key="x", max_retries=0, timeout=60)
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+def start_server(tiny_models, **kw) -> LiveServer:
+    from draftkit.decode.engine import SpeculativeEngine
+    from draftkit.serve.app import create_app
+
+    tok, target, draft = tiny_models
+    fast = kw.pop("fast_path", None)
+    engine = SpeculativeEngine(target, draft, fast_path=fast)
+    kw.setdefault("model_name", "tiny")
+    return LiveServer(create_app(engine, tok, **kw))
+
+
+# --- scripts outside the package -----------------------------------------------------------------
+
+def load_script(path: Path):
+    """A script outside the package (eval/benchmarks, recipes/data) as a module."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
