@@ -50,7 +50,7 @@ from draftkit.decode.policy import KPolicy, resolve_k
 from draftkit.decode.runners import make_runner
 from draftkit.decode.sampling import Generators, SamplingParams, row_probabilities, sample
 from draftkit.decode.stats import DecodeStats, RoundStats
-from draftkit.decode.verify import verify_greedy, verify_sampled
+from draftkit.decode.verify import committed_block, verify
 from draftkit.errors import DraftkitError
 from draftkit.models.facts import (decoding_context, sliding_window, stop_token_ids, text_config,
                                    token_ids)
@@ -407,21 +407,9 @@ class SpeculativeEngine:
             logits = self.target.forward(verify_in, [n - 1 for n in lengths], rows=rows)
             synchronize(dev)
             t2 = time.perf_counter()
-            greedy = [p.greedy for p in params]
-            verdict = verify_greedy(drafted, logits)  # logits: (b, K + 1, V)
-            if not all(greedy):
-                p = row_probabilities(logits, params)  # (b, K + 1, V)
-                sampled = verify_sampled(drafted, q, p, state.rng(rows))
-                if any(greedy):  # greedy rows keep the exact argmax verdict
-                    g = torch.tensor(greedy, device=dev)
-                    sampled.num_accepted = sampled.num_accepted.where(~g, verdict.num_accepted)
-                    sampled.next_token = sampled.next_token.where(~g, verdict.next_token)
-                    sampled.beta = sampled.beta.where(~g[:, None], verdict.beta)
-                verdict = sampled
+            verdict = verify(drafted, q, logits, params, state.rng(rows))  # logits: (b, K + 1, V)
             n = verdict.num_accepted  # (b,)
-            # committed block: d_1..d_n then the target's token at index n
-            new = torch.cat([drafted, drafted[:, :1]], dim=1)
-            new.scatter_(1, n[:, None], verdict.next_token[:, None])  # (b, K + 1)
+            new = committed_block(drafted, verdict)  # (b, K + 1)
             act = torch.tensor(active, device=dev)
             pos = torch.arange(k, device=dev)
             tested = (pos[None] <= n[:, None]) & act[:, None]  # (b, K) reached the test

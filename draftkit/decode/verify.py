@@ -9,7 +9,8 @@ q = draft.
 Each returns a :class:`Verdict`: how many drafted tokens each row accepted, the one token the
 target adds after them (the residual sample at the first rejection, or the bonus token when all
 K were accepted), and beta = sum_x min(p, q) = 1 - TV(p, q) per drafted position, so alpha and
-tau fall out of the counts.
+tau fall out of the counts. :func:`verify` is the decision for a batch that mixes the modes
+row by row, and :func:`committed_block` the tokens a round then commits.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from draftkit.decode.sampling import Generators, sample, uniform
+from draftkit.decode.sampling import (Generators, SamplingParams, row_probabilities, sample,
+                                      uniform)
 
 if TYPE_CHECKING:
     import torch
@@ -28,6 +30,12 @@ class Verdict:
     num_accepted: "torch.Tensor"  # (B,) int64 in 0..K: leading drafted tokens accepted
     next_token: "torch.Tensor"  # (B,) int64: residual sample (n < K) or bonus token (n = K)
     beta: "torch.Tensor"  # (B, K) float32: sum_x min(p, q) per drafted position (1 - TV)
+
+    def where(self, rows: "torch.Tensor", other: Verdict) -> Verdict:
+        """This verdict on ``rows`` (B,) bool, ``other``'s elsewhere."""
+        return Verdict(self.num_accepted.where(rows, other.num_accepted),
+                       self.next_token.where(rows, other.next_token),
+                       self.beta.where(rows[:, None], other.beta))
 
 
 def leading_accepts(accepted: "torch.Tensor") -> "torch.Tensor":
@@ -99,3 +107,38 @@ def verify_sampled(draft_tokens: "torch.Tensor", q: "torch.Tensor", p: "torch.Te
     next_token = sample(residual(p[rows, n], q_pad[rows, n]), generator)
     beta = torch.minimum(p[:, :-1], q).sum(-1)
     return Verdict(n, next_token, beta)
+
+
+def verify(draft_tokens: "torch.Tensor", q: "torch.Tensor | None", target_logits: "torch.Tensor",
+           params: list[SamplingParams], generator: Generators = None) -> Verdict:
+    """The accept decision for a batch whose rows each decode greedily or by sampling.
+
+    draft_tokens: (B, K); q: (B, K, V) the draft's warped distributions (None when every row
+    is greedy); target_logits: (B, K + 1, V); params: one per row. Sampled rows get
+    :func:`verify_sampled` on p warped by their own parameters; greedy rows keep the exact
+    :func:`verify_greedy` verdict. (On their one-hot p and q the sampled test agrees only
+    while u < 1, and a greedy row without a generator of its own draws u = 1.) Every row's
+    random numbers are drawn either way, so a sampled row's draws do not depend on which other
+    rows are greedy.
+    """
+    import torch
+
+    greedy = [x.greedy for x in params]
+    if all(greedy):
+        return verify_greedy(draft_tokens, target_logits)
+    p = row_probabilities(target_logits, params)  # (B, K + 1, V)
+    sampled = verify_sampled(draft_tokens, q, p, generator)
+    if not any(greedy):
+        return sampled
+    rows = torch.tensor(greedy, device=target_logits.device)
+    return verify_greedy(draft_tokens, target_logits).where(rows, sampled)
+
+
+def committed_block(draft_tokens: "torch.Tensor", verdict: Verdict) -> "torch.Tensor":
+    """The tokens a round commits, per row d_1..d_n then the verdict's next token (the
+    residual sample or the bonus token): n + 1 of them. draft_tokens: (B, K) -> (B, K + 1);
+    the entries past n + 1 are filler that the commit does not keep."""
+    import torch
+
+    block = torch.cat([draft_tokens, draft_tokens[:, :1]], dim=1)
+    return block.scatter_(1, verdict.num_accepted[:, None], verdict.next_token[:, None])

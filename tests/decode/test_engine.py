@@ -147,7 +147,7 @@ def small_vocab():
 def _spec_marginals(target, draft, params, k, seed, verify=None, monkeypatch=None):
     engine = SpeculativeEngine(target, draft, eos_token_id=None)
     if verify is not None:
-        monkeypatch.setattr("draftkit.decode.engine.verify_sampled", verify)
+        monkeypatch.setattr("draftkit.decode.verify.verify_sampled", verify)
     prompt = [1, 4, 7]
     stats = DecodeStats()
     res = engine.generate([prompt] * N_ROWS, k=k, max_new_tokens=3, temperature=params.temperature,

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from draftkit.decode.sampling import SamplingParams, probabilities, sample
-from draftkit.decode.verify import (accept_test, leading_accepts, residual, verify_greedy,
-                                    verify_sampled)
+from draftkit.decode.sampling import SamplingParams, probabilities, row_probabilities, sample
+from draftkit.decode.verify import (Verdict, accept_test, committed_block, leading_accepts,
+                                    residual, verify, verify_greedy, verify_sampled)
 from tests.helpers import broken_verify, chi_square_p
 
 
@@ -119,3 +119,82 @@ def test_a_zero_noise_draw_never_samples_a_zero_entry(monkeypatch):
     monkeypatch.setattr(sampling, "_draw", lambda out, generator, fill: out.zero_())
     probs = torch.tensor([[0.0, 0.3, 0.7, 0.0]])
     assert sample(probs, None).tolist() == [2]
+
+
+# --- a batch mixing greedy and sampled rows -----------------------------------------------------
+
+GREEDY, WARM = SamplingParams(), SamplingParams(0.9, top_p=0.95)
+
+
+def _mixed_round(params, k=3, vocab=8, seed=0):
+    """Target logits (B, K + 1, V), and K tokens drafted as the engine drafts them: greedy
+    rows take the draft's argmax, the others sample their warped q. Greedy rows draft the
+    target's own argmax at their first two positions, so they accept something."""
+    gen = torch.Generator().manual_seed(seed)
+    bsz = len(params)
+    target = torch.randn(bsz, k + 1, vocab, generator=gen) * 2
+    draft = target + torch.randn(bsz, k + 1, vocab, generator=gen)
+    for b, x in enumerate(params):
+        if x.greedy:
+            draft[b, :2] = target[b, :2]
+    q = row_probabilities(draft[:, :k], params)  # (B, K, V)
+    drafted = sample(q, gen)  # greedy rows: q is one-hot at the argmax
+    return drafted, q, target
+
+
+def _rows(v: Verdict, rows):
+    return v.num_accepted[rows], v.next_token[rows], v.beta[rows]
+
+
+def _assert_rows_equal(a: Verdict, b: Verdict, rows):
+    for x, y in zip(_rows(a, rows), _rows(b, rows)):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_mixed_batch_greedy_rows_are_verify_greedy_sampled_rows_verify_sampled(seed):
+    params = [GREEDY, WARM, SamplingParams(1.3, top_k=4), GREEDY, WARM, WARM]
+    greedy, sampled = [0, 3], [1, 2, 4, 5]
+    drafted, q, logits = _mixed_round(params, seed=seed)
+    v = verify(drafted, q, logits, params, torch.Generator().manual_seed(seed))
+    _assert_rows_equal(v, verify_greedy(drafted, logits), greedy)
+    p = row_probabilities(logits, params)  # (B, K + 1, V)
+    _assert_rows_equal(v, verify_sampled(drafted, q, p, torch.Generator().manual_seed(seed)),
+                       sampled)
+    assert (v.num_accepted[greedy] >= 2).all()
+
+
+def test_mixed_batch_with_per_row_generators():
+    """A greedy row has no generator of its own (its uniform draws read 1, which the sampled
+    test would reject); it still gets the exact argmax verdict, and a sampled row draws from
+    its own generator whatever its neighbours are."""
+    params = [GREEDY, WARM, GREEDY, WARM]
+    drafted, q, logits = _mixed_round(params, seed=7)
+
+    def gens():
+        return [None, torch.Generator().manual_seed(1), None, torch.Generator().manual_seed(2)]
+    v = verify(drafted, q, logits, params, gens())
+    _assert_rows_equal(v, verify_greedy(drafted, logits), [0, 2])
+    p = row_probabilities(logits, params)
+    _assert_rows_equal(v, verify_sampled(drafted, q, p, gens()), [1, 3])
+    assert (v.num_accepted[[0, 2]] >= 2).all()
+
+
+def test_one_mode_batches_are_the_mode_s_own_verdict():
+    drafted, q, logits = _mixed_round([GREEDY] * 3, seed=2)
+    _assert_rows_equal(verify(drafted, None, logits, [GREEDY] * 3),
+                       verify_greedy(drafted, logits), [0, 1, 2])
+    drafted, q, logits = _mixed_round([WARM] * 3, seed=2)
+    p = row_probabilities(logits, [WARM] * 3)
+    _assert_rows_equal(verify(drafted, q, logits, [WARM] * 3, torch.Generator().manual_seed(4)),
+                       verify_sampled(drafted, q, p, torch.Generator().manual_seed(4)),
+                       [0, 1, 2])
+
+
+def test_committed_block_is_the_accepted_drafts_then_the_target_token():
+    drafted = torch.tensor([[4, 5, 6], [7, 8, 9], [1, 2, 3]])
+    v = Verdict(torch.tensor([1, 3, 0]), torch.tensor([0, 2, 5]), torch.zeros(3, 3))
+    block = committed_block(drafted, v)  # (B, K + 1)
+    assert block.shape == (3, 4)
+    assert [row[:n + 1] for row, n in zip(block.tolist(), [1, 3, 0])] == [[4, 0], [7, 8, 9, 2],
+                                                                           [5]]
