@@ -374,7 +374,7 @@ class SpeculativeEngine:
             k = 0
         rows = state.live()
         if not rows:
-            return RoundStats(k, 0, [0] * k, [0] * k, 0.0, 0, 0, 0, 0.0, 0.0, 0.0)
+            return RoundStats.empty(k)
         if not self.slotted:  # the general runner computes its whole cohort
             rows = state.cohort
         dev = self.device
@@ -395,8 +395,8 @@ class SpeculativeEngine:
             synchronize(dev)  # logits: (b, 1, V)
             t2 = time.perf_counter()
             new = self._choose(logits[:, 0], state, rows)[:, None]  # (b, 1)
+            verdict, n_host = None, [0] * len(rows)
             counts = [1] * len(rows)
-            acc_pos, tested_pos, beta_sum, rejections, full = [], [], 0.0, 0, []
             catchup = 0.0
         else:
             catchup = self._catch_up(state, rows, lengths)
@@ -410,17 +410,8 @@ class SpeculativeEngine:
             verdict = verify(drafted, q, logits, params, state.rng(rows))  # logits: (b, K + 1, V)
             n = verdict.num_accepted  # (b,)
             new = committed_block(drafted, verdict)  # (b, K + 1)
-            act = torch.tensor(active, device=dev)
-            pos = torch.arange(k, device=dev)
-            tested = (pos[None] <= n[:, None]) & act[:, None]  # (b, K) reached the test
-            accepted = (pos[None] < n[:, None]) & act[:, None]
             n_host = n.tolist()
             counts = [x + 1 for x in n_host]
-            acc_pos = accepted.sum(0).tolist()
-            tested_pos = tested.sum(0).tolist()
-            beta_sum = float((verdict.beta * tested).sum())
-            rejections = sum(1 for i, x in enumerate(n_host) if active[i] and x < k)
-            full = [active[i] and x == k for i, x in enumerate(n_host)]
             for i, x in enumerate(n_host):
                 if active[i]:
                     row = state.rows[rows[i]]
@@ -431,16 +422,14 @@ class SpeculativeEngine:
             if active[i]:
                 state.rows[b].target_calls += 1
         kept = self._commit(state, rows, new, counts)
-        # the bonus token counts only when kept: EOS or the budget may cut the block before it
-        bonus = sum(1 for f, m in zip(full, kept) if f and m == k + 1)
         if k:  # the draft holds every committed position below L - 2 (see _draft)
             for b in rows:
                 state.draft_lengths[b] = state.lengths[b] - 2
+        r = RoundStats.from_verdict(verdict, accepted=n_host, active=active, kept=kept)
         synchronize(dev)
         t3 = time.perf_counter()
-        r = RoundStats(k, sum(active), acc_pos, tested_pos, beta_sum, rejections, bonus,
-                       sum(kept), t1 - t_setup - catchup, t2 - t1, t3 - t2 + (t_setup - t0),
-                       catchup)
+        r.set_seconds({"draft": t1 - t_setup - catchup, "verify": t2 - t1,
+                       "other": t3 - t2 + (t_setup - t0), "catchup": catchup})
         state.stats.add_round(r)
         return r
 

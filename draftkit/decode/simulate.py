@@ -59,8 +59,11 @@ def simulate_speedup(alpha: float | Callable[[int], float], c: float, k: int | s
         t_draft, t_verify = kk * c * T_STEP, T_STEP * v(kk)
         tokens += n + 1  # the accepted drafts and the target's own token
         seconds += t_draft + t_verify + T_OVERHEAD
-        policy.observe(RoundStats(kk, 1, accepted, tested, 0.0, int(n < kk), int(n == kk), n + 1,
-                                  t_draft, t_verify, T_OVERHEAD))
+        policy.observe(RoundStats(k=kk, rows=1, accepted_per_position=accepted,
+                                  tested_per_position=tested, beta_sum=0.0,
+                                  rejections=int(n < kk), bonus=int(n == kk), tokens=n + 1,
+                                  seconds_draft=t_draft, seconds_verify=t_verify,
+                                  seconds_other=T_OVERHEAD))
     return tokens / seconds * (T_STEP + T_OVERHEAD), chosen
 
 

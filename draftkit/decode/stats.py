@@ -14,11 +14,16 @@ so it is what a caller actually gets per target call.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import TYPE_CHECKING
 
 from draftkit import metrics
 
+if TYPE_CHECKING:
+    from draftkit.decode.verify import Verdict
 
-@dataclass
+
+@dataclass(kw_only=True)
 class RoundStats:
     """What one decoding round did, over the rows that were still active."""
 
@@ -30,12 +35,55 @@ class RoundStats:
     rejections: int  # rows that stopped at a rejection (n < K)
     bonus: int  # rows that accepted all K and kept the bonus token (not cut at EOS / budget)
     tokens: int  # tokens kept (after EOS / length truncation)
-    seconds_draft: float  # the K drafting steps, catch-up excluded
-    seconds_verify: float  # the target call (a plain step when K = 0)
-    seconds_other: float  # set-up (lengths, last tokens), sampling, acceptance, bookkeeping
+    seconds_draft: float = 0.0  # the K drafting steps, catch-up excluded
+    seconds_verify: float = 0.0  # the target call (a plain step when K = 0)
+    seconds_other: float = 0.0  # set-up (lengths, last tokens), sampling, acceptance, bookkeeping
     # the draft reading tokens decoded while it sat out (K = 0 rounds): no token is drafted,
     # so charging it to the K steps would inflate c by the length of the plain stretch
     seconds_catchup: float = 0.0
+
+    @classmethod
+    def empty(cls, k: int) -> RoundStats:
+        """A round with no live rows: nothing computed, nothing timed."""
+        return cls(k=k, rows=0, accepted_per_position=[0] * k, tested_per_position=[0] * k,
+                   beta_sum=0.0, rejections=0, bonus=0, tokens=0)
+
+    @classmethod
+    def from_verdict(cls, verdict: "Verdict | None", *, accepted: list[int], active: list[bool],
+                     kept: list[int]) -> RoundStats:
+        """The counts of a round from its verdict (None: a plain step, K = 0); times are zero
+        until :meth:`set_seconds`.
+
+        One entry per row of the round: ``accepted`` is the verdict's ``num_accepted`` on the
+        host, ``active`` whether the row was still decoding (rows that were not are left out),
+        ``kept`` the tokens it kept after EOS / budget truncation. A row that accepted n of K
+        drafted tokens reached the accept test at positions 0..min(n, K - 1) and passed it at
+        0..n - 1; it was rejected when n < K, and kept the bonus token when n = K and the
+        whole block of K + 1 survived truncation.
+        """
+        if verdict is None:  # a plain step: nothing drafted, nothing tested
+            return cls(k=0, rows=sum(active), accepted_per_position=[], tested_per_position=[],
+                       beta_sum=0.0, rejections=0, bonus=0, tokens=sum(kept))
+        k = verdict.beta.shape[1]
+        by_n = [0] * (k + 1)  # active rows by accepted count n
+        for n, a in zip(accepted, active):
+            if a:
+                by_n[n] += 1
+        reached = list(accumulate(reversed(by_n)))[::-1]  # (K + 1,): rows with n >= i
+        return cls(k=k, rows=sum(active), accepted_per_position=reached[1:],
+                   tested_per_position=reached[:k], beta_sum=_tested_beta_sum(verdict, active),
+                   rejections=reached[0] - by_n[k],
+                   bonus=sum(1 for n, a, m in zip(accepted, active, kept)
+                             if a and n == k and m == k + 1),
+                   tokens=sum(kept))
+
+    def set_seconds(self, laps: dict[str, float]) -> None:
+        """Fill in the times from the laps of the round's clock, named draft, catchup, verify
+        and other (a lap not taken is zero)."""
+        self.seconds_draft = laps.get("draft", 0.0)
+        self.seconds_catchup = laps.get("catchup", 0.0)
+        self.seconds_verify = laps.get("verify", 0.0)
+        self.seconds_other = laps.get("other", 0.0)
 
 
 @dataclass
@@ -175,3 +223,14 @@ def _grow(values: list[int], i: int) -> list[int]:
     while len(values) <= i:
         values.append(0)
     return values
+
+
+def _tested_beta_sum(verdict: "Verdict", active: list[bool]) -> float:
+    """sum_x min(p, q) summed over the positions each active row tested (0..n)."""
+    import torch
+
+    n = verdict.num_accepted  # (b,)
+    k = verdict.beta.shape[1]
+    act = torch.tensor(active, device=n.device)
+    tested = (torch.arange(k, device=n.device)[None] <= n[:, None]) & act[:, None]  # (b, K)
+    return float((verdict.beta * tested).sum())

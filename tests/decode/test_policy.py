@@ -24,9 +24,13 @@ def simulate(policy, alpha, t1=0.05, slope=0.1, c=0.1, rows=8, rounds=200, noise
 
         def jitter(x):
             return x * (1 + noise * rng.uniform(-1, 1))
-        policy.observe(RoundStats(k, rows, [round(a) for a in reach], [round(t) for t in tested],
-                                  0.0, 0, 0, 0, jitter(c * t1 * k), jitter(t1 * (1 + slope * k)),
-                                  jitter(0.001)))
+        policy.observe(RoundStats(k=k, rows=rows,
+                                  accepted_per_position=[round(a) for a in reach],
+                                  tested_per_position=[round(t) for t in tested], beta_sum=0.0,
+                                  rejections=0, bonus=0, tokens=0,
+                                  seconds_draft=jitter(c * t1 * k),
+                                  seconds_verify=jitter(t1 * (1 + slope * k)),
+                                  seconds_other=jitter(0.001)))
     return chosen
 
 
@@ -168,8 +172,10 @@ def rounds_at_batch_1(policy, rounds, accept, t_verify, seed=0):
             if rng.random() >= accept(i, j):
                 break
             accepted[j] = 1
-        policy.observe(RoundStats(k, 1, accepted, tested, 0.0, 0, 0, 0, 0.001 * k,
-                                  t_verify(i, k), 0.0001))
+        policy.observe(RoundStats(k=k, rows=1, accepted_per_position=accepted,
+                                  tested_per_position=tested, beta_sum=0.0, rejections=0, bonus=0,
+                                  tokens=0, seconds_draft=0.001 * k, seconds_verify=t_verify(i, k),
+                                  seconds_other=0.0001))
     return chosen
 
 

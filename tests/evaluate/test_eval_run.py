@@ -166,7 +166,8 @@ def test_prediction_covers_the_mix_of_k_an_auto_run_had():
     from draftkit.evaluate.summary import domain_figures
 
     def plain_round():
-        return RoundStats(0, 1, [], [], 0.0, 0, 0, 1, 0.0, 1.0, 0.0)
+        return RoundStats(k=0, rows=1, accepted_per_position=[], tested_per_position=[],
+                          beta_sum=0.0, rejections=0, bonus=0, tokens=1, seconds_verify=1.0)
 
     spec, plain = DecodeStats(), DecodeStats()
     for _ in range(6):
@@ -174,8 +175,10 @@ def test_prediction_covers_the_mix_of_k_an_auto_run_had():
         plain.add_round(plain_round())
     for accepted in ([1, 1], [1, 0], [0, 0], [1, 1]):  # alpha_1 = 3/4, alpha_2 = 2/3
         tested = [1, accepted[0]]
-        spec.add_round(RoundStats(2, 1, accepted, tested, 0.0, int(sum(accepted) < 2),
-                                  int(sum(accepted) == 2), sum(accepted) + 1, 0.2, 1.2, 0.0))
+        spec.add_round(RoundStats(k=2, rows=1, accepted_per_position=accepted,
+                                  tested_per_position=tested, beta_sum=0.0,
+                                  rejections=int(sum(accepted) < 2), bonus=int(sum(accepted) == 2),
+                                  tokens=sum(accepted) + 1, seconds_draft=0.2, seconds_verify=1.2))
     run = DomainRun([1.0], [1.0], 10, 10, spec, plain, [])
     fig = domain_figures(run, 1, EvalSettings(k="auto"))
     assert fig.k == 2 and fig.c == pytest.approx(0.1) and fig.v == pytest.approx(1.2)
