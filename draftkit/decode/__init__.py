@@ -18,7 +18,8 @@ A draft carrying a reduced head (``draft_vocab.json``, draftkit/models/reduced_h
 proposes only its tokens; the output distribution is unchanged.
 """
 
-from draftkit.decode.engine import BatchState, Result, RowStats, SpeculativeEngine
+from draftkit.decode.batch import BatchState, Result, RowStats
+from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.policy import KPolicy
 from draftkit.decode.sampling import SamplingParams
 from draftkit.decode.stats import DecodeStats, RoundStats

@@ -22,7 +22,8 @@ import statistics
 import time
 
 from draftkit import metrics
-from draftkit.decode.engine import SpeculativeEngine, synchronize
+from draftkit.decode.clock import synchronize
+from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.stats import DecodeStats
 
 METHODS = ("ours_k0", "ours_spec", "hf_generate", "hf_assisted")

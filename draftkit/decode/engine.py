@@ -7,8 +7,11 @@ of which the target has processed the first L - 1:
    L - 2 is a no-op when the draft already had it, and is the catch-up on the bonus token when
    the draft had not seen it), then K - 1 single steps: K drafted tokens and q_1..q_K;
 2. verify: one target call on [x_(L-1), d_1..d_K] gives p_1..p_(K+1);
-3. accept (verify.py): n drafted tokens plus one target token are committed; both caches roll
-   back by position (the runners continue from the committed length: no tensor is copied).
+3. accept (verify.py's ``verify``): the first n drafted tokens are accepted, and the target
+   adds one token (the residual sample at the first rejection, or the bonus token);
+4. commit (batch.py): d_1..d_n and that token are appended, up to EOS or the row's budget;
+   both caches roll back by position (the runners continue from the committed length: no
+   tensor is copied).
 
 K = 0 is plain decoding in the same loop: one target step, no draft work at all. The next
 drafting round first feeds the draft the tokens those rounds decoded (catch-up, timed apart
@@ -41,14 +44,14 @@ changes which sample is drawn (never its distribution). Greedy rows never depend
 from __future__ import annotations
 
 import functools
-import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Literal
+from typing import TYPE_CHECKING, Callable
 
+from draftkit.decode.batch import BatchState, Result, round_margin
+from draftkit.decode.clock import RoundClock
 from draftkit.decode.k import AUTO, K_MAX, KValue, check_k_max
 from draftkit.decode.policy import KPolicy, resolve_k
 from draftkit.decode.runners import make_runner
-from draftkit.decode.sampling import Generators, SamplingParams, row_probabilities, sample
+from draftkit.decode.sampling import SamplingParams, next_tokens
 from draftkit.decode.stats import DecodeStats, RoundStats
 from draftkit.decode.verify import committed_block, verify
 from draftkit.errors import DraftkitError
@@ -57,41 +60,6 @@ from draftkit.models.facts import (decoding_context, sliding_window, stop_token_
 
 if TYPE_CHECKING:
     import torch
-
-
-@dataclass
-class RowStats:
-    target_calls: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    rejections: int = 0
-
-    @property
-    def alpha(self) -> float:
-        from draftkit.metrics import alpha_from_counts
-
-        return alpha_from_counts(self.accepted, self.rejections)
-
-
-def round_margin(k_max: int) -> int:
-    """Positions a row keeps free past its committed length: a round may write K + 1 there
-    (K drafted tokens and the target's own), with one to spare."""
-    return k_max + 2
-
-
-@dataclass
-class Result:
-    tokens: list[int]  # new tokens only (EOS included when it ended the row)
-    finish_reason: Literal["eos", "length", "abort"]
-    stats: RowStats
-    seconds: float = 0.0  # wall time of the batch the row ran in
-
-    @property
-    def tau(self) -> float:
-        """Tokens kept per target call over the decoding rounds, as :meth:`DecodeStats.tau`:
-        the prefill and the first token it emits are left out."""
-        rounds = self.stats.target_calls - 1
-        return (len(self.tokens) - 1) / rounds if rounds > 0 else 0.0
 
 
 def _no_grad(method: Callable) -> Callable:
@@ -105,67 +73,6 @@ def _no_grad(method: Callable) -> Callable:
         with torch.no_grad():
             return method(*args, **kwargs)
     return wrapper
-
-
-@dataclass
-class BatchState:
-    """Everything a batch carries between rounds (device tensors plus host-side mirrors).
-
-    One entry per slot; a free slot is unoccupied and done."""
-
-    tokens: "torch.Tensor"  # (S, L) committed tokens, prompt first
-    lengths: list[int]  # committed tokens per row
-    prompt_lengths: list[int]
-    budgets: list[int]  # max new tokens per row
-    done: list[bool]
-    finish: list[str | None]
-    rows: list[RowStats]
-    params: list[SamplingParams]  # per row
-    generators: Generators  # one for the batch, or one per row
-    k_max: int
-    stats: DecodeStats
-    draft_lengths: list[int] = field(default_factory=list)  # positions the draft cache holds
-    occupied: list[bool] = field(default_factory=list)
-    new_tokens: list[list[int]] = field(default_factory=list)  # host copy of each row's output
-    cohort: list[int] = field(default_factory=list)  # rows in a general runner's cache
-    started: float = field(default_factory=time.perf_counter)
-
-    @property
-    def slots(self) -> int:
-        return self.tokens.shape[0]
-
-    @property
-    def max_len(self) -> int:
-        return self.tokens.shape[1]
-
-    @property
-    def finished(self) -> bool:
-        return all(self.done)
-
-    def live(self) -> list[int]:
-        """Slots still decoding."""
-        return [b for b in range(self.slots) if self.occupied[b] and not self.done[b]]
-
-    def result(self, b: int) -> Result:
-        return Result(list(self.new_tokens[b]), self.finish[b] or "length", self.rows[b],
-                      time.perf_counter() - self.started)
-
-    def results(self) -> list[Result]:
-        return [self.result(b) for b in range(self.slots)]
-
-    def rng(self, rows: list[int]) -> Generators:
-        g = self.generators
-        return [g[b] for b in rows] if isinstance(g, list) else g
-
-
-def synchronize(device: "torch.device") -> None:
-    """Wait for queued device work so the clock reads what was actually spent."""
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
 
 
 class SpeculativeEngine:
@@ -261,8 +168,6 @@ class SpeculativeEngine:
              stats: DecodeStats | None = None) -> BatchState:
         """An empty batch of ``slots`` rows whose caches hold ``max_len`` positions (default:
         the target's context window). Rows enter with :meth:`admit`."""
-        import torch
-
         if slots < 1:
             raise DraftkitError(f"a batch needs at least one slot, got {slots}")
         check_k_max(k_max)
@@ -271,13 +176,8 @@ class SpeculativeEngine:
                 raise DraftkitError("the target's config has no max_position_embeddings; "
                                     "give the maximum sequence length")
             max_len = self.context
-        tokens = torch.zeros(slots, max_len, dtype=torch.long, device=self.device)
-        state = BatchState(tokens, [0] * slots, [0] * slots, [0] * slots, [True] * slots,
-                           [None] * slots, [RowStats() for _ in range(slots)],
-                           [SamplingParams()] * slots, [None] * slots, k_max,
-                           stats if stats is not None else DecodeStats(),
-                           draft_lengths=[0] * slots, occupied=[False] * slots,
-                           new_tokens=[[] for _ in range(slots)])
+        state = BatchState.empty(slots, max_len, k_max=k_max, device=self.device,
+                                 stats=stats if stats is not None else DecodeStats())
         if self.slotted:  # the general runner allocates per cohort instead
             self.target.reset(slots, max_len)
             if self.draft is not None and k_max > 0:
@@ -294,66 +194,17 @@ class SpeculativeEngine:
         :meth:`step`. ``generators``: one per new row (the batch must have been opened, not
         started); a sampled row without one gets a fresh generator seeded at random.
         """
-        import torch
-
         n = len(prompts)
         params = params if isinstance(params, list) else [params] * n
         budgets = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * n
-        free = [b for b in range(state.slots) if not state.occupied[b]]
-        if not self.slotted and any(state.occupied):
-            raise DraftkitError("the general decoding path admits rows only into an empty "
-                                "batch; wait until every slot is released")
-        if self.one_row_cohorts and n > 1:
-            raise DraftkitError("a sliding-window model on the general decoding path decodes "
-                                "one row at a time; admit one prompt")
-        if n == 0 or n > len(free):
-            raise DraftkitError(f"cannot admit {n} rows: {len(free)} slots are free")
-        lens = [len(p) for p in prompts]
-        for i, (m, b) in enumerate(zip(lens, budgets)):
-            if m == 0:
-                raise DraftkitError("empty prompt; give some text")
-            if b < 1:
-                raise DraftkitError(f"max new tokens must be >= 1, got {b}")
-            budgets[i] = self._budget(m, b, state.max_len, state.k_max, i)
-        slots = free[:n]
-        dev = self.device
+        budgets = self._admission_budgets(state, prompts, budgets, generators)
+        slots = [b for b in range(state.slots) if not state.occupied[b]][:n]
         for i, b in enumerate(slots):
-            state.tokens[b, :lens[i]] = torch.tensor(prompts[i], dtype=torch.long)
-            state.lengths[b] = state.prompt_lengths[b] = lens[i]
-            state.budgets[b] = budgets[i]
-            state.done[b], state.finish[b], state.occupied[b] = False, None, True
-            state.rows[b], state.params[b], state.new_tokens[b] = RowStats(), params[i], []
-            if isinstance(state.generators, list):
-                g = generators[i] if generators is not None else None
-                if g is None and not params[i].greedy:
-                    g = torch.Generator(device=dev)
-                    g.seed()
-                state.generators[b] = g
-            elif generators is not None:
-                raise DraftkitError("per-row generators need a batch made by open(), not "
-                                    "start()")
-        t0 = time.perf_counter()
-        use_draft = self.draft is not None and state.k_max > 0
-        if not self.slotted:  # a new cohort: fresh caches holding exactly these rows
-            state.cohort = list(slots)
-            self.target.reset(n, state.max_len)
-            if use_draft:
-                self.draft.reset(n, state.max_len)
-        width = max(lens)
-        rows_t = torch.tensor(slots, device=dev)
-        inp = state.tokens[rows_t, :width]  # (n, W) right-padded prompts
-        last = [m - 1 for m in lens]
-        logits = self.target.forward(inp, [0] * n, last=last, rows=slots)  # (n, V)
-        if use_draft:
-            self.draft.forward(inp, [0] * n, last=last, rows=slots)
-            for b, m in zip(slots, lens):
-                state.draft_lengths[b] = m
-        first = self._choose(logits, state, slots)
-        for b in slots:
-            state.rows[b].target_calls += 1
-        self._commit(state, slots, first[:, None], [1] * n)
-        synchronize(dev)
-        state.stats.add_prefill(time.perf_counter() - t0, n)
+            state.seat(b, prompts[i], params[i], budgets[i],
+                       generators[i] if generators is not None else None)
+        clock = RoundClock(self.device)
+        self._prefill(state, slots)
+        state.stats.add_prefill(clock.lap("prefill"), n)
         return slots
 
     def release(self, state: BatchState, slot: int) -> None:
@@ -364,7 +215,9 @@ class SpeculativeEngine:
 
     @_no_grad
     def step(self, state: BatchState, k: int) -> RoundStats:
-        """One round at K drafted tokens (K = 0: a plain target step) over the live rows."""
+        """One round at K drafted tokens (K = 0: a plain target step) over the live rows:
+        Leviathan et al. (arXiv 2211.17192) Algorithm 1 for every row at once, positions as
+        in the module docstring. Each lap of the clock waits for the device."""
         import torch
 
         if k > state.k_max:
@@ -377,59 +230,38 @@ class SpeculativeEngine:
             return RoundStats.empty(k)
         if not self.slotted:  # the general runner computes its whole cohort
             rows = state.cohort
-        dev = self.device
-        t0 = time.perf_counter()
+        clock = RoundClock(self.device)
         active = [not state.done[b] for b in rows]
         lengths = [state.lengths[b] for b in rows]
-        rows_t = torch.tensor(rows, device=dev)
-        lens = torch.tensor(lengths, device=dev)
-        last_tok = state.tokens[rows_t, lens - 1][:, None]  # (b, 1)
+        positions = [n - 1 for n in lengths]  # x_(L-1) sits at L - 1, after what the target holds
+        last = state.last_tokens(rows)  # (b, 1)
         params = [state.params[b] for b in rows]
-        synchronize(dev)
-        # the set-up above is round overhead: timed inside the plain step's forward it made
-        # T(1) read high, and so v = T(K + 1) / T(1) and c low
-        t_setup = time.perf_counter()
-        if k == 0:
-            t1 = t_setup
-            logits = self.target.forward(last_tok, [n - 1 for n in lengths], rows=rows)
-            synchronize(dev)  # logits: (b, 1, V)
-            t2 = time.perf_counter()
-            new = self._choose(logits[:, 0], state, rows)[:, None]  # (b, 1)
-            verdict, n_host = None, [0] * len(rows)
-            counts = [1] * len(rows)
-            catchup = 0.0
+        # set-up is round overhead: timed inside the plain step's forward it made T(1) read
+        # high, and so v = T(K + 1) / T(1) and c low
+        clock.lap("other")
+        if k == 0:  # plain decoding: the target's next token, nothing drafted
+            logits = self.target.forward(last, positions, rows=rows)  # (b, 1, V)
+            clock.lap("verify")
+            token, _ = next_tokens(logits[:, 0], params, state.rng(rows))  # (b,)
+            block, verdict, accepted = token[:, None], None, [0] * len(rows)
         else:
-            catchup = self._catch_up(state, rows, lengths)
+            if self._catch_up(state, rows, lengths):
+                clock.lap("catchup")
             drafted, q = self._draft(state, rows, lengths, k)  # (b, K), (b, K, V) or None
-            synchronize(dev)
-            t1 = time.perf_counter()
-            verify_in = torch.cat([last_tok, drafted], dim=1)  # (b, K + 1)
-            logits = self.target.forward(verify_in, [n - 1 for n in lengths], rows=rows)
-            synchronize(dev)
-            t2 = time.perf_counter()
-            verdict = verify(drafted, q, logits, params, state.rng(rows))  # logits: (b, K + 1, V)
-            n = verdict.num_accepted  # (b,)
-            new = committed_block(drafted, verdict)  # (b, K + 1)
-            n_host = n.tolist()
-            counts = [x + 1 for x in n_host]
-            for i, x in enumerate(n_host):
-                if active[i]:
-                    row = state.rows[rows[i]]
-                    row.drafted += k
-                    row.accepted += x
-                    row.rejections += x < k
-        for i, b in enumerate(rows):
-            if active[i]:
-                state.rows[b].target_calls += 1
-        kept = self._commit(state, rows, new, counts)
+            clock.lap("draft")
+            verify_in = torch.cat([last, drafted], dim=1)  # (b, K + 1)
+            logits = self.target.forward(verify_in, positions, rows=rows)  # (b, K + 1, V)
+            clock.lap("verify")
+            verdict = verify(drafted, q, logits, params, state.rng(rows))
+            block = committed_block(drafted, verdict)  # (b, K + 1)
+            accepted = verdict.num_accepted.tolist()
+        kept = state.commit(rows, block, accepted, self.eos)
         if k:  # the draft holds every committed position below L - 2 (see _draft)
             for b in rows:
                 state.draft_lengths[b] = state.lengths[b] - 2
-        r = RoundStats.from_verdict(verdict, accepted=n_host, active=active, kept=kept)
-        synchronize(dev)
-        t3 = time.perf_counter()
-        r.set_seconds({"draft": t1 - t_setup - catchup, "verify": t2 - t1,
-                       "other": t3 - t2 + (t_setup - t0), "catchup": catchup})
+        r = RoundStats.from_verdict(verdict, accepted=accepted, active=active, kept=kept)
+        clock.lap("other")  # sampling, acceptance, commit and counting are overhead too
+        r.set_seconds(clock.laps)
         state.stats.add_round(r)
         return r
 
@@ -446,9 +278,57 @@ class SpeculativeEngine:
                                 f"too); shorten the prompt")
         return min(max_new_tokens, room)
 
-    def _catch_up(self, state: BatchState, rows: list[int], lengths: list[int]) -> float:
+    def _admission_budgets(self, state: BatchState, prompts: list[list[int]],
+                           budgets: list[int], generators: list | None) -> list[int]:
+        """Check that ``prompts`` may enter the batch now; returns each one's budget, capped
+        so its rounds fit (:meth:`_budget`)."""
+        n, free = len(prompts), state.occupied.count(False)
+        if not self.slotted and any(state.occupied):
+            raise DraftkitError("the general decoding path admits rows only into an empty "
+                                "batch; wait until every slot is released")
+        if self.one_row_cohorts and n > 1:
+            raise DraftkitError("a sliding-window model on the general decoding path decodes "
+                                "one row at a time; admit one prompt")
+        if n == 0 or n > free:
+            raise DraftkitError(f"cannot admit {n} rows: {free} slots are free")
+        capped = []
+        for i, (prompt, b) in enumerate(zip(prompts, budgets)):
+            if not prompt:
+                raise DraftkitError("empty prompt; give some text")
+            if b < 1:
+                raise DraftkitError(f"max new tokens must be >= 1, got {b}")
+            capped.append(self._budget(len(prompt), b, state.max_len, state.k_max, i))
+        if generators is not None and not isinstance(state.generators, list):
+            raise DraftkitError("per-row generators need a batch made by open(), not start()")
+        return capped
+
+    def _prefill(self, state: BatchState, slots: list[int]) -> None:
+        """Both models read the new rows' prompts; the target's next token is each row's
+        first, committed like a plain step's."""
+        import torch
+
+        n = len(slots)
+        use_draft = self.draft is not None and state.k_max > 0
+        if not self.slotted:  # a new cohort: fresh caches holding exactly these rows
+            state.cohort = list(slots)
+            self.target.reset(n, state.max_len)
+            if use_draft:
+                self.draft.reset(n, state.max_len)
+        lens = [state.lengths[b] for b in slots]
+        rows_t = torch.tensor(slots, device=self.device)
+        inp = state.tokens[rows_t, :max(lens)]  # (n, W) right-padded prompts
+        last = [m - 1 for m in lens]
+        logits = self.target.forward(inp, [0] * n, last=last, rows=slots)  # (n, V)
+        if use_draft:
+            self.draft.forward(inp, [0] * n, last=last, rows=slots)
+            for b, m in zip(slots, lens):
+                state.draft_lengths[b] = m
+        first, _ = next_tokens(logits, [state.params[b] for b in slots], state.rng(slots))
+        state.commit(slots, first[:, None], [0] * n, self.eos)
+
+    def _catch_up(self, state: BatchState, rows: list[int], lengths: list[int]) -> bool:
         """Feed the draft the committed tokens it has not seen, up to position L - 3 (tokens
-        decoded by K = 0 rounds); returns the seconds it took, zero when there were none.
+        decoded by K = 0 rounds); returns whether there were any.
 
         Separate from the first drafting step so that step costs the same as in any round at
         a fixed K, and c measures drafting, not the length of the plain stretch before it.
@@ -459,15 +339,13 @@ class SpeculativeEngine:
 
         width = max(n - 2 - min(state.draft_lengths[b], n - 2) for b, n in zip(rows, lengths))
         if width == 0:
-            return 0.0
+            return False
         dev = self.device
-        t0 = time.perf_counter()
         starts = [max(0, n - 2 - width) for n in lengths]
         idx = torch.tensor(starts, device=dev)[:, None] + torch.arange(width, device=dev)
         inp = state.tokens[torch.tensor(rows, device=dev)[:, None], idx]  # (b, W)
         self.draft.forward(inp, starts, last=[width - 1] * len(rows), rows=rows)
-        synchronize(dev)
-        return time.perf_counter() - t0
+        return True
 
     def _draft(self, state: BatchState, rows: list[int], lengths: list[int], k: int):
         """K draft tokens per row (and their warped q unless every row is greedy)."""
@@ -482,75 +360,14 @@ class SpeculativeEngine:
         idx = torch.tensor(starts, device=dev)[:, None] + torch.arange(2, device=dev)
         inp = state.tokens[torch.tensor(rows, device=dev)[:, None], idx]  # (b, 2)
         logits = self.draft.forward(inp, starts, last=[1] * len(rows), rows=rows)  # (b, V)
-        params = [state.params[b] for b in rows]
-        greedy = all(p.greedy for p in params)
-        gens = None if greedy else state.rng(rows)
+        params, gens = [state.params[b] for b in rows], state.rng(rows)
         tokens, qs = [], []
         for i in range(k):
-            if greedy:
-                d = logits.argmax(-1)
-            else:
-                q = row_probabilities(logits, params)  # (b, V)
-                d = self._exact_greedy(sample(q, gens), logits, params)
-                qs.append(q)
+            d, q = next_tokens(logits, params, gens)  # (b,), (b, V) or None
             tokens.append(d)
+            qs.append(q)
             if i < k - 1:
                 logits = self.draft.forward(d[:, None], [n + i for n in lengths],
                                             rows=rows)[:, -1]
         drafted = torch.stack(tokens, dim=1)  # (b, K)
-        return drafted, (torch.stack(qs, dim=1) if qs else None)
-
-    def _choose(self, logits: "torch.Tensor", state: BatchState, rows: list[int]
-                ) -> "torch.Tensor":
-        """Next token from the target's logits (b, V) -> (b,): argmax or a warped sample."""
-        params = [state.params[b] for b in rows]
-        if all(p.greedy for p in params):
-            return logits.argmax(-1)
-        tok = sample(row_probabilities(logits, params), state.rng(rows))
-        return self._exact_greedy(tok, logits, params)
-
-    @staticmethod
-    def _exact_greedy(tok: "torch.Tensor", logits: "torch.Tensor",
-                      params: list[SamplingParams]) -> "torch.Tensor":
-        """Greedy rows of a mixed batch take the argmax itself. tok: (b,), logits: (b, V)."""
-        import torch
-
-        greedy = [p.greedy for p in params]
-        if not any(greedy):
-            return tok
-        return torch.where(torch.tensor(greedy, device=tok.device), logits.argmax(-1), tok)
-
-    def _commit(self, state: BatchState, rows: list[int], new: "torch.Tensor",
-                counts: list[int]) -> list[int]:
-        """Append the first counts[i] tokens of new[i] to each active row rows[i], stopping at
-        EOS or the row's budget. new: (b, T). Returns the tokens kept per row (0 when done)."""
-        import torch
-
-        t = new.shape[1]
-        dev = new.device
-        lens = torch.tensor([state.lengths[b] for b in rows], device=dev)
-        cols = lens[:, None] + torch.arange(t, device=dev)  # (b, T)
-        # Rows that are done write past their end, where nothing is ever read.
-        state.tokens[torch.tensor(rows, device=dev)[:, None], cols] = new
-        host = new.tolist()
-        kept = [0] * len(rows)
-        for i, b in enumerate(rows):
-            if state.done[b]:
-                continue
-            m, reason = counts[i], None
-            if self.eos:
-                for j in range(m):
-                    if host[i][j] in self.eos:
-                        m, reason = j + 1, "eos"
-                        break
-            room = state.budgets[b] - (state.lengths[b] - state.prompt_lengths[b])
-            if m >= room:
-                reason = reason if m == room else None  # an EOS past the budget is cut off
-                m, reason = room, reason or "length"
-            state.finish[b] = reason
-            if reason is not None:
-                state.done[b] = True
-            state.new_tokens[b].extend(host[i][:m])
-            state.lengths[b] += m
-            kept[i] = m
-        return kept
+        return drafted, (torch.stack(qs, dim=1) if qs[0] is not None else None)

@@ -144,3 +144,25 @@ def sample(probs: "torch.Tensor", generator: Generators) -> "torch.Tensor":
     # are as good as never, so clamping them leaves the distribution as it is
     noise.clamp_min_(torch.finfo(noise.dtype).tiny)
     return (probs / noise).argmax(-1)
+
+
+def next_tokens(logits: "torch.Tensor", params: list[SamplingParams], generator: Generators
+                ) -> tuple["torch.Tensor", "torch.Tensor | None"]:
+    """One token per row, each row by its own parameters: the argmax for greedy rows, a sample
+    of the warped distribution for the others. logits: (B, V) -> tokens (B,) and the warped
+    probabilities (B, V), None when every row is greedy.
+
+    A greedy row of a mixed batch takes the argmax itself rather than a draw from its one-hot
+    distribution, so it never depends on random numbers.
+    """
+    import torch
+
+    greedy = [p.greedy for p in params]
+    if all(greedy):
+        return logits.argmax(-1), None
+    probs = row_probabilities(logits, params)
+    tokens = sample(probs, generator)
+    if any(greedy):
+        tokens = torch.where(torch.tensor(greedy, device=tokens.device), logits.argmax(-1),
+                             tokens)
+    return tokens, probs

@@ -23,7 +23,8 @@ import torch
 
 from draftkit import metrics
 from draftkit.decode.args import DecodingArgs
-from draftkit.decode.engine import SpeculativeEngine, synchronize
+from draftkit.decode.clock import synchronize
+from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.k import check_k
 from draftkit.decode.policy import resolve_k
 from draftkit.decode.sampling import SamplingParams, probabilities

@@ -32,7 +32,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from draftkit.decode.engine import round_margin
+from draftkit.decode.batch import round_margin
 from draftkit.decode.k import AUTO, K_MAX, KValue
 from draftkit.decode.policy import resolve_k
 from draftkit.decode.sampling import SamplingParams

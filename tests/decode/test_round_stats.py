@@ -1,8 +1,12 @@
-"""A round's statistics from its verdict."""
+"""A round's statistics from its verdict, and the clock that times the round's laps."""
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from draftkit.decode import clock as clock_module
+from draftkit.decode.clock import RoundClock
 from draftkit.decode.stats import DecodeStats, RoundStats
 from draftkit.decode.verify import Verdict
 
@@ -64,3 +68,14 @@ def test_empty_and_set_seconds():
     with pytest.raises(TypeError):  # construction is by keyword
         RoundStats(2, 0, [0, 0], [0, 0], 0.0, 0, 0, 0)
 
+
+def test_clock_laps_add_up_and_each_waits_for_the_device_once(monkeypatch):
+    now, syncs = [10.0], []
+    monkeypatch.setattr(clock_module, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(clock_module, "synchronize", syncs.append)
+    clock = RoundClock(torch.device("cpu"))
+    for name, seconds in (("other", 1.0), ("draft", 2.0), ("verify", 4.0), ("other", 0.5)):
+        now[0] += seconds
+        assert clock.lap(name) == seconds
+    assert clock.laps == {"other": 1.5, "draft": 2.0, "verify": 4.0}
+    assert len(syncs) == 4

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from draftkit.decode import engine as engine_module
+from draftkit.decode import clock as clock_module
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.sampling import SamplingParams
 from draftkit.decode.stats import DecodeStats
@@ -73,7 +73,7 @@ def test_c_leaves_out_the_catch_up_after_plain_rounds(models, monkeypatch):
             return forward(tokens, *args, **kw)
         return run
 
-    monkeypatch.setattr(engine_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(clock_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     monkeypatch.setattr(engine.draft, "forward", costing(engine.draft.forward,
                                                          lambda t: t.shape[1]))
     monkeypatch.setattr(engine.target, "forward", costing(engine.target.forward, lambda t: 10))
@@ -117,7 +117,7 @@ def test_the_round_set_up_is_timed_as_neither_forward(models, monkeypatch):
             inside[0] = False
 
     real = engine.target.forward
-    monkeypatch.setattr(engine_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(clock_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     monkeypatch.setattr(engine.target, "forward", forward)
     stats = DecodeStats()
     with torch.inference_mode():

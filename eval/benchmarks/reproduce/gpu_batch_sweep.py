@@ -51,7 +51,7 @@ def time_forward(runner, batch: int, tokens: int, context: int, repeats: int, de
     """Median seconds of one forward of ``tokens`` tokens per row after ``context`` cached."""
     import torch
 
-    from draftkit.decode.engine import synchronize
+    from draftkit.decode.clock import synchronize
 
     runner.reset(batch, context + tokens + 8)
     vocab = runner.vocab_size

@@ -77,7 +77,7 @@ def check_exact(device) -> dict:
 
 
 def run_engine(engine, prompts, k, max_new_tokens, device):
-    from draftkit.decode.engine import synchronize
+    from draftkit.decode.clock import synchronize
     from draftkit.decode.stats import DecodeStats
 
     stats = DecodeStats()
@@ -92,7 +92,7 @@ def run_engine(engine, prompts, k, max_new_tokens, device):
 def run_hf(target, draft, prompt, k, max_new_tokens, device) -> float:
     import torch
 
-    from draftkit.decode.engine import synchronize
+    from draftkit.decode.clock import synchronize
 
     kw = {}
     if draft is not None:

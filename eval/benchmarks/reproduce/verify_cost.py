@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from draftkit.decode import cpu_linear
-    from draftkit.decode.engine import synchronize
+    from draftkit.decode.clock import synchronize
     from draftkit.decode.runners import LlamaRunner
     from draftkit.models import load_pair
 

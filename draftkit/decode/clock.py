@@ -1,0 +1,42 @@
+"""Wall-clock laps of a decoding round, each read after the device has finished its work.
+
+A GPU runs queued kernels after the Python call returns, so a clock read without waiting
+charges the work to whatever the host does next. :class:`RoundClock` synchronises the device
+at the end of every lap, once; a round takes exactly as many synchronisations as it has laps.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+def synchronize(device: "torch.device") -> None:
+    """Wait for queued device work so the clock reads what was actually spent."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+class RoundClock:
+    """Named laps since the clock was made: ``lap(name)`` waits for the device, then adds the
+    time since the previous lap to ``laps[name]`` (a name may be lapped more than once)."""
+
+    def __init__(self, device: "torch.device"):
+        self.device = device
+        self.laps: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> float:
+        """End the current lap as ``name``; returns its seconds."""
+        synchronize(self.device)
+        now = time.perf_counter()
+        seconds, self._last = now - self._last, now
+        self.laps[name] = self.laps.get(name, 0.0) + seconds
+        return seconds
