@@ -7,11 +7,11 @@ assistant header), so the draft is trained and evaluated on exactly what serving
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from draftkit.errors import DraftkitError
+from draftkit.io import read_jsonl
 
 Prompt = str | list[dict[str, str]]  # plain text, or OpenAI-style messages
 
@@ -68,23 +68,13 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, raw: bool = False) -> list[int
 
 def read_prompts(path: str | Path) -> list[Prompt]:
     """Prompts from a JSONL file: strings, {"prompt": ...} or {"messages": [...]} per line."""
-    path = Path(path)
-    if not path.is_file():
-        what = "is a folder" if path.is_dir() else "does not exist"
-        raise DraftkitError(f"prompts file {path} {what}; pass a JSONL file")
     out = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            raise DraftkitError(f"{path}:{i} is not valid JSON; write one JSON value per "
-                                f"line") from None
+    for source, row in read_jsonl(path, "prompts file", "pass a JSONL file (UTF-8, one string, "
+                                  "{\"prompt\": ...} or {\"messages\": [...]} per line)"):
         if isinstance(row, dict):
             row = row.get("messages", row.get("prompt"))
         if not isinstance(row, (str, list)) or not row:
-            raise DraftkitError(f"{path}:{i}: expected a non-empty string, {{\"prompt\": ...}} "
+            raise DraftkitError(f"{source}: expected a non-empty string, {{\"prompt\": ...}} "
                                 f"or {{\"messages\": [...]}}")
         out.append(row)
     if not out:

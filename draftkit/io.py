@@ -1,4 +1,10 @@
-"""Writing files so that a killed run never leaves a half-written one behind.
+"""Files: read so that any bad one is one clear line, written so that a killed run never
+leaves a half-written one behind.
+
+Every JSON or JSONL file draftkit reads (recipes' DeepSpeed configs, prompts, suites, bundle
+manifests, eval reports, a draft's vocabulary) goes through :func:`read_json` or
+:func:`read_jsonl`: a missing path, a folder, bytes that are not UTF-8, invalid JSON or a value
+of the wrong kind each give the caller's error type with the path, what is wrong and what to do.
 
 Everything draftkit writes goes to a temporary sibling first and is renamed into place:
 ``os.replace`` is atomic on POSIX, so readers see the old file or the new one, never a mix.
@@ -8,14 +14,71 @@ The data is synced before the rename and the folder after it, so a power cut or 
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import hashlib
+import io
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
+
+from draftkit.errors import DraftkitError
+
+
+def read_text(path: str | Path, what: str, remedy: str,
+              error: type[DraftkitError] = DraftkitError) -> str:
+    """The UTF-8 text of a file (a leading byte-order mark dropped, as some editors write
+    one), or ``error``: "<what> <path> does not exist / is a folder / ...; <remedy>"."""
+    path = Path(path)
+    if not path.exists():
+        raise error(f"{what} {path} does not exist; {remedy}")
+    if path.is_dir():
+        raise error(f"{what} {path} is a folder; {remedy}")
+    data = path.read_bytes()
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise error(f"{path}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x}); "
+                    f"{remedy}") from None
+
+
+def read_json(path: str | Path, what: str, remedy: str,
+              error: type[DraftkitError] = DraftkitError, kind: type = dict) -> Any:
+    """A JSON file whose top level is a ``kind`` (a JSON object unless told otherwise)."""
+    text = read_text(path, what, remedy, error)
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{what} {path} is not valid JSON (line {e.lineno}: {e.msg}); "
+                    f"{remedy}") from None
+    if not isinstance(value, kind):
+        name = "a JSON object" if kind is dict else f"JSON of type {kind.__name__}"
+        raise error(f"{what} {path} is not {name}; {remedy}")
+    return value
+
+
+def read_jsonl(path: str | Path, what: str, remedy: str,
+               error: type[DraftkitError] = DraftkitError) -> list[tuple[str, Any]]:
+    """("<path>:<line>", value) for each non-blank line of a JSONL file, the first element
+    naming the line for the caller's own checks of each value."""
+    text = read_text(path, what, remedy, error)
+    rows = []
+    # only \n, \r and \r\n end a line: str.splitlines would also split at U+2028 and other
+    # separators JSON strings may hold as they are
+    for number, line in enumerate(io.StringIO(text, newline=None), start=1):
+        if not line.strip():  # blank lines, such as a trailing one, are not rows
+            continue
+        try:
+            rows.append((f"{path}:{number}", json.loads(line)))
+        except json.JSONDecodeError as e:
+            raise error(f"{path}:{number}: invalid JSON ({e.msg}); {remedy}") from None
+    return rows
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -12,7 +12,6 @@ nothing here is used. ``deepspeed`` is imported only when a recipe names a DeepS
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 from draftkit.distill.schedule import warmup_cosine
 from draftkit.errors import ConfigError
+from draftkit.io import read_json
 
 # Keys DeepSpeed needs to size the batch and pick the ZeRO stage. "auto" is filled from train.*.
 REQUIRED_DS_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
@@ -29,15 +29,8 @@ REQUIRED_DS_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_ste
 def check_deepspeed_json(path: str | Path) -> dict:
     """Read a DeepSpeed JSON config and check the keys draftkit relies on; return it."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"DeepSpeed config {path} does not exist; use one of "
-                          f"recipes/deepspeed/zero1.json, zero2.json, zero3.json")
-    try:
-        ds = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
-    if not isinstance(ds, dict):
-        raise ConfigError(f"{path}: a DeepSpeed config must be a JSON object")
+    ds = read_json(path, "DeepSpeed config", "use one of recipes/deepspeed/zero1.json, "
+                   "zero2.json, zero3.json or a JSON object like them", ConfigError)
     missing = [k for k in REQUIRED_DS_KEYS if k not in ds]
     if missing:
         raise ConfigError(f"{path}: missing DeepSpeed key '{missing[0]}'")

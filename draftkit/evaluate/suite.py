@@ -14,15 +14,13 @@ holds the training-side prompts, disjoint from them.
 
 from __future__ import annotations
 
-import codecs
-import io
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import draftkit
 from draftkit.chat import Prompt
 from draftkit.errors import DraftkitError
+from draftkit.io import read_jsonl
 
 _ROW_KEYS = ("domain", "prompt", "messages")
 _MESSAGE_KEYS = ("role", "content")
@@ -109,39 +107,19 @@ def _suite_files(path: Path) -> list[Path]:
 
 
 def _read_file(file: Path) -> list[SuiteRow]:
-    data = file.read_bytes()
-    if data.startswith(codecs.BOM_UTF8):  # some editors start UTF-8 files with one
-        data = data[len(codecs.BOM_UTF8):]
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise DraftkitError(f"{file}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x}); save "
-                            f"the suite as UTF-8") from None
-    rows = []
-    for number, line in enumerate(io.StringIO(text, newline=None), start=1):
-        if line.strip():  # blank lines, such as a trailing one, are not rows
-            rows.append(_parse_row(line, f"{file}:{number}"))
+    rows = [_parse_row(obj, source) for source, obj in read_jsonl(
+        file, "suite file", f"save the suite as UTF-8 JSONL, one object per line like {_EXAMPLE}")]
     if not rows:
         raise DraftkitError(f"{file}: the suite file has no prompts; add lines like {_EXAMPLE}")
     return rows
 
 
-def _parse_row(line: str, source: str) -> SuiteRow:
+def _parse_row(obj, source: str) -> SuiteRow:
     def bad(what: str) -> DraftkitError:
         return DraftkitError(f"{source}: {what}")
 
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise bad(f"invalid JSON ({e.msg}); each line must be one JSON object like "
-                  f"{_EXAMPLE}") from None
-    if not isinstance(obj, dict):
-        raise bad(f"a row must be a JSON object like {_EXAMPLE}, got {type(obj).__name__}")
-    unknown = [k for k in obj if k not in _ROW_KEYS]
-    if unknown:
-        raise bad(f"unknown key {unknown[0]!r}; a row has 'domain' and one of 'prompt' or "
-                  f"'messages'")
+    _check_object(obj, "a row", f"a JSON object like {_EXAMPLE}", _ROW_KEYS,
+                  "a row has 'domain' and one of 'prompt' or 'messages'", bad)
     domain = obj.get("domain")
     if not isinstance(domain, str) or not domain.strip():
         raise bad("missing or empty 'domain'; give the domain name, e.g. \"code\"")
@@ -155,16 +133,21 @@ def _parse_row(line: str, source: str) -> SuiteRow:
     return SuiteRow(domain, _check_messages(obj["messages"], bad), source)
 
 
+def _check_object(value, name: str, like: str, keys, has: str, bad) -> None:
+    """``value`` is a JSON object with only ``keys``, or ``bad`` says which it is not."""
+    if not isinstance(value, dict):
+        raise bad(f"{name} must be {like}, got {type(value).__name__}")
+    unknown = [k for k in value if k not in keys]
+    if unknown:
+        raise bad(f"{name} has unknown key {unknown[0]!r}; {has}")
+
+
 def _check_messages(messages, bad) -> list[dict[str, str]]:
     if not isinstance(messages, list) or not messages:
         raise bad("'messages' must be a non-empty list of {\"role\", \"content\"} objects")
     for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise bad(f"messages[{i}] must be a {{\"role\", \"content\"}} object")
-        unknown = [k for k in m if k not in _MESSAGE_KEYS]
-        if unknown:
-            raise bad(f"messages[{i}] has unknown key {unknown[0]!r}; a message has 'role' "
-                      f"and 'content'")
+        _check_object(m, f"messages[{i}]", "a {\"role\", \"content\"} object", _MESSAGE_KEYS,
+                      "a message has 'role' and 'content'", bad)
         if m.get("role") not in _ROLES:
             raise bad(f"messages[{i}] has role {m.get('role')!r}; use one of "
                       f"{', '.join(_ROLES)}")

@@ -27,7 +27,7 @@ from draftkit.decode.k import AUTO, DEFAULT_FIXED_K, KValue, parse_k
 from draftkit.errors import DraftkitError, ModelError
 from draftkit.evaluate.figures import EvalReport
 from draftkit.export.serving import write_serving
-from draftkit.io import atomic_dir, sha256_file
+from draftkit.io import atomic_dir, read_json, sha256_file
 from draftkit.models import check_compatible, load_tokenizer, resolve_model
 from draftkit.models.facts import context_window, vocab_size
 from draftkit.models.load import load_causal_lm
@@ -153,14 +153,8 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
 def _read_report(path) -> EvalReport | None:
     """An eval report.json, this version's or an earlier one's (figures it lacks read as
     None)."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise DraftkitError(f"report {path} does not exist; run `draftkit eval ... --out DIR` and "
-                            f"pass DIR/report.json") from None
-    except json.JSONDecodeError as e:
-        raise DraftkitError(f"report {path} is not valid JSON (line {e.lineno}); re-run the "
-                            f"evaluation") from None
+    data = read_json(path, "report", "run `draftkit eval ... --out DIR` and pass "
+                     "DIR/report.json", kind=object)  # the report's own check names it
     if not data:
         return None  # an empty report measured nothing: export as without one
     try:
@@ -235,12 +229,8 @@ def check_bundle(bundle: str | Path, check_target: bool = True,
     if not manifest_path.is_file():
         raise ModelError(f"{root} is not a draftkit bundle (no {MANIFEST}); pass the folder "
                          f"`draftkit export` wrote")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except json.JSONDecodeError as e:
-        raise ModelError(f"{manifest_path} is corrupt (invalid JSON at line {e.lineno}); "
-                         f"re-export the bundle") from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+    manifest = read_json(manifest_path, "bundle manifest", "re-export the bundle", ModelError)
+    if not isinstance(manifest.get("files"), dict):
         raise ModelError(f"{manifest_path} is not a bundle manifest (no 'files' mapping); "
                          f"re-export the bundle")
     files = manifest["files"]

@@ -10,13 +10,14 @@ so ``draftkit --help`` stays fast.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from draftkit.config import option
 from draftkit.decode.k import AUTO, DEFAULT_FIXED_K, K, parse_k
+from draftkit.errors import ModelError
 from draftkit.export.bundle import MANIFEST, check_bundle, export_bundle
+from draftkit.io import read_json
 from draftkit.tracking import Tracker
 
 
@@ -54,7 +55,7 @@ def export(args: ExportArgs) -> Path:
     """``draftkit export``."""
     out = export_bundle(args.target, args.draft, args.out, args.report, args.k, args.recipe,
                         args.force)
-    manifest = json.loads((out / MANIFEST).read_text())
+    manifest = read_json(out / MANIFEST, "bundle manifest", "re-export the bundle", ModelError)
     with Tracker("export", {"target": args.target, "draft": args.draft, "k": args.k}) as t:
         t.log_artifact(out, name=f"bundle-{out.name}", type="model",
                        metadata={"num_speculative_tokens": manifest["num_speculative_tokens"]})
@@ -72,7 +73,8 @@ def check(args: CheckArgs) -> dict:
     print(f"bundle {args.bundle} OK: {len(manifest['files'])} files verified, target "
           f"{manifest['target']['name']}, K={manifest['num_speculative_tokens']}")
     draft, spec = Path(args.bundle).resolve() / "draft", Path(args.bundle) / "serving/vllm.json"
-    named = json.loads(spec.read_text()).get("model") if spec.is_file() else str(draft)
+    named = read_json(spec, "serving config", "re-export the bundle", ModelError).get("model") \
+        if spec.is_file() else str(draft)
     if named != str(draft):  # hashed, so it keeps the path the bundle was exported at
         print(f"note: the bundle has moved; serving/vllm.json names the draft at {named}, now "
               f"at {draft} (serving/vllm.sh and sglang.sh find it where it is)")

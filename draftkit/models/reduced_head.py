@@ -31,12 +31,11 @@ merges.
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from draftkit.errors import ModelError
-from draftkit.io import atomic_write_json
+from draftkit.io import atomic_write_json, read_json
 
 if TYPE_CHECKING:
     import torch
@@ -138,8 +137,9 @@ class ReducedHead:
         path = Path(directory) / FILE
         if not path.is_file():
             return None
+        data = read_json(path, "draft vocabulary", "delete it to use the full vocabulary",
+                         ModelError)
         try:
-            data = json.loads(path.read_text())
             ids = [int(i) for i in data["token_ids"]]
         except (ValueError, KeyError, TypeError) as e:
             raise ModelError(f"{path}: not a draft vocabulary ({e}); delete it to use the full "

@@ -13,13 +13,13 @@ Accepted, in this order:
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from draftkit.errors import ModelError
+from draftkit.io import read_json
 from draftkit.models.embedded import EMBEDDED_NAME, embedded_dir, gguf_to_dir
 
 Role = Literal["target", "draft"]
@@ -82,18 +82,18 @@ def resolve_model(spec: str, role: Role = "target") -> ResolvedModel:
 
 
 def _resolve_bundle(spec: str, path: Path, role: Role) -> ResolvedModel:
-    try:
-        manifest = json.loads((path / "draftkit.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ModelError(f"{path}/draftkit.json is unreadable ({e}); run `draftkit check {path}`")\
-            from None
+    manifest = read_json(path / "draftkit.json", "bundle manifest",
+                         f"run `draftkit check {path}`, or re-export the bundle", ModelError)
+    draft, target = manifest.get("draft") or {}, manifest.get("target") or {}
+    for key, value in (("draft", draft), ("target", target)):
+        if not isinstance(value, dict):
+            raise ModelError(f"bundle manifest {path}/draftkit.json: '{key}' is not a mapping; "
+                             f"re-export the bundle")
     if role == "draft":
-        draft = path / "draft"
-        if not (draft / "config.json").is_file():
+        if not (path / "draft" / "config.json").is_file():
             raise ModelError(f"bundle {path} has no draft/config.json; re-export it")
-        return ResolvedModel(spec, draft.resolve(), "bundle", manifest.get("draft", {}).get(
-            "name", path.name))
-    target = manifest.get("target") or {}
+        return ResolvedModel(spec, (path / "draft").resolve(), "bundle",
+                             draft.get("name", path.name))
     for candidate in (target.get("path"), target.get("name")):
         if candidate:
             try:

@@ -188,6 +188,9 @@ def test_check_takes_the_target_from_the_command_line(tiny_dirs, tmp_path):
         check_bundle(out)
     assert check_bundle(out, target=str(target_dir))["num_speculative_tokens"] == 2
     (out / "draftkit.json").write_text("[]")
+    with pytest.raises(ModelError, match="bundle manifest .*draftkit.json is not a JSON object"):
+        check_bundle(out)
+    (out / "draftkit.json").write_text("{}")
     with pytest.raises(ModelError, match="is not a bundle manifest"):
         check_bundle(out)
 

@@ -75,7 +75,13 @@ def test_save_load_round_trip_and_bad_files(tmp_path):
     with pytest.raises(ModelError, match="unique"):
         ReducedHead.load(tmp_path, 10)
     (tmp_path / FILE).write_text("{")
+    with pytest.raises(ModelError, match="draft_vocab.json is not valid JSON .*delete it"):
+        ReducedHead.load(tmp_path, 10)
+    (tmp_path / FILE).write_text(json.dumps({"ids": [1, 2]}))
     with pytest.raises(ModelError, match="not a draft vocabulary"):
+        ReducedHead.load(tmp_path, 10)
+    (tmp_path / FILE).write_bytes(b'{"token_ids": [1], "source": "\xe9"}')
+    with pytest.raises(ModelError, match=r"draft_vocab.json:1: not UTF-8 text \(byte 0xe9\)"):
         ReducedHead.load(tmp_path, 10)
 
 
