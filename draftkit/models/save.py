@@ -46,12 +46,12 @@ def save_model(model: "PreTrainedModel", folder: str | Path) -> None:
     before = json.dumps(config, sort_keys=True)
     for section in (config, config.get("text_config")):
         if isinstance(section, dict):
-            _add_legacy_keys(section)
+            add_legacy_keys(section)
     if json.dumps(config, sort_keys=True) != before:
         path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
-def _add_legacy_keys(config: dict[str, Any]) -> None:
+def add_legacy_keys(config: dict[str, Any]) -> None:
     """transformers 4.x's names for what 5 records as ``rope_parameters`` and ``dtype``:
     ``rope_theta``, ``rope_scaling`` and ``partial_rotary_factor`` (Phi, GPT-NeoX) at the top
     level, and for Gemma 3, whose parameters are per layer type, the full-attention layers'

@@ -213,16 +213,16 @@ def test_saved_models_keep_their_rope_under_transformers_4(tmp_path, rope):
 def test_rope_written_per_layer_type_or_partial_is_written_for_transformers_4_too():
     """Phi's partial_rotary_factor and Gemma 3's per-layer-type rope_parameters, which 4.x
     reads as partial_rotary_factor, rope_theta / rope_scaling and rope_local_base_freq."""
-    from draftkit.models.save import _add_legacy_keys
+    from draftkit.models.save import add_legacy_keys
 
     phi = {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default",
                                "partial_rotary_factor": 0.75}}
-    _add_legacy_keys(phi)
+    add_legacy_keys(phi)
     assert (phi["rope_theta"], phi["partial_rotary_factor"], phi["rope_scaling"]) == (
         10000.0, 0.75, None)
     gemma3 = {"rope_parameters": {
         "full_attention": {"rope_theta": 1e6, "rope_type": "linear", "factor": 8.0},
         "sliding_attention": {"rope_theta": 1e4, "rope_type": "default"}}}
-    _add_legacy_keys(gemma3)
+    add_legacy_keys(gemma3)
     assert (gemma3["rope_theta"], gemma3["rope_local_base_freq"]) == (1e6, 1e4)
     assert gemma3["rope_scaling"] == {"rope_type": "linear", "factor": 8.0}

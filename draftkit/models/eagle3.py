@@ -1,0 +1,313 @@
+"""EAGLE-3 draft heads: one decoder layer that drafts from the target's own hidden states.
+
+EAGLE-3 (Li et al., "EAGLE-3: Scaling up Inference Acceleration of Large Language Models via
+Training-Time Test", arXiv 2503.01840) gives the draft more than tokens to go on: the target's
+hidden states at a low, a middle and a high layer, concatenated and projected to the hidden size
+(``fc``), feed one decoder layer together with the next token's embedding. Its output predicts
+the token after that over a reduced draft vocabulary, and is fed back as the next step's hidden
+state, so the head drafts K tokens from one set of target features. Such a head costs about one
+layer of the target plus a head over N tokens.
+
+One step at draft position t, with f_t the fused target feature after token t (or the head's own
+output h_(t-1) on later steps) and e_(t+1) the embedding of token t + 1::
+
+    x = [input_layernorm(e_(t+1)) ; hidden_norm(f_t)]       # (B, T, 2H): attention reads both
+    h = f_t + o_proj(attention(q, k, v of x, RoPE at t))    # the residual is f_t, unnormed
+    h = h + mlp(post_attention_layernorm(h))                # h: the next step's hidden state
+    logits = lm_head(norm(h))                               # (B, T, N): token t + 2
+
+Attention is the caller's: decoding keeps a KV cache (``draftkit.decode``), training unrolls
+the head over its own outputs with the mask of the training-time test (``draftkit.distill``).
+:meth:`Eagle3Draft.attention_inputs` and :meth:`Eagle3Draft.after_attention` are the two
+halves around it; :meth:`Eagle3Draft.forward` is the plain causal pass over target features.
+
+On disk the head is the layout vLLM and SGLang load as an EAGLE-3 draft (``LlamaForCausalLMEagle3``;
+tensor names ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``, ``d2t``,
+``t2d``): the draft vocabulary as ``d2t`` (N,) int64 offsets, target id = i + d2t[i], and
+``t2d`` (V,) bool; no ``embed_tokens``, since the head reads the target's (frozen) embedding and
+both engines share the target's when the draft ships none. The tapped layers are written in
+both engines' conventions: ``eagle_aux_hidden_state_layer_ids`` counts the layer the hidden
+state enters (vLLM), ``eagle_config.eagle_aux_hidden_state_layer_ids`` the layer it leaves
+(SGLang adds one).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from draftkit.errors import ModelError
+from draftkit.models.facts import text_config
+from draftkit.models.reduced_head import ReducedHead
+from draftkit.models.save import add_legacy_keys
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+WEIGHTS = "model.safetensors"
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """The tapped layers as the reference implementations pick them, in the "enters layer i"
+    convention: [2, L // 2, L - 3], i.e. the outputs of layers 1, L // 2 - 1 and L - 4 (for
+    targets too shallow for three distinct ones there, [1, L // 2, L - 1])."""
+    if num_layers < 3:
+        raise ModelError(f"an EAGLE-3 head taps three distinct layers; a target of "
+                         f"{num_layers} layers has too few")
+    ids = [2, num_layers // 2, num_layers - 3]
+    return ids if len(set(ids)) == 3 and ids == sorted(ids) else \
+        [1, num_layers // 2, num_layers - 1]
+
+
+def is_eagle3(config: Any) -> bool:
+    """Whether a config (a dict or an HF config) describes an EAGLE-3 head."""
+    arch = config.get("architectures") if isinstance(config, dict) else \
+        getattr(config, "architectures", None)
+    return ARCHITECTURE in (arch or [])
+
+
+def eagle3_config(target: Any, head: ReducedHead, aux_layers: list[int] | None = None,
+                  intermediate_size: int | None = None):
+    """The head's config for ``target`` (a model or its config): the target's attention shape
+    (heads, KV heads, head_dim), RoPE and context, one layer, untied, over ``head``'s N tokens.
+
+    vLLM places the head's layer in the target's KV cache groups, so KV heads and head_dim must
+    equal the target's; the width must equal the embedding's, which both engines share."""
+    from transformers import LlamaConfig
+
+    tc = text_config(target)
+    if getattr(tc, "model_type", None) not in ("llama", "mistral", "qwen2", "qwen3"):
+        raise ModelError(f"EAGLE-3 heads are built for Llama-family targets (Llama, Mistral, "
+                         f"Qwen2, Qwen3); this target is {getattr(tc, 'model_type', None)!r}")
+    if head.vocab_size != tc.vocab_size:
+        raise ModelError(f"the draft vocabulary is over {head.vocab_size} ids; the target has "
+                         f"{tc.vocab_size}")
+    layers = list(aux_layers) if aux_layers else default_aux_layers(tc.num_hidden_layers)
+    if len(layers) != 3 or layers != sorted(set(layers)) or \
+            not all(1 <= i <= tc.num_hidden_layers for i in layers):
+        raise ModelError(f"aux layers {layers}: give three distinct layer ids in ascending order "
+                         f"within 1..{tc.num_hidden_layers} (the layer each hidden state enters: "
+                         f"low, middle, high)")
+    heads = tc.num_attention_heads
+    rope = {k: getattr(tc, k) for k in ("rope_theta", "rope_scaling", "rope_parameters")
+            if getattr(tc, k, None) is not None}
+    cfg = LlamaConfig(
+        vocab_size=tc.vocab_size, hidden_size=tc.hidden_size,
+        intermediate_size=intermediate_size or tc.intermediate_size, num_hidden_layers=1,
+        num_attention_heads=heads, num_key_value_heads=getattr(tc, "num_key_value_heads", heads),
+        head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // heads,
+        max_position_embeddings=tc.max_position_embeddings, rms_norm_eps=tc.rms_norm_eps,
+        tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+        bos_token_id=getattr(tc, "bos_token_id", None),
+        eos_token_id=getattr(tc, "eos_token_id", None),
+        pad_token_id=getattr(tc, "pad_token_id", None), **rope)
+    cfg.architectures = [ARCHITECTURE]
+    cfg.draft_vocab_size = len(head)
+    cfg.target_hidden_size = tc.hidden_size
+    cfg.eagle_aux_hidden_state_layer_ids = layers
+    cfg.eagle_config = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in layers]}
+    return cfg
+
+
+class Eagle3Layer(nn.Module):
+    """The head's one decoder layer: attention over [embedding ; hidden], both normed."""
+
+    def __init__(self, config):
+        from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+
+        super().__init__()
+        h, hd = config.hidden_size, config.head_dim
+        self.num_heads, self.kv_heads, self.head_dim = (config.num_attention_heads,
+                                                        config.num_key_value_heads, hd)
+        self.input_layernorm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+        self.hidden_norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+        self.self_attn = nn.Module()
+        self.self_attn.q_proj = nn.Linear(2 * h, self.num_heads * hd, bias=False)
+        self.self_attn.k_proj = nn.Linear(2 * h, self.kv_heads * hd, bias=False)
+        self.self_attn.v_proj = nn.Linear(2 * h, self.kv_heads * hd, bias=False)
+        self.self_attn.o_proj = nn.Linear(self.num_heads * hd, h, bias=False)
+        self.post_attention_layernorm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+
+class Eagle3Draft(nn.Module):
+    """An EAGLE-3 head over a target of hidden size H and vocabulary V, drafting over N tokens.
+
+    ``embed_tokens`` is the target's, frozen (:func:`from_target` copies it in); ``d2t`` /
+    ``t2d`` are the draft vocabulary as both engines read it (:attr:`reduced_head`)."""
+
+    def __init__(self, config):
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
+
+        super().__init__()
+        self.config = config
+        h, n = config.hidden_size, config.draft_vocab_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, h)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.fc = nn.Linear(3 * config.target_hidden_size, h, bias=False)
+        self.midlayer = Eagle3Layer(config)
+        self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+        self.lm_head = nn.Linear(h, n, bias=False)
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+        self.register_buffer("d2t", torch.zeros(n, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+
+    # --- the draft vocabulary -----------------------------------------------------------------
+
+    @property
+    def aux_layers(self) -> list[int]:
+        """The target layers whose input hidden states the head reads (low, middle, high)."""
+        return list(self.config.eagle_aux_hidden_state_layer_ids)
+
+    @property
+    def reduced_head(self) -> ReducedHead:
+        """The draft vocabulary: target id of draft id i is i + d2t[i]."""
+        ids = torch.arange(self.d2t.numel(), device=self.d2t.device) + self.d2t
+        return ReducedHead(ids, self.config.vocab_size)
+
+    def set_vocabulary(self, head: ReducedHead) -> None:
+        """d2t and t2d from the N target ids of ``head`` (sorted, as draft ids are)."""
+        ids = head.ids.sort().values.to(self.d2t.device)
+        if ids.numel() != self.d2t.numel():
+            raise ModelError(f"the head has {self.d2t.numel()} rows; the vocabulary has "
+                             f"{ids.numel()} tokens")
+        self.d2t.copy_(ids - torch.arange(ids.numel(), device=ids.device))
+        self.t2d.zero_()
+        self.t2d[ids] = True
+
+    # --- the two halves around attention ------------------------------------------------------
+
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        """The three tapped hidden states (B, T, 3 Ht), low to high, as one feature (B, T, H)."""
+        return self.fc(aux.to(self.fc.weight.dtype))
+
+    def attention_inputs(self, input_ids: torch.Tensor, hidden: torch.Tensor,
+                         position_ids: torch.Tensor):
+        """q (B, nh, T, hd) and k, v (B, nkv, T, hd), RoPE applied at ``position_ids`` (B, T),
+        for tokens ``input_ids`` (B, T) read with ``hidden`` (B, T, H)."""
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        layer = self.midlayer
+        emb = self.embed_tokens(input_ids).to(hidden.dtype)
+        x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(hidden)], dim=-1)
+        bsz, t, _ = x.shape
+        a = layer.self_attn
+        q = a.q_proj(x).view(bsz, t, layer.num_heads, layer.head_dim).transpose(1, 2)
+        k = a.k_proj(x).view(bsz, t, layer.kv_heads, layer.head_dim).transpose(1, 2)
+        v = a.v_proj(x).view(bsz, t, layer.kv_heads, layer.head_dim).transpose(1, 2)
+        cos, sin = self.rotary_emb(v, position_ids)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        return q, k, v
+
+    def after_attention(self, o: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """The layer's output (B, T, H) from attention's ``o`` (B, nh, T, hd) and the residual
+        ``hidden``: what the next step reads as its hidden state (before the final norm)."""
+        layer = self.midlayer
+        bsz, _, t, _ = o.shape
+        h = hidden + layer.self_attn.o_proj(o.transpose(1, 2).reshape(bsz, t, -1))
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary (..., N) from layer outputs (..., H)."""
+        return self.lm_head(self.norm(h))
+
+    def forward(self, aux: torch.Tensor, input_ids: torch.Tensor,
+                position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's first step over a whole sequence, causally: aux (B, T, 3 Ht) from the
+        target after tokens 0..T-1, input_ids (B, T) tokens 1..T. Returns (logits (B, T, N),
+        h (B, T, H)); logits[:, t] scores token t + 2."""
+        import torch.nn.functional as F
+
+        bsz, t = input_ids.shape
+        if position_ids is None:
+            position_ids = torch.arange(t, device=input_ids.device)[None].expand(bsz, t)
+        hidden = self.fuse(aux)
+        q, k, v = self.attention_inputs(input_ids, hidden, position_ids)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           enable_gqa=k.shape[1] != q.shape[1])
+        h = self.after_attention(o, hidden)
+        return self.logits(h), h
+
+
+def from_target(target: Any, head: ReducedHead, aux_layers: list[int] | None = None,
+                seed: int = 0) -> Eagle3Draft:
+    """A new head for ``target`` (a loaded model): random layer, fc and lm_head (seeded), the
+    target's embedding copied in and frozen, the lm_head rows started from the target's head
+    rows for the draft vocabulary (a draft that starts from the target's own head agrees with
+    it sooner)."""
+    torch.manual_seed(seed)
+    head = ReducedHead(head.ids.sort().values, head.vocab_size)  # draft ids in target-id order
+    draft = Eagle3Draft(eagle3_config(target, head, aux_layers))
+    param = next(target.parameters())
+    draft.to(dtype=param.dtype)
+    with torch.no_grad():
+        draft.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+        draft.lm_head.weight.copy_(head.restrict(target.get_output_embeddings().weight, dim=0))
+    draft.set_vocabulary(head)
+    return draft.to(param.device)
+
+
+# --- on disk -------------------------------------------------------------------------------------
+
+def save_eagle3(draft: Eagle3Draft, folder: str | Path, dtype: torch.dtype | None = None) -> None:
+    """config.json and model.safetensors in the layout vLLM and SGLang load (module
+    docstring): every weight but the target's embedding; ``dtype`` for the floating ones."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {}
+    for name, tensor in draft.state_dict().items():
+        if name.startswith(("embed_tokens.", "rotary_emb.")):
+            continue
+        tensor = tensor.detach()
+        if dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+        state[name] = tensor.contiguous().cpu()
+    save_file(state, str(folder / WEIGHTS), metadata={"format": "pt"})
+    config = draft.config.to_dict()
+    config["torch_dtype"] = str(dtype or draft.fc.weight.dtype).removeprefix("torch.")
+    add_legacy_keys(config)  # rope_theta beside rope_parameters, for transformers 4.x engines
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def load_eagle3(folder: str | Path, target: Any) -> Eagle3Draft:
+    """The head in ``folder`` (as :func:`save_eagle3` wrote it) on ``target``'s device and
+    dtype, reading the target's embedding. Every tensor must be there with its shape."""
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig
+
+    folder = Path(folder)
+    data = json.loads((folder / "config.json").read_text())
+    if not is_eagle3(data):
+        raise ModelError(f"{folder} is not an EAGLE-3 head (architectures is not "
+                         f"[{ARCHITECTURE!r}])")
+    config = LlamaConfig(**data)
+    tc = text_config(target)
+    if (config.vocab_size, config.target_hidden_size) != (tc.vocab_size, tc.hidden_size):
+        raise ModelError(f"{folder} is an EAGLE-3 head for a target of vocabulary "
+                         f"{config.vocab_size} and hidden size {config.target_hidden_size}; "
+                         f"this target has {tc.vocab_size} and {tc.hidden_size}: pass the target "
+                         f"it was trained on")
+    draft = Eagle3Draft(config)
+    state = load_file(str(folder / WEIGHTS))
+    expected = {k: v.shape for k, v in draft.state_dict().items()
+                if not k.startswith(("embed_tokens.", "rotary_emb."))}
+    missing = sorted(set(expected) - set(state))
+    unknown = sorted(set(state) - set(expected))
+    if missing or unknown:
+        raise ModelError(f"{folder}/{WEIGHTS}: " + (f"missing {missing[0]}" if missing else
+                         f"unknown tensor {unknown[0]}") + "; re-export the head")
+    bad = [k for k, shape in expected.items() if state[k].shape != shape]
+    if bad:
+        raise ModelError(f"{folder}/{WEIGHTS}: {bad[0]} has shape {tuple(state[bad[0]].shape)}, "
+                         f"expected {tuple(expected[bad[0]])}; re-export the head")
+    param = next(target.parameters())
+    draft.to(dtype=param.dtype)
+    draft.load_state_dict({k: v.to(draft.state_dict()[k].dtype) for k, v in state.items()},
+                          strict=False)
+    with torch.no_grad():
+        draft.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+    return draft.to(param.device).eval()
