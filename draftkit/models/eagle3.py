@@ -85,11 +85,11 @@ def eagle3_config(target: Any, head: ReducedHead, aux_layers: list[int] | None =
         raise ModelError(f"the draft vocabulary is over {head.vocab_size} ids; the target has "
                          f"{tc.vocab_size}")
     layers = list(aux_layers) if aux_layers else default_aux_layers(tc.num_hidden_layers)
-    if len(layers) != 3 or layers != sorted(set(layers)) or \
-            not all(1 <= i <= tc.num_hidden_layers for i in layers):
+    top = tc.num_hidden_layers - 1  # a hidden state that enters a layer: the last is L - 1
+    if len(layers) != 3 or layers != sorted(set(layers)) or not all(1 <= i <= top for i in layers):
         raise ModelError(f"aux layers {layers}: give three distinct layer ids in ascending order "
-                         f"within 1..{tc.num_hidden_layers} (the layer each hidden state enters: "
-                         f"low, middle, high)")
+                         f"within 1..{top} (the layer each hidden state enters: low, middle, "
+                         f"high)")
     heads = tc.num_attention_heads
     rope = {k: getattr(tc, k) for k in ("rope_theta", "rope_scaling", "rope_parameters")
             if getattr(tc, k, None) is not None}

@@ -88,7 +88,9 @@ def test_only_llama_family_targets_and_their_vocabulary(target):
     target.config.model_type = "gpt2"
     with pytest.raises(ModelError, match="Llama-family targets .* this target is 'gpt2'"):
         eagle3_config(target, head)
-    mistral = make_mistral(3, 0, window=4096, vocab=100)
-    assert eagle3_config(mistral, ReducedHead([1, 2], 100), aux_layers=[1, 2, 3]) is not None
-    with pytest.raises(ModelError, match=r"aux layers \[1, 1, 2\]: give three distinct"):
-        eagle3_config(mistral, ReducedHead([1, 2], 100), aux_layers=[1, 1, 2])
+    mistral = make_mistral(4, 0, window=4096, vocab=100)
+    config = eagle3_config(mistral, ReducedHead([1, 2], 100), aux_layers=[1, 2, 3])
+    assert config.eagle_aux_hidden_state_layer_ids == [1, 2, 3] and config.num_hidden_layers == 1
+    for layers in ([1, 1, 2], [1, 2, 4], [3, 2, 1]):  # repeated, past the last layer, unordered
+        with pytest.raises(ModelError, match=r"give three distinct layer ids .* within 1..3"):
+            eagle3_config(mistral, ReducedHead([1, 2], 100), aux_layers=layers)
