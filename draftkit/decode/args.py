@@ -13,7 +13,6 @@ Their flags are listed under one ``--help`` group, :data:`GROUP`.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from draftkit.config import option
@@ -67,9 +66,3 @@ class DecodingArgs(SamplingArgs, SpeculationArgs):
         SpeculationArgs.validate(self)
         SamplingArgs.validate(self)
 
-    @classmethod
-    def of(cls, decoding: DecodingArgs, **rest):
-        """A ``cls`` (a subclass with fields of its own, given in ``rest``) that takes
-        ``decoding``'s shared fields as they are."""
-        shared = {f.name: getattr(decoding, f.name) for f in dataclasses.fields(DecodingArgs)}
-        return cls(**shared, **rest)

@@ -19,11 +19,12 @@ imported inside the functions that run them: ``draftkit --help`` stays fast.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 from draftkit.config import option, reuse, to_dict
-from draftkit.decode.args import DecodingArgs, SamplingArgs, SpeculationArgs
+from draftkit.decode.args import SamplingArgs, SpeculationArgs
 from draftkit.decode.k import AUTO, K, check_k, parse_k
 from draftkit.errors import ConfigError
 from draftkit.evaluate.figures import EvalReport, RegimesReport
@@ -31,6 +32,7 @@ from draftkit.evaluate.regimes.drafts import DEFAULT_DRAFT_LAYERS
 from draftkit.evaluate.regimes.report import REGIMES, write_regimes_report
 from draftkit.evaluate.report import (break_even_text, domain_table, format_text_table,
                                       write_report)
+from draftkit.evaluate.settings import EvalSettings
 from draftkit.evaluate.suite import builtin_suites_dir
 from draftkit.tracking import Tracker
 
@@ -43,7 +45,7 @@ def suite_path(suite: str) -> Path:
 # --- draftkit eval -------------------------------------------------------------------------------
 
 @dataclass
-class EvalArgs(DecodingArgs):
+class EvalArgs(EvalSettings):
     """Measure a draft against its target on domain suites and write a report. Under --k auto,
     one K policy runs per domain, learning across its prompts as a server's does across
     requests; --k-max also bounds the K sweep's predictions."""
@@ -57,46 +59,27 @@ class EvalArgs(DecodingArgs):
                                                    "its teacher-forced alpha on the same "
                                                    "continuations is reported as alpha_before, "
                                                    "the draft's as alpha_after")
-    max_new_tokens: int = option(128, help="new tokens per prompt")
-    batch_sizes: list[int] = option([1, 2, 4, 8, 16], help="batch sizes of the batch sweep "
-                                                           "(empty to skip)")
-    k_sweep: list[int] = option([1, 2, 4, 6], help="K values measured in the K sweep (empty "
-                                                   "to skip; predictions cover 1..k_max)")
-    k_sweep_prompts: int = option(2, help="prompts per domain the K sweep decodes at each K "
-                                          "(its first ones)")
-    k_sweep_tokens: int = option(48, help="new tokens per prompt in the K sweep; with "
-                                          "--k-sweep-prompts equal to the table's, the sweep "
-                                          "compares like for like with it")
     limit: int | None = option(None, help="at most N prompts per domain")
     domains: list[str] | None = option(None, nargs="*", metavar="DOMAIN",
                                        help="only these domains (space- or comma-separated)")
-    repeats: int = option(1, help="timing repeats (medians reported)")
     dtype: str = option("auto", help="auto, float32, bfloat16 or float16")
     device: str | None = option(None, help="cpu or cuda (default: cuda if available)")
 
     def validate(self) -> None:
         super().validate()
         check_k(self.k, self.k_max, bounded=True)  # predictions and the K sweep stop at k_max
-        for name in ("max_new_tokens", "repeats", "k_max", "k_sweep_prompts", "k_sweep_tokens"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.k_max < 1:
+            raise ConfigError("--k-max must be >= 1")
         if self.limit is not None and self.limit < 1:
             raise ConfigError("--limit must be >= 1")
-        if any(b < 1 for b in self.batch_sizes) or any(k < 1 for k in self.k_sweep):
-            raise ConfigError("--batch-sizes and --k-sweep take positive integers")
 
 
 def run_eval(args: EvalArgs) -> EvalReport:
     """Measure and return the report (``evaluate`` also writes it)."""
     # the measurements import torch
     from draftkit.evaluate.evaluation import eval_report
-    from draftkit.evaluate.runner import EvalSettings
 
-    settings = EvalSettings.of(
-        args, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-        k_sweep=[k for k in args.k_sweep if k <= args.k_max],
-        k_sweep_prompts=args.k_sweep_prompts, k_sweep_tokens=args.k_sweep_tokens,
-        batch_sizes=args.batch_sizes)
+    settings = dataclasses.replace(args, k_sweep=[k for k in args.k_sweep if k <= args.k_max])
     return eval_report(args.target, args.draft, suite_path(args.suite), settings,
                        baseline_draft=args.baseline_draft, limit=args.limit,
                        domains=args.domains, device=args.device, dtype=args.dtype)

@@ -17,7 +17,8 @@ from tqdm.auto import tqdm
 from draftkit.chat import encode_prompt
 from draftkit.evaluate import summary
 from draftkit.evaluate.figures import ALPHA_BEFORE, DomainFigures, EvalReport, now
-from draftkit.evaluate.runner import DomainRun, EvalSettings, Evaluator
+from draftkit.evaluate.runner import DomainRun, Evaluator
+from draftkit.evaluate.settings import EvalSettings
 from draftkit.evaluate.suite import by_domain, load_suite
 from draftkit.models import load_another_draft, load_pair
 

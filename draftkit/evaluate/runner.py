@@ -16,13 +16,12 @@ K listed) and batch size (measured c(B), v(B) and speedup at each B).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from draftkit import metrics
-from draftkit.decode.args import DecodingArgs
 from draftkit.decode.clock import synchronize
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.k import check_k
@@ -31,25 +30,13 @@ from draftkit.decode.sampling import SamplingParams, probabilities
 from draftkit.decode.stats import DecodeStats
 from draftkit.evaluate import entropy
 from draftkit.evaluate.figures import BatchRow, EntropyTable
+from draftkit.evaluate.settings import EvalSettings
 from draftkit.models.reduced_head import head_of
 
 # Tokens of the untimed warm-up decodes: enough to run every forward the timed decodes run
 # (prefill, draft steps, verify) once, so one-time costs (CUDA context, cuBLAS handles, oneDNN
 # primitives, allocator growth) land there, not in whichever timed decode happens to go first.
 WARMUP_TOKENS = 8
-
-
-@dataclass
-class EvalSettings(DecodingArgs):
-    """What the measurements decode with (K, sampling) and how much they measure."""
-
-    max_new_tokens: int = 128
-    repeats: int = 1
-    k_sweep: list[int] = field(default_factory=lambda: [1, 2, 4, 6])
-    k_sweep_prompts: int = 2
-    k_sweep_tokens: int = 48
-    batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
-    batch_tokens: int = 32
 
 
 @dataclass

@@ -19,7 +19,8 @@ from draftkit.decode.stats import DecodeStats
 from draftkit.evaluate import entropy
 from draftkit.evaluate.figures import (ALPHA_BEFORE, BatchBreakEven, BatchRow, BreakEven,
                                        DomainFigures, KSweepRow)
-from draftkit.evaluate.runner import DomainRun, EvalSettings, KMeasurement
+from draftkit.evaluate.runner import DomainRun, KMeasurement
+from draftkit.evaluate.settings import EvalSettings
 
 
 def k_used(stats) -> int:

@@ -145,15 +145,14 @@ def test_shared_flags_have_one_help_text_in_every_command(command):
 def test_eval_takes_top_k_and_hands_it_to_its_settings():
     from draftkit.cli import build_parser, parse
     from draftkit.evaluate.command import EvalArgs
-    from draftkit.evaluate.runner import EvalSettings
+    from draftkit.evaluate.settings import EvalSettings
 
     args = from_namespace(EvalArgs, parse(build_parser(), ["eval", "--draft", "d", "--top-k",
                                                            "20", "--temperature", "0.7",
                                                            "--k", "2", "--seed", "4"]))
     assert (args.top_k, args.temperature, args.k, args.seed) == (20, 0.7, 2, 4)
-    settings = EvalSettings.of(args, max_new_tokens=9)
-    assert (settings.top_k, settings.temperature, settings.k, settings.k_max, settings.seed,
-            settings.top_p, settings.max_new_tokens) == (20, 0.7, 2, K_MAX, 4, 1.0, 9)
+    assert isinstance(args, EvalSettings)  # eval's flags are the measurements' settings
+    assert (args.k_max, args.top_p, args.max_new_tokens) == (K_MAX, 1.0, 128)
 
 
 @pytest.mark.parametrize("field,value,message", [

@@ -16,7 +16,8 @@ from draftkit.decode.stats import DecodeStats
 from draftkit.evaluate import summary
 from draftkit.evaluate.figures import DomainFigures, PointFigures, PolicyBatchRow
 from draftkit.evaluate.regimes.drafts import Draft
-from draftkit.evaluate.runner import DomainRun, EvalSettings, Evaluator
+from draftkit.evaluate.runner import DomainRun, Evaluator
+from draftkit.evaluate.settings import EvalSettings
 
 
 @dataclass

@@ -15,7 +15,7 @@ from draftkit.evaluate.regimes.analysis import (batch_regime, cost_regime, entro
                                                 headline, mismatch_regime)
 from draftkit.evaluate.regimes.drafts import build_drafts, num_layers
 from draftkit.evaluate.regimes.measure import measure, planned_runs
-from draftkit.evaluate.runner import EvalSettings
+from draftkit.evaluate.settings import EvalSettings
 from draftkit.evaluate.suite import by_domain, load_suite
 from draftkit.models import load_pair
 
