@@ -70,7 +70,7 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> arg
     Plain argparse ends a positional list at the first flag, so ``distill R.yaml --dry-run
     seed=1`` would reject ``seed=1``; the subcommand's words are parsed intermixed instead.
     """
-    args = list(sys.argv[1:] if argv is None else argv)
+    args = _negative_values(list(sys.argv[1:] if argv is None else argv))
     ns = parser.parse_known_args(args)[0]
     if not ns.command:
         return parser.parse_args(args)
@@ -78,6 +78,19 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> arg
     words = args[args.index(ns.command) + 1:]
     return parser.commands[ns.command].parse_intermixed_args(
         words, namespace=argparse.Namespace(command=ns.command))
+
+
+def _negative_values(words: list[str]) -> list[str]:
+    """``--layers -1,0`` as ``--layers=-1,0``: argparse takes a word starting with '-' for a
+    flag unless it is one plain negative number, and would say "expected one argument"."""
+    out: list[str] = []
+    for word in words:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and \
+                len(word) > 1 and word[0] == "-" and (word[1].isdigit() or word[1] == "."):
+            out[-1] = f"{out[-1]}={word}"
+        else:
+            out.append(word)
+    return out
 
 
 def _quiet_libraries() -> None:

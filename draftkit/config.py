@@ -389,9 +389,19 @@ def load_recipe(cls: type, path: str | Path, overrides: list[str] | None = None)
         raise ConfigError(f"{path}: a recipe must be a mapping of keys")
     # Overrides are checked against the class first so that a mistyped key or a bad value
     # names the command line, not the file.
-    if overrides:
-        data = apply_overrides(data, _checked_overrides(cls, overrides))
-    return from_dict(cls, data, str(path))
+    if not overrides:
+        return from_dict(cls, data, str(path))
+    merged = apply_overrides(data, _checked_overrides(cls, overrides))
+    try:
+        return from_dict(cls, merged, str(path))
+    except ConfigError as e:
+        # A check across keys failed. If the recipe alone passes it, an override broke it
+        # (train.lr=-1): name the command line, not the file.
+        try:
+            from_dict(cls, data, str(path))
+        except ConfigError:
+            raise e from None
+        raise ConfigError(f"command line: {str(e).removeprefix(f'{path}: ')}") from None
 
 
 def _checked_overrides(cls: type, overrides: list[str]) -> list[tuple[str, Any]]:

@@ -107,7 +107,11 @@ def _recipe(tmp_path, text):
      "data.sources[0]: DATA: name 'main' picks a hub dataset's config"),
     ("data: {sources: [{path: CSV}]}\n", "data.sources[0]: cannot tell the format of CSV"),
     ("data: {sources: [{path: DATA}]}\ndraft: {derive_layers: []}\n",
-     "draft.derive_layers is empty"),
+     "draft.derive_layers names no layer"),
+    ("data: {sources: [{path: DATA}]}\ndraft: {derive_layers: [0, 1, 0]}\n",
+     r"draft.derive_layers 0,1,0: layer 0 is given twice"),
+    ("data: {sources: [{path: DATA}]}\ndraft: {derive_layers: [-1, 0]}\n",
+     r"draft.derive_layers -1,0: layer indices count from 0"),
     ("max_steps: 3\nmax_steps: 9\ndata: {sources: [{path: DATA}]}\n",
      "line 2: key 'max_steps' is given twice; keep one"),
     ("data: {sources: [{path: DATA}], regime: on_policy}\n", "never draws on-policy rows"),
@@ -198,3 +202,16 @@ def test_bad_deepspeed_json(tmp_path):
     p.write_text("{not json")
     with pytest.raises(ConfigError, match="not valid JSON"):
         check_deepspeed_json(p)
+
+
+def test_a_check_an_override_breaks_names_the_command_line(tmp_path):
+    """The recipe alone passes its checks: the override that breaks one is the command line's
+    fault, not the file's; a recipe that fails on its own is still the file's."""
+    path = _recipe(tmp_path, "data: {sources: [{path: DATA}]}\n")
+    for override, said in (("train.lr=-1", "train.lr must be positive"),
+                           ("draft.derive_layers=[0,0]", "layer 0 is given twice")):
+        with pytest.raises(ConfigError, match=f"^command line: .*{said}"):
+            load_config(path, [override])
+    bad = _recipe(tmp_path, "data: {sources: [{path: DATA}]}\ntrain: {lr: -1}\n")
+    with pytest.raises(ConfigError, match=f"^{bad}: train.lr must be positive"):
+        load_config(bad, ["seed=1"])

@@ -60,9 +60,10 @@ class Result:
     @property
     def tau(self) -> float:
         """Tokens kept per target call over the decoding rounds, as :meth:`DecodeStats.tau`:
-        the prefill and the first token it emits are left out."""
+        the prefill and the first token it emits are left out. A row that ended at that first
+        token had no decoding round: one token per target call, tau 1 (never below)."""
         rounds = self.stats.target_calls - 1
-        return (len(self.tokens) - 1) / rounds if rounds > 0 else 0.0
+        return (len(self.tokens) - 1) / rounds if rounds > 0 else 1.0
 
 
 @dataclass(kw_only=True)

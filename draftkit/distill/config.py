@@ -21,6 +21,7 @@ from typing import Literal
 
 from draftkit.config import option
 from draftkit.errors import ConfigError
+from draftkit.models.derive import check_layers
 
 
 def section(cls: type, help: str, **defaults):
@@ -99,9 +100,8 @@ class DraftSection:
                               f"(random init){also}")
         if self.num_layers is not None and self.num_layers < 1:
             raise ConfigError(f"draft.num_layers must be >= 1, got {self.num_layers}")
-        if self.derive_layers == []:
-            raise ConfigError("draft.derive_layers is empty; list the target layers to copy, "
-                              "such as [0, 1, 2, 29]")
+        if self.derive_layers is not None:
+            check_layers(self.derive_layers, name="draft.derive_layers")
         if (self.hidden_size or self.intermediate_size) and self.num_layers is None:
             raise ConfigError("draft.hidden_size / draft.intermediate_size need draft.num_layers")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from draftkit.config import option
 from draftkit.errors import ConfigError, DraftkitError
-from draftkit.models.derive import derive_by_layers, derive_random, save_draft
+from draftkit.models.derive import check_layers, derive_by_layers, derive_random, save_draft
 from draftkit.models.load import load_model, load_tokenizer
 from draftkit.models.resolve import resolve_model
 
@@ -32,6 +32,8 @@ class DeriveArgs:
     force: bool = option(False, help="replace an existing output directory")
 
     def validate(self) -> None:
+        if self.layers is not None:
+            check_layers(self.layers)  # before the slow load; the range once the target is read
         if self.layers is None and self.num_layers is None:
             raise ConfigError("give --layers (copy target layers) or --num-layers "
                               "(random init), e.g. --layers 0,1,2,29")

@@ -114,6 +114,13 @@ def install_error_handlers(app: FastAPI, metrics: ServeMetrics, max_body_bytes: 
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
+        ctype = request.headers.get("content-type", "")
+        media = ctype.split(";")[0].strip().lower()
+        if media != "application/json" and not media.endswith("+json"):
+            # FastAPI reads a body as JSON only under a JSON content type; otherwise every
+            # field "is missing", which would hide the actual mistake
+            return error(400, f"the request body must be JSON sent with Content-Type: "
+                              f"application/json (got {ctype or 'no Content-Type'})")
         first = main_error(exc.errors())
         if first.get("type") == "json_invalid":
             return error(400, "the request body is not valid JSON", None)

@@ -79,3 +79,16 @@ def test_clock_laps_add_up_and_each_waits_for_the_device_once(monkeypatch):
         assert clock.lap(name) == seconds
     assert clock.laps == {"other": 1.5, "draft": 2.0, "verify": 4.0}
     assert len(syncs) == 4
+
+
+def test_a_row_that_ends_at_its_first_token_has_tau_one():
+    """No decoding round ran: its one token took one target call (tau is never below 1)."""
+    from draftkit.decode.engine import SpeculativeEngine
+    from tests.helpers import noisy_copy, tiny_target_and_draft
+
+    target, _ = tiny_target_and_draft()
+    engine = SpeculativeEngine(target, noisy_copy(target))
+    one, more = engine.generate([[4, 5, 6], [4, 5, 6]], k=2, max_new_tokens=1)[0], \
+        engine.generate([[4, 5, 6]], k=2, max_new_tokens=9)[0]
+    assert (len(one.tokens), one.stats.target_calls, one.tau) == (1, 1, 1.0)
+    assert more.tau >= 1.0 and more.stats.target_calls > 1

@@ -77,7 +77,12 @@ def test_derive_cli_writes_loadable_draft(tiny_dirs, tmp_path, capsys):
     assert "--layers names nothing; name some, or leave --layers out" in capsys.readouterr().err
 
 
-def test_bad_flag_value_is_rejected(tmp_path):
+def test_bad_flag_value_is_rejected(tmp_path, capsys):
+    for layers, said in (("-1,0", "--layers -1,0: layer indices count from 0"),
+                         ("0,0,1", "--layers 0,0,1: layer 0 is given twice")):
+        assert main(["derive", "--layers", layers, "--out", str(tmp_path / "x")]) == 2
+        assert said in capsys.readouterr().err  # before any model loads
+    assert not (tmp_path / "x").exists()
     proc = run_cli("derive", "--layers", "a,b", "--out", str(tmp_path / "x"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "expects int, got 'a'" in proc.stderr

@@ -56,3 +56,13 @@ def test_files_that_crashed_commands_are_one_line_each(tmp_path):
     prompts.write_bytes(b'"caf\xe9"\n')
     with pytest.raises(DraftkitError, match=r"p.jsonl:1: not UTF-8 text .*pass a JSONL file"):
         read_prompts(prompts)
+
+
+def test_a_report_that_is_not_utf8_is_one_line_and_writes_nothing(tiny_dirs, tmp_path):
+    from draftkit.export.bundle import export_bundle
+
+    report = tmp_path / "report.json"
+    report.write_bytes(b'{"overall": "\xe9"}')
+    with pytest.raises(DraftkitError, match=r"report.json:1: not UTF-8 text .*draftkit eval"):
+        export_bundle(str(tiny_dirs[0]), str(tiny_dirs[1]), tmp_path / "b", report=report)
+    assert not (tmp_path / "b").exists()

@@ -242,6 +242,16 @@ def test_bad_chat_and_body_limit(server):
     assert r.json()["error"]["param"] == "messages.0.extra"
     r = chat(messages=[])
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
+    for ctype, named in (("text/plain", "got text/plain"), (None, "got no Content-Type")):
+        r = httpx.post(f"{server.url}/chat/completions", content=body,
+                       headers={"content-type": ctype} if ctype else {})
+        message = r.json()["error"]["message"]
+        assert r.status_code == 400 and "Content-Type: application/json" in message, message
+        assert named in message
+    r = httpx.post(f"{server.url}/chat/completions", content=body,
+                   headers={"content-type": "application/json; charset=utf-8"})
+    assert r.status_code == 200, r.text
     # the field's path, without pydantic's tag for the member of a union ("content.str")
     r = chat(messages=[{"role": "user", "content": "hi"}, {"role": "user", "content": 5}])
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages.1.content"
