@@ -65,8 +65,12 @@ def test_override_typo_and_validate(tmp_path):
         load_recipe(NestedRecipe, p, ["max_stepz=3"])
     with pytest.raises(ConfigError, match="not key=value"):
         load_recipe(NestedRecipe, p, ["max_steps"])
-    with pytest.raises(ConfigError, match=rf"{p}: max_steps must be positive"):
+    # the value that breaks the check came from the command line, so that is what is named
+    with pytest.raises(ConfigError, match=r"^command line: max_steps must be positive"):
         load_recipe(NestedRecipe, p, ["max_steps=0"])
+    p = write(tmp_path, "max_steps: 0\n")
+    with pytest.raises(ConfigError, match=rf"{p}: max_steps must be positive"):
+        load_recipe(NestedRecipe, p)
 
 
 def test_bad_yaml_and_missing_file(tmp_path):
