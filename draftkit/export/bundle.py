@@ -6,12 +6,15 @@ A bundle is a folder that serving systems take as it is::
       draft/            plain HF model folder: safetensors, config.json, the target's tokenizer,
                         generation_config.json with num_assistant_tokens = recommended K
       serving/          vllm.json + vllm.sh, sglang.sh, hf_transformers.py
-      draftkit.json     target reference, measured figures, recipe, versions, sha256 of each file
+      draftkit.json     target reference, the draft's kind, measured figures, recipe, versions,
+                        sha256 of each file
 
-Export validates before it writes (tokenizer and special tokens equal to the target's,
-max_position_embeddings not below the target's, every weight key known, LoRA merged), writes
-to a temporary folder, reloads the written draft and compares its logits with the in-memory
-one, and only then renames the folder into place.
+The draft's kind is a property of the draft; an object of its kind (:class:`StandaloneExport`)
+checks it against the target and writes ``draft/``, the rest of the bundle is the same for
+every kind. Export validates before it writes (tokenizer and special tokens equal to the
+target's, max_position_embeddings not below the target's, every weight key known, LoRA
+merged), writes to a temporary folder, reloads the written draft and compares its logits with
+the in-memory one, and only then renames the folder into place.
 """
 
 from __future__ import annotations
@@ -68,11 +71,71 @@ def _probe_ids(vocab_size: int):
 
 # --- export -------------------------------------------------------------------------------------
 
+class StandaloneExport:
+    """A standalone draft (a causal LM over tokens; a LoRA adapter comes back merged) on its way
+    into a bundle, checked against the target before anything is written."""
+
+    kind = "standalone"
+
+    def __init__(self, draft_ref, target_tok, target_cfg):
+        import torch
+
+        self.ref, self.target_cfg = draft_ref, target_cfg
+        self.model, self.merged = load_causal_lm(draft_ref.path, torch.float32, "draft")
+        draft_tok = target_tok
+        if any(Path(draft_ref.path).glob("tokenizer*")):
+            draft_tok = load_tokenizer(draft_ref, "draft")
+        check_compatible(target_tok, draft_tok, target_cfg, self.model.config)  # vocab_size too
+        t_max, d_max = context_window(target_cfg), context_window(self.model)
+        if t_max and d_max and d_max < t_max:
+            raise ModelError(f"draft max_position_embeddings {d_max} is below the target's "
+                             f"{t_max}; serving would cut contexts short. Set it to {t_max} in "
+                             f"the draft's config.json (and check its RoPE settings) before "
+                             f"exporting")
+
+    def write(self, folder: Path, tokenizer, k: int) -> None:
+        """A plain HF model folder with the target's tokenizer and K in its generation config;
+        reloaded and its logits compared with the in-memory draft's."""
+        import torch
+        from transformers import AutoModelForCausalLM, GenerationConfig
+
+        save_model(self.model, folder)
+        save_tokenizer(tokenizer, folder)  # the target's tokenizer
+        source = Path(self.ref.path)
+        head = ReducedHead.load(source, vocab_size(self.target_cfg)) if source.is_dir() else None
+        if head is not None:  # our decoder's reduced head (checked); other engines ignore it
+            shutil.copy2(source / FILE, folder / FILE)
+        gen = GenerationConfig.from_model_config(self.model.config)
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            value = getattr(tokenizer, key, None)
+            if value is not None and getattr(gen, key, None) is None:
+                setattr(gen, key, value)
+        gen.num_assistant_tokens = max(k, 1)
+        gen.num_assistant_tokens_schedule = "constant"
+        gen.assistant_confidence_threshold = 0.0
+        gen.save_pretrained(folder)
+
+        # Load what was written and compare with the in-memory draft.
+        written = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        ids = _probe_ids(vocab_size(self.target_cfg))
+        with torch.no_grad():
+            diff = (written(ids).logits - self.model(ids).logits).abs().max().item()
+        if diff > 1e-4:
+            raise ModelError(f"the written draft's logits differ from the in-memory draft's by "
+                             f"{diff:.2e}; export aborted, nothing written")
+
+    def entry(self) -> dict:
+        """The manifest's ``draft`` entry."""
+        return {"kind": self.kind, "name": self.ref.name, "source": str(self.ref.path),
+                "lora_merged": self.merged,
+                "num_parameters": sum(p.numel() for p in self.model.parameters()),
+                "num_hidden_layers": self.model.config.get_text_config().num_hidden_layers}
+
+
 def export_bundle(target: str, draft: str, out: str | Path, report: str | Path | None = None,
                   k: KValue = AUTO, recipe: str | Path | None = None,
                   force: bool = False) -> Path:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoConfig
 
     out = Path(out)
     if out.exists() and not force:
@@ -88,57 +151,20 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
     draft_ref = resolve_model(draft, "draft")
     target_tok = load_tokenizer(target_ref, "target")
     target_cfg = AutoConfig.from_pretrained(target_ref.path)
-
-    draft_model, merged = load_causal_lm(draft_ref.path, torch.float32, "draft")
-    draft_tok = target_tok
-    if any(Path(draft_ref.path).glob("tokenizer*")):
-        draft_tok = load_tokenizer(draft_ref, "draft")
-    check_compatible(target_tok, draft_tok, target_cfg, draft_model.config)  # vocab_size too
-    t_max, d_max = context_window(target_cfg), context_window(draft_model)
-    if t_max and d_max and d_max < t_max:
-        raise ModelError(f"draft max_position_embeddings {d_max} is below the target's {t_max}; "
-                         f"serving would cut contexts short. Set it to {t_max} in the draft's "
-                         f"config.json (and check its RoPE settings) before exporting")
+    target_entry = target_reference(target_ref)
+    source = StandaloneExport(draft_ref, target_tok, target_cfg)
 
     recipe_data = _read_recipe(recipe) if recipe else None
     with atomic_dir(out, overwrite=force) as tmp:
-        draft_dir = tmp / "draft"
-        save_model(draft_model, draft_dir)
-        save_tokenizer(target_tok, draft_dir)  # the target's tokenizer
-        head = ReducedHead.load(draft_ref.path, vocab_size(target_cfg)) if \
-            Path(draft_ref.path).is_dir() else None
-        if head is not None:  # our decoder's reduced head (checked); other engines ignore it
-            shutil.copy2(Path(draft_ref.path) / FILE, draft_dir / FILE)
-        gen = GenerationConfig.from_model_config(draft_model.config)
-        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            value = getattr(target_tok, key, None)
-            if value is not None and getattr(gen, key, None) is None:
-                setattr(gen, key, value)
-        gen.num_assistant_tokens = max(k, 1)
-        gen.num_assistant_tokens_schedule = "constant"
-        gen.assistant_confidence_threshold = 0.0
-        gen.save_pretrained(draft_dir)
-
-        # Load what was written and compare with the in-memory draft.
-        written = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
-        ids = _probe_ids(vocab_size(target_cfg))
-        with torch.no_grad():
-            diff = (written(ids).logits - draft_model(ids).logits).abs().max().item()
-        if diff > 1e-4:
-            raise ModelError(f"the written draft's logits differ from the in-memory draft's by "
-                             f"{diff:.2e}; export aborted, nothing written")
-
+        source.write(tmp / "draft", target_tok, k)
         final_draft = str(out.resolve() / "draft")
         target_for_serving = str(target_ref.path) if target_ref.kind != "hub" else target_ref.spec
         write_serving(tmp / "serving", target_for_serving, final_draft, k)
         manifest = {
             "format": FORMAT,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "target": target_reference(target_ref),
-            "draft": {"name": draft_ref.name, "source": str(draft_ref.path),
-                      "lora_merged": merged,
-                      "num_parameters": sum(p.numel() for p in draft_model.parameters()),
-                      "num_hidden_layers": draft_model.config.get_text_config().num_hidden_layers},
+            "target": target_entry,
+            "draft": source.entry(),
             "num_speculative_tokens": k,
             "k_source": k_source,
             **_figures(report_data),

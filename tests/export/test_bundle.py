@@ -19,6 +19,7 @@ def test_export_check_and_hf_assisted_generation(tiny_dirs, tmp_path):
     out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "bundle", report=report)
     manifest = check_bundle(out)
     assert manifest["num_speculative_tokens"] == 4 and manifest["k_source"] == "report"
+    assert manifest["draft"]["kind"] == "standalone"
     assert manifest["domains"]["code"]["alpha"] == 0.6 and manifest["break_even_batch"] == 8
     assert manifest["break_even_kind"] == "crosses"
     assert manifest["target"]["path"] == str(target_dir.resolve())
