@@ -3,18 +3,23 @@
 A bundle is a folder that serving systems take as it is::
 
     BUNDLE/
-      draft/            plain HF model folder: safetensors, config.json, the target's tokenizer,
-                        generation_config.json with num_assistant_tokens = recommended K
+      draft/            the draft as the engines load it, with the target's tokenizer:
+                        a standalone draft as a plain HF model folder, its
+                        generation_config.json with num_assistant_tokens = recommended K;
+                        an EAGLE-3 head as vLLM and SGLang load one (draftkit/export/eagle3.py)
       serving/          vllm.json + vllm.sh, sglang.sh, hf_transformers.py
-      draftkit.json     target reference, the draft's kind, measured figures, recipe, versions,
-                        sha256 of each file
+      draftkit.json     target reference, the draft's kind (standalone or eagle3; an EAGLE-3
+                        head's tapped layers), measured figures, recipe, versions, sha256 of
+                        each file
 
-The draft's kind is a property of the draft; an object of its kind (:class:`StandaloneExport`)
-checks it against the target and writes ``draft/``, the rest of the bundle is the same for
-every kind. Export validates before it writes (tokenizer and special tokens equal to the
-target's, max_position_embeddings not below the target's, every weight key known, LoRA
-merged), writes to a temporary folder, reloads the written draft and compares its logits with
-the in-memory one, and only then renames the folder into place.
+The draft's kind is a property of the draft (an EAGLE-3 head's config.json names its
+architecture); one object per kind (:class:`StandaloneExport`,
+:class:`~draftkit.export.eagle3.Eagle3Export`) checks it against the target and writes
+``draft/``, the rest of the bundle is the same for both. Export validates before it writes
+(tokenizer and special tokens, or an EAGLE-3 head's vocabulary, width and attention shape,
+equal to the target's; max_position_embeddings not below the target's; every weight key known,
+LoRA merged), writes to a temporary folder, reloads the written draft and compares its logits
+with the in-memory one, and only then renames the folder into place.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from typing import Any
 from draftkit.decode.k import AUTO, DEFAULT_FIXED_K, KValue, parse_k
 from draftkit.errors import DraftkitError, ModelError
 from draftkit.evaluate.figures import EvalReport
+from draftkit.export.eagle3 import (LAYER_IDS, Eagle3Export, check_against_target,
+                                    check_served_layout, is_eagle3_folder)
 from draftkit.export.serving import write_serving
 from draftkit.io import atomic_dir, read_json, sha256_file
 from draftkit.models import check_compatible, load_tokenizer, resolve_model
@@ -73,7 +80,8 @@ def _probe_ids(vocab_size: int):
 
 class StandaloneExport:
     """A standalone draft (a causal LM over tokens; a LoRA adapter comes back merged) on its way
-    into a bundle, checked against the target before anything is written."""
+    into a bundle, checked against the target before anything is written. Its EAGLE-3
+    counterpart is :class:`draftkit.export.eagle3.Eagle3Export`."""
 
     kind = "standalone"
 
@@ -152,14 +160,16 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
     target_tok = load_tokenizer(target_ref, "target")
     target_cfg = AutoConfig.from_pretrained(target_ref.path)
     target_entry = target_reference(target_ref)
-    source = StandaloneExport(draft_ref, target_tok, target_cfg)
+    # the draft's kind is its own: an EAGLE-3 head's config.json says so
+    source = Eagle3Export(draft_ref, target_ref, target_cfg, target_entry["sha256"]) if \
+        is_eagle3_folder(draft_ref.path) else StandaloneExport(draft_ref, target_tok, target_cfg)
 
     recipe_data = _read_recipe(recipe) if recipe else None
     with atomic_dir(out, overwrite=force) as tmp:
         source.write(tmp / "draft", target_tok, k)
         final_draft = str(out.resolve() / "draft")
         target_for_serving = str(target_ref.path) if target_ref.kind != "hub" else target_ref.spec
-        write_serving(tmp / "serving", target_for_serving, final_draft, k)
+        write_serving(tmp / "serving", target_for_serving, final_draft, k, source.kind)
         manifest = {
             "format": FORMAT,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -246,8 +256,8 @@ def _versions() -> dict:
 
 def check_bundle(bundle: str | Path, check_target: bool = True,
                  target: str | None = None) -> dict:
-    """Verify every file's sha256 and the draft/target pairing (with ``target``, or the
-    target the manifest records); return the manifest."""
+    """Verify every file's sha256, an EAGLE-3 head's served layout, and the draft/target
+    pairing (with ``target``, or the target the manifest records); return the manifest."""
     from transformers import AutoConfig
 
     root = Path(bundle)
@@ -277,13 +287,36 @@ def check_bundle(bundle: str | Path, check_target: bool = True,
     except Exception as e:
         raise ModelError(f"bundle draft/config.json does not load ({type(e).__name__}); "
                          f"re-export the bundle") from None
+    head = _check_kind(root, manifest)
     if check_target:
         target_ref = resolve_model(target or str(root), "target")
+        target_cfg = AutoConfig.from_pretrained(target_ref.path)
         check_compatible(load_tokenizer(target_ref, "target"),
                          load_tokenizer(resolve_model(str(root), "draft"), "draft"),
-                         AutoConfig.from_pretrained(target_ref.path), draft_cfg)
+                         target_cfg, draft_cfg)
+        if head is not None:
+            check_against_target(head, target_cfg, root / "draft")
         recorded = (manifest.get("target") or {}).get("sha256")
         if recorded and target_reference(target_ref)["sha256"] != recorded:
             raise ModelError(f"the target at {target_ref.path} is not the one this bundle was "
                              f"exported for (content hash differs); pass the right target")
     return manifest
+
+
+def _check_kind(root: Path, manifest: dict) -> dict | None:
+    """The draft's kind as the manifest records it and as draft/ holds it, the same; for an
+    EAGLE-3 head, its config, checked against what vLLM and SGLang read, with the tapped
+    layers the manifest records."""
+    recorded = manifest.get("draft") if isinstance(manifest.get("draft"), dict) else {}
+    kind = recorded.get("kind", StandaloneExport.kind)  # bundles before EAGLE-3 record none
+    held = Eagle3Export.kind if is_eagle3_folder(root / "draft") else StandaloneExport.kind
+    if kind != held:
+        raise ModelError(f"{MANIFEST} records the draft's kind as {kind!r} but draft/ holds "
+                         f"a {held!r} draft; re-export the bundle")
+    if held != Eagle3Export.kind:
+        return None
+    config = check_served_layout(root / "draft")
+    if recorded.get(LAYER_IDS) != config[LAYER_IDS]:
+        raise ModelError(f"{MANIFEST} records tapped layers {recorded.get(LAYER_IDS)}, "
+                         f"draft/config.json {config[LAYER_IDS]}; re-export the bundle")
+    return config

@@ -3,7 +3,8 @@
     draftkit export --target T --draft D --report runs/eval/report.json --out BUNDLE
     draftkit check BUNDLE
 
-``export`` writes a bundle that HF, vLLM and SGLang take as it is (:mod:`draftkit.export.bundle`);
+``export`` writes a bundle that HF, vLLM and SGLang take as it is (:mod:`draftkit.export.bundle`),
+from a standalone draft or an EAGLE-3 head (then HF cannot run it: its snippet says so);
 ``check`` verifies one. Both import torch and transformers only inside the library's functions,
 so ``draftkit --help`` stays fast.
 """
@@ -17,6 +18,8 @@ from draftkit.config import option
 from draftkit.decode.k import AUTO, DEFAULT_FIXED_K, K, parse_k
 from draftkit.errors import ModelError
 from draftkit.export.bundle import MANIFEST, check_bundle, export_bundle
+from draftkit.export.eagle3 import KIND as EAGLE3
+from draftkit.export.eagle3 import LAYER_IDS
 from draftkit.io import read_json
 from draftkit.tracking import Tracker
 
@@ -26,7 +29,8 @@ class ExportArgs:
     """Export a draft with its target reference and serving configs as a bundle."""
 
     out: str = option(help="bundle directory to create")
-    draft: str = option(help="draft model: HF folder (a LoRA adapter folder is merged), bundle")
+    draft: str = option(help="draft model: HF folder (a LoRA adapter folder is merged), EAGLE-3 "
+                             "head folder (with the --target it was trained on), bundle")
     target: str = option("embedded", help="target model the draft serves")
     report: str | None = option(None, help="eval report.json: per-domain figures and the "
                                            "recommended K go into the bundle")
@@ -43,7 +47,8 @@ class ExportArgs:
 
 @dataclass
 class CheckArgs:
-    """Verify a bundle: every file's hash, the draft's config, and the pairing with its target."""
+    """Verify a bundle: every file's hash, the draft's config (an EAGLE-3 head's as vLLM and
+    SGLang read it), and the pairing with its target."""
 
     bundle: str = option(help="bundle directory", positional=True)
     target: str | None = option(None, help="the target model, where the bundle's recorded "
@@ -63,15 +68,22 @@ def export(args: ExportArgs) -> Path:
           f"({manifest['k_source']}), {len(manifest['files'])} files hashed")
     print(f"  vLLM:   bash {out / 'serving' / 'vllm.sh'}")
     print(f"  SGLang: bash {out / 'serving' / 'sglang.sh'}")
-    print(f"  HF:     python {out / 'serving' / 'hf_transformers.py'}")
+    if manifest["draft"].get("kind") == EAGLE3:
+        print(f"  HF:     cannot run an EAGLE-3 head; python {out / 'serving' / 'hf_transformers.py'}"
+              f" decodes with draftkit")
+    else:
+        print(f"  HF:     python {out / 'serving' / 'hf_transformers.py'}")
     return out
 
 
 def check(args: CheckArgs) -> dict:
     """``draftkit check BUNDLE``."""
     manifest = check_bundle(args.bundle, target=args.target)
+    draft_entry = manifest.get("draft") or {}
+    head = f", EAGLE-3 head tapping target layers {draft_entry.get(LAYER_IDS)}" if \
+        draft_entry.get("kind") == EAGLE3 else ""
     print(f"bundle {args.bundle} OK: {len(manifest['files'])} files verified, target "
-          f"{manifest['target']['name']}, K={manifest['num_speculative_tokens']}")
+          f"{manifest['target']['name']}{head}, K={manifest['num_speculative_tokens']}")
     draft, spec = Path(args.bundle).resolve() / "draft", Path(args.bundle) / "serving/vllm.json"
     named = read_json(spec, "serving config", "re-export the bundle", ModelError).get("model") \
         if spec.is_file() else str(draft)

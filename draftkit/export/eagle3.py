@@ -1,0 +1,306 @@
+"""EAGLE-3 heads in a bundle: the folder vLLM's and SGLang's EAGLE-3 loaders read, and the
+checks that it is one.
+
+A head (:mod:`draftkit.models.eagle3`) goes into ``draft/`` as
+:func:`~draftkit.models.eagle3.save_eagle3` writes it, with the target's tokenizer beside it.
+Both engines load a subtly wrong head folder without a word and then serve it with next to no
+acceptance, so export checks what it wrote, and ``draftkit check`` a bundle, against what their
+loaders read (vLLM 0.34: ``model_executor/models/llama_eagle3.py`` and
+``v1/worker/gpu/spec_decode/eagle/eagle3_utils.py``; SGLang 0.5.23: ``srt/models/llama_eagle3.py``,
+``srt/models/llama.py`` and ``model_runner_components/spec_aux_hidden_state.py``):
+
+- ``architectures`` ["LlamaForCausalLMEagle3"] and ``model_type`` llama: SGLang picks the
+  model class by that name, vLLM maps it to its EAGLE-3 Llama;
+- one layer (SGLang adds plain decoder layers for more) and ``tie_word_embeddings`` false
+  (SGLang would make the embedding the head);
+- the target's width, KV heads and head_dim (both engines share the target's embedding and
+  apply ``fc`` only to features wider than it; vLLM puts the head's layer in the target's
+  KV-cache groups), ``head_dim`` written out, ``max_position_embeddings`` not below the
+  target's (vLLM sizes the head's RoPE cache by it), ``rope_theta`` beside
+  ``rope_parameters`` (engines on transformers 4.x read only it, else run at base 10000);
+- none of the variants plain EAGLE-3 lacks (``norm_before_residual``, which vLLM's
+  speculators format takes as true when absent; ``norm_before_fc``, ``fc_norm``,
+  ``norm_output``, biases): draftkit's head computes none of them;
+- the tapped layers in both conventions: ``eagle_aux_hidden_state_layer_ids`` counts the
+  layer each hidden state enters (vLLM reads it as it is), ``eagle_config``'s the layer it
+  leaves (SGLang adds one for Llama-family targets); without them each engine taps its
+  default layers, silently;
+- the weights unprefixed (vLLM adds ``model.`` itself) under the head's own names
+  (``midlayer.*``: SGLang skips a name it does not know, leaving that weight random), each
+  with its shape; ``d2t`` int64 offsets (target id = i + d2t[i], what both engines read) and
+  the ``t2d`` bool mask of the same ids.
+
+Export reads only the target's embedding, not all its weights
+(:func:`target_embedding`): a head needs nothing else of the target to be loaded and compared.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from draftkit.errors import ModelError
+from draftkit.io import read_json
+from draftkit.models.facts import text_config
+from draftkit.models.load import load_causal_lm
+from draftkit.models.resolve import ResolvedModel
+from draftkit.models.save import save_tokenizer
+
+KIND = "eagle3"
+LAYER_IDS = "eagle_aux_hidden_state_layer_ids"
+_VARIANTS = ("norm_before_residual", "norm_before_fc", "fc_norm", "use_aux_norm", "norm_output",
+             "attention_bias", "mlp_bias", "bias")
+_WRITTEN_OUT = {  # keys an engine would otherwise guess, and what it would guess
+    "draft_vocab_size": "SGLang would load the target's whole head and vLLM a head over the "
+                        "whole vocabulary",
+    "head_dim": "the engines would take hidden_size / num_attention_heads",
+    "max_position_embeddings": "vLLM would assume 8192",
+    "rope_theta": "engines on transformers 4.x would run at RoPE base 10000",
+}
+_SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+
+def stored_dtype(config: dict) -> str:
+    """The dtype a head's config says its weights are stored in."""
+    return str(config.get("torch_dtype") or config.get("dtype") or "float32")
+
+
+def is_eagle3_folder(folder: str | Path) -> bool:
+    """Whether ``folder`` holds an EAGLE-3 head (its config.json names the architecture)."""
+    from draftkit.models.eagle3 import is_eagle3
+
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        return False  # a LoRA adapter folder, say
+    return is_eagle3(read_json(path, "model config", "re-save the model", ModelError))
+
+
+# --- the served layout ---------------------------------------------------------------------------
+
+def check_served_layout(folder: str | Path) -> dict:
+    """The config of the head in ``folder``, or a ModelError naming the first thing vLLM or
+    SGLang would read otherwise than draftkit computes it (module docstring)."""
+    folder = Path(folder)
+    config = read_json(folder / "config.json", "EAGLE-3 head config", "re-export the head",
+                       ModelError)
+    _check_config(config, folder / "config.json")
+    _check_tensors(folder, config)
+    return config
+
+
+def _check_config(config: dict, where: Path) -> None:
+    from draftkit.models.eagle3 import ARCHITECTURE
+
+    def refuse(what: str):
+        raise ModelError(f"{where}: {what}; re-export the head")
+
+    if config.get("architectures") != [ARCHITECTURE]:
+        refuse(f"architectures is {config.get('architectures')!r}, not [{ARCHITECTURE!r}] "
+               f"(SGLang picks the model class by it)")
+    if config.get("model_type") != "llama":
+        refuse(f"model_type is {config.get('model_type')!r}, not 'llama' (both engines read "
+               f"the head as a Llama config)")
+    if config.get("num_hidden_layers") != 1:
+        refuse(f"num_hidden_layers is {config.get('num_hidden_layers')}, not 1 (SGLang adds "
+               f"plain decoder layers for more)")
+    if config.get("tie_word_embeddings") is not False:
+        refuse("tie_word_embeddings is not false (SGLang would use the embedding as the head)")
+    for key, guess in _WRITTEN_OUT.items():
+        if config.get(key) is None:
+            refuse(f"{key} is missing ({guess})")
+    rope = (config.get("rope_parameters") or {}).get("rope_theta", config["rope_theta"])
+    if rope != config["rope_theta"]:
+        refuse(f"rope_theta {config['rope_theta']} differs from rope_parameters' {rope}")
+    if config.get("target_hidden_size", config.get("hidden_size")) != config.get("hidden_size"):
+        refuse(f"target_hidden_size {config['target_hidden_size']} differs from hidden_size "
+               f"{config.get('hidden_size')} (both engines share the target's embedding, so "
+               f"the head is as wide as the target)")
+    eagle = config.get("eagle_config") or {}
+    for key in _VARIANTS:
+        if config.get(key) or eagle.get(key):
+            refuse(f"{key} is set: a variant plain EAGLE-3 lacks, which draftkit's head does "
+                   f"not compute (and SGLang may not)")
+    if eagle.get("use_aux_hidden_state") is False or config.get("num_aux_hidden_states") not in \
+            (None, 3):
+        refuse("the head must read three tapped target layers (use_aux_hidden_state, "
+               "num_aux_hidden_states)")
+    layers = config.get(LAYER_IDS)
+    if not (isinstance(layers, list) and len(layers) == 3 and
+            all(isinstance(i, int) and i >= 1 for i in layers) and layers == sorted(set(layers))):
+        refuse(f"{LAYER_IDS} is {layers!r}, not three ascending layer ids, each the layer a "
+               f"hidden state enters (without them vLLM taps its default layers)")
+    if eagle.get(LAYER_IDS) != [i - 1 for i in layers]:
+        refuse(f"eagle_config.{LAYER_IDS} is {eagle.get(LAYER_IDS)!r}, not "
+               f"{[i - 1 for i in layers]}: SGLang adds one to each, so it would tap other "
+               f"layers than vLLM's {layers}")
+
+
+def _check_tensors(folder: Path, config: dict) -> None:
+    """Every tensor the head's modules have, under their names and shapes, read from the
+    safetensors header (no weights loaded); the vocabulary maps read whole (N + V values)."""
+    import torch
+    from safetensors import safe_open
+    from transformers import LlamaConfig
+
+    from draftkit.models.eagle3 import WEIGHTS, Eagle3Draft
+
+    path = folder / WEIGHTS
+    if not path.is_file():
+        raise ModelError(f"{path} is missing; re-export the head")
+    try:
+        with torch.device("meta"):  # shapes and dtypes only, no memory
+            expected = {k: v for k, v in Eagle3Draft(LlamaConfig(**config)).state_dict().items()
+                        if not k.startswith("embed_tokens.")}  # the target's, shared
+    except (TypeError, ValueError, AttributeError) as e:
+        raise ModelError(f"{folder}/config.json does not describe an EAGLE-3 head "
+                         f"({type(e).__name__}: {e}); re-export the head") from None
+    with safe_open(str(path), "pt") as f:
+        names = set(f.keys())
+        missing, unknown = sorted(set(expected) - names), sorted(names - set(expected))
+        if missing:
+            raise ModelError(f"{path} lacks {missing[0]}: SGLang would serve that weight random, "
+                             f"without a word; re-export the head")
+        if unknown:
+            raise ModelError(f"{path} holds {unknown[0]}, a name neither engine loads (vLLM adds "
+                             f"'model.' itself; SGLang skips names it does not know); re-export "
+                             f"the head")
+        for name, want in expected.items():
+            shape = tuple(f.get_slice(name).get_shape())
+            if shape != tuple(want.shape):
+                raise ModelError(f"{path}: {name} has shape {shape}; the config makes it "
+                                 f"{tuple(want.shape)}; re-export the head")
+        d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
+        floats = {_SAFETENSORS_DTYPES.get(d, d) for d in (
+            f.get_slice(k).get_dtype() for k in expected if k not in ("d2t", "t2d"))}
+    if d2t.dtype != torch.int64 or t2d.dtype != torch.bool:
+        raise ModelError(f"{path}: d2t is {d2t.dtype} and t2d {t2d.dtype}, not int64 offsets "
+                         f"and a bool mask; re-export the head")
+    if floats != {stored_dtype(config)}:
+        raise ModelError(f"{path}: weights stored as {sorted(floats)}, config.json says "
+                         f"{stored_dtype(config)}; re-export the head")
+    ids = torch.arange(d2t.numel()) + d2t  # target id of draft id i
+    if not (bool((ids[1:] > ids[:-1]).all()) and int(ids[0]) >= 0
+            and int(ids[-1]) < t2d.numel()) or not torch.equal(t2d.nonzero().flatten(), ids):
+        raise ModelError(f"{path}: d2t and t2d do not describe the same draft vocabulary "
+                         f"(target ids i + d2t[i], ascending, are t2d's true entries); "
+                         f"re-export the head")
+
+
+# --- the head against its target ---------------------------------------------------------------
+
+def check_against_target(config: dict, target_config: Any, where: str | Path) -> None:
+    """One line naming the first way the head ``config`` (at ``where``) was not built for the
+    target of ``target_config``: another family, vocabulary, width, attention shape, too few
+    layers for its tapped ids, or a shorter context."""
+    from draftkit.models.eagle3 import eagle3_config
+    from draftkit.models.reduced_head import ReducedHead
+
+    tc = text_config(target_config)
+    # what models.eagle3 builds for this target (a one-token vocabulary: only the target's
+    # own fields matter); it refuses a target outside the Llama family
+    want = eagle3_config(target_config, ReducedHead([0], tc.vocab_size))
+    fix = "pass the target it was trained on"
+    for key in ("vocab_size", "hidden_size", "target_hidden_size", "num_attention_heads",
+                "num_key_value_heads", "head_dim"):
+        if config.get(key, getattr(want, key)) != getattr(want, key):
+            raise ModelError(f"{where} is an EAGLE-3 head for a target with {key} "
+                             f"{config.get(key)}; this target has {getattr(want, key)}: {fix}")
+    layers, top = config.get(LAYER_IDS) or [], tc.num_hidden_layers - 1
+    if layers and max(layers) > top:
+        raise ModelError(f"{where} taps target layers {layers}; this target has "
+                         f"{tc.num_hidden_layers} layers (ids within 1..{top}): {fix}")
+    t_max, d_max = want.max_position_embeddings, config.get("max_position_embeddings")
+    if t_max and d_max and d_max < t_max:
+        raise ModelError(f"{where}: max_position_embeddings {d_max} is below the target's "
+                         f"{t_max}; vLLM would size the head's RoPE cache by it and cut "
+                         f"contexts short. Set it to {t_max} in its config.json before "
+                         f"exporting")
+
+
+def target_embedding(path: str | Path, config: Any):
+    """What :func:`~draftkit.models.eagle3.load_eagle3` reads of a target, its config and its
+    input embedding, read alone from the target's safetensors (an 8B target is 32 GB in
+    float32, its embedding 2); a target stored otherwise loads whole."""
+    import torch
+    from safetensors import safe_open
+
+    tc = text_config(config)
+    for file in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(file), "pt") as f:
+            name = next((k for k in f.keys() if k.endswith("embed_tokens.weight")), None)
+            weight = f.get_tensor(name).float() if name else None
+        if weight is not None and tuple(weight.shape) == (tc.vocab_size, tc.hidden_size):
+            embedding = torch.nn.Embedding.from_pretrained(weight, freeze=True)
+            return SimpleNamespace(config=config, get_input_embeddings=lambda: embedding,
+                                   parameters=embedding.parameters)
+    return load_causal_lm(path, torch.float32, "target")[0]
+
+
+# --- export --------------------------------------------------------------------------------------
+
+class Eagle3Export:
+    """An EAGLE-3 head on its way into a bundle, checked against the target before anything is
+    written (the standalone draft's counterpart is :class:`draftkit.export.bundle.StandaloneExport`).
+
+    ``target_sha256``: the target's content hash, which a head taken from a bundle must have
+    been exported with."""
+
+    kind = KIND
+
+    def __init__(self, draft_ref: ResolvedModel, target_ref: ResolvedModel, target_config: Any,
+                 target_sha256: str):
+        import torch
+
+        from draftkit.models.eagle3 import load_eagle3
+
+        folder = Path(draft_ref.path)
+        config = read_json(folder / "config.json", "EAGLE-3 head config", "re-save the head",
+                           ModelError)
+        check_against_target(config, target_config, folder)
+        manifest = folder.parent / "draftkit.json"
+        if draft_ref.kind == "bundle" and manifest.is_file():
+            recorded = (read_json(manifest, "bundle manifest", "re-export the bundle",
+                                  ModelError).get("target") or {}).get("sha256")
+            if recorded and recorded != target_sha256:
+                raise ModelError(f"{draft_ref.spec} holds an EAGLE-3 head exported for another "
+                                 f"target (the content hash of {target_ref.path} differs): "
+                                 f"pass the target it was trained on")
+        self.ref, self.target_config = draft_ref, target_config
+        self.target = target_embedding(target_ref.path, target_config)
+        self.head = load_eagle3(folder, self.target)  # float32, as the target's embedding
+        self.dtype = getattr(torch, stored_dtype(config), None)  # written back as stored
+        if not (isinstance(self.dtype, torch.dtype) and self.dtype.is_floating_point):
+            raise ModelError(f"{folder}/config.json: torch_dtype {stored_dtype(config)!r} is "
+                             f"not a floating dtype; re-save the head")
+
+    def write(self, folder: Path, tokenizer: Any, k: int) -> None:
+        """``folder`` as the engines read it (module docstring), the target's tokenizer beside
+        the head; what was written is checked and loaded back, and its logits compared."""
+        import torch
+
+        from draftkit.models.eagle3 import load_eagle3, save_eagle3
+
+        save_eagle3(self.head, folder, dtype=self.dtype)
+        save_tokenizer(tokenizer, folder)  # engines use the target's; draftkit's check reads it
+        check_against_target(check_served_layout(folder), self.target_config, folder)
+        written = load_eagle3(folder, self.target)
+        g = torch.Generator().manual_seed(0)
+        tc = text_config(self.target_config)
+        aux = torch.randn(2, 16, 3 * tc.hidden_size, generator=g)  # (B, T, 3 Ht)
+        ids = torch.randint(0, tc.vocab_size, (2, 16), generator=g)
+        with torch.no_grad():
+            diff = max((a - b).abs().max().item()
+                       for a, b in zip(written(aux, ids), self.head(aux, ids)))
+        if diff > 1e-4:
+            raise ModelError(f"the written head's logits differ from the in-memory head's by "
+                             f"{diff:.2e}; export aborted, nothing written")
+
+    def entry(self) -> dict:
+        """The manifest's ``draft`` entry: the kind and the tapped layers beside the usual."""
+        return {"kind": KIND, "name": self.ref.name, "source": str(self.ref.path),
+                "lora_merged": False,
+                "num_parameters": sum(p.numel() for n, p in self.head.named_parameters()
+                                      if not n.startswith("embed_tokens.")),
+                "num_hidden_layers": 1, LAYER_IDS: self.head.aux_layers,
+                "draft_vocab_size": self.head.d2t.numel()}
