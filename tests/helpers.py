@@ -340,3 +340,16 @@ def load_script(path: Path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def write_manifest(bundle: Path, manifest: dict | None = None, **fields) -> dict:
+    """Write ``bundle``/draftkit.json sealed with its own hash, as export writes it: the
+    ``manifest`` given (a test's edit of a real one) or a minimal one with ``fields``."""
+    from draftkit.manifest import NAME, seal
+
+    if manifest is None:
+        manifest = {"target": {}, "draft": {}, "files": {}, "num_speculative_tokens": 0,
+                    **fields}
+    manifest = seal(manifest)
+    (bundle / NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest

@@ -10,7 +10,7 @@ A bundle is a folder that serving systems take as it is::
       serving/          vllm.json + vllm.sh, sglang.sh, hf_transformers.py
       draftkit.json     target reference, the draft's kind (standalone or eagle3; an EAGLE-3
                         head's tapped layers), measured figures, recipe, versions, sha256 of
-                        each file
+                        each file and of itself (:mod:`draftkit.manifest`)
 
 The draft's kind is a property of the draft (an EAGLE-3 head's config.json names its
 architecture); one object per kind (:class:`StandaloneExport`,
@@ -38,14 +38,14 @@ from draftkit.export.eagle3 import (LAYER_IDS, Eagle3Export, check_against_targe
                                     check_served_layout, is_eagle3_folder)
 from draftkit.export.serving import write_serving
 from draftkit.io import atomic_dir, read_json, sha256_file
+from draftkit.manifest import FORMAT, read_manifest, seal
+from draftkit.manifest import NAME as MANIFEST
 from draftkit.models import check_compatible, load_tokenizer, resolve_model
 from draftkit.models.facts import context_window, vocab_size
 from draftkit.models.load import load_causal_lm
 from draftkit.models.reduced_head import FILE, ReducedHead
 from draftkit.models.save import save_model, save_tokenizer
 
-MANIFEST = "draftkit.json"
-FORMAT = 1
 
 
 # --- hashing ------------------------------------------------------------------------------------
@@ -182,7 +182,7 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
             "versions": _versions(),
         }
         manifest["files"] = {str(p.relative_to(tmp)): sha256_file(p) for p in _bundle_files(tmp)}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        (tmp / MANIFEST).write_text(json.dumps(seal(manifest), indent=2) + "\n")
     return out
 
 
@@ -265,10 +265,7 @@ def check_bundle(bundle: str | Path, check_target: bool = True,
     if not manifest_path.is_file():
         raise ModelError(f"{root} is not a draftkit bundle (no {MANIFEST}); pass the folder "
                          f"`draftkit export` wrote")
-    manifest = read_json(manifest_path, "bundle manifest", "re-export the bundle", ModelError)
-    if not isinstance(manifest.get("files"), dict):
-        raise ModelError(f"{manifest_path} is not a bundle manifest (no 'files' mapping); "
-                         f"re-export the bundle")
+    manifest = read_manifest(root)
     files = manifest["files"]
     for rel, digest in files.items():
         path = root / rel
@@ -296,7 +293,7 @@ def check_bundle(bundle: str | Path, check_target: bool = True,
                          target_cfg, draft_cfg)
         if head is not None:
             check_against_target(head, target_cfg, root / "draft")
-        recorded = (manifest.get("target") or {}).get("sha256")
+        recorded = manifest["target"].get("sha256")
         if recorded and target_reference(target_ref)["sha256"] != recorded:
             raise ModelError(f"the target at {target_ref.path} is not the one this bundle was "
                              f"exported for (content hash differs); pass the right target")
@@ -307,7 +304,7 @@ def _check_kind(root: Path, manifest: dict) -> dict | None:
     """The draft's kind as the manifest records it and as draft/ holds it, the same; for an
     EAGLE-3 head, its config, checked against what vLLM and SGLang read, with the tapped
     layers the manifest records."""
-    recorded = manifest.get("draft") if isinstance(manifest.get("draft"), dict) else {}
+    recorded = manifest["draft"]
     kind = recorded.get("kind", StandaloneExport.kind)  # bundles before EAGLE-3 record none
     held = Eagle3Export.kind if is_eagle3_folder(root / "draft") else StandaloneExport.kind
     if kind != held:

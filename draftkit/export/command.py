@@ -17,10 +17,11 @@ from pathlib import Path
 from draftkit.config import option
 from draftkit.decode.k import AUTO, DEFAULT_FIXED_K, K, parse_k
 from draftkit.errors import ModelError
-from draftkit.export.bundle import MANIFEST, check_bundle, export_bundle
+from draftkit.export.bundle import check_bundle, export_bundle
 from draftkit.export.eagle3 import KIND as EAGLE3
 from draftkit.export.eagle3 import LAYER_IDS
 from draftkit.io import read_json
+from draftkit.manifest import read_manifest
 from draftkit.tracking import Tracker
 
 
@@ -60,7 +61,7 @@ def export(args: ExportArgs) -> Path:
     """``draftkit export``."""
     out = export_bundle(args.target, args.draft, args.out, args.report, args.k, args.recipe,
                         args.force)
-    manifest = read_json(out / MANIFEST, "bundle manifest", "re-export the bundle", ModelError)
+    manifest = read_manifest(out)
     with Tracker("export", {"target": args.target, "draft": args.draft, "k": args.k}) as t:
         t.log_artifact(out, name=f"bundle-{out.name}", type="model",
                        metadata={"num_speculative_tokens": manifest["num_speculative_tokens"]})
@@ -69,8 +70,8 @@ def export(args: ExportArgs) -> Path:
     print(f"  vLLM:   bash {out / 'serving' / 'vllm.sh'}")
     print(f"  SGLang: bash {out / 'serving' / 'sglang.sh'}")
     if manifest["draft"].get("kind") == EAGLE3:
-        print(f"  HF:     cannot run an EAGLE-3 head; python {out / 'serving' / 'hf_transformers.py'}"
-              f" decodes with draftkit")
+        print(f"  HF:     cannot run an EAGLE-3 head; python "
+              f"{out / 'serving' / 'hf_transformers.py'} decodes with draftkit")
     else:
         print(f"  HF:     python {out / 'serving' / 'hf_transformers.py'}")
     return out

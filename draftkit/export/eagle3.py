@@ -42,6 +42,8 @@ from typing import Any
 
 from draftkit.errors import ModelError
 from draftkit.io import read_json
+from draftkit.manifest import NAME as MANIFEST
+from draftkit.manifest import read_manifest
 from draftkit.models.facts import text_config
 from draftkit.models.load import load_causal_lm
 from draftkit.models.resolve import ResolvedModel
@@ -241,7 +243,8 @@ def target_embedding(path: str | Path, config: Any):
 
 class Eagle3Export:
     """An EAGLE-3 head on its way into a bundle, checked against the target before anything is
-    written (the standalone draft's counterpart is :class:`draftkit.export.bundle.StandaloneExport`).
+    written (the standalone draft's counterpart is
+    :class:`draftkit.export.bundle.StandaloneExport`).
 
     ``target_sha256``: the target's content hash, which a head taken from a bundle must have
     been exported with."""
@@ -258,10 +261,8 @@ class Eagle3Export:
         config = read_json(folder / "config.json", "EAGLE-3 head config", "re-save the head",
                            ModelError)
         check_against_target(config, target_config, folder)
-        manifest = folder.parent / "draftkit.json"
-        if draft_ref.kind == "bundle" and manifest.is_file():
-            recorded = (read_json(manifest, "bundle manifest", "re-export the bundle",
-                                  ModelError).get("target") or {}).get("sha256")
+        if draft_ref.kind == "bundle" and (folder.parent / MANIFEST).is_file():
+            recorded = read_manifest(folder.parent)["target"].get("sha256")
             if recorded and recorded != target_sha256:
                 raise ModelError(f"{draft_ref.spec} holds an EAGLE-3 head exported for another "
                                  f"target (the content hash of {target_ref.path} differs): "

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Literal
 
 from draftkit.errors import ModelError
-from draftkit.io import read_json
+from draftkit.manifest import NAME as MANIFEST
+from draftkit.manifest import read_manifest
 from draftkit.models.embedded import EMBEDDED_NAME, embedded_dir, gguf_to_dir
 
 Role = Literal["target", "draft"]
@@ -64,11 +65,11 @@ def resolve_model(spec: str, role: Role = "target") -> ResolvedModel:
         return ResolvedModel(spec, embedded_dir(), "embedded", EMBEDDED_NAME)
     path = Path(spec).expanduser()
     if path.is_dir():
-        if (path / "draftkit.json").is_file():
+        if (path / MANIFEST).is_file():
             return _resolve_bundle(spec, path, role)
         if (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
             return ResolvedModel(spec, path.resolve(), "local", path.resolve().name)
-        raise ModelError(f"{path} is a directory but holds no config.json or draftkit.json; "
+        raise ModelError(f"{path} is a directory but holds no config.json or {MANIFEST}; "
                          f"pass a Hugging Face model directory or a draftkit bundle")
     if path.is_file() and path.suffix == ".gguf":
         return ResolvedModel(spec, gguf_to_dir(path), "gguf", path.stem)
@@ -82,13 +83,8 @@ def resolve_model(spec: str, role: Role = "target") -> ResolvedModel:
 
 
 def _resolve_bundle(spec: str, path: Path, role: Role) -> ResolvedModel:
-    manifest = read_json(path / "draftkit.json", "bundle manifest",
-                         f"run `draftkit check {path}`, or re-export the bundle", ModelError)
-    draft, target = manifest.get("draft") or {}, manifest.get("target") or {}
-    for key, value in (("draft", draft), ("target", target)):
-        if not isinstance(value, dict):
-            raise ModelError(f"bundle manifest {path}/draftkit.json: '{key}' is not a mapping; "
-                             f"re-export the bundle")
+    manifest = read_manifest(path)  # its figures and target reference, as exported
+    draft, target = manifest["draft"], manifest["target"]
     if role == "draft":
         if not (path / "draft" / "config.json").is_file():
             raise ModelError(f"bundle {path} has no draft/config.json; re-export it")

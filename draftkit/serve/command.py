@@ -23,6 +23,7 @@ from draftkit.config import option
 from draftkit.decode.args import SpeculationArgs
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.errors import ConfigError, DraftkitError
+from draftkit.manifest import NAME as MANIFEST
 from draftkit.models import load_pair
 
 NO_DRAFT = "none"  # --draft none: plain decoding, even when the bundle holds a draft
@@ -88,7 +89,7 @@ def resolve_models(args: ServeArgs) -> tuple[str, str | None, str]:
         if not path.is_dir():
             raise ConfigError(f"{path} is not a directory; pass a bundle from `draftkit export` "
                               f"or a model directory")
-        if (path / "draftkit.json").is_file():  # target reference and draft/ inside
+        if (path / MANIFEST).is_file():  # target reference and draft/ inside
             target = target or str(path)
             draft = None if plain else draft or str(path)
         else:  # a plain model directory: the target

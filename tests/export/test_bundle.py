@@ -95,6 +95,50 @@ def test_check_names_tampered_and_truncated_files(tiny_dirs, tmp_path):
         check_bundle(out2)
 
 
+def test_an_edited_manifest_is_refused_by_check_and_by_every_command_loading_the_bundle(
+        tiny_dirs, tmp_path, capsys):
+    """The manifest hashes itself: an edit in any field is caught, out-of-range values by their
+    field, any other by the hash; removing the hash does not get past it."""
+    from draftkit.cli import main
+    from draftkit.models.resolve import resolve_model
+
+    target_dir, draft_dir = tiny_dirs
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({
+        "overall": {"k": 2}, "domains": {"code": {"alpha": 0.5, "tau": 1.8, "c": 0.2, "k": 2}}}))
+    out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "b", report=report)
+    sealed = (out / "draftkit.json").read_text()
+    assert '"manifest_sha256"' in sealed and check_bundle(out)["num_speculative_tokens"] == 2
+
+    def edited(edit) -> None:
+        manifest = json.loads(sealed)
+        edit(manifest)
+        (out / "draftkit.json").write_text(json.dumps(manifest, indent=2))
+
+    cases = [  # (edit, what the one line names)
+        (lambda m: m.update(num_speculative_tokens=-7), r"num_speculative_tokens is -7"),
+        (lambda m: m["domains"]["code"].update(alpha=1.4), r"domains.code.alpha is 1.4"),
+        (lambda m: m["domains"]["code"].update(tau=0.5), r"domains.code.tau is 0.5"),
+        (lambda m: m.update(break_even_batch=0), r"break_even_batch is 0"),
+        (lambda m: m.update(num_speculative_tokens=5), r"edited after export"),
+        (lambda m: m["domains"]["code"].update(speedup_measured=3.0), r"edited after export"),
+        (lambda m: m["target"].update(name="someone-else"), r"edited after export"),
+        (lambda m: m.pop("manifest_sha256"), r"has no manifest_sha256"),
+    ]
+    for edit, named in cases:
+        edited(edit)
+        with pytest.raises(ModelError, match=named):
+            check_bundle(out)
+        with pytest.raises(ModelError, match=named):
+            resolve_model(str(out), "draft")  # generate, eval, serve, export load through here
+        capsys.readouterr()
+        assert main(["check", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    (out / "draftkit.json").write_text(sealed)  # the file as exported checks again
+    assert check_bundle(out)["num_speculative_tokens"] == 2
+
+
 def test_export_refuses_bad_drafts_and_existing_dir(tiny_dirs, tmp_path):
     target_dir, draft_dir = tiny_dirs
     out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "b", k=2)
@@ -192,7 +236,7 @@ def test_check_takes_the_target_from_the_command_line(tiny_dirs, tmp_path):
     with pytest.raises(ModelError, match="bundle manifest .*draftkit.json is not a JSON object"):
         check_bundle(out)
     (out / "draftkit.json").write_text("{}")
-    with pytest.raises(ModelError, match="is not a bundle manifest"):
+    with pytest.raises(ModelError, match="draftkit.json: target is None, not a mapping"):
         check_bundle(out)
 
 

@@ -21,7 +21,7 @@ from draftkit.io import sha256_file
 from draftkit.models import resolve_model
 from draftkit.models.eagle3 import from_target, load_eagle3, save_eagle3
 from draftkit.models.reduced_head import ReducedHead
-from tests.helpers import make_llama, make_tokenizer, save_model
+from tests.helpers import make_llama, make_tokenizer, save_model, write_manifest
 
 IDS = [1, 2, 5, 9, 40, 60, 77]  # the draft vocabulary, N = 7
 LAYERS = [2, 4, 5]  # the references' default for an 8-layer target: [2, L // 2, L - 3]
@@ -79,7 +79,7 @@ def _rehash(bundle: Path) -> None:
     layout checks instead of stopping at the hash check."""
     manifest = json.loads((bundle / "draftkit.json").read_text())
     manifest["files"] = {rel: sha256_file(bundle / rel) for rel in manifest["files"]}
-    (bundle / "draftkit.json").write_text(json.dumps(manifest))
+    write_manifest(bundle, manifest)
 
 
 # --- export -------------------------------------------------------------------------------------
@@ -368,7 +368,7 @@ def test_check_refuses_another_target_and_a_stale_manifest(saved, tmp_path):
         check_bundle(out, target=str(save_model(gpt2, tok, tmp_path / "gpt2")))
     manifest = json.loads((out / "draftkit.json").read_text())
     manifest["draft"]["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]
-    (out / "draftkit.json").write_text(json.dumps(manifest))
+    write_manifest(out, manifest)  # as a faulty exporter would seal it
     with pytest.raises(ModelError, match=r"records tapped layers \[1, 2, 3\], "
                                          r"draft/config.json \[2, 4, 5\]"):
         check_bundle(out)

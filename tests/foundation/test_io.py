@@ -50,7 +50,7 @@ def test_files_that_crashed_commands_are_one_line_each(tmp_path):
         with pytest.raises(ModelError, match=r"draftkit.json:1: not UTF-8 text"):
             call()
     (bundle / "draftkit.json").write_text(json.dumps({"target": "somewhere"}))
-    with pytest.raises(ModelError, match="'target' is not a mapping; re-export the bundle"):
+    with pytest.raises(ModelError, match="target is 'somewhere', not a mapping; re-export"):
         resolve_model(str(bundle), "target")
     prompts = tmp_path / "p.jsonl"
     prompts.write_bytes(b'"caf\xe9"\n')

@@ -6,7 +6,7 @@ import torch
 from draftkit.errors import DraftkitError, ModelError
 from draftkit.models import check_compatible, load_model, load_pair, load_tokenizer, resolve_model
 from draftkit.models.derive import derive_by_layers, derive_random, save_draft
-from tests.helpers import make_llama, make_tokenizer, save_model
+from tests.helpers import make_llama, make_tokenizer, save_model, write_manifest
 
 
 def test_resolve_local_dir_and_missing(tiny_dirs, tmp_path):
@@ -43,8 +43,7 @@ def test_bundle_resolution(tiny_dirs, tmp_path):
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     (bundle / "draft").symlink_to(draft_dir, target_is_directory=True)
-    (bundle / "draftkit.json").write_text(json.dumps(
-        {"target": {"name": "tiny", "path": str(target_dir)}}))
+    write_manifest(bundle, target={"name": "tiny", "path": str(target_dir)})
     assert resolve_model(str(bundle), "draft").path == draft_dir.resolve()
     assert resolve_model(str(bundle), "target").path == target_dir.resolve()
 

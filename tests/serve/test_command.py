@@ -15,6 +15,7 @@ from draftkit.cli import build_parser, main, parse
 from draftkit.config import from_namespace
 from draftkit.errors import ConfigError
 from draftkit.serve.command import ServeArgs, build, resolve_models
+from tests.helpers import write_manifest
 
 
 def test_bad_flags_are_one_line_errors(capsys, tmp_path):
@@ -31,7 +32,7 @@ def test_bad_flags_are_one_line_errors(capsys, tmp_path):
 def test_resolve_bundle_and_plain_dirs(tmp_path):
     bundle = tmp_path / "smol-bundle"
     (bundle / "draft").mkdir(parents=True)
-    (bundle / "draftkit.json").write_text("{}")
+    write_manifest(bundle)
     assert resolve_models(ServeArgs(bundle=str(bundle))) == (str(bundle), str(bundle),
                                                              "smol-bundle")
     plain = tmp_path / "plain"
