@@ -150,8 +150,11 @@ def atomic_dir(path: Path, overwrite: bool = False) -> Iterator[Path]:
     ``overwrite`` an existing ``path`` is replaced only after the new one is complete.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    except OSError as e:  # the hidden temporary name means nothing to the user: name theirs
+        raise OSError(e.errno, e.strerror, str(path)) from None
     tmp.chmod(0o777 & ~_umask())  # as mkdir would make it: mkdtemp's 0700 hides a bundle
     # from a serving process of another user
     try:

@@ -262,6 +262,8 @@ def check_bundle(bundle: str | Path, check_target: bool = True,
 
     root = Path(bundle)
     manifest_path = root / MANIFEST
+    if not root.exists():
+        raise ModelError(f"{root} does not exist; pass the folder `draftkit export` wrote")
     if not manifest_path.is_file():
         raise ModelError(f"{root} is not a draftkit bundle (no {MANIFEST}); pass the folder "
                          f"`draftkit export` wrote")

@@ -66,3 +66,28 @@ def test_a_report_that_is_not_utf8_is_one_line_and_writes_nothing(tiny_dirs, tmp
     with pytest.raises(DraftkitError, match=r"report.json:1: not UTF-8 text .*draftkit eval"):
         export_bundle(str(tiny_dirs[0]), str(tiny_dirs[1]), tmp_path / "b", report=report)
     assert not (tmp_path / "b").exists()
+
+
+def test_an_unwritable_out_is_named_as_given_not_by_its_temporary_folder(tiny_dirs, tmp_path,
+                                                                          monkeypatch, capsys):
+    """export writes into a hidden temporary folder beside --out; when that cannot be made, the
+    message names --out. check on a path that does not exist says so."""
+    import tempfile
+
+    from draftkit.cli import main
+
+    target_dir, draft_dir = tiny_dirs
+    out = tmp_path / "locked" / "bundle"
+
+    def refuse(prefix, suffix, dir):
+        raise PermissionError(13, "Permission denied", f"{dir}/{prefix}x1y2{suffix}")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", refuse)
+    assert main(["export", "--target", str(target_dir), "--draft", str(draft_dir),
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"cannot use {out} (Permission denied)" in err and ".tmp" not in err
+    monkeypatch.undo()
+    assert main(["check", str(tmp_path / "nowhere")]) == 2
+    assert "nowhere does not exist; pass the folder `draftkit export` wrote" in \
+        capsys.readouterr().err
