@@ -4,8 +4,12 @@ A checkpoint is ``out_dir/checkpoints/step-NNNNNNN/`` holding ``state.pt`` (the 
 weights, the optimizer and scheduler, the data position, every RNG and the best alpha so far)
 and ``manifest.json`` (its size and sha256). It is written in a temporary folder and renamed
 into place, so a run killed at any moment leaves the previous checkpoint whole and loses at
-most the steps since it. On resume, a checkpoint whose bytes do not match its manifest is an
-error: it was damaged after it was written.
+most the steps since it. A checkpoint damaged after it was written (its bytes no longer
+match its manifest, state.pt unreadable, the manifest gone) is passed over on resume, named,
+and the run resumes from the newest one that reads whole, as if the damaged write had never
+finished; the damaged folder is left as it is until the run writes that step again. Only when
+none reads is resuming an error. (DeepSpeed checkpoints load collectively, one shard per rank,
+so an unreadable one stays an error there rather than ranks falling back apart.)
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -106,24 +110,52 @@ def set_aside_earlier_run(out: Path) -> Path | None:
     return aside
 
 
+class UnreadableCheckpoint(DraftkitError):
+    """A checkpoint damaged after it was written; resume passes over it."""
+
+
 def load_checkpoint(path: Path) -> dict:
     """The state of a checkpoint, checked against its manifest."""
     path = Path(path)
-    fix = (f"delete {path} to resume from the checkpoint before it, or set resume=false"
-           f"{QUICKSTART_FRESH} to start over (the earlier run is moved aside, not deleted)")
     try:
         manifest = json.loads((path / "manifest.json").read_text())
         state_file = path / "state.pt"
         if state_file.stat().st_size != manifest["bytes"] or \
                 sha256_file(state_file) != manifest["sha256"]:
-            raise DraftkitError(f"checkpoint {path} is corrupted (its bytes do not match "
-                                f"manifest.json); {fix}")
+            raise UnreadableCheckpoint(f"checkpoint {path} is corrupted (its bytes do not "
+                                       f"match manifest.json)")
         return torch.load(state_file, map_location="cpu", weights_only=True)
-    except DraftkitError:
+    except UnreadableCheckpoint:
         raise
     except Exception as e:
-        raise DraftkitError(f"checkpoint {path} cannot be read ({type(e).__name__}); "
-                            f"{fix}") from None
+        raise UnreadableCheckpoint(f"checkpoint {path} cannot be read "
+                                   f"({type(e).__name__})") from None
+
+
+def newest_state(root: Path, load: Callable[[Path], dict],
+                 say: Callable[[str], None]) -> tuple[Path, dict] | None:
+    """The newest checkpoint under ``root`` that reads whole, and its state (None when there is
+    none). Each newer one that does not read, or has lost its manifest.json (a write killed
+    midway leaves a hidden temporary folder, never a ``step-*`` one), is named through ``say``
+    and passed over."""
+    root = Path(root)
+    finished = list_checkpoints(root)
+    damaged = [p for p in sorted(root.glob("step-*")) if p.is_dir() and p not in finished]
+    for path in damaged:
+        say(f"checkpoint {path} has no manifest.json (damaged after it was written); "
+            f"passed over")
+    for path in reversed(finished):
+        try:
+            state = load(path)
+        except UnreadableCheckpoint as e:
+            say(f"{e}; passed over")
+            continue
+        return path, state
+    if finished or damaged:
+        raise DraftkitError(f"no checkpoint in {root} can be read; set resume=false"
+                            f"{QUICKSTART_FRESH} to start over (the earlier run is moved "
+                            f"aside, not deleted)")
+    return None
 
 
 def restore(state: dict, model: Any, optimizer: Any, scheduler: Any) -> None:

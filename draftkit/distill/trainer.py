@@ -24,6 +24,7 @@ import contextlib
 import glob
 import math
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -292,23 +293,30 @@ class _Run:
     def resume(self) -> None:
         """Continue from the newest checkpoint in out_dir, exactly, if there is one."""
         cfg, dist = self.cfg, self.dist
-        found = ckpt.list_checkpoints(self.ckpt_dir) if cfg.resume else []
-        if not found:  # a run killed before its first checkpoint starts over, its lines too
+        def load(path: Path) -> dict:
+            if self.engine is not None:
+                return ckpt.load_deepspeed_checkpoint(self.engine, path, dist.rank)
+            return ckpt.load_checkpoint(path)
+
+        def say(line: str) -> None:
+            if dist.is_main:
+                print(f"warning: {line}", file=sys.stderr, flush=True)
+
+        found = ckpt.newest_state(self.ckpt_dir, load, say) if cfg.resume else None
+        if found is None:  # a run killed before its first checkpoint starts over, its lines too
             if dist.is_main:
                 _truncate_metrics(self.out / "metrics.jsonl", -1)
             return
-        if self.engine is not None:
-            state = ckpt.load_deepspeed_checkpoint(self.engine, found[-1], dist.rank)
-        else:
-            state = ckpt.load_checkpoint(found[-1])
+        path, state = found
+        if self.engine is None:
             ckpt.restore(state, self.draft, self.optimizer, self.scheduler)
         if state.get("data_key") not in (None, self.data_key):
-            raise DraftkitError(f"{found[-1]} was trained on other rows (the data, seq_len or "
+            raise DraftkitError(f"{path} was trained on other rows (the data, seq_len or "
                                 f"seed changed); resuming would not be exact: use another "
                                 f"out_dir or set resume=false{ckpt.QUICKSTART_FRESH}")
         if state.get("batching") not in (None, self.batching):
             b, a, w = state["batching"]
-            raise DraftkitError(f"{found[-1]} was trained with train.batch_size={b}, "
+            raise DraftkitError(f"{path} was trained with train.batch_size={b}, "
                                 f"train.grad_accum={a} on {w} process(es); other values would "
                                 f"draw other rows from here: set them back, or use another "
                                 f"out_dir or resume=false{ckpt.QUICKSTART_FRESH}")
@@ -320,7 +328,7 @@ class _Run:
         self.seconds.update(state.get("seconds") or {})
         if dist.is_main:
             _truncate_metrics(self.out / "metrics.jsonl", self.step)
-            print(f"resuming from {found[-1]} (step {self.step})", flush=True)
+            print(f"resuming from {path} (step {self.step})", flush=True)
             if self.step >= cfg.max_steps:
                 print(f"step {self.step} already reaches max_steps={cfg.max_steps}: nothing "
                       f"to train; raise max_steps to continue", flush=True)

@@ -229,21 +229,44 @@ def test_a_finite_loss_with_overflowing_gradients_stops_too(tmp_path, tiny_dirs,
     assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["step-0000002"]
 
 
-def test_corrupted_checkpoint_is_clear(tmp_path, tiny_dirs):
+def test_a_damaged_newest_checkpoint_is_passed_over_and_named(tmp_path, tiny_dirs, capsys):
+    """Corrupted bytes and a lost manifest.json behave the same: resume from the newest
+    checkpoint that reads, say which was passed over, and end where an unbroken run ends."""
     from draftkit.distill.trainer import train
 
-    cfg = distill_config(tmp_path, tiny_dirs)
-    train(cfg, stop_after=2, progress=False)
-    state = tmp_path / "run" / "checkpoints" / "step-0000002" / "state.pt"
+    cfg = distill_config(tmp_path, tiny_dirs, max_steps=6)
+    ckpts = tmp_path / "run" / "checkpoints"
+    train(cfg, stop_after=4, progress=False)  # checkpoints at steps 2 and 4
+    state = ckpts / "step-0000004" / "state.pt"
     data = bytearray(state.read_bytes())
     data[len(data) // 2] ^= 0xFF
     state.write_bytes(bytes(data))
-    with pytest.raises(DraftkitError, match="corrupted"):
+    capsys.readouterr()
+    train(cfg, progress=False)
+    out, err = capsys.readouterr()
+    assert "step-0000004 is corrupted (its bytes do not match manifest.json); passed over" in err
+    assert "resuming from" in out and "step-0000002 (step 2)" in out
+    train(distill_config(tmp_path, tiny_dirs, "unbroken", max_steps=6), progress=False)
+    assert _same(_state(tmp_path / "run"), _state(tmp_path / "unbroken"))
+
+    (ckpts / "step-0000006" / "manifest.json").unlink()  # now: step 4 whole, step 6 without
+    train(distill_config(tmp_path, tiny_dirs, max_steps=8), stop_after=6, progress=False)
+    out, err = capsys.readouterr()
+    assert "step-0000006 has no manifest.json (damaged after it was written); passed over" \
+        in err and "step-0000004 (step 4)" in out
+
+    for path in ckpts.iterdir():  # none reads: an error, not a silent fresh start
+        (path / "state.pt").write_bytes(b"junk")
+    with pytest.raises(DraftkitError, match=r"no checkpoint in .* can be read; set resume=false"):
         train(cfg, progress=False)
-    (tmp_path / "run" / "checkpoints" / "step-0000002").rename(tmp_path / "gone")
+    (ckpts).rename(tmp_path / "gone")
     train(cfg, stop_after=2, progress=False)
     with pytest.raises(DraftkitError, match="trained on other rows"):
         train(distill_config(tmp_path, tiny_dirs, **{"data.seq_len": 40}), progress=False)
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_topk_cache_reused_and_close_to_online(tmp_path, tiny_dirs):
