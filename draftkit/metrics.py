@@ -228,6 +228,24 @@ def alpha_from_tau(tau_value: float, k: int) -> float:
     return _bisect(lambda a: tau(a, k) - tau_value, 0.0, 1.0)
 
 
+def bootstrap(statistic: Callable[[Sequence[int]], float], n: int, resamples: int = 10000,
+              level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """``statistic`` over units 0..n-1, with a percentile interval from resampling whole units
+    with replacement (Efron and Tibshirani 1993, ch. 13). ``statistic`` takes the indices of a
+    resample (repeats included). Seeded, so a report's interval can be derived again. Returns
+    (statistic over all units, low, high)."""
+    if n < 1:
+        raise ValueError("a bootstrap needs at least one unit")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    rng = random.Random(seed)
+    draws = sorted(statistic(rng.choices(range(n), k=n)) for _ in range(resamples))
+    tail = (1.0 - level) / 2
+    lo = draws[min(resamples - 1, int(tail * resamples))]
+    hi = draws[max(0, math.ceil((1.0 - tail) * resamples) - 1)]
+    return statistic(range(n)), lo, hi
+
+
 def paired_bootstrap(a: Sequence[float], b: Sequence[float], weights: Sequence[float],
                      resamples: int = 10000, level: float = 0.95, seed: int = 0
                      ) -> tuple[float, float, float]:
@@ -235,27 +253,56 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], weights: Sequence[f
 
     Unit i (a held-out row) contributes sums ``a[i]`` and ``b[i]`` (acceptance of two drafts
     summed over its ``weights[i]`` positions). The difference is
-    sum(a) / sum(w) - sum(b) / sum(w); resampling whole units with replacement, both drafts
-    together (Efron and Tibshirani 1993, ch. 13), keeps positions of one row, which are not
-    independent, in one draw. Returns (difference, low, high).
+    sum(a) / sum(w) - sum(b) / sum(w); resampling whole units, both drafts together, keeps
+    positions of one row, which are not independent, in one draw (:func:`bootstrap`). Returns
+    (difference, low, high).
     """
     if not len(a) == len(b) == len(weights) or not len(a):
         raise ValueError("paired_bootstrap needs a, b and weights of one non-zero length")
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must lie in (0, 1), got {level}")
     diff = [x - y for x, y in zip(a, b)]
 
     def delta(idx: Sequence[int]) -> float:
         w = sum(weights[i] for i in idx)
         return sum(diff[i] for i in idx) / w if w else 0.0
 
-    rng = random.Random(seed)
-    n = len(diff)
-    draws = sorted(delta(rng.choices(range(n), k=n)) for _ in range(resamples))
-    tail = (1.0 - level) / 2
-    lo = draws[min(resamples - 1, int(tail * resamples))]
-    hi = draws[max(0, math.ceil((1.0 - tail) * resamples) - 1)]
-    return delta(range(n)), lo, hi
+    return bootstrap(delta, len(diff), resamples, level, seed)
+
+
+def speedup_interval(plain_seconds: Sequence[float], spec_seconds: Sequence[float],
+                     plain_tokens: Sequence[int], spec_tokens: Sequence[int],
+                     resamples: int = 2000, level: float = 0.95, seed: int = 0
+                     ) -> tuple[float, float, float]:
+    """Measured speedup, tokens per second with speculation over tokens per second without,
+    pooled over prompts, with a paired bootstrap interval over prompts.
+
+    Prompt i was decoded both ways (``plain_seconds[i]`` for ``plain_tokens[i]`` tokens, and
+    ``spec_*``), interleaved, so a resample keeps both halves of a pair together: the machine's
+    drift and the prompt's difficulty cancel within a pair, and the interval measures how much
+    the speedup depends on which prompts were drawn. Returns (speedup, low, high)."""
+    n = len(plain_seconds)
+    if not n or not n == len(spec_seconds) == len(plain_tokens) == len(spec_tokens):
+        raise ValueError("speedup_interval needs four sequences of one non-zero length")
+
+    def ratio(idx: Sequence[int]) -> float:
+        plain = sum(plain_tokens[i] for i in idx) / max(sum(plain_seconds[i] for i in idx), 1e-12)
+        spec = sum(spec_tokens[i] for i in idx) / max(sum(spec_seconds[i] for i in idx), 1e-12)
+        return spec / plain if plain > 0 else 0.0
+
+    return bootstrap(ratio, n, resamples, level, seed)
+
+
+def units_to_decide(n: int, estimate: float, low: float, high: float,
+                    level: float = 1.0) -> int | None:
+    """About how many units (prompts) an interval from ``n`` would need to stop including
+    ``level``: its half-width shrinks as 1 / sqrt(n), so n (half-width / distance)^2. None
+    when the estimate sits on ``level`` (no number decides) or the interval already excludes
+    it."""
+    half, distance = (high - low) / 2, abs(estimate - level)
+    if low > level or high < level:
+        return None
+    if distance <= 1e-9:
+        return None
+    return max(n + 1, math.ceil(n * (half / distance) ** 2))
 
 
 # --- other stacks' figures (README.md, "How speculation pays") ---------------------------------

@@ -26,6 +26,12 @@ def extra_keys() -> typing.Any:
     return field(default_factory=dict, metadata={"extra": True})
 
 
+def added_later() -> typing.Any:
+    """A field a later version added: None by default, and its key left out of the JSON while
+    it is None, so a file an earlier version wrote is written back byte for byte."""
+    return field(default=None, metadata={"omit_none": True})
+
+
 class Record:
     """A dataclass written as one JSON object: its fields in order, records nested in it (also
     in lists and dicts) as objects of their own."""
@@ -37,6 +43,8 @@ class Record:
             value = _written(getattr(self, f.name))
             if f.metadata.get("extra"):
                 out.update(value)
+            elif value is None and f.metadata.get("omit_none"):
+                continue
             else:
                 out[f.name] = value
         return out

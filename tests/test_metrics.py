@@ -1,6 +1,7 @@
 """draftkit.metrics against the closed forms and README.md's optimal-K table (arXiv 2211.17192)."""
 
 import math
+import random
 
 import pytest
 
@@ -97,3 +98,30 @@ def test_paired_bootstrap_interval():
     assert m.paired_bootstrap(a, b, w) == (d, lo, hi)  # seeded: a report can be re-derived
     with pytest.raises(ValueError, match="length"):
         m.paired_bootstrap(a, b[:-1], w)
+
+
+def test_speedup_interval_pairs_prompts_and_narrows_with_more():
+    # ten prompts, each decoded both ways: speculation ~1.2x faster, prompt to prompt noise
+    rng = random.Random(1)
+    plain = [rng.uniform(0.8, 1.6) for _ in range(10)]
+    spec = [p / 1.2 * rng.uniform(0.9, 1.1) for p in plain]
+    tokens = [32] * 10
+    est, lo, hi = m.speedup_interval(plain, spec, tokens, tokens)
+    assert est == pytest.approx(sum(plain) / sum(spec)) and lo < est < hi
+    assert 1.0 < lo and hi < 1.4
+    # the pair cancels what both halves share: slow prompts are slow both ways
+    scaled = [p * s for p, s in zip(plain, (1, 5) * 5)], [q * s for q, s in zip(spec, (1, 5) * 5)]
+    assert m.speedup_interval(*scaled, tokens, tokens)[1] > 1.0
+    # four times the prompts, half the width
+    est4, lo4, hi4 = m.speedup_interval(plain * 4, spec * 4, tokens * 4, tokens * 4)
+    assert (hi4 - lo4) == pytest.approx((hi - lo) / 2, rel=0.3)
+    with pytest.raises(ValueError):
+        m.speedup_interval(plain, spec[:-1], tokens, tokens)
+
+
+def test_units_to_decide():
+    # half-width 0.09 at distance 0.06 from 1.0 over 12 prompts: 12 * 1.5^2 = 27
+    assert m.units_to_decide(12, 1.06, 0.97, 1.15) == 27
+    assert m.units_to_decide(12, 1.2, 1.05, 1.35) is None  # already clear of 1.0
+    assert m.units_to_decide(12, 1.0, 0.9, 1.1) is None  # no number decides
+    assert m.units_to_decide(4, 1.5, 0.5, 2.5) > 4

@@ -22,7 +22,7 @@ import datetime as _dt
 import typing
 from dataclasses import dataclass, field
 
-from draftkit.records import Record, extra_keys
+from draftkit.records import Record, added_later, extra_keys
 
 # the report key of --baseline-draft's teacher-forced acceptance (DomainFigures.baselines)
 ALPHA_BEFORE = "alpha_before"
@@ -101,6 +101,11 @@ class DomainFigures(Record):
     rounds_by_k: dict[str, int]
     speedup_predicted: float | None
     speedup_measured: float
+    # its 95% interval, a paired bootstrap over prompts (None from one prompt), and about how
+    # many prompts would put the interval clear of 1.0 where it includes it
+    speedup_low: float | None = added_later()
+    speedup_high: float | None = added_later()
+    prompts_to_decide: int | None = added_later()
     plain_tokens_per_s: float
     spec_tokens_per_s: float
     target_entropy: float | None  # nats, mean over the decoded continuations

@@ -28,7 +28,9 @@ BEFORE_NOTE = ("alpha before / alpha after: the baseline draft's and this draft'
                "estimator; '-': not measured (alpha when nothing was drafted).")
 
 # (column title, figure, format) of the per-domain table; the two teacher-forced columns only
-# when a baseline draft was measured (BEFORE_NOTE).
+# when a baseline draft was measured (BEFORE_NOTE), the interval only where one was (not from
+# one prompt, nor in reports from before intervals).
+INTERVAL = "95% interval"
 TABLE = [("prompts", lambda f: f.n_prompts, "{}"),
          ("alpha before", lambda f: f.alpha_before, "{:.3f}"),
          ("alpha after", lambda f: f.alpha_after, "{:.3f}"),
@@ -36,6 +38,8 @@ TABLE = [("prompts", lambda f: f.n_prompts, "{}"),
          ("c", lambda f: f.c, "{:.3f}"), ("v", lambda f: f.v, "{:.2f}"),
          ("K", lambda f: f.k, "{}"), ("K=0 rounds", lambda f: f.plain_round_share, "{:.0%}"),
          ("speedup measured", lambda f: f.speedup_measured, "{:.2f}x"),
+         (INTERVAL, lambda f: f.speedup_low is not None and
+          f"{f.speedup_low:.2f}-{f.speedup_high:.2f}x" or None, "{}"),
          ("speedup predicted", lambda f: f.speedup_predicted, "{:.2f}x"),
          ("plain tok/s", lambda f: f.plain_tokens_per_s, "{:.1f}"),
          ("spec tok/s", lambda f: f.spec_tokens_per_s, "{:.1f}"),
@@ -102,7 +106,9 @@ def domain_table(report: EvalReport) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the per-domain table (plus an ``overall`` row)."""
     rows_src = _rows(report)
     has_before = any(ALPHA_BEFORE in row.baselines for _, row in rows_src)
-    columns = [c for c in TABLE if c[0] not in BEFORE_COLUMNS or has_before]
+    has_interval = any(row.speedup_low is not None for _, row in rows_src)
+    columns = [c for c in TABLE if (c[0] not in BEFORE_COLUMNS or has_before)
+               and (c[0] != INTERVAL or has_interval)]
     header = ["domain"] + [c[0] for c in columns]
     rows = [[name] + [fmt(figure(row), pattern) for _, figure, pattern in columns]
             for name, row in rows_src]

@@ -2,7 +2,8 @@
 
 For each domain, every prompt is decoded by the same engine with K = 0 (plain decoding, the
 baseline) and with speculation, interleaved prompt by prompt, alternating which goes first, and
-repeated, after one untimed decode of each; tokens per second are medians over repeats.
+repeated, after one untimed decode of each; tokens per second pool every prompt and repeat,
+and the measured speedup's interval resamples prompts, each a (plain, speculative) pair.
 Acceptance (alpha, alpha_i, tau), the draft cost c and the verify inflation v come from the
 engine's per-round statistics; the predicted speedup comes from those through
 :mod:`draftkit.metrics`, so the gap between predicted and measured is the per-round overhead
@@ -16,7 +17,7 @@ K listed) and batch size (measured c(B), v(B) and speedup at each B).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -50,6 +51,10 @@ class DomainRun:
     stats: DecodeStats  # of the speculative runs
     plain_stats: DecodeStats  # of the K = 0 runs
     sequences: list[tuple[list[int], list[int]]]  # (prompt ids, new ids) of the last spec run
+    # per prompt, over every repeat: (plain, speculative) seconds and new tokens, the pairs
+    # the speedup's interval resamples
+    prompt_seconds: list[tuple[float, float]] = field(default_factory=list)
+    prompt_tokens: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -127,6 +132,8 @@ class Evaluator:
         # --k auto: one policy for the domain's prompts, as a server keeps one across requests
         policy = resolve_k(self.s.k, self.s.k_max, has_draft=self.draft_model is not None).policy
         tokens = spec_tokens = 0
+        pair_secs = [[0.0, 0.0] for _ in prompts]
+        pair_tokens = [[0, 0] for _ in prompts]
         for rep in range(self.s.repeats):
             t_plain = t_spec = 0.0
             n_plain = n_spec = 0
@@ -140,18 +147,23 @@ class Evaluator:
                                                     plain_stats, seed)
                         t_plain += secs
                         n_plain += len(res.tokens)
+                        pair_secs[i][0] += secs
+                        pair_tokens[i][0] += len(res.tokens)
                     else:
                         (res,), secs = self.decode([ids], self.s.k, self.s.max_new_tokens,
                                                     spec_stats, seed, policy)
                         t_spec += secs
                         n_spec += len(res.tokens)
+                        pair_secs[i][1] += secs
+                        pair_tokens[i][1] += len(res.tokens)
                         sequences.append((ids, res.tokens))
                     self.progress(1)
             plain_secs.append(t_plain)
             spec_secs.append(t_spec)
             tokens, spec_tokens = n_plain, n_spec
         return DomainRun(plain_secs, spec_secs, tokens, spec_tokens, spec_stats, plain_stats,
-                         sequences)
+                         sequences, prompt_seconds=[tuple(p) for p in pair_secs],
+                         prompt_tokens=[tuple(p) for p in pair_tokens])
 
     # --- teacher-forced figures on the decoded continuations ----------------------------------
 

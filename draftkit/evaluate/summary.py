@@ -65,8 +65,7 @@ def domain_figures(run: DomainRun, n_prompts: int, settings: EvalSettings) -> Do
     stats = run.stats
     step = run.plain_stats.target_step_seconds(1)
     k = k_used(stats)
-    plain_tps = statistics.median(run.tokens / s for s in run.plain_seconds if s > 0)
-    spec_tps = statistics.median(run.spec_tokens / s for s in run.spec_seconds if s > 0)
+    plain_tps, spec_tps, low, high, to_decide = measured_speedup(run)
     alphas = stats.alphas()
     by_k = stats.rounds_by_k()
     rounds = stats.rounds or 1
@@ -85,19 +84,45 @@ def domain_figures(run: DomainRun, n_prompts: int, settings: EvalSettings) -> Do
         plain_round_share=by_k.get(0, 0) / rounds,
         rounds_by_k={str(x): by_k[x] for x in sorted(by_k)},
         speedup_predicted=predicted_speedup(stats, step),
-        speedup_measured=spec_tps / plain_tps,
+        speedup_measured=spec_tps / plain_tps, speedup_low=low, speedup_high=high,
+        prompts_to_decide=to_decide,
         plain_tokens_per_s=plain_tps, spec_tokens_per_s=spec_tps,
         target_entropy=None, by_entropy=None, overhead_per_round_ms=overhead_ms,
         verdict=None)  # the teacher-forced figures and the verdict are set by the caller
 
 
+def measured_speedup(run: DomainRun) -> tuple[float, float, float | None, float | None,
+                                               int | None]:
+    """(plain tokens/s, speculative tokens/s, the speedup's 95% interval low and high, prompts
+    that would decide) of a run, pooled over its prompts and repeats; the interval is a paired
+    bootstrap over prompts (:func:`metrics.speedup_interval`), None from fewer than two."""
+    pairs = [(p, s, tp, ts) for (p, s), (tp, ts) in zip(run.prompt_seconds, run.prompt_tokens)
+             if p > 0 and s > 0]
+    if pairs:
+        plain_s, spec_s, plain_n, spec_n = (sum(x) for x in zip(*pairs))
+    else:  # a run without its prompts' pairs: the repeats' totals
+        plain_s, spec_s = sum(run.plain_seconds), sum(run.spec_seconds)
+        plain_n, spec_n = run.tokens * len(run.plain_seconds), run.spec_tokens * len(
+            run.spec_seconds)
+    plain_tps, spec_tps = plain_n / max(plain_s, 1e-12), spec_n / max(spec_s, 1e-12)
+    if len(pairs) < 2:
+        return plain_tps, spec_tps, None, None, None
+    est, low, high = metrics.speedup_interval(*zip(*pairs))
+    return plain_tps, spec_tps, low, high, metrics.units_to_decide(len(pairs), est, low, high)
+
+
 def verdict(fig: DomainFigures, k_max: int, v: Callable[[int], float] | None = None) -> str:
-    """Speculate with which K, or do not, and why, from measured figures.
+    """Speculate with which K, or do not, and why, from measured figures: "speculate" only where
+    the measured speedup's 95% interval lies above 1.0 (or, from one prompt, the speedup does);
+    "inconclusive" where it includes 1.0 though the speedup model says a K pays, with the
+    prompts that would decide; otherwise the reason it does not pay.
 
     ``v`` is v(K) for the predictions (:func:`v_of_k`); by default the run's v at every K."""
     measured, alpha, c = fig.speedup_measured, fig.alpha, fig.c
-    if measured is not None and measured > 1.0 and fig.k:
-        return f"speculate with K={fig.k} (measured {measured:.2f}x)"
+    low, high = fig.speedup_low, fig.speedup_high
+    interval = "" if low is None else f", 95% interval {low:.2f}-{high:.2f}x"
+    if measured > 1.0 and fig.k and (low is None or low > 1.0):
+        return f"speculate with K={fig.k} (measured {measured:.2f}x{interval})"
     if c is None:
         return "do not speculate: the draft never ran, so its cost is unknown"
     if alpha is None:
@@ -119,6 +144,11 @@ def verdict(fig: DomainFigures, k_max: int, v: Callable[[int], float] | None = N
     best_k, best_s = metrics.optimal_k(fig.alpha_per_position or alpha, c, k_max, v)
     if best_k == 0:
         return "do not speculate: no K pays at this alpha, c and v"
+    if low is not None and low <= 1.0 <= high:  # the model says it can pay; not shown yet
+        more = (f"; about {fig.prompts_to_decide} prompts would decide"
+                if fig.prompts_to_decide else "")
+        return (f"inconclusive: measured {measured:.2f}x{interval} includes 1.0 "
+                f"(predicted {best_s:.2f}x at K={best_k}){more}")
     return (f"do not speculate yet: predicted {best_s:.2f}x at K={best_k} but measured "
             f"{measured:.2f}x; per-round overhead {fig.overhead_per_round_ms:.1f} ms eats "
             f"the gain")
@@ -174,7 +204,9 @@ def aggregate(domains: dict[str, DomainFigures], runs: dict[str, DomainRun],
         [sum(r.plain_seconds[i] for r in runs.values()) for i in range(settings.repeats)],
         [sum(r.spec_seconds[i] for r in runs.values()) for i in range(settings.repeats)],
         sum(r.tokens for r in runs.values()), sum(r.spec_tokens for r in runs.values()),
-        total, plain, [])
+        total, plain, [],
+        prompt_seconds=[p for r in runs.values() for p in r.prompt_seconds],
+        prompt_tokens=[p for r in runs.values() for p in r.prompt_tokens])
     fig = domain_figures(merged, sum(d.n_prompts for d in domains.values()), settings)
 
     def per_token(figure: Callable[[DomainFigures], float | None]) -> float | None:

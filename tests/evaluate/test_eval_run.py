@@ -15,7 +15,8 @@ from draftkit.evaluate.runner import KMeasurement
 # report.json's keys: the report's and each per-domain row's (and overall's)
 DOMAIN_KEYS = ("n_prompts", "new_tokens", "alpha", "alpha_tv", "alpha_after", "alpha_per_position",
                "tau", "c", "v", "k", "plain_round_share", "rounds_by_k", "speedup_predicted",
-               "speedup_measured", "plain_tokens_per_s", "spec_tokens_per_s", "target_entropy",
+               "speedup_measured", "speedup_low", "speedup_high", "prompts_to_decide",
+               "plain_tokens_per_s", "spec_tokens_per_s", "target_entropy",
                "by_entropy", "overhead_per_round_ms", "verdict")
 REPORT_KEYS = ("target", "draft", "device", "dtype", "temperature", "k", "created", "domains",
                "overall", "k_sweep", "batch_sweep", "break_even")
@@ -41,7 +42,10 @@ def test_report_schema_and_consistency(tiny_dirs, suite, tmp_path):
     assert list(report) == list(REPORT_KEYS)
     assert list(report["domains"]) == ["code", "chat"]
     for name, fig in [*report["domains"].items(), ("overall", report["overall"])]:
-        assert list(fig) == [*DOMAIN_KEYS, "alpha_before"], name
+        # prompts_to_decide only where the interval includes 1.0 (a key added later is left
+        # out while null, so older reports are written back as they were)
+        keys = [k for k in DOMAIN_KEYS if k != "prompts_to_decide" or k in fig]
+        assert list(fig) == [*keys, "alpha_before"], name
         assert fig["k"] == 2 and 0 <= fig["alpha"] <= 1
         # Tokens per target call predicted from the measured per-position alpha_i bound the
         # measured tau from above: tau counts only the tokens the 10-token budget kept.
@@ -51,8 +55,10 @@ def test_report_schema_and_consistency(tiny_dirs, suite, tmp_path):
             metrics.speedup(fig["alpha_per_position"], fig["c"], 2, fig["v"]))
         assert fig["speedup_measured"] == pytest.approx(
             fig["spec_tokens_per_s"] / fig["plain_tokens_per_s"])
-        assert fig["verdict"].startswith("speculate" if fig["speedup_measured"] > 1
-                                         else "do not speculate")
+        # two prompts: an interval around the measured speedup, and a verdict that follows it
+        assert fig["speedup_low"] <= fig["speedup_measured"] <= fig["speedup_high"], name
+        assert fig["verdict"].startswith("speculate" if fig["speedup_low"] > 1 else
+                                         ("inconclusive", "do not speculate"))
         # The baseline here is the target itself: it agrees with the target everywhere.
         assert fig["alpha_before"] == pytest.approx(1.0)
         assert 0 <= fig["alpha_after"] <= 1
@@ -131,6 +137,17 @@ def test_verdicts_say_why():
     assert "per-round overhead 3.0 ms" in verdict(overhead, 8)
     never = fig(speedup_measured=1.0, alpha=0.0, c=None, k=0, v=None)
     assert "never ran" in verdict(never, 8)
+    # the interval decides: above 1.0 speculate, across 1.0 inconclusive with the prompts needed
+    sure = fig(speedup_measured=1.2, speedup_low=1.05, speedup_high=1.3, alpha=0.7, c=0.2, k=3)
+    assert verdict(sure, 8) == "speculate with K=3 (measured 1.20x, 95% interval 1.05-1.30x)"
+    unsure = fig(speedup_measured=1.06, speedup_low=0.97, speedup_high=1.15,
+                 prompts_to_decide=27, alpha=0.7, c=0.2, k=3)
+    assert verdict(unsure, 8).startswith("inconclusive: measured 1.06x, 95% interval 0.97-1.15x "
+                                         "includes 1.0 (predicted ")
+    assert verdict(unsure, 8).endswith("; about 27 prompts would decide")
+    hopeless = fig(speedup_measured=1.02, speedup_low=0.9, speedup_high=1.1, alpha=0.1, c=0.2,
+                   k=3)  # across 1.0, but no K pays at this alpha: the model's reason stands
+    assert verdict(hopeless, 8).startswith("do not speculate: alpha 0.10 is below")
     costly = fig(speedup_measured=0.5, alpha=0.8, c=2.0, k=1)
     assert verdict(costly, 8).endswith("no acceptance rate pays")  # not "break-even inf"
 
