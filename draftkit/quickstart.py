@@ -33,7 +33,7 @@ from draftkit.errors import ConfigError, DraftkitError
 from draftkit.evaluate.command import EvalArgs, run_eval
 from draftkit.evaluate.figures import EvalReport
 from draftkit.evaluate.report import (break_even_text, domain_table, format_text_table,
-                                      write_report)
+                                      plain_step_text, write_report)
 from draftkit.export import export_bundle
 from draftkit.io import atomic_write_text
 from draftkit.models import load_model, load_tokenizer, resolve_model
@@ -182,6 +182,8 @@ def quickstart(args: QuickstartArgs) -> EvalReport:
     print(f"\nalpha before / after = the undistilled / distilled draft, teacher-forced on the "
           f"same continuations; alpha = the distilled draft while decoding; "
           f"{break_even_text(report)}")
+    if report.plain_step is not None:
+        print(plain_step_text(report))
     print(f"report: {out / 'report.md'}   bundle: {bundle}   "
           f"(serve it: {bundle / 'serving'}; verify: draftkit check {bundle})")
     print(f"total {(time.perf_counter() - t_start) / 60:.1f} min")

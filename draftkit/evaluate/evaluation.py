@@ -69,6 +69,7 @@ def eval_report(target: str, draft: str, suite: Path, settings: EvalSettings, *,
             alpha = "n/a" if fig.alpha is None else f"{fig.alpha:.2f}"
             bar.set_postfix_str(f"{name} alpha={alpha} S={fig.speedup_measured:.2f}x")
         overall = summary.aggregate(figures, runs, settings, swept)
+        baseline = summary.plain_step(runs, overall, pair.target, ev.device) if runs else None
         batch_rows = []
         if settings.batch_sizes:
             # Interleave domains so every batch size mixes them.
@@ -82,4 +83,4 @@ def eval_report(target: str, draft: str, suite: Path, settings: EvalSettings, *,
         dtype=str(next(pair.target.parameters()).dtype).replace("torch.", ""),
         temperature=settings.temperature, k=settings.k, created=now(), domains=figures,
         overall=overall, k_sweep=k_rows, batch_sweep=batch_rows,
-        break_even=summary.break_even(batch_rows, figures))
+        break_even=summary.break_even(batch_rows, figures), plain_step=baseline)

@@ -154,6 +154,23 @@ class BatchRow(Record):
 
 
 @dataclass(kw_only=True)
+class PlainStep(Record):
+    """The baseline beside its limit (:mod:`draftkit.evaluate.floor`): plain decoding's time
+    per token at batch 1, whole loop and target forward alone, and the memory floor: the
+    target's weights read once at the rate this device reads memory."""
+
+    ms_per_token: float  # 1000 / plain tokens per second, over every domain
+    forward_ms: float | None  # the target's one-token forward alone
+    floor_ms: float
+    weights_gb: float
+    read_gb_per_s: float
+
+    @property
+    def over_floor(self) -> float:
+        return self.ms_per_token / self.floor_ms
+
+
+@dataclass(kw_only=True)
 class EvalReport(Record):
     """``draftkit eval``'s report.json."""
 
@@ -169,6 +186,7 @@ class EvalReport(Record):
     k_sweep: list[KSweepRow] = field(default_factory=list)
     batch_sweep: list[BatchRow] = field(default_factory=list)
     break_even: BreakEven | None = None
+    plain_step: PlainStep | None = added_later()
 
 
 # --- draftkit regimes ----------------------------------------------------------------------------

@@ -257,9 +257,23 @@ def k_sweep_note(report: EvalReport) -> str | None:
             "and tokens.")
 
 
+def plain_step_text(report: EvalReport) -> str | None:
+    """One sentence setting plain decoding beside the memory floor of its target."""
+    p = report.plain_step
+    if p is None:
+        return None
+    forward = "" if p.forward_ms is None else f" (the target's forward alone {p.forward_ms:.1f} ms)"
+    return (f"plain decoding took {p.ms_per_token:.1f} ms a token at batch 1{forward}, "
+            f"{p.over_floor:.2f}x the memory floor of {p.floor_ms:.1f} ms: the target's "
+            f"{p.weights_gb:.2f} GB of weights read once at the {p.read_gb_per_s:.1f} GB/s "
+            f"this device reads")
+
+
 def _summary_lines(report: EvalReport) -> list[str]:
     lines = [f"target `{report.target}`, draft `{report.draft}`, device {report.device}, dtype "
              f"{report.dtype}, temperature {report.temperature}, K {report.k}"]
+    if report.plain_step is not None:
+        lines.append(plain_step_text(report))
     if report.batch_sweep:
         lines.append(break_even_text(report))
     return lines

@@ -16,9 +16,9 @@ from typing import Callable
 
 from draftkit import metrics
 from draftkit.decode.stats import DecodeStats
-from draftkit.evaluate import entropy
+from draftkit.evaluate import entropy, floor
 from draftkit.evaluate.figures import (ALPHA_BEFORE, BatchBreakEven, BatchRow, BreakEven,
-                                       DomainFigures, KSweepRow)
+                                       DomainFigures, KSweepRow, PlainStep)
 from draftkit.evaluate.runner import DomainRun, KMeasurement
 from draftkit.evaluate.settings import EvalSettings
 
@@ -224,6 +224,19 @@ def aggregate(domains: dict[str, DomainFigures], runs: dict[str, DomainRun],
         fig.by_entropy = entropy.merge(by_entropy)
     fig.verdict = verdict(fig, settings.k_max, v_of_k(fig, list(measured)))
     return fig
+
+
+def plain_step(runs: dict[str, DomainRun], overall: DomainFigures, target_model,
+               device) -> PlainStep:
+    """Plain decoding's time per token over every domain, its one-token forward alone, and the
+    memory floor of the target on ``device``, measured now."""
+    calls = sum(r.plain_stats.target_calls_by_tokens.get(1, 0) for r in runs.values())
+    secs = sum(r.plain_stats.target_seconds_by_tokens.get(1, 0.0) for r in runs.values())
+    rate = floor.read_bytes_per_second(device)
+    return PlainStep(ms_per_token=1000 / overall.plain_tokens_per_s,
+                     forward_ms=1000 * secs / calls if calls else None,
+                     floor_ms=1000 * floor.floor_seconds(target_model, rate),
+                     weights_gb=floor.weight_bytes(target_model) / 1e9, read_gb_per_s=rate / 1e9)
 
 
 def _merge(into: DecodeStats, other: DecodeStats) -> None:

@@ -19,7 +19,7 @@ DOMAIN_KEYS = ("n_prompts", "new_tokens", "alpha", "alpha_tv", "alpha_after", "a
                "plain_tokens_per_s", "spec_tokens_per_s", "target_entropy",
                "by_entropy", "overhead_per_round_ms", "verdict")
 REPORT_KEYS = ("target", "draft", "device", "dtype", "temperature", "k", "created", "domains",
-               "overall", "k_sweep", "batch_sweep", "break_even")
+               "overall", "k_sweep", "batch_sweep", "break_even", "plain_step")
 
 
 def tiny_args(target, draft, suite, out, **kw):
@@ -41,6 +41,11 @@ def test_report_schema_and_consistency(tiny_dirs, suite, tmp_path):
     assert json.dumps(EvalReport.from_dict(on_disk).to_dict(), indent=2) + "\n" == text
     assert list(report) == list(REPORT_KEYS)
     assert list(report["domains"]) == ["code", "chat"]
+    # the baseline beside its floor: the whole loop's time per token, then the floor
+    step = report["plain_step"]
+    assert step["ms_per_token"] == pytest.approx(1000 / report["overall"]["plain_tokens_per_s"])
+    assert 0 < step["forward_ms"] <= step["ms_per_token"] and step["read_gb_per_s"] > 0
+    assert step["floor_ms"] == pytest.approx(1000 * step["weights_gb"] / step["read_gb_per_s"])
     for name, fig in [*report["domains"].items(), ("overall", report["overall"])]:
         # prompts_to_decide only where the interval includes 1.0 (a key added later is left
         # out while null, so older reports are written back as they were)
