@@ -32,7 +32,7 @@ from draftkit.distill.command import load_config
 from draftkit.errors import ConfigError, DraftkitError
 from draftkit.evaluate.command import EvalArgs, run_eval
 from draftkit.evaluate.figures import EvalReport
-from draftkit.evaluate.report import (break_even_text, domain_table, format_text_table,
+from draftkit.evaluate.report import (domain_table, format_text_table, headline,
                                       plain_step_text, write_report)
 from draftkit.export import export_bundle
 from draftkit.io import atomic_write_text
@@ -179,9 +179,9 @@ def quickstart(args: QuickstartArgs) -> EvalReport:
     stamp("6/6 done")
     print()
     print(format_text_table(*domain_table(report)))
-    print(f"\nalpha before / after = the undistilled / distilled draft, teacher-forced on the "
-          f"same continuations; alpha = the distilled draft while decoding; "
-          f"{break_even_text(report)}")
+    print("\nalpha before / after = the undistilled / distilled draft, teacher-forced on the "
+          "same continuations; alpha = the distilled draft while decoding.")
+    print(headline(report))
     if report.plain_step is not None:
         print(plain_step_text(report))
     print(f"report: {out / 'report.md'}   bundle: {bundle}   "

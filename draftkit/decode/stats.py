@@ -201,6 +201,36 @@ class DecodeStats:
         tv = self.target_step_seconds(k + 1)
         return tv / t if (t and tv) else None
 
+    def k_used(self) -> int:
+        """The positive K the run used most (auto varies it per round and starts every decode
+        with plain steps, so K = 0 counts only when the run never speculated)."""
+        calls = self.rounds_by_k()
+        calls = {k: n for k, n in calls.items() if k > 0} or calls
+        if not calls:
+            return 0
+        return max(calls, key=lambda k: (calls[k], k))
+
+    def predicted_speedup(self, target_step: float | None = None) -> float | None:
+        """Speedup the model predicts for the rounds the run actually had, K by K.
+
+        A round at K yields tau(alpha_1..alpha_K) tokens for K c + v(K) target steps
+        (Leviathan et al., arXiv 2211.17192, Theorem 3.8, with the measured verify inflation
+        v); a K = 0 round yields one token for one step. Summing both over the rounds gives
+        expected tokens over expected time, so under ``--k auto`` the prediction covers the
+        same mix of K (plain stretches included) as the measured speedup; at a fixed K it is
+        ``metrics.speedup``. None when c or some v(K) is unknown.
+        """
+        alphas = self.alphas() or self.alpha()
+        c = self.c(target_step)
+        tokens = steps = 0.0
+        for k, n in self.rounds_by_k().items():
+            v = self.v(k, target_step) if k else 1.0
+            if k and (c is None or v is None):
+                return None
+            tokens += n * metrics.tau(alphas, k)
+            steps += n * (k * c + v if k else 1.0)
+        return tokens / steps if steps else 1.0  # no round at all: plain decoding by definition
+
     def overhead_per_round(self) -> float:
         """Seconds per round outside the draft and target forwards."""
         return self.seconds_other / self.rounds if self.rounds else 0.0

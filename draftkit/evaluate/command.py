@@ -30,7 +30,7 @@ from draftkit.errors import ConfigError
 from draftkit.evaluate.figures import EvalReport, RegimesReport
 from draftkit.evaluate.regimes.drafts import DEFAULT_DRAFT_LAYERS
 from draftkit.evaluate.regimes.report import REGIMES, write_regimes_report
-from draftkit.evaluate.report import (break_even_text, domain_table, format_text_table,
+from draftkit.evaluate.report import (domain_table, format_text_table, headline,
                                       plain_step_text, write_report)
 from draftkit.evaluate.settings import EvalSettings
 from draftkit.evaluate.suite import builtin_suites_dir
@@ -91,7 +91,7 @@ def evaluate(args: EvalArgs) -> EvalReport:
         report = run_eval(args)
         files = write_report(report, args.out, tracker)
     print(format_text_table(*domain_table(report)))
-    print(f"\n{break_even_text(report)}")
+    print(f"\n{headline(report)}")
     if report.plain_step is not None:
         print(plain_step_text(report))
     print(f"report: {files['md']} (also {files['html'].name}, {files['json'].name}, plots)")

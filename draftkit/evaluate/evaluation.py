@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from draftkit.chat import encode_prompt
 from draftkit.evaluate import summary
-from draftkit.evaluate.figures import ALPHA_BEFORE, DomainFigures, EvalReport, now
+from draftkit.evaluate.figures import ALPHA_BEFORE, BatchRow, DomainFigures, EvalReport, now
 from draftkit.evaluate.runner import DomainRun, Evaluator
 from draftkit.evaluate.settings import EvalSettings
 from draftkit.evaluate.suite import by_domain, load_suite
@@ -42,7 +42,7 @@ def eval_report(target: str, draft: str, suite: Path, settings: EvalSettings, *,
     if settings.k_sweep:
         total += sum(min(len(p), settings.k_sweep_prompts) * (1 + len(settings.k_sweep))
                      for p in prompts.values())
-    total += len(settings.batch_sizes)
+    total += len(swept_sizes(settings))
     torch.manual_seed(settings.seed)
     figures: dict[str, DomainFigures] = {}
     runs: dict[str, DomainRun] = {}
@@ -76,11 +76,37 @@ def eval_report(target: str, draft: str, suite: Path, settings: EvalSettings, *,
             mixed = [ids[i] for i in range(max(map(len, prompts.values())))
                      for ids in prompts.values() if i < len(ids)]
             bar.set_postfix_str("batch sweep")
-            batch_rows = ev.batch_sweep(mixed, max(overall.k, 1))
+            batch_rows = batch_sweep(ev, mixed, overall, settings)
     return EvalReport(
         target=pair.target_ref.name, draft=pair.draft_ref.name if pair.draft_ref else None,
         device=str(ev.device),
         dtype=str(next(pair.target.parameters()).dtype).replace("torch.", ""),
         temperature=settings.temperature, k=settings.k, created=now(), domains=figures,
         overall=overall, k_sweep=k_rows, batch_sweep=batch_rows,
-        break_even=summary.break_even(batch_rows, figures), plain_step=baseline)
+        break_even=summary.break_even(batch_rows, figures), plain_step=baseline,
+        batch_sweep_k=sweep_k(settings) if batch_rows else None)
+
+
+def batch_sweep(ev: Evaluator, prompts: list[list[int]], overall: DomainFigures,
+                settings: EvalSettings) -> list[BatchRow]:
+    """The batch sweep, in one voice with the table: at the table's K (auto, or the number
+    given; K 1 under --k 0, to show what speculation would buy) on the suite's prompts, with the
+    table's new tokens unless --batch-tokens says otherwise. Batch size 1 is the table's own
+    overall row, interval included, rather than one prompt measured again."""
+    rows = {row.batch_size: row for row in ev.batch_sweep(prompts, sweep_k(settings),
+                                                           swept_sizes(settings))}
+    if 1 not in rows and 1 in settings.batch_sizes:
+        rows[1] = BatchRow.of(overall, batch_size=1)
+    return [rows[b] for b in settings.batch_sizes]
+
+
+def sweep_k(settings: EvalSettings):
+    """The batch sweep's K: the table's, but K 1 under --k 0."""
+    return settings.k if settings.k != 0 else 1
+
+
+def swept_sizes(settings: EvalSettings) -> list[int]:
+    """The batch sizes the sweep decodes: all but 1 where the table measured batch 1 as the
+    sweep would (speculating, with the sweep's tokens)."""
+    table_is_b1 = settings.k != 0 and settings.batch_tokens in (None, settings.max_new_tokens)
+    return [b for b in settings.batch_sizes if not (b == 1 and table_is_b1)]

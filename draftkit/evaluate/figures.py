@@ -151,6 +151,9 @@ class BatchRow(Record):
     spec_tokens_per_s: float
     speedup_predicted: float | None
     speedup_measured: float
+    # batch size 1 is the table's overall row, with its interval over prompts
+    speedup_low: float | None = added_later()
+    speedup_high: float | None = added_later()
 
 
 @dataclass(kw_only=True)
@@ -187,6 +190,9 @@ class EvalReport(Record):
     batch_sweep: list[BatchRow] = field(default_factory=list)
     break_even: BreakEven | None = None
     plain_step: PlainStep | None = added_later()
+    # the K the batch sweep decoded with, a number or 'auto' (reports before it: the sweep's
+    # rows' K, fixed)
+    batch_sweep_k: int | str | None = added_later()
 
 
 # --- draftkit regimes ----------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import math
 import textwrap
 from pathlib import Path
 
+from draftkit.decode.k import AUTO
 from draftkit.evaluate.figures import ALPHA_BEFORE, DomainFigures, EvalReport, KSweepRow
 from draftkit.evaluate.render import (fmt, html_image, html_page, html_table, markdown_table,
                                       save_png, write_files)
@@ -56,8 +57,9 @@ def break_even_text(report: EvalReport) -> str:
     be = report.break_even
     kind, b, x = (be.kind, be.batch_size, be.x) if be else (None, None, None)
     top = max(r.batch_size for r in rows)
-    k = rows[0].k
-    spec = "speculation" if k is None else f"speculation at K {k}"
+    k = rows[-1].k
+    spec = ("speculation with --k auto" if report.batch_sweep_k == AUTO else
+            "speculation" if k is None else f"speculation at K {k}")
     # --k 0 decodes plainly; the sweep still speculates (at K 1) to show what it would buy
     why = "" if str(report.k) != "0" else f"; --k 0 decodes plainly, the sweep used K {k}"
     if kind == "above":
@@ -73,6 +75,41 @@ def break_even_text(report: EvalReport) -> str:
     else:
         text = "the batch sweep measured no speedup"
     return text + why
+
+
+def headline(report: EvalReport) -> str:
+    """The report in one sentence a user can act on: where to speculate at batch 1 (measured,
+    with its interval), where the measurement cannot tell yet, where not to, and up to which
+    batch size; the same figures and verdicts as the table and the batch sweep."""
+    groups: dict[str, list[str]] = {"speculate": [], "inconclusive": [], "not": []}
+    need = []
+    for name, fig in report.domains.items():
+        verdict = fig.verdict or ""
+        if verdict.startswith("speculate"):
+            interval = (f", 95% interval {fig.speedup_low:.2f}-{fig.speedup_high:.2f}x"
+                        if fig.speedup_low is not None else "")
+            groups["speculate"].append(f"{name} ({fig.speedup_measured:.2f}x{interval})")
+        elif verdict.startswith("inconclusive"):
+            groups["inconclusive"].append(name)
+            need += [fig.prompts_to_decide] if fig.prompts_to_decide else []
+        else:
+            groups["not"].append(name)
+    parts = []
+    if groups["speculate"]:
+        parts.append(f"speculate on {_and(groups['speculate'])} at batch 1")
+    if groups["inconclusive"]:
+        more = f" (about {max(need)} prompts each would decide)" if need else ""
+        parts.append(f"the measurement cannot tell yet on {_and(groups['inconclusive'])}{more}")
+    if groups["not"]:
+        parts.append(f"do not speculate on {_and(groups['not'])}")
+    text = "; ".join(parts) or "no domain was measured"
+    if report.batch_sweep:
+        text += f"; over the domains mixed, {break_even_text(report)}"
+    return text[0].upper() + text[1:] + "."
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
 def _rows(report: EvalReport) -> list[tuple[str, DomainFigures]]:
@@ -272,10 +309,9 @@ def plain_step_text(report: EvalReport) -> str | None:
 def _summary_lines(report: EvalReport) -> list[str]:
     lines = [f"target `{report.target}`, draft `{report.draft}`, device {report.device}, dtype "
              f"{report.dtype}, temperature {report.temperature}, K {report.k}"]
+    lines.append(headline(report))  # the batch sweep's break-even included
     if report.plain_step is not None:
         lines.append(plain_step_text(report))
-    if report.batch_sweep:
-        lines.append(break_even_text(report))
     return lines
 
 

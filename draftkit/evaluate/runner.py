@@ -22,7 +22,6 @@ from typing import Any, Callable
 
 import torch
 
-from draftkit import metrics
 from draftkit.decode.clock import synchronize
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.k import check_k
@@ -246,29 +245,30 @@ class Evaluator:
                 prompts=len(subset), new_tokens=self.s.k_sweep_tokens))
         return rows
 
-    def batch_sweep(self, prompts: list[list[int]], k: int) -> list[BatchRow]:
-        """At each batch size: K = 0 and speculation at K on the same B prompts, each warmed up
-        first (a new batch size means new kernel shapes and a larger KV cache)."""
+    def batch_sweep(self, prompts: list[list[int]], k, sizes: list[int]) -> list[BatchRow]:
+        """At each batch size in ``sizes``: K = 0 and speculation at ``k`` (a number or auto, a
+        fresh policy per decode as a server starting at that load) on the same B prompts, each
+        warmed up first (a new batch size means new kernel shapes and a larger KV cache)."""
         rows = []
-        for bsz in self.s.batch_sizes:
+        for bsz in sizes:
             batch = [prompts[i % len(prompts)] for i in range(bsz)]
             self.warm_up(batch, k)
             plain_stats, spec_stats = DecodeStats(), DecodeStats()
             timed = {}
             for mode in self.order():
                 kk, stats = (0, plain_stats) if mode == "plain" else (k, spec_stats)
-                timed[mode] = self.decode(batch, kk, self.s.batch_tokens, stats, self.s.seed)
+                timed[mode] = self.decode(batch, kk, self.s.sweep_tokens, stats, self.s.seed)
             (res_p, t_p), (res_s, t_s) = timed["plain"], timed["spec"]
             self.progress(1)
             tps_p = sum(len(r.tokens) for r in res_p) / t_p
             tps_s = sum(len(r.tokens) for r in res_s) / t_s
             step = plain_stats.target_step_seconds(1)
-            alphas = spec_stats.alphas()
-            c = spec_stats.c(step)
-            v = spec_stats.v(k, step)
-            predicted = (metrics.speedup(alphas or spec_stats.alpha(), c, k, v)
-                         if (c is not None and v is not None and k > 0) else None)
-            rows.append(BatchRow(batch_size=bsz, alpha=spec_stats.alpha(), c=c, v=v, k=k,
-                                 plain_tokens_per_s=tps_p, spec_tokens_per_s=tps_s,
-                                 speedup_predicted=predicted, speedup_measured=tps_s / tps_p))
+            used = spec_stats.k_used()  # under auto: the K > 0 it ran most
+            drafted = spec_stats.accepted + spec_stats.rejections > 0
+            rows.append(BatchRow(
+                batch_size=bsz, alpha=spec_stats.alpha() if drafted else None,
+                c=spec_stats.c(step), v=spec_stats.v(used, step) if used else None, k=used,
+                plain_tokens_per_s=tps_p, spec_tokens_per_s=tps_s,
+                speedup_predicted=spec_stats.predicted_speedup(step) if drafted
+                else None, speedup_measured=tps_s / tps_p))
         return rows

@@ -18,7 +18,7 @@ class EvalSettings(DecodingArgs):
     """What the measurements decode with (K, sampling) and how much they measure."""
 
     max_new_tokens: int = option(128, group=GROUP, help="new tokens per prompt")
-    repeats: int = option(1, group=GROUP, help="timing repeats (medians reported)")
+    repeats: int = option(1, group=GROUP, help="timing repeats (pooled with the prompts)")
     k_sweep: list[int] = option([1, 2, 4, 6], group=GROUP,
                                 help="K values measured in the K sweep (empty to skip; "
                                      "predictions cover 1..k_max)")
@@ -29,14 +29,22 @@ class EvalSettings(DecodingArgs):
                                       "--k-sweep-prompts equal to the table's, the sweep "
                                       "compares like for like with it")
     batch_sizes: list[int] = option([1, 2, 4, 8, 16], group=GROUP,
-                                    help="batch sizes of the batch sweep (empty to skip)")
-    batch_tokens: int = option(32, group=GROUP, help="new tokens per row in the batch sweep")
+                                    help="batch sizes of the batch sweep (empty to skip); "
+                                         "batch size 1 is the table's own measurement")
+    batch_tokens: int | None = option(None, group=GROUP,
+                                      help="new tokens per row in the batch sweep; default: "
+                                           "--max-new-tokens, as the table's")
+
+    @property
+    def sweep_tokens(self) -> int:
+        """New tokens per row in the batch sweep."""
+        return self.batch_tokens or self.max_new_tokens
 
     def validate(self) -> None:
         super().validate()
         for name in ("max_new_tokens", "repeats", "k_sweep_prompts", "k_sweep_tokens",
                      "batch_tokens"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
         if any(b < 1 for b in self.batch_sizes) or any(k < 1 for k in self.k_sweep):
             raise ConfigError("--batch-sizes and --k-sweep take positive integers")

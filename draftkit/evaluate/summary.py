@@ -23,39 +23,6 @@ from draftkit.evaluate.runner import DomainRun, KMeasurement
 from draftkit.evaluate.settings import EvalSettings
 
 
-def k_used(stats) -> int:
-    """The positive K the run used most (auto varies it per round and starts every decode
-    with plain steps, so K = 0 counts only when the run never speculated)."""
-    calls = stats.rounds_by_k()
-    spec = {k: n for k, n in calls.items() if k > 0}
-    calls = spec or calls
-    if not calls:
-        return 0
-    return max(calls, key=lambda k: (calls[k], k))
-
-
-def predicted_speedup(stats, target_step: float | None) -> float | None:
-    """Speedup the model predicts for the rounds the run actually had, K by K.
-
-    A round at K yields tau(alpha_1..alpha_K) tokens for K c + v(K) target steps (Leviathan et
-    al., arXiv 2211.17192, Theorem 3.8, with the measured verify inflation v); a K = 0 round
-    yields one token for one step. Summing both over the rounds gives expected tokens over
-    expected time, so under ``--k auto`` the prediction covers the same mix of K (plain
-    stretches included) as the measured speedup; at a fixed K it is ``metrics.speedup``.
-    None when c or some v(K) is unknown.
-    """
-    alphas = stats.alphas() or stats.alpha()
-    c = stats.c(target_step)
-    tokens = steps = 0.0
-    for k, n in stats.rounds_by_k().items():
-        v = stats.v(k, target_step) if k else 1.0
-        if k and (c is None or v is None):
-            return None
-        tokens += n * metrics.tau(alphas, k)
-        steps += n * (k * c + v if k else 1.0)
-    return tokens / steps if steps else 1.0  # no round at all: plain decoding by definition
-
-
 def domain_figures(run: DomainRun, n_prompts: int, settings: EvalSettings) -> DomainFigures:
     """The report's per-domain fields from one domain's measurements.
 
@@ -64,7 +31,7 @@ def domain_figures(run: DomainRun, n_prompts: int, settings: EvalSettings) -> Do
     ``speedup_predicted`` is for that spread (:func:`predicted_speedup`)."""
     stats = run.stats
     step = run.plain_stats.target_step_seconds(1)
-    k = k_used(stats)
+    k = stats.k_used()
     plain_tps, spec_tps, low, high, to_decide = measured_speedup(run)
     alphas = stats.alphas()
     by_k = stats.rounds_by_k()
@@ -83,7 +50,7 @@ def domain_figures(run: DomainRun, n_prompts: int, settings: EvalSettings) -> Do
         v=stats.v(k, step) if k else None, k=k,
         plain_round_share=by_k.get(0, 0) / rounds,
         rounds_by_k={str(x): by_k[x] for x in sorted(by_k)},
-        speedup_predicted=predicted_speedup(stats, step),
+        speedup_predicted=stats.predicted_speedup(step),
         speedup_measured=spec_tps / plain_tps, speedup_low=low, speedup_high=high,
         prompts_to_decide=to_decide,
         plain_tokens_per_s=plain_tps, spec_tokens_per_s=spec_tps,

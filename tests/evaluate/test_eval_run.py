@@ -19,7 +19,7 @@ DOMAIN_KEYS = ("n_prompts", "new_tokens", "alpha", "alpha_tv", "alpha_after", "a
                "plain_tokens_per_s", "spec_tokens_per_s", "target_entropy",
                "by_entropy", "overhead_per_round_ms", "verdict")
 REPORT_KEYS = ("target", "draft", "device", "dtype", "temperature", "k", "created", "domains",
-               "overall", "k_sweep", "batch_sweep", "break_even", "plain_step")
+               "overall", "k_sweep", "batch_sweep", "break_even", "plain_step", "batch_sweep_k")
 
 
 def tiny_args(target, draft, suite, out, **kw):
@@ -91,6 +91,12 @@ def test_report_schema_and_consistency(tiny_dirs, suite, tmp_path):
     for row in report["batch_sweep"]:
         assert {"batch_size", "alpha", "c", "v", "speedup_predicted",
                 "speedup_measured"} <= set(row)
+    # one voice: the sweep's batch 1 is the table's overall row, interval and all
+    b1, overall = report["batch_sweep"][0], report["overall"]
+    assert {key: b1[key] for key in ("speedup_measured", "speedup_low", "speedup_high", "alpha",
+                                     "c", "k")} == \
+        {key: overall[key] for key in ("speedup_measured", "speedup_low", "speedup_high",
+                                       "alpha", "c", "k")}
     assert set(report["break_even"]) == {"kind", "x", "batch_size", "per_domain"}
     assert set(report["break_even"]["per_domain"]) == {"code", "chat"}
     assert all(set(b) == {"kind", "x", "batch_size"}
@@ -170,13 +176,12 @@ def test_a_baseline_draft_of_another_vocabulary_is_refused(tiny_dirs, suite, tmp
 
 def test_k_used_names_the_speculative_k_of_an_auto_run():
     from draftkit.decode.stats import DecodeStats
-    from draftkit.evaluate.summary import k_used
 
     stats = DecodeStats()
     stats.target_calls_by_tokens = {1: 50, 3: 20, 4: 5}  # plain steps outnumber any one K
-    assert k_used(stats) == 2
+    assert stats.k_used() == 2
     stats.target_calls_by_tokens = {1: 50}
-    assert k_used(stats) == 0
+    assert stats.k_used() == 0
 
 
 def test_prediction_covers_the_mix_of_k_an_auto_run_had():
@@ -271,8 +276,9 @@ def test_untimed_warm_up_then_alternating_order(tiny_dirs):
     warm = [(1, 0, WARMUP_TOKENS), (1, 2, WARMUP_TOKENS)]
     assert calls == warm + [(1, 0, 12), (1, 2, 12), (1, 2, 12), (1, 0, 12)]
     calls.clear()
-    ev.batch_sweep([[5, 6, 7]], 2)  # warmed up again at each batch size, then timed
-    assert calls == [(2, 0, WARMUP_TOKENS), (2, 2, WARMUP_TOKENS), (2, 0, 32), (2, 2, 32)]
+    ev.batch_sweep([[5, 6, 7]], 2, [2])  # warmed up again at each batch size, then timed
+    # with the table's tokens (--batch-tokens unset)
+    assert calls == [(2, 0, WARMUP_TOKENS), (2, 2, WARMUP_TOKENS), (2, 0, 12), (2, 2, 12)]
 
 
 def test_predictions_use_v_measured_at_each_k():
@@ -337,3 +343,15 @@ def test_k_sweep_size_below_1_is_one_line(tiny_dirs):
     proc = subprocess.run([sys.executable, "-m", "draftkit", "eval", "--draft", str(draft),
                            "--k-sweep-prompts", "0"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "--k-sweep-prompts must be >= 1" in proc.stderr
+
+
+def test_the_batch_sweep_measures_batch_1_again_only_when_the_table_did_not():
+    from draftkit.evaluate.evaluation import swept_sizes
+    from draftkit.evaluate.settings import EvalSettings
+
+    assert swept_sizes(EvalSettings(k="auto", batch_sizes=[1, 2, 4])) == [2, 4]
+    assert swept_sizes(EvalSettings(k=3, batch_sizes=[1, 2], max_new_tokens=64,
+                                    batch_tokens=64)) == [2]
+    # other tokens, or a plain table (--k 0: the sweep speculates at K 1): measured again
+    assert swept_sizes(EvalSettings(k=3, batch_sizes=[1, 2], batch_tokens=32)) == [1, 2]
+    assert swept_sizes(EvalSettings(k=0, batch_sizes=[1, 2])) == [1, 2]

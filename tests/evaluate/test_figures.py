@@ -76,5 +76,12 @@ def test_a_report_written_before_the_records_renders_the_same_markdown(name, rec
                                                                         tmp_path):
     report = record.from_dict(json.loads((REPORTS / f"{name}.json").read_text()))
     files = write(report, tmp_path)
-    assert files["md"].read_text() == (REPORTS / f"{name}.md").read_text()
+    expected = (REPORTS / f"{name}.md").read_text()
+    if record is EvalReport:  # since then the break-even line is the headline's last clause
+        from draftkit.evaluate.report import break_even_text, headline
+
+        line = break_even_text(report)
+        assert headline(report).endswith(f"; over the domains mixed, {line}.")
+        expected = expected.replace(f"\n{line}\n", f"\n{headline(report)}\n", 1)
+    assert files["md"].read_text() == expected
     assert files["json"].read_text() == (REPORTS / f"{name}.json").read_text()

@@ -97,6 +97,26 @@ def test_break_even_text_is_worded_from_the_crossover():
                                       "used K 1")
 
 
+def test_the_headline_is_the_table_and_the_sweep_in_one_sentence():
+    from draftkit.evaluate.report import headline
+
+    report = _batch_report({1: 1.06, 2: 0.9, 4: 0.8}, k="auto")
+    report.batch_sweep_k = "auto"
+    report.domains = {name: DomainFigures.from_dict(fig) for name, fig in {
+        "math": {"speedup_measured": 1.15, "speedup_low": 1.04, "speedup_high": 1.27,
+                 "verdict": "speculate with K=2 (...)"},
+        "code": {"speedup_measured": 1.06, "prompts_to_decide": 27,
+                 "verdict": "inconclusive: ..."},
+        "chat": {"speedup_measured": 1.01, "prompts_to_decide": 400,
+                 "verdict": "inconclusive: ..."},
+        "creative": {"speedup_measured": 0.9, "verdict": "do not speculate: ..."}}.items()}
+    assert headline(report) == (
+        "Speculate on math (1.15x, 95% interval 1.04-1.27x) at batch 1; the measurement cannot "
+        "tell yet on code and chat (about 400 prompts each would decide); do not speculate on "
+        "creative; over the domains mixed, speculation with --k auto stops paying at batch "
+        "size 2 (speedup falls below 1.0 at B ~ 1.3 and stays below up to 4).")
+
+
 def test_break_even_batch_does_not_depend_on_the_order_given():
     asc = _rows({1: 1.5, 2: 1.3, 4: 1.1, 8: 0.9, 16: 0.7}, v={1: 1.1, 2: 1.3, 4: 1.6, 8: 2.0,
                                                                16: 2.6})

@@ -78,15 +78,15 @@ def measure_batches(ev: Evaluator, prompts: list[list[int]], k: int) -> list[Pol
     """eval's batch sweep at fixed K (measured c(B), v(B), speedup), then the K policy at each
     batch size: the K it used most and its speedup over the same K = 0 baseline."""
     rows = []
-    for row in ev.batch_sweep(prompts, k):
+    for row in ev.batch_sweep(prompts, k, ev.s.batch_sizes):
         batch = [prompts[i % len(prompts)] for i in range(row.batch_size)]
         stats = DecodeStats()
-        res, secs = ev.decode(batch, AUTO, ev.s.batch_tokens, stats, ev.s.seed)
+        res, secs = ev.decode(batch, AUTO, ev.s.sweep_tokens, stats, ev.s.seed)
         ev.progress(1)
         tps = sum(len(r.tokens) for r in res) / secs
         be = (_finite(metrics.break_even_alpha(row.c, k, row.v))
               if row.c is not None and row.v is not None else None)
-        rows.append(PolicyBatchRow.of(row, policy_k=summary.k_used(stats),
+        rows.append(PolicyBatchRow.of(row, policy_k=stats.k_used(),
                                       speedup_policy=tps / row.plain_tokens_per_s,
                                       break_even_alpha=be))
     return rows

@@ -41,8 +41,7 @@ def regime_map(target: str, draft: str | None, suite: Path, *, k: int, k_max: in
     drafts = build_drafts(pair, names, layer_sizes, drafts_by_domain, device, dtype)
     main = next(d for d in drafts if d.main)
     settings = EvalSettings(k=k, k_max=k_max, temperature=0.0, max_new_tokens=max_new_tokens,
-                            repeats=1, seed=seed, k_sweep=[], batch_sizes=list(batch_sizes),
-                            batch_tokens=max_new_tokens)
+                            repeats=1, seed=seed, k_sweep=[], batch_sizes=list(batch_sizes))
     total = planned_runs(sum(map(len, prompts.values())), len(names), len(drafts), temperatures,
                          batch_sizes)
     with tqdm(total=total, desc="regimes", unit="run", dynamic_ncols=True) as bar:
