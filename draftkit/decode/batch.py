@@ -84,6 +84,8 @@ class BatchState:
     k_max: int
     stats: DecodeStats
     draft_lengths: list[int] = field(default_factory=list)  # positions the draft cache holds
+    # per row, the target's features an EAGLE-3 head has yet to read: chunks (n, 3 Ht)
+    features: list[list["torch.Tensor"]] = field(default_factory=list)
     occupied: list[bool] = field(default_factory=list)
     new_tokens: list[list[int]] = field(default_factory=list)  # host copy of each row's output
     cohort: list[int] = field(default_factory=list)  # rows in a general runner's cache
@@ -100,7 +102,8 @@ class BatchState:
                    done=[True] * slots, finish=[None] * slots,
                    rows=[RowStats() for _ in range(slots)], params=[SamplingParams()] * slots,
                    generators=[None] * slots, k_max=k_max, stats=stats,
-                   draft_lengths=[0] * slots, occupied=[False] * slots,
+                   draft_lengths=[0] * slots, features=[[] for _ in range(slots)],
+                   occupied=[False] * slots,
                    new_tokens=[[] for _ in range(slots)])
 
     @property
@@ -141,6 +144,7 @@ class BatchState:
         self.budgets[b] = budget
         self.done[b], self.finish[b], self.occupied[b] = False, None, True
         self.rows[b], self.params[b], self.new_tokens[b] = RowStats(), params, []
+        self.features[b] = []
         if isinstance(self.generators, list):
             if generator is None and not params.greedy:
                 generator = torch.Generator(device=self.tokens.device)

@@ -65,16 +65,20 @@ class StaticKVCache:
 class WriteIndex:
     """Where a forward of T tokens per row writes, computed once and shared by all layers.
 
-    ``rows``: the cache rows the b input rows are (None = all rows, in order).
+    ``rows``: the cache rows the b input rows are (None = all rows, in order). ``limit``: a
+    position no row's real tokens reach; padding that would run past it is written there
+    instead (rows padded to a batch's longest input, near the end of the cache).
     """
 
     def __init__(self, start: "torch.Tensor", num_tokens: int, uniform_start: int | None,
-                 rows: list[int] | None = None):
+                 rows: list[int] | None = None, limit: int | None = None):
         import torch
 
         dev = start.device
         # start: (b,) first position of each row's new tokens
         self.positions = start[:, None] + torch.arange(num_tokens, device=dev)  # (b, T)
+        if limit is not None:
+            self.positions = self.positions.clamp(max=limit)
         b = start.shape[0]
         if rows is None:
             self.span: slice | None = slice(None)

@@ -3,9 +3,9 @@
 One round (Leviathan et al., arXiv 2211.17192, Algorithm 1), per row, with L committed tokens
 of which the target has processed the first L - 1:
 
-1. draft: feed the last two committed tokens at positions L - 2, L - 1 (re-writing position
-   L - 2 is a no-op when the draft already had it, and is the catch-up on the bonus token when
-   the draft had not seen it), then K - 1 single steps: K drafted tokens and q_1..q_K;
+1. draft: the draft reads what it has not read yet (a standalone draft the last committed
+   tokens, an EAGLE-3 head the target's features of the last round; drafters.py), then K - 1
+   single steps: K drafted tokens and q_1..q_K;
 2. verify: one target call on [x_(L-1), d_1..d_K] gives p_1..p_(K+1);
 3. accept (verify.py's ``verify``): the first n drafted tokens are accepted, and the target
    adds one token (the residual sample at the first rejection, or the bonus token);
@@ -14,8 +14,12 @@ of which the target has processed the first L - 1:
    tensor is copied).
 
 K = 0 is plain decoding in the same loop: one target step, no draft work at all. The next
-drafting round first feeds the draft the tokens those rounds decoded (catch-up, timed apart
-from the K drafting steps so c stays the cost of one drafting step).
+drafting round first feeds the draft what those rounds decoded (catch-up, timed apart from the
+K drafting steps so c stays the cost of one drafting step).
+
+The kind of draft is the drafter's (drafters.py), not the engine's: an EAGLE-3 head has the
+target's forwards capture the hidden states it reads (``runner.capture``), and keeps them per
+row until it reads them.
 
 Rows of different lengths each keep their own position pointer, so a row's tokens do not
 depend on the other rows (under greedy decoding they equal decoding it alone). A round
@@ -48,6 +52,7 @@ from typing import TYPE_CHECKING, Callable
 
 from draftkit.decode.batch import BatchState, Result, round_margin
 from draftkit.decode.clock import RoundClock
+from draftkit.decode.drafters import make_drafter
 from draftkit.decode.k import AUTO, K_MAX, KValue, check_k_max
 from draftkit.decode.policy import KPolicy, resolve_k
 from draftkit.decode.runners import make_runner
@@ -92,7 +97,8 @@ class SpeculativeEngine:
                                 f"the target's vocabulary")
         self.target_model, self.draft_model = target_model, draft_model
         self.target = make_runner(target_model, fast_path)
-        self.draft = make_runner(draft_model, fast_path) if draft_model is not None else None
+        self.draft = (make_drafter(draft_model, target_model, fast_path)
+                      if draft_model is not None else None)
         self.device = next(target_model.parameters()).device
         self.eos = set(stop_token_ids(target_model) if eos_token_id == "auto"
                        else token_ids(eos_token_id))
@@ -178,9 +184,12 @@ class SpeculativeEngine:
             max_len = self.context
         state = BatchState.empty(slots, max_len, k_max=k_max, device=self.device,
                                  stats=stats if stats is not None else DecodeStats())
+        use_draft = self.draft is not None and k_max > 0
+        # the features a drafter reads from the target's forwards (an EAGLE-3 head's)
+        self.target.capture = self.draft.aux_layers if use_draft else None
         if self.slotted:  # the general runner allocates per cohort instead
             self.target.reset(slots, max_len)
-            if self.draft is not None and k_max > 0:
+            if use_draft:
                 self.draft.reset(slots, max_len)
         return state
 
@@ -245,7 +254,7 @@ class SpeculativeEngine:
             token, _ = next_tokens(logits[:, 0], params, state.rng(rows))  # (b,)
             block, verdict, accepted = token[:, None], None, [0] * len(rows)
         else:
-            if self._catch_up(state, rows, lengths):
+            if self.draft.catch_up(state, rows, lengths, k):
                 clock.lap("catchup")
             drafted, q = self._draft(state, rows, lengths, k)  # (b, K), (b, K, V) or None
             clock.lap("draft")
@@ -256,9 +265,8 @@ class SpeculativeEngine:
             block = committed_block(drafted, verdict)  # (b, K + 1)
             accepted = verdict.num_accepted.tolist()
         kept = state.commit(rows, block, accepted, self.eos)
-        if k:  # the draft holds every committed position below L - 2 (see _draft)
-            for b in rows:
-                state.draft_lengths[b] = state.lengths[b] - 2
+        if self.draft is not None and state.k_max > 0:
+            self.draft.after_round(state, rows, k, kept, self.target.aux)
         r = RoundStats.from_verdict(verdict, accepted=accepted, active=active, kept=kept)
         clock.lap("other")  # sampling, acceptance, commit and counting are overhead too
         r.set_seconds(clock.laps)
@@ -320,46 +328,15 @@ class SpeculativeEngine:
         last = [m - 1 for m in lens]
         logits = self.target.forward(inp, [0] * n, last=last, rows=slots)  # (n, V)
         if use_draft:
-            self.draft.forward(inp, [0] * n, last=last, rows=slots)
-            for b, m in zip(slots, lens):
-                state.draft_lengths[b] = m
+            self.draft.prefill(state, slots, inp, last, self.target.aux)
         first, _ = next_tokens(logits, [state.params[b] for b in slots], state.rng(slots))
         state.commit(slots, first[:, None], [0] * n, self.eos)
-
-    def _catch_up(self, state: BatchState, rows: list[int], lengths: list[int]) -> bool:
-        """Feed the draft the committed tokens it has not seen, up to position L - 3 (tokens
-        decoded by K = 0 rounds); returns whether there were any.
-
-        Separate from the first drafting step so that step costs the same as in any round at
-        a fixed K, and c measures drafting, not the length of the plain stretch before it.
-        Rows needing fewer tokens start earlier, re-writing positions they already hold with
-        the same values (a short row may write past its end, where nothing is read before the
-        next forwards overwrite it)."""
-        import torch
-
-        width = max(n - 2 - min(state.draft_lengths[b], n - 2) for b, n in zip(rows, lengths))
-        if width == 0:
-            return False
-        dev = self.device
-        starts = [max(0, n - 2 - width) for n in lengths]
-        idx = torch.tensor(starts, device=dev)[:, None] + torch.arange(width, device=dev)
-        inp = state.tokens[torch.tensor(rows, device=dev)[:, None], idx]  # (b, W)
-        self.draft.forward(inp, starts, last=[width - 1] * len(rows), rows=rows)
-        return True
 
     def _draft(self, state: BatchState, rows: list[int], lengths: list[int], k: int):
         """K draft tokens per row (and their warped q unless every row is greedy)."""
         import torch
 
-        # The first step feeds the last two committed tokens at L - 2, L - 1: after a round
-        # the draft holds every position below L - 2 (after K = 0 rounds, _catch_up has fed
-        # them), so the bonus token of a fully accepted round and the last accepted draft
-        # token are fed here.
-        dev = self.device
-        starts = [n - 2 for n in lengths]
-        idx = torch.tensor(starts, device=dev)[:, None] + torch.arange(2, device=dev)
-        inp = state.tokens[torch.tensor(rows, device=dev)[:, None], idx]  # (b, 2)
-        logits = self.draft.forward(inp, starts, last=[1] * len(rows), rows=rows)  # (b, V)
+        logits = self.draft.first_logits(state, rows, lengths, k)  # (b, V)
         params, gens = [state.params[b] for b in rows], state.rng(rows)
         tokens, qs = [], []
         for i in range(k):
@@ -367,7 +344,6 @@ class SpeculativeEngine:
             tokens.append(d)
             qs.append(q)
             if i < k - 1:
-                logits = self.draft.forward(d[:, None], [n + i for n in lengths],
-                                            rows=rows)[:, -1]
+                logits = self.draft.next_logits(d, i, rows, lengths)
         drafted = torch.stack(tokens, dim=1)  # (b, K)
         return drafted, (torch.stack(qs, dim=1) if qs[0] is not None else None)

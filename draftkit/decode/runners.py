@@ -17,6 +17,12 @@ reset with (a cohort), so a server on it admits new requests only into an empty 
   (``DynamicCache``). A rolled-back entry is masked out in the 2D attention mask (a hole) rather
   than copied away, with explicit per-row ``position_ids``; trailing columns that no row uses
   are cropped. Holes cost memory until then: it is the general fallback, not the fast path.
+
+Both can hand an EAGLE-3 head the target's own features on the way (no extra forward): with
+``runner.capture = [i, j, k]`` each forward also leaves ``runner.aux`` (B, T, 3 H), the hidden
+states entering layers i, j and k (HF's ``output_hidden_states[i]``), low to high.
+:class:`Eagle3Runner` runs such a head (:mod:`draftkit.models.eagle3`) over its own one-layer
+static cache.
 """
 
 from __future__ import annotations
@@ -76,14 +82,14 @@ class LlamaRunner:
         self.vocab_size = cfg.vocab_size
         self.cache: StaticKVCache | None = None
         self.param = next(model.parameters())
+        self.capture: list[int] | None = None  # layers whose input hidden states to keep
+        self.aux: "torch.Tensor | None" = None  # (B, T, len(capture) H) of the last forward
         self._prepare_weights()
 
     def _prepare_weights(self) -> None:
         """Fuse q/k/v and gate/up into one matrix each (fewer, larger matmuls) and, on CPU,
         measure the fastest matmul layout per row count (:mod:`draftkit.decode.cpu_linear`)."""
         import torch
-
-        self.cpu = self.param.device.type == "cpu"
 
         def prep(*linears, head: "ReducedHead | None" = None) -> DecodeLinear:
             w = torch.cat([m.weight.detach() for m in linears], dim=0)  # (out, in)
@@ -106,19 +112,6 @@ class LlamaRunner:
         self.w_head = prep(self.lm_head, head=self.head)
         tune([w[name] for w in self.w for name in ("qkv", "o", "gate_up", "down")]
              + [self.w_head])
-
-    def _sdpa_backends(self):
-        """Attention kernels for decoding. cuDNN's SDPA builds a plan per new shape (~8 ms of
-        CPU per call measured on an H200), and decoding grows the key length every step, so
-        it is left out; flash / memory-efficient attention have no per-shape set-up."""
-        import contextlib
-
-        if self.cpu:
-            return contextlib.nullcontext()
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                            SDPBackend.MATH])
 
     def reset(self, batch: int, max_len: int) -> None:
         import torch
@@ -157,7 +150,10 @@ class LlamaRunner:
         x = self.embed(tokens)  # (B, T, H)
         hd, nh, nkv = self.head_dim, self.num_heads, self.kv_heads
         nq, nk = nh * hd, nkv * hd
+        entering = {}  # layer id -> the residual stream entering it (no copy: x is rebound)
         for i, layer in enumerate(self.layers):
+            if self.capture and i in self.capture:
+                entering[i] = x
             attn, w = layer.self_attn, self.w[i]
             qkv = w["qkv"](layer.input_layernorm(x))  # (B, T, (H + 2 Hkv) D)
             q = qkv[..., :nq].view(bsz, t, nh, hd)
@@ -170,17 +166,32 @@ class LlamaRunner:
             k = k * cos + _rotate_half(k) * sin
             cache.write(i, k, v, index)
             k_all, v_all = cache.view(i, kv_len, index)  # (B, Hkv, S, D)
-            with self._sdpa_backends():
+            with _sdpa_backends(self.param.device):
                 o = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,
                                                    scale=attn.scaling, enable_gqa=nkv != nh)
             x = x + w["o"](o.transpose(1, 2).reshape(bsz, t, nq))
             gate, up = w["gate_up"](layer.post_attention_layernorm(x)).chunk(2, -1)
             x = x + w["down"](w["act"](gate) * up)
         cache.lengths[index.row_ids] = start_t + t
+        self.aux = torch.cat([entering[i] for i in self.capture], -1) if self.capture else None
         if last is not None:  # only the positions whose logits are needed go through the head
             x = x[torch.arange(bsz, device=x.device), torch.tensor(last, device=x.device)]
         logits = self.w_head(self.norm(x))  # (..., V), or (..., N) over a reduced head
         return logits if self.head is None else self.head.expand(logits)
+
+
+def _sdpa_backends(device):
+    """Attention kernels for decoding. cuDNN's SDPA builds a plan per new shape (~8 ms of
+    CPU per call measured on an H200), and decoding grows the key length every step, so
+    it is left out; flash / memory-efficient attention have no per-shape set-up."""
+    import contextlib
+
+    if device.type == "cpu":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                        SDPBackend.MATH])
 
 
 def _head_on(model, device) -> "ReducedHead | None":
@@ -214,6 +225,8 @@ class HFRunner:
 
         params = inspect.signature(model.forward).parameters
         self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self.capture: list[int] | None = None  # as LlamaRunner's
+        self.aux: "torch.Tensor | None" = None
 
     def reset(self, batch: int, max_len: int) -> None:
         import torch
@@ -244,7 +257,11 @@ class HFRunner:
             new_valid = torch.arange(t, device=dev)[None] <= torch.tensor(last, device=dev)[:, None]
         mask = torch.cat([self.valid, new_valid], dim=1).long()
         out = self.model(input_ids=tokens, attention_mask=mask, position_ids=pos,
-                         use_cache=True, **{self.cache_kwarg: self.cache})
+                         use_cache=True, output_hidden_states=bool(self.capture),
+                         **{self.cache_kwarg: self.cache})
+        # hidden_states[i] is what enters layer i (hidden_states[0]: the embeddings' output)
+        self.aux = torch.cat([out.hidden_states[i] for i in self.capture], -1) \
+            if self.capture else None
         self.valid = torch.cat([self.valid, new_valid], dim=1)
         self.col_pos = torch.cat([self.col_pos, pos], dim=1)
         logits = out.logits  # (B, T, V)
@@ -253,3 +270,74 @@ class HFRunner:
         if last is not None:
             logits = logits[torch.arange(bsz, device=dev), torch.tensor(last, device=dev)]
         return logits
+
+
+class Eagle3Runner:
+    """An EAGLE-3 head (:class:`~draftkit.models.eagle3.Eagle3Draft`) over a one-layer
+    :class:`~draftkit.decode.cache.StaticKVCache`, rolled back by position like the target's.
+
+    It reads (hidden, token) pairs, not tokens: draft position t reads the hidden state after
+    token t (the target's fused feature, or the head's own output at position t - 1) and token
+    t + 1, and scores token t + 2. With one layer, a position's keys and values depend on its
+    own inputs only, so positions whose output nobody needs are only written (:meth:`feed`),
+    and :meth:`forward` computes the output at one position per row.
+
+    Rows padded to a batch's longest input write their padding at the following positions,
+    which no query sees before they are written again; padding that would run past the cache
+    lands on its last position, which no row's real tokens reach (the round margin).
+    """
+
+    supports_rows = True
+
+    def __init__(self, model):
+        self.model = model
+        layer = model.midlayer
+        self.num_heads, self.kv_heads, self.head_dim = (layer.num_heads, layer.kv_heads,
+                                                        layer.head_dim)
+        self.param = model.fc.weight
+        self.head = model.reduced_head.to(self.param.device)  # the draft vocabulary: N of V
+        self.cache: StaticKVCache | None = None
+
+    def reset(self, batch: int, max_len: int) -> None:
+        if self.cache is None or self.cache.batch != batch or self.cache.max_len < max_len:
+            self.cache = StaticKVCache(1, batch, self.kv_heads, max_len, self.head_dim,
+                                       self.param.dtype, self.param.device)
+        self.cache.lengths.zero_()
+
+    def feed(self, hidden: "torch.Tensor", tokens: "torch.Tensor", start: list[int],
+             rows: list[int] | None = None) -> None:
+        """Write the keys and values of hidden (b, T, H) with tokens (b, T) at positions
+        start[b] + t of cache row rows[b]."""
+        self._write(hidden, tokens, start, rows)
+
+    def forward(self, hidden: "torch.Tensor", tokens: "torch.Tensor", start: list[int],
+                last: list[int], rows: list[int] | None = None
+                ) -> tuple["torch.Tensor", "torch.Tensor"]:
+        """:meth:`feed`, then the head's output at index last[b] of each row: logits (b, V)
+        over the draft vocabulary (-inf elsewhere) and the layer output h (b, H)."""
+        import torch
+        import torch.nn.functional as F
+
+        q, index = self._write(hidden, tokens, start, rows)
+        b, dev = tokens.shape[0], tokens.device
+        pick = (torch.arange(b, device=dev), torch.tensor(last, device=dev))
+        q = q[pick[0], :, pick[1]][:, :, None]  # (b, nh, 1, hd)
+        kv_len = max(s + i for s, i in zip(start, last)) + 1
+        keys = torch.arange(kv_len, device=dev)
+        mask = (keys[None] <= index.positions[pick][:, None])[:, None, None]  # (b, 1, 1, S)
+        k_all, v_all = self.cache.view(0, kv_len, index)  # (b, nkv, S, hd)
+        with _sdpa_backends(self.param.device):
+            o = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,
+                                               enable_gqa=self.kv_heads != self.num_heads)
+        h = self.model.after_attention(o, hidden[pick][:, None])[:, 0]  # (b, H)
+        return self.head.expand(self.model.logits(h)), h
+
+    def _write(self, hidden, tokens, start, rows):
+        """q (b, nh, T, hd) of the new positions, their keys and values written."""
+        import torch
+
+        start_t = torch.tensor(start, device=tokens.device)
+        index = WriteIndex(start_t, tokens.shape[1], None, rows, limit=self.cache.max_len - 1)
+        q, k, v = self.model.attention_inputs(tokens, hidden, index.positions)
+        self.cache.write(0, k, v, index)
+        return q, index

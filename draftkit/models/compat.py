@@ -4,6 +4,10 @@ Speculative decoding compares the two models' distributions token id by token id
 vocabulary and the special token ids must be the same. A mismatch is an error that names what
 differs. The chat templates need not be: the target's renders every prompt, for the draft too
 (Llama-3.2-1B-Instruct drafts for Llama-3.1-8B-Instruct, whose templates differ).
+
+An EAGLE-3 head has no tokenizer of its own: it reads the target's tokens through the target's
+embedding, and the target's hidden states at three layers, so what must match is the
+vocabulary size, the hidden size it reads and the layers it taps (:func:`check_eagle3`).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from draftkit.errors import ModelError
-from draftkit.models.facts import vocab_size
+from draftkit.models.facts import text_config, vocab_size
 
 _SPECIAL = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")
 
@@ -46,3 +50,24 @@ def check_compatible(target_tokenizer: Any, draft_tokenizer: Any, target_config:
         if t != d:
             raise ModelError(f"draft {name} is {d} but the target's is {t}; {fix}")
 
+
+def check_eagle3(target_config: Any, head_config: Any) -> None:
+    """Raise :class:`ModelError` unless the EAGLE-3 head of ``head_config`` (its config.json
+    as a dict, or its config) reads ``target_config``'s vocabulary, hidden size and layers."""
+    def get(key):
+        return head_config.get(key) if isinstance(head_config, dict) else \
+            getattr(head_config, key, None)
+
+    tc = text_config(target_config)
+    fix = "pass the target it was trained on"
+    if get("vocab_size") != tc.vocab_size:
+        raise ModelError(f"the EAGLE-3 head's vocab_size {get('vocab_size')} differs from the "
+                         f"target's {tc.vocab_size}; {fix}")
+    hidden = get("target_hidden_size") or get("hidden_size")
+    if hidden != tc.hidden_size:
+        raise ModelError(f"the EAGLE-3 head reads hidden states of size {hidden}; the "
+                         f"target's are {tc.hidden_size}; {fix}")
+    layers, top = get("eagle_aux_hidden_state_layer_ids"), tc.num_hidden_layers - 1
+    if not layers or not all(1 <= i <= top for i in layers):
+        raise ModelError(f"the EAGLE-3 head reads the hidden states entering layers {layers}; "
+                         f"the target has {tc.num_hidden_layers} layers (ids 1..{top}); {fix}")

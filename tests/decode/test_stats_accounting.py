@@ -74,8 +74,8 @@ def test_c_leaves_out_the_catch_up_after_plain_rounds(models, monkeypatch):
         return run
 
     monkeypatch.setattr(clock_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
-    monkeypatch.setattr(engine.draft, "forward", costing(engine.draft.forward,
-                                                         lambda t: t.shape[1]))
+    drafts = engine.draft.runner  # the standalone draft's model runner
+    monkeypatch.setattr(drafts, "forward", costing(drafts.forward, lambda t: t.shape[1]))
     monkeypatch.setattr(engine.target, "forward", costing(engine.target.forward, lambda t: 10))
 
     def c_after(plain_rounds: int) -> DecodeStats:
