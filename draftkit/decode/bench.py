@@ -9,6 +9,9 @@ slows them alike) and medians over repeats reported:
 - ``hf_assisted``: ``model.generate(assistant_model=draft)`` at constant K and confidence
   threshold 0 (``num_assistant_tokens``, ``assistant_confidence_threshold``).
 
+An EAGLE-3 head drafts from the target's hidden states, which HF assisted generation does not
+hand a draft: for such a draft ``hf_assisted`` is skipped, and the figures say so (``skipped``).
+
 Plus the measured speedup (ours_spec / ours_k0) against the speedup predicted from the measured
 conditional alpha_i, c and v (metrics.speedup): their ratio shows what the loop's own overhead
 costs. Command::
@@ -27,6 +30,8 @@ from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.stats import DecodeStats
 
 METHODS = ("ours_k0", "ours_spec", "hf_generate", "hf_assisted")
+NO_ASSISTED = ("HF assisted generation cannot run an EAGLE-3 head (it drafts from the target's "
+               "hidden states, which assisted generation does not pass to a draft)")
 
 
 def run_bench(target, draft, prompts: list[list[int]], k: int, max_new_tokens: int = 64,
@@ -34,6 +39,12 @@ def run_bench(target, draft, prompts: list[list[int]], k: int, max_new_tokens: i
               log=None) -> dict:
     """Interleaved greedy benchmark at batch 1; returns medians and the speedup figures."""
     engine = SpeculativeEngine(target, draft)
+    skipped = {}
+    if "hf_assisted" in methods and engine.draft.aux_layers:  # it reads the target's features
+        methods = tuple(m for m in methods if m != "hf_assisted")
+        skipped["hf_assisted"] = NO_ASSISTED
+        if log:
+            log(f"hf_assisted skipped: {NO_ASSISTED}")
     if "hf_assisted" in methods:
         gc = draft.generation_config
         gc.num_assistant_tokens = k
@@ -51,6 +62,8 @@ def run_bench(target, draft, prompts: list[list[int]], k: int, max_new_tokens: i
            "repeats": repeats, "tokens_per_s": {m: statistics.median(v)
                                                 for m, v in per_rep.items()},
            "tokens_per_s_all": per_rep}
+    if skipped:
+        out["skipped"] = skipped
     out.update(_speedups(out["tokens_per_s"], stats, k))
     return out
 
@@ -124,6 +137,8 @@ def format_report(r: dict) -> str:
              f"{r['repeats']} interleaved repeats (medians)"]
     for m, v in r["tokens_per_s"].items():
         lines.append(f"  {m:<12} {v:8.2f} tokens/s")
+    for m, why in r.get("skipped", {}).items():
+        lines.append(f"  {m:<12} skipped: {why}")
     for key in ("k0_over_hf_generate", "spec_over_hf_assisted", "measured_speedup",
                 "predicted_speedup", "measured_over_predicted", "alpha", "alpha_tv", "tau", "c",
                 "v"):

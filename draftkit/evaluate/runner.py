@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch
 
 from draftkit.decode.clock import synchronize
+from draftkit.decode.drafters import teacher_forced_logits
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.k import check_k
 from draftkit.decode.policy import resolve_k
@@ -195,7 +196,8 @@ class Evaluator:
                 p = probabilities(p_logits, params)
                 accept = {}
                 for name, model in models.items():
-                    q_logits = model(seq).logits[0, span].float()  # (T, V)
+                    q_logits = teacher_forced_logits(model, self.target_model, seq)[0, span]
+                    q_logits = q_logits.float()  # (T, V)
                     if heads[name] is not None:  # zero outside its reduced head
                         q_logits = heads[name].expand(heads[name].restrict(q_logits))
                     if self.s.temperature == 0:

@@ -1,4 +1,9 @@
-"""Loading resolved models and tokenizers onto a device, in one place."""
+"""Loading resolved models and tokenizers onto a device, in one place.
+
+A draft is a causal LM folder, or a folder holding an EAGLE-3 head (:mod:`draftkit.models.eagle3`),
+which loads on its target: the target's device and dtype, its embedding, and its tokenizer (the
+head has none of its own).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftkit.errors import ModelError
-from draftkit.models.compat import check_compatible
+from draftkit.io import read_json
+from draftkit.models.compat import check_compatible, check_eagle3
 from draftkit.models.facts import vocab_size
 from draftkit.models.reduced_head import ReducedHead, attach
 from draftkit.models.resolve import ResolvedModel, Role, resolve_model
@@ -77,6 +83,9 @@ def load_model(model: str | ResolvedModel, role: Role = "target", device: str | 
     A draft folder holding ``draft_vocab.json`` gives the model its reduced head
     (``model.reduced_head``, see :mod:`draftkit.models.reduced_head`)."""
     resolved = model if isinstance(model, ResolvedModel) else resolve_model(model, role)
+    if role == "draft" and is_eagle3_dir(resolved.path):
+        raise ModelError(f"{resolved.path} holds an EAGLE-3 head, which loads with its target: "
+                         f"pass it as the draft beside --target")
     device = device or default_device()
     check_device(device)
     _quiet_transformers()
@@ -142,7 +151,7 @@ def load_pair(target: str, draft: str | None = None, device: str | None = None,
     if draft_ref is not None:
         _check_draft(tokenizer, target_ref, draft_ref)
     target_model = load_model(target_ref, "target", device, dtype)
-    draft_model = load_model(draft_ref, "draft", device, dtype) if draft_ref else None
+    draft_model = _load_draft(draft_ref, target_model, device, dtype) if draft_ref else None
     return ModelPair(target_model, tokenizer, draft_model, target_ref, draft_ref)
 
 
@@ -151,13 +160,39 @@ def load_another_draft(pair: ModelPair, draft: str, device: str | None = None,
     """One more draft for ``pair``'s target (a baseline, say), checked like the pair's own."""
     draft_ref = resolve_model(draft, "draft")
     _check_draft(pair.tokenizer, pair.target_ref, draft_ref)
-    return load_model(draft_ref, "draft", device, dtype)
+    return _load_draft(draft_ref, pair.target, device, dtype)
+
+
+def is_eagle3_dir(path: str | Path) -> bool:
+    """Whether a model folder holds an EAGLE-3 head (its config.json says so)."""
+    from draftkit.models.eagle3 import is_eagle3
+
+    config = Path(path) / "config.json"
+    return config.is_file() and is_eagle3(read_json(config, "model config", "re-save the "
+                                                    "model", ModelError))
+
+
+def _load_draft(draft_ref: ResolvedModel, target: "PreTrainedModel", device: str | None,
+                dtype: str | None):
+    """A draft for ``target``: an EAGLE-3 head on the target's device and dtype, reading its
+    embedding; any other draft as :func:`load_model` loads it."""
+    if not is_eagle3_dir(draft_ref.path):
+        return load_model(draft_ref, "draft", device, dtype)
+    from draftkit.models.eagle3 import load_eagle3
+
+    return load_eagle3(draft_ref.path, target)
 
 
 def _check_draft(tokenizer: Any, target_ref: ResolvedModel, draft_ref: ResolvedModel) -> None:
-    """Vocabulary, special tokens and chat template must match, before any weights load."""
+    """Vocabulary, special tokens and chat template must match, before any weights load; an
+    EAGLE-3 head reads the target's tokenizer, and must read its vocabulary, hidden size and
+    layers."""
     from transformers import AutoConfig
 
-    check_compatible(tokenizer, load_tokenizer(draft_ref, "draft"),
-                     AutoConfig.from_pretrained(target_ref.path),
+    target_config = AutoConfig.from_pretrained(target_ref.path)
+    if is_eagle3_dir(draft_ref.path):
+        check_eagle3(target_config, read_json(Path(draft_ref.path) / "config.json",
+                                              "model config", "re-save the model", ModelError))
+        return
+    check_compatible(tokenizer, load_tokenizer(draft_ref, "draft"), target_config,
                      AutoConfig.from_pretrained(draft_ref.path))

@@ -14,8 +14,7 @@ from typing import Any
 from draftkit.models.facts import text_config
 from draftkit.errors import DraftkitError
 from draftkit.evaluate.figures import DraftInfo
-from draftkit.models import load_model, load_tokenizer, resolve_model
-from draftkit.models.compat import check_compatible
+from draftkit.models import load_another_draft, resolve_model
 from draftkit.models.derive import derive_by_layers
 
 DEFAULT_DRAFT_LAYERS = 4  # the early exit mapped when no --draft is given (c ~ 0.2 on CPU)
@@ -51,8 +50,6 @@ def build_drafts(pair, domains: list[str], layer_sizes: list[int],
                  dtype: str = "auto") -> list[Draft]:
     """The pair's draft (if any), an early exit of the target for each of ``layer_sizes`` (and
     of DEFAULT_DRAFT_LAYERS, the main draft, when the pair has none) and each domain's draft."""
-    from transformers import AutoConfig
-
     total = num_layers(pair.target)
     drafts: list[Draft] = []
     if pair.draft is not None:
@@ -66,11 +63,7 @@ def build_drafts(pair, domains: list[str], layer_sizes: list[int],
         if domain not in domains:
             raise DraftkitError(f"--drafts-by-domain {domain}={path}: the suite has no domain "
                                 f"{domain!r}; it has {', '.join(domains)}")
-        ref = resolve_model(path, "draft")
-        check_compatible(pair.tokenizer, load_tokenizer(ref, "draft"),
-                         AutoConfig.from_pretrained(pair.target_ref.path),
-                         AutoConfig.from_pretrained(ref.path))
-        model = load_model(ref, "draft", device, dtype)
-        drafts.append(Draft(f"{domain} draft ({ref.name})", model, num_layers(model),
-                            home=domain))
+        model = load_another_draft(pair, path, device, dtype)
+        drafts.append(Draft(f"{domain} draft ({resolve_model(path, 'draft').name})", model,
+                            num_layers(model), home=domain))
     return drafts
