@@ -581,3 +581,40 @@ def test_template_errors_are_400_and_bugs_a_logged_500(tiny_models, caplog, monk
         assert "Exception in ASGI application" in caplog.text
     finally:
         srv.stop()
+
+
+def test_an_eagle3_head_serves_concurrent_requests_exactly(tiny_models, tmp_path):
+    """An EAGLE-3 head as the draft, built from folders as `draftkit serve` builds it: under
+    --k auto, concurrent greedy requests of unequal prompts and budgets equal the target's
+    own greedy text, rounds draft and accept, and a sampled request is answered too."""
+    from draftkit.models.eagle3 import save_eagle3
+    from draftkit.serve.command import ServeArgs, build
+    from tests.helpers import LiveServer, fit_eagle3, hf_greedy, make_llama, save_model
+
+    tok = tiny_models[0]
+    target = make_llama(len(tok), num_layers=4, seed=0)  # three distinct layers to tap
+    save_eagle3(fit_eagle3(target, steps=60), tmp_path / "head")
+    save_model(target, tok, tmp_path / "target")
+    app, desc = build(ServeArgs(bundle=str(tmp_path / "target"), draft=str(tmp_path / "head"),
+                                k="auto", k_max=4, max_batch=4, max_model_len=96,
+                                device="cpu", dtype="float32", served_model_name="tiny"))
+    assert f"draft {(tmp_path / 'head').resolve()}" in desc and "continuous" in desc
+    srv = LiveServer(app)
+    try:
+        c = srv.client()
+        prompts = WORDS[:6]
+        budgets = [6 + (i * 5) % 14 for i in range(6)]
+        out = concurrent_greedy(c, prompts, budgets)
+        ids = [tok(p)["input_ids"] for p in prompts]
+        for i, (p, n) in enumerate(zip(ids, budgets)):
+            toks = hf_greedy(target, p, n)
+            if tok.eos_token_id in toks:
+                toks = toks[:toks.index(tok.eos_token_id) + 1]
+            assert out[i].choices[0].text == text_after(tok, p, toks), i
+        assert sum(o.model_extra["draftkit"]["drafted"] for o in out) > 0
+        assert sum(o.model_extra["draftkit"]["accepted"] for o in out) > 0
+        r = c.completions.create(model="tiny", prompt="hello", max_tokens=8, temperature=0.8,
+                                 seed=1)
+        assert r.usage.completion_tokens >= 1
+    finally:
+        srv.stop()
