@@ -365,3 +365,25 @@ def test_eval_and_regimes_measure_an_eagle3_head(saved, tmp_path):
         temperatures=[0.0], batch_sizes=[], prompts_per_domain=1,
         drafts_by_domain=[f"code={head_dir}"]))
     assert regimes.draft == "head" and any(d.home == "code" for d in regimes.drafts)
+
+
+def test_the_general_runner_admits_cohorts_with_an_eagle3_head(models):
+    """On the general runner, rows join only an empty batch (a cohort): the head's cache,
+    sized to the cohort, is reset with the target's."""
+    target, _, fitted = models
+    engine = SpeculativeEngine(target, fitted, eos_token_id=None, fast_path=False)
+    assert not engine.slotted
+    a, b, c = PROMPTS
+    with torch.inference_mode():
+        state = engine.open(3, k_max=2, max_len=96)
+        slots = engine.admit(state, [a, b], SamplingParams(), 10)
+        while state.live():
+            engine.step(state, 2)
+        first = [state.result(s).tokens for s in slots]
+        for s in slots:
+            engine.release(state, s)
+        (sc,) = engine.admit(state, [c], SamplingParams(), 12)  # a new cohort
+        while state.live():
+            engine.step(state, 2)
+    assert first == [hf_greedy(target, a, 10), hf_greedy(target, b, 10)]
+    assert state.result(sc).tokens == hf_greedy(target, c, 12)
