@@ -15,7 +15,12 @@ generators)`` between rounds, ``engine.step(state, k)`` over the live rows, and
 ``engine.release(state, slot)`` when a row finishes or its client goes away.
 
 A draft carrying a reduced head (``draft_vocab.json``, draftkit/models/reduced_head.py)
-proposes only its tokens; the output distribution is unchanged.
+proposes only its tokens; the output distribution is unchanged. A draft may also be an
+EAGLE-3 head (draftkit/models/eagle3.py), which drafts from the target's hidden states: the
+engine is the same, the kind of draft is its drafter's (drafters.py)::
+
+    head = load_eagle3(folder, target_model)  # or load_pair(target, folder).draft
+    SpeculativeEngine(target_model, head).generate(prompts_token_ids, k=3)
 """
 
 from draftkit.decode.batch import BatchState, Result, RowStats
