@@ -6,6 +6,7 @@ position, so the same function serves a dense teacher (last dim V) and a top-k s
 
 - :func:`dense_logprobs`: both models at ``temperature`` over the full vocabulary.
 - :func:`sparse_logprobs`: the draft collapsed onto the teacher's top-k ids plus a tail bucket.
+- :func:`teacher_divergence`: a divergence against either kind of teacher.
 - :func:`hidden_distance`: the draft's hidden states against the target's (loss.hidden_weight).
 - :func:`masked_mean`: the loss over response tokens only.
 
@@ -110,6 +111,21 @@ def sparse_logprobs(student_logits: Tensor, teacher_logp_topk: Tensor, teacher_i
         return with_tail(p_topk), with_tail(q_topk)
     return (p_topk - torch.logsumexp(p_topk, -1, keepdim=True),
             q_topk - torch.logsumexp(q_topk, -1, keepdim=True))
+
+
+def teacher_divergence(name: str, logits: Tensor, p_logp: Tensor, p_ids: Tensor | None,
+                       temperature: float = 1.0, beta: float = 0.5) -> Tensor:
+    """The named divergence per position between the target and the draft's ``logits`` (N, V).
+
+    A dense teacher has ``p_ids`` None and ``p_logp`` (N, V) at ``temperature``; a top-k one
+    ``p_logp`` and ``p_ids`` (N, k), compared on its support plus a tail bucket
+    (:func:`sparse_logprobs`). Returns (N,).
+    """
+    if p_ids is None:
+        q_logp = dense_logprobs(logits, temperature)
+    else:
+        p_logp, q_logp = sparse_logprobs(logits, p_logp, p_ids, temperature)
+    return divergence(name, p_logp, q_logp, beta)
 
 
 def next_token_ce(logits: Tensor, labels: Tensor) -> Tensor:

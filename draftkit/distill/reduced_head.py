@@ -67,6 +67,17 @@ def restrict_sparse(p_logp_topk: Tensor, ids: Tensor, head: ReducedHead
     return torch.where(inside, p - log_z, float("-inf")), pos.clamp(min=0)
 
 
+def restrict_teacher(p_logp: Tensor, p_ids: Tensor | None, head: ReducedHead | None
+                     ) -> tuple[Tensor, Tensor | None]:
+    """The target over H, as :func:`restrict_dense` (``p_ids`` None: (N, V) log-probs) or
+    :func:`restrict_sparse` (a top-k teacher) makes it; without a head, as it is."""
+    if head is None:
+        return p_logp, p_ids
+    if p_ids is None:
+        return restrict_dense(p_logp, head), None
+    return restrict_sparse(p_logp, p_ids, head)
+
+
 def restrict_labels(labels: Tensor, head: ReducedHead) -> tuple[Tensor, Tensor]:
     """Next-token labels (N,) -> their positions in H and which are in H at all (N,) bool:
     the cross-entropy control cannot be asked for a token its head does not have."""

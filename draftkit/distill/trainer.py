@@ -41,10 +41,9 @@ from draftkit.distill.distributed import (Dist, all_reduce_mean, barrier, close_
 from draftkit.distill.draft import build_draft, choose_draft_vocab, export_draft, token_counts
 from draftkit.distill.evaluate import heldout_alpha, model_logits
 from draftkit.distill.hidden import taps
-from draftkit.distill.losses import (dense_logprobs, divergence, hidden_distance, next_token_ce,
-                                     sparse_logprobs)
+from draftkit.distill.losses import hidden_distance, next_token_ce, teacher_divergence
 from draftkit.distill.onpolicy import draft_rows, is_on_policy
-from draftkit.distill.reduced_head import restrict_dense, restrict_labels, restrict_sparse
+from draftkit.distill.reduced_head import restrict_labels, restrict_teacher
 from draftkit.distill.schedule import warmup_cosine
 from draftkit.distill.teacher import (MaskedLM, OnlineTeacher, TopKCache, cache_key,
                                       default_cache_dir)
@@ -102,18 +101,10 @@ def micro_loss(student: Any, teacher: Any, rows: Rows, idx: torch.Tensor, cfg: D
     target = teacher(idx, ids, mask, pos)  # logp (N, V) or (N, k) + ids (N, k)
     with autocast():
         logits, hidden = student(ids, mask, pos)  # (N, V) or (N, |H|), (N, P, H) or None
-    t = cfg.loss.temperature
-    p_logp, p_ids = target.logp.to(device), None if target.ids is None else target.ids.to(device)
-    if head is not None:
-        if p_ids is None:
-            p_logp = restrict_dense(p_logp, head)
-        else:
-            p_logp, p_ids = restrict_sparse(p_logp, p_ids, head)
-    if p_ids is None:
-        q_logp = dense_logprobs(logits, t)
-    else:
-        p_logp, q_logp = sparse_logprobs(logits, p_logp, p_ids, t)
-    per_token = divergence(cfg.loss.divergence, p_logp, q_logp, cfg.loss.beta)  # (N,)
+    p_logp, p_ids = restrict_teacher(target.logp.to(device), None if target.ids is None
+                                     else target.ids.to(device), head)
+    per_token = teacher_divergence(cfg.loss.divergence, logits, p_logp, p_ids,
+                                   cfg.loss.temperature, cfg.loss.beta)  # (N,)
     if not per_token.numel():
         return logits.sum() * 0.0, 0
     loss = per_token.mean()
