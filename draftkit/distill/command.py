@@ -9,7 +9,8 @@ Examples::
 ``--dry-run`` parses and type-checks the recipe, checks that the files it names exist and
 that model specs resolve where that is cheap (local folders, the embedded model; hub ids are
 checked for form only), and trains nothing. ``--prepare`` builds the target's answers and the
-top-k teacher cache, which later runs of the recipe read, and trains nothing.
+top-k teacher cache (for an eagle3 head also the cache of the target's features), which later
+runs of the recipe read, and trains nothing.
 
 Relative paths in a recipe are looked up in the current directory first, then next to the
 recipe file, so a recipe runs from the repository root or from anywhere else.
@@ -143,11 +144,14 @@ def check_config(cfg: DistillConfig, source: str) -> list[str]:
         else:
             from transformers import AutoConfig
 
-            from draftkit.distill.trainer import check_context
+            from draftkit.distill.draft import check_context
+            from draftkit.distill.eagle3 import check_target
 
             try:
                 config = AutoConfig.from_pretrained(resolve_model(spec, role).path)
                 check_context(config, cfg.data.seq_len, role)
+                if role == "target" and cfg.draft.kind == "eagle3":
+                    check_target(cfg, config)
             except (DraftkitError, ValueError, OSError) as e:  # ModelError is a DraftkitError
                 raise ConfigError(f"{source}: {role}: {e}") from None
     for i, src in enumerate(cfg.data.sources):
@@ -167,9 +171,14 @@ def distill(args: DistillArgs):
     if args.dry_run:
         sources = ", ".join(f"{Path(s.path).name}" + (f" ({s.domain})" if s.domain else "")
                             for s in cfg.data.sources)
-        print(f"recipe {args.recipe} is valid: target {cfg.target}, {cfg.max_steps} steps of "
-              f"{cfg.train.batch_size}x{cfg.train.grad_accum}x{cfg.data.seq_len} tokens, "
-              f"{cfg.loss.divergence} at temperature {cfg.loss.temperature}, teacher "
+        d = cfg.draft
+        layers = d.aux_layers or "[2, L // 2, L - 3]"
+        head = "" if d.kind != "eagle3" else (
+            f", an EAGLE-3 head over {d.draft_vocab_size} tokens reading layers {layers}, "
+            f"{d.steps} training-time-test steps weighted {d.decay:g}^i")
+        print(f"recipe {args.recipe} is valid: target {cfg.target}{head}, {cfg.max_steps} "
+              f"steps of {cfg.train.batch_size}x{cfg.train.grad_accum}x{cfg.data.seq_len} "
+              f"tokens, {cfg.loss.divergence} at temperature {cfg.loss.temperature}, teacher "
               f"{cfg.teacher.mode}, data {cfg.data.regime}: {sources}")
         for note in notes:
             print(f"  note: {note}")
@@ -178,10 +187,10 @@ def distill(args: DistillArgs):
         from draftkit.distill.trainer import prepare
 
         built = prepare(cfg)
-        cache = built["teacher_cache"]
+        caches = "".join(f"; {what.replace('_', ' ')} in {built[what]}"
+                         for what in ("teacher_cache", "feature_cache") if built[what])
         print(f"prepared {built['rows']} training rows and {built['heldout_rows']} held-out "
-              f"rows" + (f"; teacher cache in {cache}" if cache else "") +
-              f"; train with: draftkit distill {args.recipe}"
+              f"rows{caches}; train with: draftkit distill {args.recipe}"
               + "".join(f" {o}" for o in args.overrides))
         return None
     from draftkit.distill.trainer import train

@@ -4,13 +4,19 @@ A recipe file is a view of :class:`DistillConfig`; every key below is documented
 declared, and an unknown or mistyped key is an error naming the key and the file. Sections:
 
 - top level: ``out_dir``, ``max_steps``, ``max_minutes``, ``seed``, ``target``, ``resume``
-- ``draft``: the model to train (a path/spec, or derived from the target), frozen parts, LoRA
+- ``draft``: the model to train (a path/spec, or derived from the target), frozen parts, LoRA;
+  or (``draft.kind: eagle3``) an EAGLE-3 head on the target and its training-time test
 - ``data``: sources (files or hub datasets with a ``domain``), regime, packing, held-out split
 - ``loss``: divergence (fkl / rkl / jsd / tvd), ``temperature``, ``beta``
-- ``teacher``: online target forward each step, or an offline top-k cache on disk
+- ``teacher``: online target forward each step, or an offline top-k cache on disk (for an
+  eagle3 head also the target's features)
 - ``train``: AdamW, warmup + cosine, accumulation, precision, clipping, checkpoints, DeepSpeed
-- ``eval``: held-out alpha per domain every N steps (the best draft is chosen by alpha)
+- ``eval``: held-out alpha per domain every N steps (the best draft is chosen by alpha; an
+  eagle3 head by tau, from alpha per unrolled position)
 - ``wandb``: project / name / group (offline unless ``WANDB_MODE`` says otherwise)
+
+Long: the recipe is one concept, a section per stage with each key's help and checks beside it;
+split, the checks across sections (an eagle3 head and on-policy data) would lose their home.
 """
 
 from __future__ import annotations
@@ -49,10 +55,21 @@ class LoraSection:
             raise ConfigError(f"draft.lora.r must be positive, got {self.r}")
 
 
+# EAGLE-3's references (EAGLE's train loop, SpecForge): 7 unrolled steps, step i weighted 0.8^i
+TTT_STEPS = 7
+TTT_DECAY = 0.8
+
+
 @dataclass
 class DraftSection:
-    """The draft model: an existing model, or one derived from the target at the start."""
+    """The draft model: an existing model, or one derived from the target at the start; or an
+    EAGLE-3 head built on the target (``kind: eagle3``)."""
 
+    kind: Literal["standalone", "eagle3"] = option(
+        "standalone", help="standalone: a draft model of its own (draft.model, derive_layers or "
+                           "num_layers); eagle3: an EAGLE-3 head (arXiv 2503.01840) built on the "
+                           "target, one decoder layer over three of its hidden states, drafting "
+                           "over draft.draft_vocab_size tokens, trained with training-time test")
     model: str | None = option(None, help="draft model: HF directory, hub id or bundle; null to "
                                           "derive it from the target (derive_layers / num_layers)")
     derive_layers: list[int] | None = option(None, help="copy these target layers into the "
@@ -70,21 +87,50 @@ class DraftSection:
         None, help="decode with the draft's head cut to the N tokens the target emits most "
                    "in the training data (FR-Spec; best/draft_vocab.json), N being what "
                    "EAGLE-3, SpecForge and vLLM call draft_vocab_size; null keeps the full "
-                   "head")
+                   "head. Required for eagle3 heads, whose head has these N rows only")
     train_reduced_head: bool = option(
         False, help="train over the draft.draft_vocab_size tokens it decodes with, as EAGLE-3 "
                     "does: the head and its softmax then cost N / V of the whole head's, most "
                     "of a small draft's step. The rest of the head gets no training, and "
                     "engines that ignore best/draft_vocab.json (HF assisted generation, vLLM, "
                     "SGLang) propose from all of it")
+    aux_layers: list[int] | None = option(
+        None, help="eagle3: the three target layers (low, middle, high) whose input hidden "
+                   "states the head reads, counted as the layer each enters (vLLM's "
+                   "convention: 1..L-1); null: the references' [2, L // 2, L - 3]")
+    ttt_steps: int | None = option(
+        None, help=f"eagle3: training-time-test steps, the head unrolled over its own outputs "
+                   f"as when it drafts (1, 3, 5, ...); also the K of the held-out tau that "
+                   f"picks best/; null: {TTT_STEPS}, as EAGLE-3's references")
+    ttt_decay: float | None = option(
+        None, help=f"eagle3: step i's loss is weighted ttt_decay^i; null: {TTT_DECAY}, as "
+                   f"EAGLE-3's references")
     # draft_vocab_size was vocab_size, which read as the whole vocabulary's size V (what
     # vocab_size means in HF configs and draft_vocab.json); the old name still loads
     RENAMED = {"vocab_size": "draft_vocab_size"}
+
+    @property
+    def steps(self) -> int:
+        """The training-time-test steps an eagle3 head unrolls (K of its held-out tau)."""
+        return TTT_STEPS if self.ttt_steps is None else self.ttt_steps
+
+    @property
+    def decay(self) -> float:
+        """Step i's loss weight is decay^i."""
+        return TTT_DECAY if self.ttt_decay is None else self.ttt_decay
 
     def validate(self) -> None:
         if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
             raise ConfigError(f"draft.draft_vocab_size must be >= 1 or null, got "
                               f"{self.draft_vocab_size}")
+        if self.kind == "eagle3":
+            self._validate_eagle3()
+            return
+        only = [k for k in ("aux_layers", "ttt_steps", "ttt_decay")
+                if getattr(self, k) is not None]
+        if only:
+            raise ConfigError(f"draft.{only[0]} is a setting of eagle3 heads and this draft is "
+                              f"standalone: set draft.kind: eagle3, or drop draft.{only[0]}")
         if self.train_reduced_head and self.draft_vocab_size is None and self.model is None:
             raise ConfigError("draft.train_reduced_head trains over a reduced head: set "
                               "draft.draft_vocab_size, or draft.train_reduced_head=false")
@@ -104,6 +150,32 @@ class DraftSection:
             check_layers(self.derive_layers, name="draft.derive_layers")
         if (self.hidden_size or self.intermediate_size) and self.num_layers is None:
             raise ConfigError("draft.hidden_size / draft.intermediate_size need draft.num_layers")
+
+    def _validate_eagle3(self) -> None:
+        # what builds or changes a standalone draft means nothing for a head built on the target
+        standalone = {"model": self.model, "derive_layers": self.derive_layers,
+                      "num_layers": self.num_layers, "hidden_size": self.hidden_size,
+                      "intermediate_size": self.intermediate_size, "freeze": self.freeze or None,
+                      "lora.enabled": self.lora.enabled or None,
+                      "train_reduced_head": self.train_reduced_head or None}
+        given = [k for k, v in standalone.items() if v is not None]
+        if given:
+            raise ConfigError(f"draft.{given[0]} is a setting of standalone drafts; an eagle3 "
+                              f"head is built on the target (draft.kind: eagle3): drop it or set "
+                              f"it to null")
+        if self.draft_vocab_size is None:
+            raise ConfigError("draft.kind: eagle3 drafts over the N tokens the target emits "
+                              "most: set draft.draft_vocab_size (EAGLE-3's references use 32000)")
+        if self.steps < 1:
+            raise ConfigError(f"draft.ttt_steps must be at least 1, got {self.steps}")
+        if self.decay <= 0:
+            raise ConfigError(f"draft.ttt_decay must be positive, got {self.decay}")
+        layers = self.aux_layers
+        if layers is not None and (len(layers) != 3 or layers != sorted(set(layers))
+                                   or layers[0] < 1):
+            raise ConfigError(f"draft.aux_layers {layers}: give three distinct layer ids in "
+                              f"ascending order, each at least 1 (the layer a hidden state "
+                              f"enters: low, middle, high), or null for the references' choice")
 
 
 # The row columns draftkit.data.sources.to_example reads; a source's ``columns`` renames to these.
@@ -254,7 +326,8 @@ class TeacherSection:
 
     mode: Literal["online", "cache"] = option(
         "online", help="online: a target forward each step; cache: top-k logits written once "
-                       "to disk and reused across epochs and runs")
+                       "to disk and reused across epochs and runs (for an eagle3 head also "
+                       "the target's hidden states at its three layers, bf16)")
     top_k: int = option(64, help="teacher tokens kept per position in the cache (the rest of "
                                  "the mass goes to a tail bucket)")
     cache_dir: str | None = option(None, help="cache location; null: the draftkit cache "
@@ -364,6 +437,15 @@ class DistillConfig:
             raise ConfigError(f"max_steps must be at least 1, got {self.max_steps}")
         if not self.out_dir.strip():
             raise ConfigError("out_dir is empty; give a run folder")
+        if self.draft.kind == "eagle3":
+            if self.loss.hidden_weight > 0:
+                raise ConfigError("loss.hidden_weight matches a standalone draft's hidden states "
+                                  "to the target's; an eagle3 head reads the target's: set "
+                                  "loss.hidden_weight=0")
+            if self.data.lmbda > 0:
+                raise ConfigError("on-policy data (data.lmbda) needs a draft that generates on "
+                                  "its own; an eagle3 head drafts from the target's features: "
+                                  "use data.regime target or fixed")
         if self.loss.hidden_weight > 0:
             from draftkit.distill.hidden import junctions
 

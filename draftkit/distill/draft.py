@@ -19,6 +19,7 @@ from draftkit.errors import DraftkitError
 from draftkit.io import atomic_write_json
 from draftkit.models import check_compatible, load_model, load_tokenizer, resolve_model
 from draftkit.models.derive import derive_by_layers, derive_random, save_draft
+from draftkit.models.facts import context_window
 from draftkit.models.reduced_head import ReducedHead
 
 
@@ -106,3 +107,12 @@ def choose_draft_vocab(size: int, train_rows: Rows, heldout: Rows, tokenizer: An
     head.covered = head.coverage(token_counts(heldout, vocab_size))
     head.source = f"target tokens of {len(train_rows)} training rows"
     return head
+
+
+def check_context(config: Any, seq_len: int, role: str) -> None:
+    """Packed rows of ``seq_len`` tokens must fit the position embeddings of a model of
+    ``config`` (its HF config: the dry run checks before any weights load)."""
+    context = context_window(config)
+    if context and seq_len > context:
+        raise DraftkitError(f"data.seq_len={seq_len} is longer than the {role}'s context "
+                            f"window ({context}); lower data.seq_len")

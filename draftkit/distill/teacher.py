@@ -11,6 +11,10 @@ Only positions with a loss (``loss_mask``) are stored, in row order, so the cach
 ``top_k * 6`` bytes per trained token, plus ``2 * hidden_size`` per tap when
 ``loss.hidden_weight`` matches hidden states too (draftkit/distill/hidden.py); a building run
 killed mid-way resumes from the last finished batch.
+
+:class:`RowCache` is what it shares with the cache of an EAGLE-3 head's features
+(draftkit/distill/features.py): spans of positions per row in memory-mapped files, keyed,
+resumable, built by one run and read by all; :func:`build_teacher` picks a recipe's teacher.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import numpy as np
 import torch
 
 from draftkit.data import Rows, positions
+from draftkit.distill.distributed import barrier
 from draftkit.distill.hidden import Tap, tapped
 from draftkit.distill.losses import dense_logprobs
 from draftkit.distill.reduced_head import head_logits
@@ -114,29 +119,53 @@ def cache_key(target_id: str, rows: Rows, top_k: int, temperature: float,
     return h.hexdigest()[:16]
 
 
-class TopKCache:
-    """Top-k teacher log-probs of every trained position of ``rows``, on disk; with ``taps``,
-    the target's normed streams there too (``hidden_size`` wide, float16)."""
+class RowCache:
+    """Spans of positions per row of a run's rows, in memory-mapped files under ``directory``:
+    built once (a build killed mid-way resumes from its last finished batch; one builder at a
+    time) and read back by row, by every run whose ``key`` matches.
 
-    def __init__(self, directory: Path, rows: Rows, top_k: int, temperature: float, key: str,
-                 taps: list[Tap] | None = None, hidden_size: int = 0):
-        self.dir = Path(directory)
-        self.top_k, self.temperature, self.key = top_k, temperature, key
-        self.taps, self.hidden_size = list(taps or ()), hidden_size
-        counts = rows.loss_mask.sum(1)  # trained positions per row
+    ``counts`` (R,): positions kept per row, in row order. A subclass names its files
+    (:meth:`files`), fills a batch of rows (:meth:`fill`) and records its settings in
+    meta.json (:meth:`settings`)."""
+
+    what = "cache"  # in messages: "teacher cache ... is damaged"
+
+    def __init__(self, directory: Path, counts: torch.Tensor, key: str):
+        self.dir, self.key = Path(directory), key
         # offsets[i]: where row i's positions start in the flat position arrays
         self.offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
         self.n_positions = int(self.offsets[-1])
-        self.n_rows = len(rows)
+        self.n_rows = len(counts)
         self.meta_path = self.dir / "meta.json"
+
+    def files(self) -> dict[str, tuple[Any, tuple[int, ...]]]:
+        """File name -> (numpy dtype, shape of one position's entry)."""
+        raise NotImplementedError
+
+    def fill(self, arrays: dict[str, np.memmap], model: Any, rows: Rows, b: int, e: int
+             ) -> None:
+        """Write rows b..e-1's positions into ``arrays`` (from ``self.offsets[b]`` on)."""
+        raise NotImplementedError
+
+    def settings(self) -> dict:
+        """What meta.json records beside the key and the counts."""
+        return {}
+
+    @property
+    def bytes_per_token(self) -> float:
+        """Disk bytes per kept position."""
+        return sum(np.dtype(dtype).itemsize * int(np.prod(shape))
+                   for dtype, shape in self.files().values())
+
+    @property
+    def total_bytes(self) -> int:
+        return int(self.n_positions * self.bytes_per_token)
 
     # --- building ---------------------------------------------------------------------------
 
     def _arrays(self, mode: str) -> dict[str, np.memmap]:
         n = max(1, self.n_positions)
-        files = {"logp.f16": (np.float16, (n, self.top_k)), "ids.i32": (np.int32, (n, self.top_k))}
-        if self.taps:
-            files["hidden.f16"] = (np.float16, (n, len(self.taps), self.hidden_size))
+        files = {name: (dtype, (n, *shape)) for name, (dtype, shape) in self.files().items()}
         if mode != "w+":  # files of an earlier build: a truncated one would fail deep in mmap
             for name, (dtype, shape) in files.items():
                 path = self.dir / name
@@ -144,7 +173,7 @@ class TopKCache:
                 have = path.stat().st_size if path.is_file() else None
                 if have != want:
                     raise DraftkitError(
-                        f"teacher cache {self.dir} is damaged ({name} has "
+                        f"{self.what} {self.dir} is damaged ({name} has "
                         f"{'no file' if have is None else f'{have} bytes'}, expected {want}); "
                         f"delete {self.dir} and rerun to rebuild it")
         return {name: np.memmap(self.dir / name, dtype=dtype, mode=mode, shape=shape)
@@ -158,45 +187,38 @@ class TopKCache:
         except (OSError, json.JSONDecodeError):
             return 0
         if meta.get("key") != self.key:
-            raise DraftkitError(f"teacher cache {self.dir} belongs to other rows or settings; "
-                                f"delete it or set teacher.cache_dir elsewhere")
+            raise DraftkitError(self.mismatch(meta))
         return int(meta.get("filled_rows", 0))
 
+    def mismatch(self, meta: dict) -> str:
+        """The error for a cache in this one's place that was built for something else."""
+        return (f"{self.what} {self.dir} belongs to other rows or settings; delete it or set "
+                f"teacher.cache_dir elsewhere")
+
     def build(self, model: Any, rows: Rows, batch_size: int, progress: bool = True) -> None:
-        """Run the target over the rows not cached yet (resumes after a kill). Another run
+        """Run ``model`` over the rows not cached yet (resumes after a kill). Another run
         building the same cache (a cache is shared by runs of the same target and rows) is
         waited for, then its rows are used."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        with one_builder(self.dir / "build.lock", f"teacher cache {self.dir}"):
+        with one_builder(self.dir / "build.lock", f"{self.what} {self.dir}"):
             self._build(model, rows, batch_size, progress)
 
     def _build(self, model: Any, rows: Rows, batch_size: int, progress: bool) -> None:
         start = self.filled_rows()
         if start >= self.n_rows:
             return
-        lm = MaskedLM(model, self.taps)
-        dev = next(model.parameters()).device  # the rows live on the CPU, beside the files
         arrays = self._arrays("r+" if start > 0 else "w+")
         bar = None
         if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=self.n_rows, initial=start, desc="teacher cache", unit="row",
+            bar = tqdm(total=self.n_rows, initial=start, desc=self.what, unit="row",
                        dynamic_ncols=True)
         for b in range(start, self.n_rows, batch_size):
             e = min(b + batch_size, self.n_rows)
-            mask = rows.loss_mask[b:e]
-            if mask.any():
+            if self.offsets[e] > self.offsets[b]:
                 with torch.no_grad():
-                    logits, hidden = lm(rows.input_ids[b:e].to(dev), mask.to(dev),
-                                        positions(rows, slice(b, e)).to(dev))
-                    p_logp = dense_logprobs(logits, self.temperature)
-                    top = p_logp.topk(self.top_k, dim=-1)  # (N, k)
-                lo, hi = int(self.offsets[b]), int(self.offsets[e])
-                arrays["logp.f16"][lo:hi] = top.values.to(torch.float16).cpu().numpy()
-                arrays["ids.i32"][lo:hi] = top.indices.to(torch.int32).cpu().numpy()
-                if hidden is not None:
-                    arrays["hidden.f16"][lo:hi] = hidden.to(torch.float16).cpu().numpy()
+                    self.fill(arrays, model, rows, b, e)
                 for array in arrays.values():
                     array.flush()
             self._write_meta(e)  # only after the data is on disk
@@ -208,26 +230,67 @@ class TopKCache:
     def _write_meta(self, filled: int) -> None:
         atomic_write_json(self.meta_path, {
             "key": self.key, "filled_rows": filled, "rows": self.n_rows,
-            "positions": self.n_positions, "top_k": self.top_k,
-            "temperature": self.temperature, "bytes_per_token": self.bytes_per_token})
+            "positions": self.n_positions, **self.settings(),
+            "bytes_per_token": self.bytes_per_token})
 
-    @property
-    def bytes_per_token(self) -> float:
-        """Disk bytes per trained token: float16 log-prob + int32 id per kept entry, and a
-        float16 stream per tap."""
-        return self.top_k * (2 + 4) + len(self.taps) * self.hidden_size * 2
-
-    @property
-    def total_bytes(self) -> int:
-        return self.n_positions * self.bytes_per_token
+    def ready(self, model: Any, rows: Rows, batch_size: int, dist: Any,
+              progress: bool = True) -> "RowCache":
+        """Built by rank 0 if it is not on disk yet, then opened by every rank."""
+        if dist.is_main:
+            self.build(model, rows, batch_size, progress=progress)
+        barrier(dist)
+        return self.open()
 
     # --- reading ----------------------------------------------------------------------------
 
-    def open(self) -> "TopKCache":
+    def open(self) -> "RowCache":
         if self.filled_rows() < self.n_rows:
-            raise DraftkitError(f"teacher cache {self.dir} is incomplete; rerun to finish it")
+            raise DraftkitError(f"{self.what} {self.dir} is incomplete; rerun to finish it")
         self._arrays_r = self._arrays("r")
         return self
+
+    def read(self, name: str, rows_idx: torch.Tensor) -> np.ndarray:
+        """File ``name``'s entries for rows ``rows_idx``, row after row, each row's positions
+        in order."""
+        spans = [np.arange(int(self.offsets[i]), int(self.offsets[i + 1])) for i in rows_idx]
+        flat = np.concatenate(spans) if spans else np.zeros(0, dtype=np.int64)
+        return np.asarray(self._arrays_r[name][flat])
+
+
+class TopKCache(RowCache):
+    """Top-k teacher log-probs of every trained position of ``rows``, on disk; with ``taps``,
+    the target's normed streams there too (``hidden_size`` wide, float16)."""
+
+    what = "teacher cache"
+
+    def __init__(self, directory: Path, rows: Rows, top_k: int, temperature: float, key: str,
+                 taps: list[Tap] | None = None, hidden_size: int = 0):
+        super().__init__(directory, rows.loss_mask.sum(1), key)  # trained positions per row
+        self.top_k, self.temperature = top_k, temperature
+        self.taps, self.hidden_size = list(taps or ()), hidden_size
+
+    def files(self) -> dict[str, tuple[Any, tuple[int, ...]]]:
+        # float16 log-prob + int32 id per kept entry, and a float16 stream per tap
+        files = {"logp.f16": (np.float16, (self.top_k,)), "ids.i32": (np.int32, (self.top_k,))}
+        if self.taps:
+            files["hidden.f16"] = (np.float16, (len(self.taps), self.hidden_size))
+        return files
+
+    def settings(self) -> dict:
+        return {"top_k": self.top_k, "temperature": self.temperature}
+
+    def fill(self, arrays: dict[str, np.memmap], model: Any, rows: Rows, b: int, e: int
+             ) -> None:
+        dev = next(model.parameters()).device  # the rows live on the CPU, beside the files
+        mask = rows.loss_mask[b:e]
+        logits, hidden = MaskedLM(model, self.taps)(rows.input_ids[b:e].to(dev), mask.to(dev),
+                                                    positions(rows, slice(b, e)).to(dev))
+        top = dense_logprobs(logits, self.temperature).topk(self.top_k, dim=-1)  # (N, k)
+        lo, hi = int(self.offsets[b]), int(self.offsets[e])
+        arrays["logp.f16"][lo:hi] = top.values.to(torch.float16).cpu().numpy()
+        arrays["ids.i32"][lo:hi] = top.indices.to(torch.int32).cpu().numpy()
+        if hidden is not None:
+            arrays["hidden.f16"][lo:hi] = hidden.to(torch.float16).cpu().numpy()
 
     def __call__(self, rows_idx: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor,
                  position_ids: torch.Tensor | None = None) -> TeacherOut:
@@ -237,15 +300,38 @@ class TopKCache:
         The positions come out in the same order as ``tensor[mask]`` (row-major), since each
         row's trained positions were stored in order.
         """
-        spans = [np.arange(int(self.offsets[i]), int(self.offsets[i + 1])) for i in rows_idx]
-        flat = np.concatenate(spans) if spans else np.zeros(0, dtype=np.int64)
-        read = self._arrays_r
-
         def tensor(name: str, dtype: Any) -> torch.Tensor:
-            return torch.from_numpy(np.asarray(read[name][flat], dtype=dtype))
+            return torch.from_numpy(self.read(name, rows_idx).astype(dtype))
         return TeacherOut(tensor("logp.f16", np.float32), tensor("ids.i32", np.int64),
                           tensor("hidden.f16", np.float32) if self.taps else None)
 
 
-def default_cache_dir(key: str) -> Path:
-    return cache_root() / "teacher" / key
+def cache_dir(cfg: Any, key: str, kind: str = "teacher") -> Path:
+    """Where the cache ``key`` lives: under ``teacher.cache_dir``, else the draftkit cache's
+    ``kind`` folder, shared by every run that builds the same one."""
+    return Path(cfg.teacher.cache_dir) / key if cfg.teacher.cache_dir else \
+        cache_root() / kind / key
+
+
+def build_teacher(cfg: Any, target: Any, key: str, rows: Rows, dist: Any, progress: bool,
+                  taps: list[Tap] | None = None) -> "OnlineTeacher | TopKCache":
+    """The recipe's teacher: online, or the top-k cache for the target named by ``key``
+    (trainer.target_id), built by rank 0 if it is not on disk yet."""
+    if cfg.teacher.mode == "online" or cfg.loss.divergence == "ce":  # ce reads no teacher
+        return OnlineTeacher(target, cfg.loss.temperature, taps)
+    text = target.config.get_text_config()
+    if cfg.teacher.top_k > text.vocab_size:
+        raise DraftkitError(f"teacher.top_k={cfg.teacher.top_k} is more than the target's "
+                            f"{text.vocab_size} tokens; lower it (or use teacher.mode=online)")
+    layers = [layer for layer, _ in taps or ()]
+    cache_id = cache_key(key, rows, cfg.teacher.top_k, cfg.loss.temperature, layers)
+    cache = TopKCache(cache_dir(cfg, cache_id), rows, cfg.teacher.top_k, cfg.loss.temperature,
+                      cache_id, taps, text.hidden_size)
+    return cache.ready(target, rows, cfg.eval.batch_size, dist, progress)
+
+
+def caches_of(source: Any) -> list[RowCache]:
+    """The on-disk caches a teacher reads (none for an online one)."""
+    if isinstance(source, RowCache):
+        return [source]
+    return list(getattr(source, "caches", []))

@@ -11,6 +11,10 @@ HF model folder; LoRA merged). Every ``train.checkpoint_every`` steps an atomic 
 a rerun of the same command resumes from the newest one exactly. A NaN or inf loss stops the
 run before anything is written, so the last good checkpoint stays the newest.
 
+What a step's loss is, what evaluation measures and what ``best/`` holds is the draft kind's
+(``draft.kind``): a standalone draft's (distill/standalone.py) as above, or an EAGLE-3 head's
+(distill/eagle3.py: training-time test, alpha per unrolled position, best/ by tau).
+
 The public entry point is :func:`train` (``train(cfg) -> Path`` of ``best/``). tokens/s in
 the progress bar and W&B counts trained (response) tokens per second, all processes together.
 
@@ -32,26 +36,23 @@ from typing import Any
 import torch
 
 from draftkit.config import dump_yaml
-from draftkit.data import Rows, build_rows, default_generation_dir, positions
+from draftkit.data import Rows, build_rows, default_generation_dir
 from draftkit.data.generate import answer_stop_ids, cache_file, generate_responses
 from draftkit.distill import checkpoint as ckpt
 from draftkit.distill.config import DistillConfig
 from draftkit.distill.distributed import (Dist, all_reduce_mean, barrier, close_distributed,
                                           deepspeed_engine, gathered, init_distributed, zero_stage)
-from draftkit.distill.draft import build_draft, choose_draft_vocab, export_draft, token_counts
-from draftkit.distill.evaluate import heldout_alpha, model_logits
-from draftkit.distill.hidden import taps
-from draftkit.distill.losses import hidden_distance, next_token_ce, teacher_divergence
+from draftkit.distill.draft import check_context, choose_draft_vocab, token_counts
+from draftkit.distill.eagle3 import Eagle3
 from draftkit.distill.onpolicy import draft_rows, is_on_policy
-from draftkit.distill.reduced_head import restrict_labels, restrict_teacher
 from draftkit.distill.schedule import warmup_cosine
-from draftkit.distill.teacher import (MaskedLM, OnlineTeacher, TopKCache, cache_key,
-                                      default_cache_dir)
+from draftkit.distill.standalone import Standalone
+from draftkit.distill.teacher import cache_key, caches_of
 from draftkit.errors import DraftkitError
 from draftkit.io import append_jsonl, atomic_write_text, recover_writes
 from draftkit.models import default_device, load_model, load_tokenizer, resolve_model
-from draftkit.models.facts import context_window, vocab_size
-from draftkit.models.reduced_head import ReducedHead, head_of
+from draftkit.models.facts import vocab_size
+from draftkit.models.reduced_head import ReducedHead
 from draftkit.models.resolve import model_identity
 from draftkit.tracking import Tracker
 
@@ -75,43 +76,6 @@ def batch_rows(micro_step: int, n_rows: int, batch_size: int, seed: int, rank: i
                                                                               epoch))
         out.append(int(perm[offset]))
     return torch.tensor(out, dtype=torch.long)
-
-
-# --- one step -----------------------------------------------------------------------------------
-
-def micro_loss(student: Any, teacher: Any, rows: Rows, idx: torch.Tensor, cfg: DistillConfig,
-               autocast: Any, head: ReducedHead | None = None) -> tuple[torch.Tensor, int]:
-    """Divergence over the response positions of rows ``idx``, plus ``loss.hidden_weight``
-    times the hidden-state term where the student has taps; (loss, positions).
-
-    ``head``: the student's logits are over this reduced head (draft.train_reduced_head), so
-    the target, or the control's labels, are restricted to it (distill/reduced_head.py)."""
-    ids = rows.input_ids[idx]  # (B, T)
-    mask = rows.loss_mask[idx]  # (B, T)
-    device = next(student.parameters()).device
-    ids, mask, pos = ids.to(device), mask.to(device), positions(rows, idx).to(device)
-    if cfg.loss.divergence == "ce":  # the control: the same tokens, no teacher distribution
-        with autocast():
-            logits, _ = student(ids, mask, pos)  # (N, V) or (N, |H|)
-        labels = ids.roll(-1, dims=1)[mask]  # (N,) the next token at each trained position
-        if head is not None:
-            labels, inside = restrict_labels(labels, head)
-            logits, labels = logits[inside], labels[inside]
-        return next_token_ce(logits, labels), int(mask.sum())
-    target = teacher(idx, ids, mask, pos)  # logp (N, V) or (N, k) + ids (N, k)
-    with autocast():
-        logits, hidden = student(ids, mask, pos)  # (N, V) or (N, |H|), (N, P, H) or None
-    p_logp, p_ids = restrict_teacher(target.logp.to(device), None if target.ids is None
-                                     else target.ids.to(device), head)
-    per_token = teacher_divergence(cfg.loss.divergence, logits, p_logp, p_ids,
-                                   cfg.loss.temperature, cfg.loss.beta)  # (N,)
-    if not per_token.numel():
-        return logits.sum() * 0.0, 0
-    loss = per_token.mean()
-    if hidden is not None:
-        loss = loss + cfg.loss.hidden_weight * hidden_distance(
-            hidden, target.hidden.to(device)).mean()
-    return loss, int(mask.sum())
 
 
 # --- the loop -----------------------------------------------------------------------------------
@@ -142,17 +106,18 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
     run.tracker = Tracker("distill", cfg, name=cfg.wandb.name, group=cfg.wandb.group,
                           out_dir=out, project=cfg.wandb.project,
                           run_id=ckpt.wandb_run_id(out)) if dist.is_main else _NoTracker()
-    cache_bytes = getattr(run.teacher, "bytes_per_token", None)
-    if dist.is_main and cache_bytes is not None:
-        run.tracker.summary({"teacher_cache/bytes_per_token": cache_bytes})
-        print(f"teacher cache: {cache_bytes:.0f} bytes per token, "
-              f"{run.teacher.total_bytes / 1e6:.1f} MB in {run.teacher.dir}", flush=True)
+    for cache in run.kind.caches if dist.is_main else ():
+        run.tracker.summary({f"{cache.what.replace(' ', '_')}/bytes_per_token":
+                             cache.bytes_per_token})
+        print(f"{cache.what}: {cache.bytes_per_token:.0f} bytes per token, "
+              f"{cache.total_bytes / 1e6:.1f} MB in {cache.dir}", flush=True)
 
+    score = run.kind.score  # what picks best/: alpha, or an eagle3 head's tau
     run.draft.train()
     if run.step == 0:
         first = run.evaluate(None)
         if dist.is_main:
-            print(f"held-out alpha before training: {_fmt_alpha(first)}", flush=True)
+            print(f"held-out {score} before training: {run.kind.describe(first)}", flush=True)
     bar = None
     if progress and dist.is_main:
         from tqdm import tqdm
@@ -184,8 +149,8 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
             if step % cfg.train.checkpoint_every == 0 or last:
                 run.save()
             if bar is not None:
-                alpha = "None" if run.last_alpha is None else f"{run.last_alpha:.3f}"
-                bar.set_postfix_str(f"loss {loss_value:.4f} | {tok_s:.0f} tok/s | alpha {alpha}")
+                last = "None" if run.last_score is None else f"{run.last_score:.3f}"
+                bar.set_postfix_str(f"loss {loss_value:.4f} | {tok_s:.0f} tok/s | {score} {last}")
                 bar.update(1)
         if bar is not None:
             bar.close()
@@ -194,10 +159,10 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
             if run.step < cfg.max_steps:
                 print(f"stopped at step {run.step} of {cfg.max_steps}: max_minutes="
                       f"{cfg.max_minutes:g} ran out", flush=True)
-            run.tracker.summary({"best_alpha": run.best_alpha, "tokens_per_s": tok_s})
+            run.tracker.summary({f"best_{score}": run.best_score, "tokens_per_s": tok_s})
             run.tracker.log_artifact(out / "best", name=f"draft-{out.name}", type="model",
-                                     aliases=["best"], metadata={"alpha": run.best_alpha})
-            print(f"best held-out alpha {run.best_alpha:.4f}; draft in {out / 'best'}",
+                                     aliases=["best"], metadata={score: run.best_score})
+            print(f"best held-out {score} {run.best_score:.4f}; draft in {out / 'best'}",
                   flush=True)
     finally:
         if bar is not None:
@@ -216,8 +181,9 @@ class _Run:
 
         self.cfg, self.dist, self.out, self.started = cfg, dist, out, started
         target_ref, self.tokenizer, target = _load_target(cfg, device)
-        self.draft = build_draft(cfg, target, self.tokenizer, target_ref).to(device)
-        check_context(self.draft.config, cfg.data.seq_len, "draft")
+        # the draft kind's checks (a standalone draft's whole model) before any answer is made
+        kind = Eagle3 if cfg.draft.kind == "eagle3" else Standalone
+        self.kind: Any = kind(cfg, target, self.tokenizer, target_ref, device)
 
         # what the answer and teacher caches are keyed by, and where answers end: once
         key, self.stop_ids = target_id(target_ref, target), answer_stop_ids(target, self.tokenizer)
@@ -226,7 +192,7 @@ class _Run:
         # the reduced head the draft decodes with, if any: scored with it and saved with it
         self.reduced_head = None
         v = vocab_size(target)
-        kept = head_of(self.draft)  # a draft.model folder that has one
+        kept = self.kind.kept_head  # a draft.model folder that has one
         if cfg.draft.draft_vocab_size:
             self.reduced_head = choose_draft_vocab(cfg.draft.draft_vocab_size, self.rows,
                                                    self.heldout, self.tokenizer, v)
@@ -238,21 +204,13 @@ class _Run:
                   f"{self.reduced_head.covered:.1%} of the held-out target tokens"
                   + ("" if cfg.draft.draft_vocab_size else " (the draft's own; set "
                      "draft.draft_vocab_size to choose again)"), flush=True)
-        draft_taps, target_taps = hidden_taps(cfg, target)
-        self.teacher = _teacher(cfg, target, key, self.rows, dist, progress, target_taps)
-        self.online = OnlineTeacher(target, cfg.loss.temperature,  # on-policy rows need it
-                                    target_taps)
         tok = self.tokenizer
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-
-        self.head = None  # the reduced head the draft trains over, if it does
-        if cfg.draft.train_reduced_head:
-            if self.reduced_head is None:
-                raise DraftkitError(f"draft.train_reduced_head trains over a reduced head and "
-                                    f"{cfg.draft.model} has none (no draft_vocab.json): set "
-                                    f"draft.draft_vocab_size, or draft.train_reduced_head=false")
-            self.head = self.reduced_head.to(device)
-        student: Any = MaskedLM(self.draft, draft_taps, self.head)
+        self.autocast = (lambda: torch.autocast(device.split(":")[0], dtype=torch.bfloat16)) \
+            if cfg.train.precision == "bf16" else contextlib.nullcontext
+        self.kind.start(target, key, self.rows, self.reduced_head, dist, progress, self.autocast)
+        self.draft, self.teacher = self.kind.draft, self.kind.teacher
+        student = self.kind.student
         if dist.world_size > 1 and not cfg.train.deepspeed:
             student = torch.nn.parallel.DistributedDataParallel(student)
         self.params = [p for p in self.draft.parameters() if p.requires_grad]
@@ -262,17 +220,13 @@ class _Run:
         self.student, self.engine, self.optimizer, self.scheduler = _optimizer(
             cfg, student, self.params)
 
-        self.step, self.best_alpha, self.last_alpha, self.prior_minutes = 0, -1.0, None, 0.0
+        # the held-out score (kind.score) that picked best/, and the latest one
+        self.step, self.best_score, self.last_score, self.prior_minutes = 0, -1.0, None, 0.0
         # the data position only means these rows: a checkpoint of other rows cannot resume
         self.data_key = cache_key("rows", self.rows, 0, 0.0)
         # so is the order they are drawn in: rows per micro-batch, per step, per process
         self.batching = [cfg.train.batch_size, cfg.train.grad_accum, dist.world_size]
         self.ckpt_dir = out / "checkpoints"
-        self.autocast = (lambda: torch.autocast(device.split(":")[0], dtype=torch.bfloat16)) \
-            if cfg.train.precision == "bf16" else contextlib.nullcontext
-        self.draft_logits = model_logits(  # for evaluation: with the head it will decode with
-            self.draft, device, self.autocast, self.reduced_head)
-        self.target_logits = model_logits(target, device)
         self.seconds = {"step": 0.0, "eval": 0.0, "checkpoint": 0.0}  # latest, for max_minutes
         self.lr = cfg.train.lr  # the latest step's learning rate, for the log
         self.tracker: Any = _NoTracker()
@@ -311,8 +265,9 @@ class _Run:
                                 f"train.grad_accum={a} on {w} process(es); other values would "
                                 f"draw other rows from here: set them back, or use another "
                                 f"out_dir or resume=false{ckpt.QUICKSTART_FRESH}")
-        self.step, self.best_alpha = state["step"], state["best_alpha"]
-        self.last_alpha = state.get("last_alpha")
+        score = self.kind.score
+        self.step, self.best_score = state["step"], state[f"best_{score}"]
+        self.last_score = state.get(f"last_{score}")
         self._follow_recipe(state.get("optimizer_settings", {}))
         # minutes in metrics.jsonl count every run of this out_dir, not just this one
         self.prior_minutes = state.get("minutes", 0.0)
@@ -365,8 +320,7 @@ class _Run:
             if self.engine is None and hasattr(self.student, "no_sync") and micro < accum - 1:
                 sync = self.student.no_sync()  # all-reduce gradients once per step
             with sync:
-                loss, n = micro_loss(self.student, source, rows, idx, cfg, self.autocast,
-                                     self.head)
+                loss, n = self.kind.loss(self.student, source, rows, idx)
                 # its share of the step's mean, times the ranks: DDP averages over them
                 share = loss * (n * dist.world_size / step_tokens)
                 # Checked before backward: a bad loss must never reach the weights.
@@ -402,36 +356,36 @@ class _Run:
         rows = draft_rows(self.draft, self.rows, cfg.train.batch_size, cfg.seed, m, dist.rank,
                           g.max_new_tokens, g.temperature, cfg.data.seq_len, self.pad_id,
                           self.stop_ids, self.reduced_head)
-        return rows, torch.arange(len(rows)), self.online
+        return rows, torch.arange(len(rows)), self.kind.online
 
     def evaluate(self, loss_value: float | None) -> dict:
-        """Held-out alpha per domain to metrics.jsonl and W&B; a new best rewrites best/."""
-        t, cfg, dist = time.perf_counter(), self.cfg, self.dist
+        """Held-out alpha per domain (and what the draft kind adds) to metrics.jsonl and W&B;
+        a new best score (kind.score) rewrites best/."""
+        t, dist = time.perf_counter(), self.dist
         self.draft.eval()
-        metrics = heldout_alpha(self.draft_logits, self.target_logits, self.heldout,
-                                cfg.eval.batch_size, cfg.eval.temperature)
+        metrics = self.kind.evaluate(self.heldout)
         self.draft.train()
         # every rank evaluates the same rows; the mean makes the decision below bitwise the
         # same on all of them (ZeRO-3's gather for the export is a collective)
-        self.last_alpha = all_reduce_mean(metrics["alpha"], dist)
+        self.last_score = all_reduce_mean(metrics[self.kind.score], dist)
         row = {"step": self.step, "loss": loss_value, "minutes": round(self.minutes(), 3),
                **metrics}
         if dist.is_main:
             append_jsonl(self.out / "metrics.jsonl", row)
             self.tracker.log(metrics, step=self.step)
-        if self.last_alpha > self.best_alpha:
-            self.best_alpha = self.last_alpha
+        if self.last_score > self.best_score:
+            self.best_score = self.last_score
             with gathered(self.draft, self.stage):
                 if dist.is_main:
-                    export_draft(self.draft, self.tokenizer, self.out / "best",
-                                 self.reduced_head, row)
+                    self.kind.export(self.out / "best", row)
         self.seconds["eval"] = time.perf_counter() - t
         return row
 
     def save(self) -> None:
         """An atomic checkpoint of everything an exact resume needs."""
         t, keep = time.perf_counter(), self.cfg.train.keep_checkpoints
-        extra = {"best_alpha": self.best_alpha, "last_alpha": self.last_alpha,
+        score = self.kind.score
+        extra = {f"best_{score}": self.best_score, f"last_{score}": self.last_score,
                  "data_key": self.data_key, "batching": self.batching,
                  "optimizer_settings": self.optimizer_settings(),
                  "minutes": self.minutes(),
@@ -473,10 +427,13 @@ def prepare(cfg: DistillConfig, progress: bool = True) -> dict:
     target_ref, tokenizer, target = _load_target(cfg, device)
     dist = Dist()  # one process
     key = target_id(target_ref, target)
+    kind = Eagle3 if cfg.draft.kind == "eagle3" else Standalone
     train_rows, heldout = recipe_rows(cfg, tokenizer, target, target_ref, dist, progress, key)
-    teacher = _teacher(cfg, target, key, train_rows, dist, progress, hidden_taps(cfg, target)[1])
+    caches = {c.what: c.dir for c in caches_of(kind.make_teacher(cfg, target, key, train_rows,
+                                                                 dist, progress))}
     return {"rows": len(train_rows), "heldout_rows": len(heldout),
-            "teacher_cache": getattr(teacher, "dir", None)}
+            "teacher_cache": caches.get("teacher cache"),
+            "feature_cache": caches.get("feature cache")}
 
 
 def _load_target(cfg: DistillConfig, device: str) -> tuple[Any, Any, Any]:
@@ -487,15 +444,6 @@ def _load_target(cfg: DistillConfig, device: str) -> tuple[Any, Any, Any]:
     target = load_model(target_ref, "target", device=device, dtype=cfg.teacher.dtype)
     check_context(target.config, cfg.data.seq_len, "target")
     return target_ref, tokenizer, target
-
-
-def check_context(config: Any, seq_len: int, role: str) -> None:
-    """Packed rows of ``seq_len`` tokens must fit the position embeddings of a model of
-    ``config`` (its HF config: the dry run checks before any weights load)."""
-    context = context_window(config)
-    if context and seq_len > context:
-        raise DraftkitError(f"data.seq_len={seq_len} is longer than the {role}'s context "
-                            f"window ({context}); lower data.seq_len")
 
 
 def _out_of_time(max_minutes: float, elapsed: float, seconds: dict[str, float],
@@ -521,11 +469,6 @@ class _NoTracker:
     def summary(self, *a, **k): ...
     def log_artifact(self, *a, **k): ...
     def finish(self): ...
-
-
-def _fmt_alpha(metrics: dict) -> str:
-    parts = [f"{k.split('/', 1)[1]} {v:.3f}" for k, v in metrics.items() if k.startswith("alpha/")]
-    return f"{metrics['alpha']:.3f} ({', '.join(parts)})"
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
@@ -574,34 +517,3 @@ def recipe_rows(cfg: DistillConfig, tokenizer: Any, target: Any, target_ref: Any
             build_rows(cfg.data, tokenizer, cfg.seed, generate, stop_ids)
         barrier(dist)
     return build_rows(cfg.data, tokenizer, cfg.seed, generate, stop_ids)
-
-
-def hidden_taps(cfg: DistillConfig, target: Any) -> tuple[list, list]:
-    """(draft taps, target taps) for ``loss.hidden_weight``; none when it is 0
-    (draftkit/distill/hidden.py)."""
-    if cfg.loss.hidden_weight <= 0:
-        return [], []
-
-    return taps(target, cfg.draft.derive_layers)
-
-
-def _teacher(cfg: DistillConfig, target: Any, key: str, rows: Rows, dist: Any,
-             progress: bool, taps: list | None = None):
-    """The online teacher, or the top-k cache for the target named by ``key``
-    (:func:`target_id`), built by rank 0 if it is not on disk yet."""
-    if cfg.teacher.mode == "online" or cfg.loss.divergence == "ce":  # ce reads no teacher
-        return OnlineTeacher(target, cfg.loss.temperature, taps)
-    text = target.config.get_text_config()
-    if cfg.teacher.top_k > text.vocab_size:
-        raise DraftkitError(f"teacher.top_k={cfg.teacher.top_k} is more than the target's "
-                            f"{text.vocab_size} tokens; lower it (or use teacher.mode=online)")
-    layers = [layer for layer, _ in taps or ()]
-    cache_id = cache_key(key, rows, cfg.teacher.top_k, cfg.loss.temperature, layers)
-    directory = Path(cfg.teacher.cache_dir) / cache_id if cfg.teacher.cache_dir else \
-        default_cache_dir(cache_id)
-    cache = TopKCache(directory, rows, cfg.teacher.top_k, cfg.loss.temperature, cache_id, taps,
-                      text.hidden_size)
-    if dist.is_main:
-        cache.build(target, rows, cfg.eval.batch_size, progress=progress)
-    barrier(dist)
-    return cache.open()

@@ -89,7 +89,8 @@ def test_the_config_refuses_what_the_term_cannot_serve(tmp_path, tiny_dirs):
 def test_the_cache_keeps_the_streams_the_online_teacher_gives(tmp_path, tiny_dirs):
     from draftkit.data import build_rows
     from draftkit.distill.teacher import MaskedLM, OnlineTeacher, TopKCache, cache_key
-    from draftkit.distill.trainer import batch_rows, micro_loss
+    from draftkit.distill.standalone import micro_loss
+    from draftkit.distill.trainer import batch_rows
     from draftkit.models import load_model, load_tokenizer
 
     cfg = distill_config(tmp_path, tiny_dirs, **{"loss.hidden_weight": 0.5})

@@ -14,8 +14,10 @@ from tests.helpers import distill_rows
 pytestmark = pytest.mark.slow  # each test launches two processes, twice
 
 
-def _recipe(tmp_path, tiny_dirs, name, max_steps, every, grad_accum, stage=None):
-    """A tiny two-layer-draft recipe; ``stage``: recipes/deepspeed/zero<stage>.json."""
+def _recipe(tmp_path, tiny_dirs, name, max_steps, every, grad_accum, stage=None,
+            draft=None):
+    """A tiny two-layer-draft recipe (``draft``: another draft section);
+    ``stage``: recipes/deepspeed/zero<stage>.json."""
     train = {"batch_size": 1, "grad_accum": grad_accum, "checkpoint_every": max_steps,
              "device": "cpu"}
     if stage is not None:
@@ -24,7 +26,7 @@ def _recipe(tmp_path, tiny_dirs, name, max_steps, every, grad_accum, stage=None)
     recipe.parent.mkdir()
     recipe.write_text(yaml.safe_dump({
         "out_dir": str(tmp_path / "run"), "max_steps": max_steps, "target": str(tiny_dirs[0]),
-        "draft": {"derive_layers": [0, 3]},
+        "draft": draft or {"derive_layers": [0, 3]},
         "data": {"sources": [{"path": str(distill_rows(tmp_path))}], "seq_len": 48,
                  "heldout_per_domain": 2},
         "train": train, "eval": {"every": every}}))
@@ -87,6 +89,29 @@ def test_deepspeed_zero3_two_processes_exports_whole_weights(tmp_path, tiny_dirs
     assert weights["model.embed_tokens.weight"].shape[1] == hidden  # whole, not a shard
     assert all(t.numel() > 0 for t in weights.values())
     assert (run / "checkpoints" / "step-0000002" / "manifest.json").is_file()
+
+
+EAGLE3 = {"kind": "eagle3", "draft_vocab_size": 40, "ttt_steps": 2}
+
+
+def test_an_eagle3_head_under_torchrun_and_deepspeed_zero3(tmp_path, tiny_dirs):
+    """DDP wraps the unrolled head; ZeRO-3 partitions it and best/ still holds it whole."""
+    from safetensors.torch import load_file
+
+    _launch(_recipe(tmp_path, tiny_dirs, "eagle3", max_steps=2, every=2, grad_accum=2,
+                    draft=EAGLE3), 29536, timeout=300)
+    run = tmp_path / "run"
+    assert _steps(run) == [0, 2]
+    assert "tau" in json.loads((run / "best" / "best.json").read_text())
+    (tmp_path / "z3").mkdir()
+    recipe = _recipe(tmp_path / "z3", tiny_dirs, "eagle3_zero3", max_steps=2, every=1,
+                     grad_accum=1, stage=3, draft=EAGLE3)
+    _launch(recipe, 29537)
+    run = tmp_path / "z3" / "run"
+    assert _steps(run) == [0, 1, 2]
+    weights = load_file(run / "best" / "model.safetensors")
+    assert weights["fc.weight"].shape == (32, 3 * 32)  # whole, not a shard
+    assert weights["lm_head.weight"].shape == (40, 32)
 
 
 def test_zero3_rules_out_lora_and_on_policy_data(tmp_path):

@@ -50,7 +50,7 @@ def test_the_head_over_h_is_the_whole_heads_logits_at_h(tiny_dirs):
 @pytest.mark.parametrize("name", ["fkl", "tvd", "jsd"])
 def test_online_teacher_loss_is_the_divergence_over_h(tmp_path, tiny_dirs, name):
     from draftkit.distill.teacher import MaskedLM, OnlineTeacher
-    from draftkit.distill.trainer import micro_loss
+    from draftkit.distill.standalone import micro_loss
 
     cfg, target, draft, rows, head, idx = _setup(tmp_path, tiny_dirs,
                                                  **{"loss.divergence": name})
@@ -65,7 +65,7 @@ def test_a_full_top_k_cache_gives_the_online_loss_over_h(tmp_path, tiny_dirs):
     """With top_k = V the restricted cache is the restricted online teacher: ids outside H
     are left out of both sides, their mass out of the renormalisation."""
     from draftkit.distill.teacher import MaskedLM, TopKCache
-    from draftkit.distill.trainer import micro_loss
+    from draftkit.distill.standalone import micro_loss
 
     cfg, target, draft, rows, head, idx = _setup(tmp_path, tiny_dirs)
     cache = TopKCache(tmp_path / "c", rows, target.config.vocab_size, 1.0, "k")
@@ -96,7 +96,7 @@ def test_restricting_a_top_k_teacher_keeps_its_tail_inside_h():
 def test_the_control_drops_labels_outside_h(tmp_path, tiny_dirs):
     from draftkit.data import positions
     from draftkit.distill.teacher import MaskedLM
-    from draftkit.distill.trainer import micro_loss
+    from draftkit.distill.standalone import micro_loss
 
     cfg, _, draft, rows, head, idx = _setup(tmp_path, tiny_dirs, **{"loss.divergence": "ce"})
     got, n = micro_loss(MaskedLM(draft, head=head), None, rows, idx, cfg,

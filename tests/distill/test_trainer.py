@@ -187,9 +187,9 @@ def test_a_resume_follows_the_recipes_changed_lr_and_max_steps_and_says_so(tmp_p
 
 
 def test_nan_loss_stops_and_keeps_checkpoint(tmp_path, tiny_dirs, monkeypatch):
-    from draftkit.distill import trainer
+    from draftkit.distill import standalone, trainer
 
-    real = trainer.micro_loss
+    real = standalone.micro_loss
     calls = {"n": 0}
 
     def poisoned(*a, **k):
@@ -197,7 +197,7 @@ def test_nan_loss_stops_and_keeps_checkpoint(tmp_path, tiny_dirs, monkeypatch):
         calls["n"] += 1
         return (loss * float("nan") if calls["n"] > 6 else loss), n  # step 4 goes bad
 
-    monkeypatch.setattr(trainer, "micro_loss", poisoned)
+    monkeypatch.setattr(standalone, "micro_loss", poisoned)
     with pytest.raises(DraftkitError, match="loss is nan at step 4.*step-0000002"):
         trainer.train(distill_config(tmp_path, tiny_dirs), progress=False)
     ckpts = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
@@ -205,7 +205,7 @@ def test_nan_loss_stops_and_keeps_checkpoint(tmp_path, tiny_dirs, monkeypatch):
 
 
 def test_a_finite_loss_with_overflowing_gradients_stops_too(tmp_path, tiny_dirs, monkeypatch):
-    from draftkit.distill import trainer
+    from draftkit.distill import standalone, trainer
 
     class Overflow(torch.autograd.Function):  # the loss as it is, its gradient infinite
         @staticmethod
@@ -216,14 +216,14 @@ def test_a_finite_loss_with_overflowing_gradients_stops_too(tmp_path, tiny_dirs,
         def backward(ctx, grad):
             return grad * float("inf")
 
-    real, calls = trainer.micro_loss, {"n": 0}
+    real, calls = standalone.micro_loss, {"n": 0}
 
     def poisoned(*a, **k):
         loss, n = real(*a, **k)
         calls["n"] += 1
         return (Overflow.apply(loss) if calls["n"] > 6 else loss), n  # step 4 goes bad
 
-    monkeypatch.setattr(trainer, "micro_loss", poisoned)
+    monkeypatch.setattr(standalone, "micro_loss", poisoned)
     with pytest.raises(DraftkitError, match="gradient norm is (inf|nan) at step 4.*step-0000002"):
         trainer.train(distill_config(tmp_path, tiny_dirs), progress=False)
     assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["step-0000002"]
@@ -306,7 +306,8 @@ def test_a_damaged_teacher_cache_is_one_clear_error(tmp_path, tiny_dirs):
 def test_cache_matches_online_teacher_with_full_support(tmp_path, tiny_dirs):
     """With top_k = V the cached sparse teacher gives the online teacher's loss."""
     from draftkit.distill.teacher import OnlineTeacher, TopKCache
-    from draftkit.distill.trainer import batch_rows, micro_loss
+    from draftkit.distill.standalone import micro_loss
+    from draftkit.distill.trainer import batch_rows
     from draftkit.distill.teacher import MaskedLM
     import contextlib
 
@@ -547,6 +548,7 @@ def test_max_minutes_leaves_time_for_the_last_evaluation(tmp_path, tiny_dirs, mo
     and its evaluation to 130 s."""
     import types
 
+    import draftkit.distill.standalone as standalone
     import draftkit.distill.trainer as trainer
 
     clock = [0.0]
@@ -558,8 +560,8 @@ def test_max_minutes_leaves_time_for_the_last_evaluation(tmp_path, tiny_dirs, mo
         return wrapped
 
     monkeypatch.setattr(trainer, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
-    monkeypatch.setattr(trainer, "micro_loss", ticking(trainer.micro_loss, 5.0))  # 2 per step
-    monkeypatch.setattr(trainer, "heldout_alpha", ticking(trainer.heldout_alpha, 30.0))
+    monkeypatch.setattr(standalone, "micro_loss", ticking(standalone.micro_loss, 5.0))  # 2 a step
+    monkeypatch.setattr(standalone, "heldout_alpha", ticking(standalone.heldout_alpha, 30.0))
     trainer.train(distill_config(tmp_path, tiny_dirs, max_steps=20, max_minutes=1.5),
                   progress=False)
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

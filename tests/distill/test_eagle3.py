@@ -1,0 +1,352 @@
+"""EAGLE-3 heads in distillation: training-time test's mask and loss against a decoder run one
+branch at a time, training end to end on the tiny pair, exact resume, the feature cache."""
+
+import contextlib
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from draftkit.distill.teacher import TeacherOut
+from draftkit.distill.ttt import (block_causal, shift, step_masks, teacher_rows, ttt_attention,
+                                  ttt_loss, unroll)
+from draftkit.errors import ConfigError, DraftkitError
+from draftkit.models.eagle3 import from_target, load_eagle3
+from draftkit.models.reduced_head import ReducedHead
+from tests.helpers import distill_config, make_llama, make_tokenizer, tiny_recipe
+
+EAGLE3 = {"kind": "eagle3", "draft_vocab_size": 40, "ttt_steps": 3}
+# two packed examples (5 and 7 tokens), then one of 9 and its padding
+POSITIONS = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6],
+                          [0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 1, 2]])
+
+
+def _cfg(tmp_path, tiny_dirs, out="run", **over):
+    return distill_config(tmp_path, tiny_dirs, out, draft=dict(EAGLE3), **over)
+
+
+def _metrics(run):
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _head(layers=6, ids=(60, 1, 5, 9, 20, 33, 40, 41, 2, 7)):
+    target = make_llama(len(make_tokenizer()), num_layers=layers)
+    v = target.config.vocab_size
+    return target, from_target(target, ReducedHead(list(ids), v), seed=1).eval()
+
+
+# --- the mask ------------------------------------------------------------------------------------
+
+def test_a_step_i_query_sees_its_own_earlier_steps_and_the_causal_step0_keys():
+    """With q = 0 every key a query may read scores the same, so the output is the mean of the
+    values it reads; values one-hot on (step, position) spell out exactly which those are."""
+    pos = POSITIONS[:1]
+    t = pos.shape[1]
+    causal = block_causal(pos)[0]
+    example = [0] * 5 + [1] * 7
+    for a in range(t):
+        for b in range(t):
+            assert bool(causal[a, b]) == (b <= a and example[a] == example[b])
+    for step in range(4):
+        q = torch.zeros(1, 4, t, 8)  # 4 query heads over 2 key heads (grouped-query attention)
+        keys = [torch.randn(1, 2, t, 8) for _ in range(step + 1)]
+        values = [F.one_hot(torch.arange(j * t, (j + 1) * t), 4 * t).float()[None, None]
+                  .expand(1, 2, t, 4 * t) for j in range(step + 1)]
+        o = ttt_attention(q, keys, values, block_causal(pos))  # (1, 4, T, 4T)
+        for a in range(t):
+            seen = {(int(c) // t, int(c) % t) for c in o[0, 3, a].nonzero()}
+            want = {(0, b) for b in range(t) if causal[a, b]} | {(j, a) for j in range(1, step + 1)}
+            assert seen == want, (step, a)
+            torch.testing.assert_close(o[0, 3, a][o[0, 3, a] > 0],
+                                       torch.full((len(want),), 1 / len(want)))
+
+
+def test_unrolled_steps_have_the_heads_shapes_and_step0_is_its_causal_pass():
+    target, draft = _head()
+    h = target.config.hidden_size
+    ids = torch.randint(0, target.config.vocab_size, (2, 9))
+    aux = torch.randn(2, 9, 3 * h)
+    pos = torch.arange(9).expand(2, 9)
+    with torch.no_grad():
+        hs = unroll(draft, aux, ids, pos, 4)
+        _, first = draft(aux, shift(ids, 1))  # models/eagle3's plain pass: tokens 1..T
+    assert len(hs) == 4 and all(x.shape == (2, 9, h) for x in hs)
+    torch.testing.assert_close(hs[0], first, rtol=1e-5, atol=1e-5)
+    masks = step_masks(torch.ones(2, 9, dtype=torch.bool), pos, 4)
+    assert [int(m[0].sum()) for m in masks] == [8, 7, 6, 5]  # step i reaches t + 1 + i < T
+
+
+# --- the loss ------------------------------------------------------------------------------------
+
+def _packed(v, seed=0):
+    """Packed rows (POSITIONS), their trained positions (responses, never a row's last token of
+    an example) and a target distribution at each, (n, V) log-probs."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, v, POSITIONS.shape, generator=g)
+    nxt = torch.cat([POSITIONS[:, 1:] == POSITIONS[:, :-1] + 1,
+                     torch.zeros(2, 1, dtype=torch.bool)], 1)  # token t + 1 is in t's example
+    mask = nxt & (torch.rand(POSITIONS.shape, generator=g) > 0.25)
+    mask[1, 9:] = False  # padding
+    logp = torch.log_softmax(torch.randn(int(mask.sum()), v, generator=g) * 3, -1)
+    return ids, mask, logp
+
+
+def _decoded_loss(draft, aux, ids, pos, mask, logp, steps, decay, divergence):
+    """The loss as a decoder would meet it: each position a draft of its own, drafted step by
+    step with its own KV cache (its example's keys up to it, then each step's own key)."""
+    head = draft.reduced_head
+    trained = {(b, s): r for r, (b, s) in enumerate(mask.nonzero().tolist())}  # teacher rows
+    f = draft.fuse(aux)
+    q0, k0, v0 = draft.attention_inputs(shift(ids, 1), f, pos)  # (pointwise: any position)
+    bsz, t = ids.shape
+    total = torch.zeros(())
+    for b in range(bsz):
+        for a in range(t):
+            start = a - int(pos[b, a])  # where a's example starts
+            ks, vs = [k0[b:b + 1, :, start:a + 1]], [v0[b:b + 1, :, start:a + 1]]
+            q, hidden = q0[b:b + 1, :, a:a + 1], f[b:b + 1, a:a + 1]
+            for i in range(steps):
+                if i:
+                    tok = ids[b, a + 1 + i] if a + 1 + i < t else torch.tensor(0)
+                    q, k, v = draft.attention_inputs(tok.view(1, 1), hidden,
+                                                     pos[b:b + 1, a:a + 1] + i)
+                    ks, vs = ks + [k], vs + [v]
+                o = F.scaled_dot_product_attention(q, torch.cat(ks, 2), torch.cat(vs, 2),
+                                                   enable_gqa=True)  # the cache: no mask
+                hidden = draft.after_attention(o, hidden)
+                s = a + 1 + i  # the target's position that scores this draft token
+                if s >= t or pos[b, s] != pos[b, a] + 1 + i or (b, s) not in trained:
+                    continue
+                q_logp = torch.log_softmax(draft.logits(hidden)[0, 0], -1)  # (N,)
+                if divergence == "ce":
+                    label = int(ids[b, s + 1])
+                    if label in head.ids.tolist():
+                        total = total - decay ** i * q_logp[head.ids.tolist().index(label)]
+                    continue
+                p_logp = torch.log_softmax(logp[trained[(b, s)]][head.ids], -1)  # over H
+                p = p_logp.exp()
+                term = (p * (p_logp - q_logp)).sum() if divergence == "fkl" else \
+                    0.5 * (p - q_logp.exp()).abs().sum()
+                total = total + decay ** i * term
+    return total / len(trained)
+
+
+@pytest.mark.parametrize("divergence", ["fkl", "tvd", "ce"])
+def test_the_loss_is_the_one_a_decoder_run_one_draft_at_a_time_gives(divergence):
+    from draftkit.distill.eagle3 import Unrolled
+
+    target, draft = _head()
+    h, v = target.config.hidden_size, target.config.vocab_size
+    ids, mask, logp = _packed(v)
+    aux = torch.randn(*ids.shape, 3 * h, generator=torch.Generator().manual_seed(1))
+    steps, decay = 3, 0.8
+    loss = SimpleNamespace(divergence=divergence, temperature=1.0, beta=0.5)
+    masks = step_masks(mask, POSITIONS, steps)
+    with torch.no_grad():
+        step_logits = Unrolled(draft)(aux, ids, POSITIONS, masks)
+        n = int(mask.sum())
+        got = ttt_loss(step_logits, teacher_rows(mask, masks), draft.reduced_head, loss, decay,
+                       n, TeacherOut(logp, None, None), labels=ids.roll(-1, 1)[mask])
+        want = _decoded_loss(draft, aux, ids, POSITIONS, mask, logp, steps, decay, divergence)
+    assert want > 0
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+# --- training ------------------------------------------------------------------------------------
+
+def test_a_few_steps_raise_heldout_alpha_and_best_holds_the_head_tau_chose(tmp_path, tiny_dirs):
+    from draftkit.distill.eagle3 import Eagle3
+    from draftkit.distill.trainer import _load_target, recipe_rows, train
+    from draftkit.distill.distributed import Dist
+    from draftkit.metrics import tau
+
+    cfg = _cfg(tmp_path, tiny_dirs)
+    best = train(cfg, progress=False)
+    lines = _metrics(tmp_path / "run")
+    assert [x["step"] for x in lines] == [0, 2, 4]
+    first, last = lines[0], lines[-1]
+    assert last["alpha_1"] > first["alpha_1"] + 0.02  # position 1 learns from the target
+    assert {"alpha/code", "alpha_1/code", "alpha_2/math", "alpha_3/code", "tau/math",
+            "loss"} <= set(last)
+    assert last["alpha"] == last["alpha_1"]  # what every draft kind reports
+    assert last["tau"] == pytest.approx(tau([last[f"alpha_{k}"] for k in (1, 2, 3)], 3))
+    row = json.loads((best / "best.json").read_text())
+    assert row["tau"] == max(x["tau"] for x in lines)  # best/ is chosen by tau
+    assert sorted(p.name for p in best.iterdir()) == ["best.json", "config.json",
+                                                      "model.safetensors"]
+    # best/ is the head as save_eagle3 writes it, loadable with its target, the one scored
+    ref, tok, target = _load_target(cfg, "cpu")
+    head = load_eagle3(best, target)
+    assert head.aux_layers == [1, 2, 3] and len(head.reduced_head) == 40
+    kind = Eagle3(cfg, target, tok, ref, "cpu")
+    kind.draft, kind.head, kind.autocast = head, head.reduced_head, contextlib.nullcontext
+    _, heldout = recipe_rows(cfg, tok, target, ref, Dist(), False)
+    assert kind.evaluate(heldout)["tau"] == pytest.approx(row["tau"], abs=1e-5)
+
+
+def test_resume_is_exact(tmp_path, tiny_dirs):
+    from draftkit.distill.checkpoint import list_checkpoints, load_checkpoint
+    from draftkit.distill.trainer import train
+
+    def state(run):
+        return load_checkpoint(list_checkpoints(run / "checkpoints")[-1])
+
+    train(_cfg(tmp_path, tiny_dirs, "straight"), progress=False)
+    cfg = _cfg(tmp_path, tiny_dirs, "resumed")
+    train(cfg, stop_after=2, progress=False)  # killed right after the step-2 checkpoint
+    train(cfg, progress=False)
+    a, b = state(tmp_path / "straight"), state(tmp_path / "resumed")
+    assert a["model"].keys() == b["model"].keys() and "fc.weight" in a["model"]
+    assert "embed_tokens.weight" not in a["model"]  # frozen: the target's
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    assert a["best_tau"] == b["best_tau"] and "best_alpha" not in a
+    assert [x["step"] for x in _metrics(tmp_path / "resumed")] == [0, 2, 4]
+
+
+def test_the_ce_control_and_bf16_train(tmp_path, tiny_dirs):
+    from draftkit.distill.trainer import train
+
+    train(_cfg(tmp_path, tiny_dirs, max_steps=2, **{"loss.divergence": "ce",
+                                                    "train.precision": "bf16"}), progress=False)
+    last = _metrics(tmp_path / "run")[-1]
+    assert last["step"] == 2 and 0 < last["loss"] < 20 and "alpha_3/code" in last
+
+
+# --- the feature cache ---------------------------------------------------------------------------
+
+def test_the_feature_cache_is_built_once_shared_and_holds_the_online_features(tmp_path,
+                                                                              tiny_dirs):
+    from draftkit.distill.features import FeatureCache, target_forward
+    from draftkit.distill.trainer import _load_target, recipe_rows, target_id, train
+    from draftkit.distill.distributed import Dist
+    from draftkit.data import positions
+
+    cache = tmp_path / "cache"
+    cached = {"teacher.mode": "cache", "teacher.top_k": 8, "teacher.cache_dir": str(cache),
+              "max_steps": 2}
+    train(_cfg(tmp_path, tiny_dirs, "c1", **cached), progress=False)
+    metas = {d.name: json.loads((d / "meta.json").read_text()) for d in cache.iterdir()}
+    (features,) = [d for d, m in metas.items() if "layers" in m]
+    meta = metas[features]
+    assert meta["layers"] == [1, 2, 3] and meta["filled_rows"] == meta["rows"]
+    assert meta["bytes_per_token"] == 3 * 32 * 2  # three layers of 32, bf16
+    assert len(metas) == 2  # beside the top-k teacher cache standalone drafts read too
+    stamp = (cache / features / "aux.bf16").stat().st_mtime_ns
+    train(_cfg(tmp_path, tiny_dirs, "c2", **cached), progress=False)
+    assert (cache / features / "aux.bf16").stat().st_mtime_ns == stamp  # read, not rebuilt
+
+    cfg = _cfg(tmp_path, tiny_dirs, **cached)
+    ref, tok, target = _load_target(cfg, "cpu")
+    rows, _ = recipe_rows(cfg, tok, target, ref, Dist(), False)
+    built = FeatureCache(cache / features, rows, [1, 2, 3], 32, target_id(ref, target)).open()
+    idx = torch.tensor([3, 0])
+    ids, mask = rows.input_ids[idx], rows.loss_mask[idx]
+    got = built(idx, ids)
+    _, online = target_forward(target, [1, 2, 3], ids, positions(rows, idx))
+    for r in range(2):  # every position up to the row's last trained one: what a head reads
+        n = int(mask[r].nonzero().max())
+        torch.testing.assert_close(got[r, :n].float(), online[r, :n], rtol=2e-2, atol=2e-2)
+        assert not got[r, n:].any()
+
+
+def test_a_feature_cache_of_another_target_layers_or_rows_is_one_clear_error(tmp_path,
+                                                                             tiny_dirs,
+                                                                             monkeypatch):
+    from draftkit.data import build_rows
+    from draftkit.distill.features import FeatureCache
+    from draftkit.models import load_model, load_tokenizer
+
+    target = load_model(str(tiny_dirs[0]), device="cpu", dtype="float32")
+    rows, heldout = build_rows(_cfg(tmp_path, tiny_dirs).data, load_tokenizer(str(tiny_dirs[0])),
+                               0)
+    whole = FeatureCache(tmp_path / "whole", rows, [1, 2, 3], 32, "target-a")
+    whole.build(target, rows, 2, progress=False)
+    # a build killed after its first batch resumes from there, to the same bytes
+    part = FeatureCache(tmp_path / "part", rows, [1, 2, 3], 32, "target-a")
+    real, calls = FeatureCache.fill, []
+
+    def killed(self, *a):
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(1)
+        real(self, *a)
+
+    monkeypatch.setattr(FeatureCache, "fill", killed)
+    with pytest.raises(KeyboardInterrupt):
+        part.build(target, rows, 2, progress=False)
+    assert part.filled_rows() == 2
+    monkeypatch.undo()
+    part.build(target, rows, 2, progress=False)
+    assert (tmp_path / "part" / "aux.bf16").read_bytes() == \
+        (tmp_path / "whole" / "aux.bf16").read_bytes()
+
+    for other, said in ((FeatureCache(tmp_path / "whole", rows, [1, 2, 3], 32, "target-b"),
+                         "target 'target-a'; this run's is 'target-b'"),
+                        (FeatureCache(tmp_path / "whole", rows, [0, 1, 3], 32, "target-a"),
+                         r"layers \[1, 2, 3\]; this head taps \[0, 1, 3\]"),
+                        (FeatureCache(tmp_path / "whole", heldout, [1, 2, 3], 32, "target-a"),
+                         "other rows")):
+        with pytest.raises(DraftkitError, match=f"feature cache {tmp_path / 'whole'} holds the "
+                                                f"features of {said}.*: delete it"):
+            other.open()
+
+
+# --- recipes -------------------------------------------------------------------------------------
+
+def test_eagle3_recipe_keys_and_what_does_not_fit_a_kind(tmp_path, tiny_dirs):
+    cfg = _cfg(tmp_path, tiny_dirs)
+    assert (cfg.draft.steps, cfg.draft.decay, cfg.draft.aux_layers) == (3, 0.8, None)
+    default = distill_config(tmp_path, tiny_dirs, draft={"kind": "eagle3",
+                                                          "draft_vocab_size": 40})
+    assert (default.draft.steps, default.draft.decay) == (7, 0.8)  # the references'
+    refused = [
+        ({"kind": "eagle3"}, {}, "set draft.draft_vocab_size"),
+        ({**EAGLE3, "derive_layers": [0]}, {}, "draft.derive_layers is a setting of standalone"),
+        ({**EAGLE3, "lora": {"enabled": True}}, {}, "draft.lora.enabled is a setting of stand"),
+        ({"derive_layers": [0, 3], "ttt_steps": 3}, {}, "draft.ttt_steps is a setting of eagle3"),
+        ({**EAGLE3, "ttt_steps": 0}, {}, "draft.ttt_steps must be at least 1"),
+        ({**EAGLE3, "aux_layers": [3, 2, 1]}, {}, "draft.aux_layers \\[3, 2, 1\\]: give three"),
+        (EAGLE3, {"loss.hidden_weight": 0.5}, "an eagle3 head reads the target's"),
+        (EAGLE3, {"data.regime": "on_policy", "data.lmbda": 0.5,
+                  "data.generate.max_new_tokens": 4}, "drafts from the target's"),
+    ]
+    for draft, over, said in refused:
+        with pytest.raises(ConfigError, match=said):
+            distill_config(tmp_path, tiny_dirs, draft=draft, **over)
+    with pytest.raises(ConfigError, match="did you mean 'draft.ttt_steps'"):
+        distill_config(tmp_path, tiny_dirs, draft={**EAGLE3, "ttt_step": 3})
+
+
+def test_dry_run_checks_the_target_and_prepare_builds_the_feature_cache(tmp_path, tiny_dirs,
+                                                                        capsys):
+    from transformers import GPT2Config
+
+    from draftkit.cli import main
+    from draftkit.distill.eagle3 import check_target
+
+    recipe, _ = tiny_recipe(tmp_path, tiny_dirs[0])
+    head = ["draft.kind=eagle3", "draft.derive_layers=null", "draft.draft_vocab_size=40"]
+    assert main(["distill", str(recipe), *head, "--dry-run"]) == 0
+    assert "an EAGLE-3 head over 40 tokens reading layers [2, L // 2, L - 3], 7 " \
+           "training-time-test steps" in capsys.readouterr().out
+    for bad, said in (("draft.draft_vocab_size=500", "draft.draft_vocab_size=500 is more than "
+                                                     "the target's 138 tokens"),
+                      ("draft.aux_layers=[1,2,4]", "within 1..3")):
+        assert main(["distill", str(recipe), *head, bad, "--dry-run"]) == 2
+        assert said in capsys.readouterr().err
+    with pytest.raises(DraftkitError, match="Llama-family targets .* 'gpt2'"):
+        check_target(_cfg(tmp_path, tiny_dirs), GPT2Config(vocab_size=138))
+
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    over = [*head, f"out_dir={out}", "teacher.mode=cache", "teacher.top_k=8",
+            f"teacher.cache_dir={cache}"]
+    assert main(["distill", str(recipe), *over, "--prepare"]) == 0
+    said = capsys.readouterr().out
+    assert "teacher cache in" in said and "feature cache in" in said
+    for built in cache.iterdir():
+        meta = json.loads((built / "meta.json").read_text())
+        assert meta["filled_rows"] == meta["rows"] > 0
+    assert not out.exists()
