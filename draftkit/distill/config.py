@@ -159,10 +159,12 @@ class DraftSection:
                       "lora.enabled": self.lora.enabled or None,
                       "train_reduced_head": self.train_reduced_head or None}
         given = [k for k, v in standalone.items() if v is not None]
-        if given:
-            raise ConfigError(f"draft.{given[0]} is a setting of standalone drafts; an eagle3 "
-                              f"head is built on the target (draft.kind: eagle3): drop it or set "
-                              f"it to null")
+        if given:  # all of them at once: a standalone recipe turned eagle3 has several
+            keys = ", ".join(f"draft.{k}" for k in given)
+            raise ConfigError(f"{keys} {'is a setting' if len(given) == 1 else 'are settings'} "
+                              f"of standalone drafts; an eagle3 head is built on the target "
+                              f"(draft.kind: eagle3): drop {'it' if len(given) == 1 else 'them'} "
+                              f"(or override with null, [] or false)")
         if self.draft_vocab_size is None:
             raise ConfigError("draft.kind: eagle3 drafts over the N tokens the target emits "
                               "most: set draft.draft_vocab_size (EAGLE-3's references use 32000)")

@@ -153,16 +153,18 @@ class Eagle3:
             width = int(mask.nonzero()[:, 1].max()) + 2 if mask.any() else 1  # no trailing pads
             ids, mask = heldout.input_ids[sel, :width].to(dev), mask[:, :width].to(dev)
             pos = positions(heldout, sel)[:, :width].to(dev)
-            logits, aux = target_forward(self.target, self.layers, ids, pos)  # (B, T, V)
+            # the target's distribution only where a step is scored: (n, V), not (B, T, V)
+            logits, aux = target_forward(self.target, self.layers, ids, pos, mask)
             p_logp = dense_logprobs(logits, e.temperature)
             with self.autocast():
                 hs = unroll(self.draft, aux, ids, pos, k)
-            for i, (h, m) in enumerate(zip(hs, step_masks(mask, pos, k))):
+            masks = step_masks(mask, pos, k)
+            for i, (h, m, r) in enumerate(zip(hs, masks, teacher_rows(mask, masks))):
                 b, t = m.nonzero(as_tuple=True)
                 with self.autocast():
                     q_logits = self.draft.logits(h[b, t])  # (N_i, N)
                 q = dense_logprobs(self.head.expand(q_logits.float()), e.temperature)
-                p = p_logp[b, t + 1 + i]  # (N_i, V): the target where step i is scored
+                p = p_logp[r]  # (N_i, V): the target at t + 1 + i, where step i is scored
                 # sum_x min(p, q) = 1 - TV(p, q), never below 0 by rounding
                 accept = torch.minimum(p.exp(), q.exp()).sum(-1).double().cpu()
                 dom = heldout.domain_ids[sel][b.cpu()]

@@ -306,6 +306,8 @@ def test_eagle3_recipe_keys_and_what_does_not_fit_a_kind(tmp_path, tiny_dirs):
         ({"kind": "eagle3"}, {}, "set draft.draft_vocab_size"),
         ({**EAGLE3, "derive_layers": [0]}, {}, "draft.derive_layers is a setting of standalone"),
         ({**EAGLE3, "lora": {"enabled": True}}, {}, "draft.lora.enabled is a setting of stand"),
+        ({**EAGLE3, "derive_layers": [0], "freeze": ["embeddings"]}, {},
+         "draft.derive_layers, draft.freeze are settings of standalone drafts.*drop them"),
         ({"derive_layers": [0, 3], "ttt_steps": 3}, {}, "draft.ttt_steps is a setting of eagle3"),
         ({**EAGLE3, "ttt_steps": 0}, {}, "draft.ttt_steps must be at least 1"),
         ({**EAGLE3, "aux_layers": [3, 2, 1]}, {}, "draft.aux_layers \\[3, 2, 1\\]: give three"),
