@@ -87,6 +87,13 @@ class Eagle3:
         self.layers, self.steps, self.decay = aux_layers(cfg, target), cfg.draft.steps, \
             cfg.draft.decay
 
+    @property
+    def identity(self) -> dict:
+        """What a checkpoint records, so that a resume on other layers or another draft
+        vocabulary (whose weights would load all the same) is refused."""
+        return {"kind": "eagle3", "aux_layers": self.layers,
+                "draft_vocab_size": self.cfg.draft.draft_vocab_size}
+
     def start(self, target: Any, key: str, rows: Rows, reduced_head: ReducedHead | None,
               dist: Any, progress: bool, autocast: Any) -> None:
         """The head over the chosen draft vocabulary, its features and teacher, the student."""

@@ -10,7 +10,8 @@ kind (the other is draftkit/distill/eagle3.py's EAGLE-3 head)::
     kind.export(out / "best", row)                     # picks best/
 
 with ``kind.draft`` (whose trainable weights are optimised and checkpointed), ``kind.teacher``
-(what scores the rows), ``kind.caches`` (its files on disk) and ``kind.describe(metrics)``.
+(what scores the rows), ``kind.caches`` (its files on disk), ``kind.identity`` (what a
+checkpoint records so that another kind's cannot resume) and ``kind.describe(metrics)``.
 
 A standalone draft is trained on the target's distribution at each trained position
 (:func:`micro_loss`), scored by held-out alpha per domain (distill/evaluate.py) and saved as a
@@ -40,6 +41,7 @@ class Standalone:
     """A draft model trained against the target (module docstring)."""
 
     score = "alpha"  # what picks best/: held-out acceptance of the draft's token
+    identity = None  # what a checkpoint records of the kind: nothing (checkpoints as before)
 
     def __init__(self, cfg: DistillConfig, target: Any, tokenizer: Any, target_ref: Any,
                  device: str):

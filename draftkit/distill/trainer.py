@@ -238,6 +238,7 @@ class _Run:
     def resume(self) -> None:
         """Continue from the newest checkpoint in out_dir, exactly, if there is one."""
         cfg, dist = self.cfg, self.dist
+
         def load(path: Path) -> dict:
             if self.engine is not None:
                 return ckpt.load_deepspeed_checkpoint(self.engine, path, dist.rank)
@@ -253,6 +254,7 @@ class _Run:
                 _truncate_metrics(self.out / "metrics.jsonl", -1)
             return
         path, state = found
+        self._same_draft(state, path)  # before its weights meet this draft's
         if self.engine is None:
             ckpt.restore(state, self.draft, self.optimizer, self.scheduler)
         if state.get("data_key") not in (None, self.data_key):
@@ -278,6 +280,15 @@ class _Run:
             if self.step >= cfg.max_steps:
                 print(f"step {self.step} already reaches max_steps={cfg.max_steps}: nothing "
                       f"to train; raise max_steps to continue", flush=True)
+
+    def _same_draft(self, state: dict, path: Path) -> None:
+        """A checkpoint of another draft kind, or of an eagle3 head on other layers or another
+        draft vocabulary, cannot resume this recipe (layers load without a shape to refuse)."""
+        saved, now = state.get("draft_kind"), self.kind.identity
+        if saved != now:
+            raise DraftkitError(f"{path} holds {_draft_words(saved)}; this recipe trains "
+                                f"{_draft_words(now)}: use another out_dir or set resume=false"
+                                f"{ckpt.QUICKSTART_FRESH}")
 
     def optimizer_settings(self) -> dict:
         """The recipe's optimizer and schedule values, which a checkpoint records."""
@@ -391,6 +402,8 @@ class _Run:
                  "minutes": self.minutes(),
                  # max_minutes' estimates: a resume skips the step-0 evaluation that measures them
                  "seconds": dict(self.seconds)}
+        if self.kind.identity is not None:  # a standalone checkpoint stays as it was
+            extra["draft_kind"] = self.kind.identity
         if self.engine is not None:
             ckpt.save_deepspeed_checkpoint(self.engine, self.ckpt_dir, self.step, extra, keep,
                                            self.dist.rank)
@@ -469,6 +482,14 @@ class _NoTracker:
     def summary(self, *a, **k): ...
     def log_artifact(self, *a, **k): ...
     def finish(self): ...
+
+
+def _draft_words(identity: dict | None) -> str:
+    """A draft kind's identity (kind.identity) in words."""
+    if identity is None:
+        return "a standalone draft"
+    return (f"an eagle3 head over {identity['draft_vocab_size']} tokens reading layers "
+            f"{identity['aux_layers']}")
 
 
 def _truncate_metrics(path: Path, step: int) -> None:

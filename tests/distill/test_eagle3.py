@@ -206,6 +206,21 @@ def test_resume_is_exact(tmp_path, tiny_dirs):
     assert [x["step"] for x in _metrics(tmp_path / "resumed")] == [0, 2, 4]
 
 
+def test_a_checkpoint_of_another_head_or_kind_does_not_resume(tmp_path, tiny_dirs):
+    """The checkpoint says which head it holds (layers, N; fc reads 3 Ht whichever layers are
+    tapped, so weights alone would load), and another one is refused in one line."""
+    from draftkit.distill.trainer import train
+
+    train(_cfg(tmp_path, tiny_dirs), stop_after=2, progress=False)
+    with pytest.raises(DraftkitError, match=r"step-0000002 holds an eagle3 head over 40 tokens "
+                                            r"reading layers \[1, 2, 3\]; this recipe trains an "
+                                            r"eagle3 head over 48 tokens reading layers \[1, 2, "
+                                            r"3\]: use another out_dir"):
+        train(_cfg(tmp_path, tiny_dirs, **{"draft.draft_vocab_size": 48}), progress=False)
+    with pytest.raises(DraftkitError, match="holds an eagle3 head .* trains a standalone draft"):
+        train(distill_config(tmp_path, tiny_dirs), progress=False)
+
+
 def test_the_ce_control_and_bf16_train(tmp_path, tiny_dirs):
     from draftkit.distill.trainer import train
 
