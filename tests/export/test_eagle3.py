@@ -205,14 +205,6 @@ def test_the_manifest_and_serving_files_name_an_eagle3_head(saved, tmp_path, cap
     assert "EAGLE-3 head tapping target layers [2, 4, 5], K=3" in capsys.readouterr().out
 
 
-def _pair_loads_eagle3_heads() -> bool:
-    from draftkit.models import load, resolve
-
-    return any("eagle3" in Path(m.__file__).read_text() for m in (load, resolve))
-
-
-@pytest.mark.skipif(not _pair_loads_eagle3_heads(), reason="load_pair does not load EAGLE-3 "
-                    "heads on this branch (the decoder's side of issue 31 adds it)")
 def test_the_hf_note_decodes_with_draftkit(saved, tmp_path):
     """The note's script runs the head in draftkit's own engine, wherever the bundle is."""
     _, target_dir, head_dir = saved
