@@ -140,6 +140,41 @@ def test_dry_run_checks_seq_len_against_a_local_target(tmp_path, tiny_dirs):
         check_config(load_config(path), str(path))
 
 
+def test_dry_run_checks_what_it_can_without_weights(tmp_path, tiny_dirs):
+    """A dry run once said "valid" for runs that then failed: a draft whose tokenizer is not
+    the target's, a data file that does not parse, a row of no known shape."""
+    from tests.helpers import make_llama, make_tokenizer, save_model
+
+    target = tiny_dirs[0]
+    other = make_tokenizer(extra_words=("zebra",))
+    foreign = save_model(make_llama(len(other), num_layers=1), other, tmp_path / "foreign")
+    path = _recipe(tmp_path, f"target: {target}\ndraft: {{model: {foreign}}}\n"
+                             f"data: {{sources: [{{path: DATA}}]}}\n")
+    with pytest.raises(ConfigError, match=r"r.yaml: draft.model: draft vocab_size \d+ differs"):
+        check_config(load_config(path), str(path))
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"text": "fine", "domain": "code"}\n{"text": "cut off\n')
+    path = _recipe(tmp_path, f"target: {target}\ndata: {{sources: [{{path: {broken}}}]}}\n")
+    with pytest.raises(ConfigError, match=r"r.yaml: data.sources\[0\]: cannot read .*broken"):
+        check_config(load_config(path), str(path))
+    shapeless = tmp_path / "shapeless.jsonl"
+    shapeless.write_text('{"question": "2+2?", "domain": "math"}\n')
+    path = _recipe(tmp_path, f"target: {target}\ndata: {{sources: [{{path: {shapeless}}}]}}\n")
+    with pytest.raises(ConfigError, match=r"data.sources\[0\]: shapeless.jsonl:1: the row has "
+                                          r"no non-empty 'messages', 'prompt' or 'text'"):
+        check_config(load_config(path), str(path))
+
+
+@pytest.mark.embedded
+def test_dry_run_checks_seq_len_against_the_embedded_target(tmp_path):
+    """Its config comes from the conversion or the GGUF file's metadata, no weights loaded."""
+    path = _recipe(tmp_path, "target: embedded\ndata: {sources: [{path: DATA}], "
+                             "seq_len: 9000}\n")
+    with pytest.raises(ConfigError, match=r"target: data.seq_len=9000 is longer than the "
+                                          r"target's context window \(8192\)"):
+        check_config(load_config(path), str(path))
+
+
 def test_recipe_files_that_are_not_recipes(tmp_path):
     with pytest.raises(ConfigError, match="is a folder; pass one of its YAML files"):
         load_config(tmp_path)

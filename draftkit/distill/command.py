@@ -29,8 +29,8 @@ from draftkit.config import load_recipe, option
 from draftkit.distill.config import DistillConfig
 from draftkit.distill.distributed import zero_stage
 from draftkit.errors import ConfigError, DraftkitError, ModelError
-from draftkit.models import resolve_model
-from draftkit.models.embedded import embedded_gguf_path
+from draftkit.models import check_compatible, load_tokenizer, resolve_model
+from draftkit.models.embedded import embedded_config_and_tokenizer
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 # a path ending in one of these is a file, never a hub id (compared in lower case)
@@ -125,42 +125,69 @@ def _looks_remote(spec: str) -> bool:
 
 
 def check_config(cfg: DistillConfig, source: str) -> list[str]:
-    """The cheap checks of ``--dry-run``; returns notes on what was not checked."""
-    from draftkit.data.sources import source_format  # draftkit.data imports torch
+    """The checks of ``--dry-run``: everything that can be checked without loading weights
+    (each model's config and tokenizer: the context against ``data.seq_len``, a draft's
+    tokenizer against the target's, an EAGLE-3 head's target; the first rows of each local
+    data source). Returns notes on what was not checked."""
+    from draftkit.distill.draft import check_context  # these import torch; --help does not
+    from draftkit.distill.eagle3 import check_target
 
     notes = []
     zero_stage(cfg)  # checks the DeepSpeed JSON and what ZeRO-3 rules out
+    found = {}  # role -> (config, tokenizer)
     for role, spec in (("target", cfg.target), ("draft", cfg.draft.model)):
         if spec is None:
             continue
-        if spec == "embedded":
-
-            try:
-                embedded_gguf_path()
-            except ModelError as e:
-                raise ConfigError(f"{source}: {role}: {e}") from None
-        elif _HUB_ID.match(spec) and not Path(spec).exists():
+        if _HUB_ID.match(spec) and not Path(spec).exists() and spec != "embedded":
             notes.append(f"{role} '{spec}' is a hub id: resolved when the run starts")
-        else:
-            from transformers import AutoConfig
-
-            from draftkit.distill.draft import check_context
-            from draftkit.distill.eagle3 import check_target
-
-            try:
-                config = AutoConfig.from_pretrained(resolve_model(spec, role).path)
-                check_context(config, cfg.data.seq_len, role)
-                if role == "target" and cfg.draft.kind == "eagle3":
-                    check_target(cfg, config)
-            except (DraftkitError, ValueError, OSError) as e:  # ModelError is a DraftkitError
-                raise ConfigError(f"{source}: {role}: {e}") from None
-    for i, src in enumerate(cfg.data.sources):
+            continue
         try:
-            source_format(src)
+            found[role] = config, _ = _config_and_tokenizer(spec, role)
+            check_context(config, cfg.data.seq_len, role)
+            if role == "target" and cfg.draft.kind == "eagle3":
+                check_target(cfg, config)
+        except (DraftkitError, ValueError, OSError) as e:  # ModelError is a DraftkitError
+            raise ConfigError(f"{source}: {role}: {e}") from None
+    if len(found) == 2:
+        (t_cfg, t_tok), (d_cfg, d_tok) = found["target"], found["draft"]
+        try:
+            check_compatible(t_tok, d_tok, t_cfg, d_cfg)
+        except ModelError as e:
+            raise ConfigError(f"{source}: draft.model: {e}") from None
+    return notes + _check_sources(cfg, source)
+
+
+def _config_and_tokenizer(spec: str, role: str):
+    """A model's config and tokenizer, its weights neither loaded nor converted."""
+    from transformers import AutoConfig
+
+    if spec == "embedded":
+        return embedded_config_and_tokenizer()
+    ref = resolve_model(spec, role)
+    return AutoConfig.from_pretrained(ref.path), load_tokenizer(ref, role)
+
+
+# rows of each local source a dry run reads: enough to meet a file's shape and encoding
+DRY_RUN_ROWS = 20
+
+
+def _check_sources(cfg: DistillConfig, source: str) -> list[str]:
+    """Each data source's format, and the first rows of each local one read as training will
+    read them (a file that does not parse, a row of no known shape: one line naming it)."""
+    from draftkit.data.sources import load_rows, source_format, to_example
+
+    notes = []
+    for i, src in enumerate(cfg.data.sources):
+        where = f"{source}: data.sources[{i}]"
+        try:
+            fmt = source_format(src)
+            if fmt == "hub":
+                notes.append(f"dataset '{src.path}' is a hub id: loaded when the run starts")
+                continue
+            for origin, row in load_rows(src, fmt)[:DRY_RUN_ROWS]:
+                to_example(row, src.domain, origin)
         except DraftkitError as e:
-            raise ConfigError(f"{source}: data.sources[{i}]: {e}") from None
-        if src.format == "hub":
-            notes.append(f"dataset '{src.path}' is a hub id: loaded when the run starts")
+            raise ConfigError(f"{where}: {e}") from None
     return notes
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import importlib.util
 import os
@@ -71,12 +72,33 @@ def _gguf_key(gguf: Path) -> str:
     return h.hexdigest()[:12]
 
 
+def _converted(gguf: Path, name: str | None = None) -> Path:
+    """Where :func:`gguf_to_dir` keeps the conversion of ``gguf`` (it may not exist yet)."""
+    return cache_root() / "models" / f"{name or gguf.stem}-{_gguf_key(gguf)}"
+
+
+@functools.cache
+def embedded_config_and_tokenizer():
+    """The embedded target's config and tokenizer without its weights: from the conversion if
+    one was made, else read from the GGUF file's metadata (seconds, nothing written), for
+    checks that must not load or convert weights (``distill --dry-run``). Read once a process;
+    callers only read them."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    gguf = embedded_gguf_path()
+    done = _converted(gguf, EMBEDDED_NAME)
+    if (done / "config.json").is_file():
+        return AutoConfig.from_pretrained(done), AutoTokenizer.from_pretrained(done)
+    return (AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name),
+            AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name))
+
+
 def gguf_to_dir(gguf: Path, name: str | None = None) -> Path:
     """Convert a GGUF file to a cached float32 safetensors model directory (once)."""
     gguf = Path(gguf)
     if not gguf.is_file():
         raise ModelError(f"GGUF file {gguf} does not exist; check the path")
-    out = cache_root() / "models" / f"{name or gguf.stem}-{_gguf_key(gguf)}"
+    out = _converted(gguf, name)
     if (out / "config.json").is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
