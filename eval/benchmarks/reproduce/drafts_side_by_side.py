@@ -1,0 +1,191 @@
+"""Several drafts of one target, measured side by side in one run: speedup over plain decoding
+with a 95% interval, tau, alpha at positions 1-4 and c, per domain.
+
+Each prompt is decoded plainly and with every draft, in an order that rotates from prompt to
+prompt, so the machine's drifts fall on all of them alike; each draft keeps one K policy per
+domain (``--k auto``), learning across its prompts as ``draftkit eval`` does. A draft's speedup
+interval is a paired bootstrap over prompts against the plain decodes of the same prompts. This
+is how the EAGLE-3 head of ``recipes/smollm2-135m-instruct_to_eagle3/ttt_cpu.yaml`` is held
+against the 4-layer standalone draft of ``fkl_topk_cpu_more_prompts.yaml``, same prompts, same
+machine state (2 CPU cores)::
+
+    OMP_NUM_THREADS=2 python eval/benchmarks/reproduce/drafts_side_by_side.py \\
+        --draft standalone=runs/smollm2-135m-4layer-fkl-more-prompts/best \\
+        --draft eagle3=runs/smollm2-135m-eagle3-ttt/best --domains code,math --out runs/side
+
+It prints the table and writes ``side_by_side.json``, ``side_by_side.md`` and
+``speedup.png`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+POSITIONS = 4  # alpha_1..alpha_4 in the table
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="embedded")
+    ap.add_argument("--draft", action="append", required=True, metavar="NAME=PATH",
+                    help="a draft to measure, repeatable")
+    ap.add_argument("--suite", default="builtin")
+    ap.add_argument("--domains", default="code,math")
+    ap.add_argument("--limit", type=int, default=None, help="at most N prompts per domain")
+    ap.add_argument("--k", default="auto")
+    ap.add_argument("--k-max", type=int, default=8)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--out", default="runs/side-by-side")
+    args = ap.parse_args(argv)
+    drafts = dict(d.split("=", 1) for d in args.draft)
+    if len(drafts) != len(args.draft) or any(not p for p in drafts.values()):
+        ap.error("--draft takes NAME=PATH, each NAME once")
+
+    rows = measure(args, drafts)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "side_by_side.json").write_text(json.dumps(rows, indent=2) + "\n")
+    table = markdown(rows, args)
+    (out / "side_by_side.md").write_text(table + "\n")
+    plot(rows, out / "speedup.png")
+    print(table)
+    print(f"wrote {out}/side_by_side.json, side_by_side.md, speedup.png")
+    return 0
+
+
+def measure(args, drafts: dict[str, str]) -> list[dict]:
+    from tqdm.auto import tqdm
+
+    from draftkit.chat import encode_prompt
+    from draftkit.decode.policy import resolve_k
+    from draftkit.decode.stats import DecodeStats
+    from draftkit.evaluate.command import suite_path
+    from draftkit.evaluate.runner import Evaluator
+    from draftkit.evaluate.settings import EvalSettings
+    from draftkit.evaluate.suite import by_domain, load_suite
+    from draftkit.models import load_another_draft, load_pair
+
+    names = list(drafts)
+    pair = load_pair(args.target, drafts[names[0]], device=args.device)
+    models = {names[0]: pair.draft, **{n: load_another_draft(pair, drafts[n], device=args.device)
+                                       for n in names[1:]}}
+    settings = EvalSettings(k=args.k, k_max=args.k_max, temperature=args.temperature,
+                            max_new_tokens=args.max_new_tokens)
+    evaluators = {n: Evaluator(pair.target, m, settings) for n, m in models.items()}
+    plain_ev = evaluators[names[0]]
+    suite = load_suite(suite_path(args.suite), limit=args.limit,
+                       domains=[d for d in args.domains.split(",") if d])
+    prompts = {d: [encode_prompt(pair.tokenizer, r.prompt) for r in g]
+               for d, g in by_domain(suite).items()}
+    for ev in evaluators.values():
+        ev.warm_up(next(iter(prompts.values()))[:1], args.k)
+    modes = ["plain", *names]
+    results = []
+    total = sum(len(p) for p in prompts.values()) * len(modes)
+    with tqdm(total=total, desc="side by side", unit="decode") as bar:
+        for domain, ids in prompts.items():
+            stats = {m: DecodeStats() for m in modes}
+            policies = {n: resolve_k(args.k, args.k_max, has_draft=True).policy for n in names}
+            pairs: dict[str, list] = {n: [] for n in names}
+            for i, prompt in enumerate(ids):
+                turn = modes[i % len(modes):] + modes[:i % len(modes)]  # rotate the order
+                timed = {}
+                for mode in turn:
+                    ev, k = (plain_ev, 0) if mode == "plain" else (evaluators[mode], args.k)
+                    (res,), secs = ev.decode([prompt], k, args.max_new_tokens, stats[mode],
+                                             settings.seed + i, policies.get(mode))
+                    timed[mode] = (secs, len(res.tokens))
+                    bar.update(1)
+                for n in names:
+                    pairs[n].append((timed["plain"][0], timed[n][0], timed["plain"][1],
+                                     timed[n][1]))
+            step = stats["plain"].target_step_seconds(1)
+            for n in names:
+                results.append(figures(domain, n, stats[n], step, pairs[n]))
+    for n in names:  # every domain's prompts together
+        rows = [r for r in results if r["draft"] == n]
+        results.append(overall(n, rows))
+    return results
+
+
+def figures(domain: str, name: str, stats, plain_step: float | None, pairs: list) -> dict:
+    from draftkit import metrics
+
+    est, low, high = metrics.speedup_interval(*zip(*pairs)) if len(pairs) > 1 else \
+        (metrics.speedup_interval(*zip(*pairs))[0], None, None)
+    alphas = stats.alphas()
+    return {"domain": domain, "draft": name, "prompts": len(pairs), "speedup": est,
+            "speedup_low": low, "speedup_high": high, "tau": stats.tau(),
+            "alpha": stats.alpha() if stats.accepted + stats.rejections else None,
+            "alpha_per_position": alphas[:POSITIONS], "c": stats.c(plain_step),
+            "k_used": stats.k_used(), "rounds_by_k": {str(k): n for k, n in
+                                                      sorted(stats.rounds_by_k().items())},
+            "pairs": pairs}
+
+
+def overall(name: str, rows: list[dict]) -> dict:
+    from draftkit import metrics
+
+    pairs = [p for r in rows for p in r["pairs"]]
+    est, low, high = metrics.speedup_interval(*zip(*pairs))
+    weight = sum(r["prompts"] for r in rows)
+    mean = lambda key: sum(r[key] * r["prompts"] for r in rows if r[key] is not None) / weight  # noqa: E731
+    return {"domain": "overall", "draft": name, "prompts": weight, "speedup": est,
+            "speedup_low": low, "speedup_high": high, "tau": mean("tau"), "alpha": mean("alpha"),
+            "alpha_per_position": [], "c": mean("c"), "k_used": None, "rounds_by_k": {},
+            "pairs": pairs}
+
+
+def markdown(rows: list[dict], args) -> str:
+    def f(x, pattern="{:.3f}"):
+        return "-" if x is None else pattern.format(x)
+
+    lines = [f"target {args.target}, --k {args.k}, temperature {args.temperature}, "
+             f"{args.max_new_tokens} new tokens a prompt; speedup over plain decoding of the same "
+             f"prompts, 95% interval a paired bootstrap over prompts", "",
+             "| domain | draft | prompts | speedup | 95% interval | tau | alpha | "
+             + " | ".join(f"alpha_{i}" for i in range(1, POSITIONS + 1)) + " | c | K used |",
+             "|" + "---|" * (9 + POSITIONS)]
+    for r in rows:
+        pos = (r["alpha_per_position"] + [None] * POSITIONS)[:POSITIONS]
+        interval = "-" if r["speedup_low"] is None else \
+            f"{r['speedup_low']:.2f}-{r['speedup_high']:.2f}x"
+        lines.append(f"| {r['domain']} | {r['draft']} | {r['prompts']} | "
+                     f"{r['speedup']:.2f}x | {interval} | {f(r['tau'], '{:.2f}')} | "
+                     f"{f(r['alpha'])} | " + " | ".join(f(a) for a in pos)
+                     + f" | {f(r['c'])} | {f(r['k_used'], '{}')} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    domains = list(dict.fromkeys(r["domain"] for r in rows))
+    drafts = list(dict.fromkeys(r["draft"] for r in rows))
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    width = 0.8 / len(drafts)
+    for j, name in enumerate(drafts):
+        mine = {r["domain"]: r for r in rows if r["draft"] == name}
+        xs = [i + j * width for i in range(len(domains))]
+        ys = [mine[d]["speedup"] for d in domains]
+        err = [[y - (mine[d]["speedup_low"] or y) for d, y in zip(domains, ys)],
+               [(mine[d]["speedup_high"] or y) - y for d, y in zip(domains, ys)]]
+        ax.bar(xs, ys, width, yerr=err, capsize=3, label=name)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks([i + width * (len(drafts) - 1) / 2 for i in range(len(domains))], domains)
+    ax.set_ylabel("speedup over plain decoding (95% interval)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

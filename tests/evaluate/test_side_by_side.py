@@ -1,0 +1,40 @@
+"""eval/benchmarks/reproduce/drafts_side_by_side.py on tiny models: a standalone draft and an
+EAGLE-3 head of one target, measured in one run."""
+
+import json
+from pathlib import Path
+
+from tests.helpers import fit_eagle3, load_script, make_llama, make_tokenizer, save_model
+
+SCRIPT = Path(__file__).parents[2] / "eval" / "benchmarks" / "reproduce" / \
+    "drafts_side_by_side.py"
+
+
+def test_a_standalone_draft_and_an_eagle3_head_side_by_side(suite, tmp_path, capsys):
+    from draftkit.models.eagle3 import save_eagle3
+
+    tok = make_tokenizer()
+    target = make_llama(len(tok), num_layers=4, seed=0)
+    save_model(target, tok, tmp_path / "target")
+    save_eagle3(fit_eagle3(target, steps=30), tmp_path / "head")
+    standalone = save_model(make_llama(len(tok), num_layers=1, seed=3), tok, tmp_path / "d1")
+    script = load_script(SCRIPT)
+    out = tmp_path / "side"
+    assert script.main(["--target", str(tmp_path / "target"), "--draft", f"s={standalone}",
+                        "--draft", f"e3={tmp_path / 'head'}", "--suite", str(suite),
+                        "--domains", "code,chat", "--k", "2", "--max-new-tokens", "8",
+                        "--device", "cpu", "--out", str(out)]) == 0
+    rows = json.loads((out / "side_by_side.json").read_text())
+    assert [(r["domain"], r["draft"]) for r in rows] == [
+        ("code", "s"), ("code", "e3"), ("chat", "s"), ("chat", "e3"),
+        ("overall", "s"), ("overall", "e3")]
+    for r in rows:
+        # each speedup is its prompts' pairs, and its interval holds it
+        plain = sum(p[2] for p in r["pairs"]) / sum(p[0] for p in r["pairs"])
+        spec = sum(p[3] for p in r["pairs"]) / sum(p[1] for p in r["pairs"])
+        assert abs(r["speedup"] - spec / plain) < 1e-9
+        assert r["speedup_low"] <= r["speedup"] <= r["speedup_high"]
+        assert r["tau"] >= 1 and r["c"] > 0
+    assert all(r["k_used"] == 2 for r in rows if r["domain"] != "overall")
+    assert (out / "speedup.png").is_file()
+    assert "| code | e3 | 2 |" in capsys.readouterr().out
