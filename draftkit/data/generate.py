@@ -1,11 +1,16 @@
 """The target's own responses to domain prompts, generated once and cached on disk.
 
 DistillSpec (arXiv 2310.08461) finds target-generated data better than fixed text: the draft
-learns the distribution it will be asked to match when serving. Generation is batched HF
-``generate`` with left padding; every finished batch is appended to a JSONL cache, so a killed
-run resumes where it stopped and a second run with the same target and settings reuses it.
-A sampled answer depends on the seed and its prompt alone, so a resumed run gets the answers an
-uninterrupted one would.
+learns the distribution it will be asked to match when serving. The target answers on
+draftkit's own decoding engine (static KV cache, the Llama-family fast path, a finished row's
+slot refilled at once: continuous batching, as the server decodes), which gives HF
+``generate``'s greedy answers in less time (the embedded target, 8 prompts of 48 tokens on one
+thread: 4.3-4.7 s against 7.0-7.5 s, the same tokens). Every finished answer is appended to a
+JSONL cache, so a killed run resumes where it stopped and a second run with the same target and
+settings reuses it. A sampled answer is drawn from a generator of its own, seeded with the seed
+and its prompt alone, so a resumed run gets the answers an uninterrupted one would. (A draft's
+answers for on-policy data, over its reduced head, go through HF ``generate``:
+:func:`generate_responses_in_memory`.)
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from draftkit.io import append_jsonl, one_builder
 from draftkit.models.facts import stop_token_ids
@@ -102,28 +107,62 @@ def generate_responses(model: Any, tokenizer: Any, prompts: list[list[int]], pat
         todo = [i for i, k in enumerate(keys) if k not in done]
         # Longest first: batches of similar length waste less padding.
         todo.sort(key=lambda i: -len(prompts[i]))
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else \
-            tokenizer.eos_token_id
         bar = None
         if progress and todo:
             from tqdm import tqdm
 
             bar = tqdm(total=len(todo), desc="target answers", unit="prompt",
                        dynamic_ncols=True)
-        for b in range(0, len(todo), batch_size):
-            batch = todo[b:b + batch_size]
-            seeds = [prompt_seed(seed, keys[i]) for i in batch] if temperature > 0 else None
-            answers = generate_responses_in_memory(model, [prompts[i] for i in batch],
-                                                   max_new_tokens, temperature, pad_id,
-                                                   stop_ids, seeds)
-            for i, new in zip(batch, answers):
-                done[keys[i]] = new
-                append_jsonl(path, {"key": keys[i], "response_ids": new})
+        seeds = [prompt_seed(seed, keys[i]) for i in todo]
+        for j, new in engine_answers(model, [prompts[i] for i in todo], max_new_tokens,
+                                     temperature, stop_ids, seeds, batch_size):
+            done[keys[todo[j]]] = new
+            append_jsonl(path, {"key": keys[todo[j]], "response_ids": new})
             if bar is not None:
-                bar.update(len(batch))
+                bar.update(1)
         if bar is not None:
             bar.close()
     return [done[k] for k in keys]
+
+
+def engine_answers(model: Any, prompts: list[list[int]], max_new_tokens: int,
+                   temperature: float, stop_ids: list[int], seeds: list[int], slots: int
+                   ) -> Iterator[tuple[int, list[int]]]:
+    """(index, answer ids up to and including the first of ``stop_ids``) as each prompt's
+    answer finishes, decoded plainly (K = 0) on draftkit's engine over ``slots`` rows, a
+    finished row's slot refilled at once (on the general transformers path, whose cache cannot
+    take one new row, a new cohort when the last one is done). Greedy at ``temperature`` 0;
+    otherwise prompt i is sampled from its own generator seeded with ``seeds[i]``."""
+    import torch
+
+    from draftkit.decode.batch import round_margin
+    from draftkit.decode.engine import SpeculativeEngine
+    from draftkit.decode.sampling import SamplingParams
+
+    if not prompts:
+        return
+    engine = SpeculativeEngine(model, eos_token_id=stop_ids)
+    params = SamplingParams(temperature, 0, 1.0)
+    max_len = max(map(len, prompts)) + max_new_tokens + round_margin(0)
+    if engine.context:
+        max_len = min(max_len, engine.context)
+    slots = 1 if engine.one_row_cohorts else min(slots, len(prompts))
+    state = engine.open(slots, 0, max_len)
+    queue, seated = list(range(len(prompts))), {}  # seated: slot -> prompt index
+    while queue or seated:
+        free = state.occupied.count(False)
+        if queue and free and (engine.slotted or not seated):
+            batch, queue = queue[:free], queue[free:]
+            gens = ([torch.Generator(engine.device).manual_seed(seeds[i]) for i in batch]
+                    if temperature > 0 else None)
+            admitted = engine.admit(state, [prompts[i] for i in batch], params,
+                                    max_new_tokens, gens)
+            seated.update(zip(admitted, batch))
+        if state.live():
+            engine.step(state, 0)
+        for slot in [b for b in seated if state.done[b]]:
+            yield seated.pop(slot), state.result(slot).tokens
+            engine.release(state, slot)
 
 
 class RowSampler:

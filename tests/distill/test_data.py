@@ -4,6 +4,7 @@ import copy
 import gzip
 import json
 import re
+from unittest import mock
 
 import pandas as pd
 import pytest
@@ -280,15 +281,23 @@ def test_target_generated_cache_resumes(tmp_path, tok):
     assert len(read_cache(path)) == 2
     with open(path, "a") as f:
         f.write('{"key": "torn')  # a run killed mid-write
+    from draftkit.data import generate as gen
+
     calls = []
-    orig = model.generate
-    model.generate = lambda **kw: calls.append(kw["input_ids"].shape[0]) or orig(**kw)
-    again = generate_responses(model, tok, prompts, path, 5, 2, progress=False)
+    orig = gen.engine_answers
+
+    def counted(model, prompts, *args):
+        calls.append(len(prompts))
+        return orig(model, prompts, *args)
+
+    with mock.patch.object(gen, "engine_answers", counted):
+        again = generate_responses(model, tok, prompts, path, 5, 2, progress=False)
     assert calls == [1]  # only the new prompt was generated
     assert again[:2] == first and all(1 <= len(r) <= 5 for r in again)
-    # greedy answers equal a plain per-prompt generate (left padding does not change them)
-    solo = orig(input_ids=torch.tensor([prompts[2]]), max_new_tokens=5, do_sample=False,
-                pad_token_id=3, eos_token_id=2)[0, len(prompts[2]):].tolist()
+    # greedy answers equal a plain per-prompt generate
+    solo = model.generate(input_ids=torch.tensor([prompts[2]]), max_new_tokens=5,
+                          do_sample=False, pad_token_id=3,
+                          eos_token_id=2)[0, len(prompts[2]):].tolist()
     assert again[2] == solo[:len(again[2])]
 
 

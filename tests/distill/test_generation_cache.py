@@ -2,6 +2,7 @@
 reach training, and training prompts that do not change with the date."""
 
 import datetime
+import functools
 import json
 import math
 from unittest import mock
@@ -80,20 +81,21 @@ def test_sampled_answers_are_the_same_after_a_resume(tmp_path, tok):
     whole = generate_responses(model, tok, prompts, tmp_path / "whole.jsonl", 6, 2, 1.0,
                                seed=5, progress=False)
 
-    # killed after its first batch
+    # killed after its first two answers
+    from draftkit.data import generate as gen
+
     killed = tmp_path / "killed.jsonl"
-    orig, calls = model.generate, []
+    orig, calls = gen.append_jsonl, []
 
-    def dies_after_one_batch(**kw):
+    def dies_after_two(path, row):
         calls.append(1)
-        if len(calls) > 1:
+        if len(calls) > 2:
             raise KeyboardInterrupt
-        return orig(**kw)
+        return orig(path, row)
 
-    model.generate = dies_after_one_batch
-    with pytest.raises(KeyboardInterrupt):
-        generate_responses(model, tok, prompts, killed, 6, 2, 1.0, seed=5, progress=False)
-    model.generate = orig
+    with mock.patch.object(gen, "append_jsonl", dies_after_two):
+        with pytest.raises(KeyboardInterrupt):
+            generate_responses(model, tok, prompts, killed, 6, 2, 1.0, seed=5, progress=False)
     assert len(read_cache(killed)) == 2
     assert generate_responses(model, tok, prompts, killed, 6, 2, 1.0, seed=5,
                               progress=False) == whole
@@ -110,6 +112,27 @@ def test_sampled_answers_are_the_same_after_a_resume(tmp_path, tok):
     other = generate_responses(model, tok, prompts, tmp_path / "other.jsonl", 6, 2, 1.0,
                                seed=6, progress=False)
     assert other != whole  # and depend on the seed
+
+
+def test_the_engine_answers_as_hf_generate_does_greedily(tmp_path, tok):
+    """draftkit's engine (continuous batching: rows of unequal length leave and others enter)
+    gives HF generate's greedy answers, each cut after its first stop token."""
+    from draftkit.data.generate import answer_stop_ids, generate_responses_in_memory
+
+    model = make_llama(len(tok), num_layers=2, seed=4)
+    prompts = _prompts(tok)
+    stop_ids = answer_stop_ids(model, tok)
+    hf = [generate_responses_in_memory(model, [p], 9, 0.0, tok.eos_token_id, stop_ids, None)[0]
+          for p in prompts]
+    ours = generate_responses(model, tok, prompts, tmp_path / "r.jsonl", 9, 4, progress=False)
+    assert ours == hf
+    assert len({len(a) for a in hf}) > 1  # one row stops early: its slot is refilled
+    from draftkit.decode import engine, runners
+
+    general = functools.partial(runners.make_runner, fast=False)  # cohorts, not slots
+    with mock.patch.object(engine, "make_runner", lambda m, fast=None: general(m)):
+        assert generate_responses(model, tok, prompts, tmp_path / "g.jsonl", 9, 4,
+                                  progress=False) == hf
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.5])
