@@ -25,7 +25,6 @@ with the in-memory one, and only then renames the folder into place.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -41,6 +40,7 @@ from draftkit.io import atomic_dir, read_json, sha256_file
 from draftkit.manifest import FORMAT, read_manifest, seal
 from draftkit.manifest import NAME as MANIFEST
 from draftkit.models import check_compatible, load_tokenizer, resolve_model
+from draftkit.models.resolve import content_hash
 from draftkit.models.facts import context_window, vocab_size
 from draftkit.models.load import load_causal_lm
 from draftkit.models.reduced_head import FILE, ReducedHead
@@ -55,17 +55,12 @@ def _bundle_files(root: Path) -> list[Path]:
 
 
 def target_reference(ref) -> dict:
-    """Name, local path and an identity for the target: the hub revision or a content hash."""
+    """Name, local path and an identity for the target: the hub revision and a content hash."""
     entry: dict[str, Any] = {"name": ref.name, "path": str(ref.path), "kind": ref.kind}
     parts = Path(ref.path).parts
     if "snapshots" in parts and parts.index("snapshots") + 1 < len(parts):
         entry["revision"] = parts[parts.index("snapshots") + 1]
-    h = hashlib.sha256()
-    for f in sorted(Path(ref.path).glob("config.json")) + sorted(
-            Path(ref.path).glob("*.safetensors")):
-        h.update(f.name.encode())
-        h.update(sha256_file(f).encode())
-    entry["sha256"] = h.hexdigest()
+    entry["sha256"] = content_hash(ref)
     return entry
 
 

@@ -15,7 +15,7 @@ from draftkit.io import read_json
 from draftkit.models.compat import check_compatible, check_eagle3
 from draftkit.models.facts import vocab_size
 from draftkit.models.reduced_head import ReducedHead, attach
-from draftkit.models.resolve import ResolvedModel, Role, resolve_model
+from draftkit.models.resolve import ResolvedModel, Role, content_hash, resolve_model
 
 if TYPE_CHECKING:
     import torch
@@ -183,6 +183,22 @@ def _load_draft(draft_ref: ResolvedModel, target: "PreTrainedModel", device: str
     return load_eagle3(draft_ref.path, target)
 
 
+def _check_bundle_target(target_ref: ResolvedModel, draft_ref: ResolvedModel) -> None:
+    """A head taken from a bundle reads the hidden states of the target it was exported with,
+    which the bundle records by content hash: another target of the same shape would load and
+    decode, losslessly but with next to no acceptance, so it is refused."""
+    from draftkit.manifest import read_manifest
+
+    if draft_ref.kind != "bundle":
+        return
+    recorded = read_manifest(Path(draft_ref.path).parent)["target"]
+    if recorded.get("sha256") and content_hash(target_ref) != recorded["sha256"]:
+        raise ModelError(f"the EAGLE-3 head in {draft_ref.spec} was exported for the target "
+                         f"{recorded.get('name')!r} at {recorded.get('path')}, and "
+                         f"{target_ref.path} is another (its content hash differs); the head "
+                         f"reads its target's hidden states: pass that target")
+
+
 def _check_draft(tokenizer: Any, target_ref: ResolvedModel, draft_ref: ResolvedModel) -> None:
     """Vocabulary, special tokens and chat template must match, before any weights load; an
     EAGLE-3 head reads the target's tokenizer, and must read its vocabulary, hidden size and
@@ -193,6 +209,7 @@ def _check_draft(tokenizer: Any, target_ref: ResolvedModel, draft_ref: ResolvedM
     if is_eagle3_dir(draft_ref.path):
         check_eagle3(target_config, read_json(Path(draft_ref.path) / "config.json",
                                               "model config", "re-save the model", ModelError))
+        _check_bundle_target(target_ref, draft_ref)
         return
     check_compatible(tokenizer, load_tokenizer(draft_ref, "draft"), target_config,
                      AutoConfig.from_pretrained(draft_ref.path))

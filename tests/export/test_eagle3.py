@@ -225,6 +225,22 @@ def _other_target(tmp_path: Path, **kw) -> Path:
     return save_model(make_llama(len(tok), **kw), tok, tmp_path / "other")
 
 
+def test_a_bundled_head_decodes_only_beside_the_target_it_was_exported_for(saved, tmp_path):
+    """Another target of the same shape (a base model for its instruct model, say) would load
+    and decode with next to no acceptance: the bundle's recorded hash refuses it in one line."""
+    from draftkit.models import load_pair
+
+    _, target_dir, head_dir = saved
+    bundle = export_bundle(str(target_dir), str(head_dir), tmp_path / "bundle", k=2)
+    assert load_pair(str(target_dir), str(bundle), device="cpu").draft is not None
+    twin = _other_target(tmp_path, num_layers=8, seed=5)  # same shape, other weights
+    with pytest.raises(ModelError, match=r"the EAGLE-3 head in .*bundle was exported for the "
+                                         r"target 'target' at .*; the head reads its target's "
+                                         r"hidden states: pass that target"):
+        load_pair(str(twin), str(bundle), device="cpu")
+    assert load_pair(str(twin), str(head_dir), device="cpu").draft is not None  # no record
+
+
 def test_export_refuses_a_head_for_another_target(saved, tmp_path):
     _, target_dir, head_dir = saved
     for other, message in (
