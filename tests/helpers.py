@@ -410,3 +410,31 @@ def write_manifest(bundle: Path, manifest: dict | None = None, **fields) -> dict
     manifest = seal(manifest)
     (bundle / NAME).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def fake_engines(tmp_path: Path) -> dict:
+    """An environment whose ``vllm`` and ``python`` are stand-ins that print the arguments
+    they were given, one a line: what a bundle's serving scripts would launch."""
+    import os
+
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    for name in ("vllm", "python"):
+        (fake / name).write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
+        (fake / name).chmod(0o755)
+    return {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+
+
+def decodes_alone_as_batched(engine, prompts, reference, k, max_new_tokens):
+    """Assert the engine's batched tokens and each prompt's alone equal ``reference``; returns
+    the batched run's stats."""
+    from draftkit.decode.stats import DecodeStats
+
+    stats = DecodeStats()
+    batched = engine.generate(prompts, k=k, max_new_tokens=max_new_tokens, stats=stats)
+    assert [r.tokens for r in batched] == reference
+    for p, ref in zip(prompts, reference):
+        assert engine.generate([p], k=k, max_new_tokens=max_new_tokens)[0].tokens == ref
+    if k == 0:
+        assert stats.draft_steps == 0 and stats.drafted == 0
+    return stats

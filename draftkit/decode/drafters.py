@@ -45,7 +45,20 @@ def make_drafter(model, target_model, fast: bool | None = None
     return Eagle3Drafter(model)
 
 
-class StandaloneDrafter:
+class _Drafter:
+    """What both kinds share: a runner whose KV cache is the drafter's, reset per batch."""
+
+    runner: "Eagle3Runner | object"
+
+    @property
+    def cache(self):
+        return self.runner.cache
+
+    def reset(self, batch: int, max_len: int) -> None:
+        self.runner.reset(batch, max_len)
+
+
+class StandaloneDrafter(_Drafter):
     """A draft language model: it reads the committed tokens into its own KV cache.
 
     After a drafting round it holds every committed position below L - 2, so the drafting lap
@@ -57,13 +70,6 @@ class StandaloneDrafter:
     def __init__(self, model, fast: bool | None = None):
         self.runner = make_runner(model, fast)
         self.supports_rows = self.runner.supports_rows
-
-    @property
-    def cache(self):
-        return self.runner.cache
-
-    def reset(self, batch: int, max_len: int) -> None:
-        self.runner.reset(batch, max_len)
 
     def prefill(self, state: "BatchState", slots: list[int], inp: "torch.Tensor",
                 last: list[int], aux=None) -> None:
@@ -110,7 +116,7 @@ class StandaloneDrafter:
                 state.draft_lengths[b] = state.lengths[b] - 2
 
 
-class Eagle3Drafter:
+class Eagle3Drafter(_Drafter):
     """An EAGLE-3 head: it drafts from the target's hidden states (:mod:`draftkit.models.eagle3`).
 
     Draft position t reads (f_t, token t + 1) and scores token t + 2, f_t being the target's
@@ -131,13 +137,6 @@ class Eagle3Drafter:
         self.runner = Eagle3Runner(model)
         self.aux_layers = model.aux_layers
         self._h: "torch.Tensor | None" = None  # (b, H): the output at the latest position
-
-    @property
-    def cache(self):
-        return self.runner.cache
-
-    def reset(self, batch: int, max_len: int) -> None:
-        self.runner.reset(batch, max_len)
 
     def prefill(self, state: "BatchState", slots: list[int], inp: "torch.Tensor",
                 last: list[int], aux: "torch.Tensor") -> None:

@@ -15,8 +15,9 @@ from draftkit.decode.stats import DecodeStats
 from draftkit.errors import DraftkitError
 from draftkit.models.eagle3 import from_target, save_eagle3
 from draftkit.models.reduced_head import ReducedHead
-from tests.helpers import (broken_verify, chi_square_p, eagle3_greedy_drafts, exact_marginals,
-                           fit_eagle3, hf_greedy, make_llama, make_tokenizer)
+from tests.helpers import (broken_verify, chi_square_p, decodes_alone_as_batched,
+                           eagle3_greedy_drafts, exact_marginals, fit_eagle3, hf_greedy,
+                           make_llama, make_tokenizer)
 
 PROMPTS = [[5, 9, 22, 31, 7], [11, 12], [40, 41, 42, 43, 44, 45, 46, 47, 8, 50, 51]]
 N_NEW = 16
@@ -106,13 +107,7 @@ def test_greedy_equals_the_targets_batched_and_alone(models, reference, fast, k,
     engine = SpeculativeEngine(target, fitted if which == "fitted" else random_head,
                                eos_token_id=None, fast_path=fast)
     assert engine.slotted == fast  # the head's cache takes any rows; the target's decides
-    stats = DecodeStats()
-    batched = engine.generate(PROMPTS, k=k, max_new_tokens=N_NEW, stats=stats)
-    assert [r.tokens for r in batched] == reference
-    for p, ref in zip(PROMPTS, reference):
-        assert engine.generate([p], k=k, max_new_tokens=N_NEW)[0].tokens == ref
-    if k == 0:
-        assert stats.draft_steps == 0 and stats.drafted == 0
+    stats = decodes_alone_as_batched(engine, PROMPTS, reference, k, N_NEW)
     if which == "fitted" and k:  # accepted drafts, the bonus token and catch-up all ran
         assert stats.bonus > 0 and stats.accepted > 0 and stats.tau() > 1.1
         assert stats.seconds_catchup > 0  # the prompts' features, before the first round

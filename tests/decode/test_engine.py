@@ -9,8 +9,9 @@ from draftkit.decode.runners import HFRunner, LlamaRunner
 from draftkit.decode.sampling import SamplingParams
 from draftkit.decode.stats import DecodeStats
 from draftkit.errors import DraftkitError
-from tests.helpers import (broken_verify, chi_square_p, exact_marginals, hf_greedy, make_mistral,
-                           noisy_copy, tiny_target_and_draft)
+from tests.helpers import (broken_verify, chi_square_p, decodes_alone_as_batched,
+                           exact_marginals, hf_greedy, make_mistral, noisy_copy,
+                           tiny_target_and_draft)
 
 PROMPTS = [[5, 9, 22, 31, 7], [11, 12], [40, 41, 42, 43, 44, 45, 46, 47, 8, 50, 51]]
 N_NEW = 16
@@ -34,13 +35,7 @@ def test_greedy_equals_hf_generate_batched_and_alone(models, reference, fast, k,
     target, far, close = models
     engine = SpeculativeEngine(target, close if which == "close" else far, eos_token_id=None,
                                fast_path=fast)
-    stats = DecodeStats()
-    batched = engine.generate(PROMPTS, k=k, max_new_tokens=N_NEW, stats=stats)
-    assert [r.tokens for r in batched] == reference
-    for p, ref in zip(PROMPTS, reference):
-        assert engine.generate([p], k=k, max_new_tokens=N_NEW)[0].tokens == ref
-    if k == 0:
-        assert stats.draft_steps == 0 and stats.drafted == 0
+    stats = decodes_alone_as_batched(engine, PROMPTS, reference, k, N_NEW)
     if which == "close" and k:  # the bonus token and the draft's catch-up were exercised
         assert stats.bonus > 0 and stats.accepted > 0
         assert stats.tau() > 1.3

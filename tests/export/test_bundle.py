@@ -6,7 +6,7 @@ import torch
 
 from draftkit.errors import DraftkitError, ModelError
 from draftkit.export import check_bundle, export_bundle
-from tests.helpers import make_llama, make_tokenizer, save_model
+from tests.helpers import fake_engines, make_llama, make_tokenizer, save_model
 
 
 def test_export_check_and_hf_assisted_generation(tiny_dirs, tmp_path):
@@ -242,7 +242,6 @@ def test_check_takes_the_target_from_the_command_line(tiny_dirs, tmp_path):
 
 def test_a_moved_bundle_still_serves_from_its_scripts(tiny_dirs, tmp_path, capsys):
     """The serving scripts find the draft next to themselves; check says vllm.json is stale."""
-    import os
     import shutil
     import subprocess
 
@@ -255,12 +254,7 @@ def test_a_moved_bundle_still_serves_from_its_scripts(tiny_dirs, tmp_path, capsy
     shutil.move(out, moved)
     check(CheckArgs(bundle=str(moved)))
     assert f"now at {moved.resolve() / 'draft'}" in capsys.readouterr().out
-    fake = tmp_path / "bin"  # stand-ins for the engines: they print what they were given
-    fake.mkdir()
-    for name in ("vllm", "python"):
-        (fake / name).write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
-        (fake / name).chmod(0o755)
-    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+    env = fake_engines(tmp_path)  # stand-ins for the engines: they print what they were given
     said = subprocess.run(["bash", str(moved / "serving" / "vllm.sh"), "--port", "9"], env=env,
                           capture_output=True, text=True, check=True).stdout.splitlines()
     assert said[:2] == ["serve", str(target_dir.resolve())] and said[-2:] == ["--port", "9"]

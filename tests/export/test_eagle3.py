@@ -21,7 +21,7 @@ from draftkit.io import sha256_file
 from draftkit.models import resolve_model
 from draftkit.models.eagle3 import from_target, load_eagle3, save_eagle3
 from draftkit.models.reduced_head import ReducedHead
-from tests.helpers import make_llama, make_tokenizer, save_model, write_manifest
+from tests.helpers import make_llama, make_tokenizer, save_model, write_manifest, fake_engines
 
 IDS = [1, 2, 5, 9, 40, 60, 77]  # the draft vocabulary, N = 7
 LAYERS = [2, 4, 5]  # the references' default for an 8-layer target: [2, L // 2, L - 3]
@@ -175,12 +175,7 @@ def test_the_manifest_and_serving_files_name_an_eagle3_head(saved, tmp_path, cap
     assert json.loads((out / "serving" / "vllm.json").read_text()) == {
         "method": "eagle3", "model": draft, "num_speculative_tokens": 3}
 
-    fake = tmp_path / "bin"  # stand-ins for the engines: they print what they were given
-    fake.mkdir()
-    for name in ("vllm", "python"):
-        (fake / name).write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
-        (fake / name).chmod(0o755)
-    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+    env = fake_engines(tmp_path)  # stand-ins for the engines: they print what they were given
     said = subprocess.run(["bash", str(out / "serving" / "vllm.sh")], env=env,
                           capture_output=True, text=True, check=True).stdout.splitlines()
     assert json.loads(said[said.index("--speculative-config") + 1]) == {
