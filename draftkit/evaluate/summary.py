@@ -228,7 +228,10 @@ def break_even(batch_rows: list[BatchRow], domains: dict[str, DomainFigures]) ->
     domain as predicted from the measured c(B), v(B) and that domain's alpha_i.
 
     Each is :func:`break_even_batch` of its curve, so that a noisy dip that recovers, or batch
-    sizes given out of order, do not move it."""
+    sizes given out of order, do not move it. A measured gain counts only where it is shown
+    (:func:`shown_speedup`): under ``--k auto`` a batch size where the policy kept to plain
+    decoding measures 1.0x give or take the clock, and one such 1.001x must not read as
+    "pays from here on"."""
     rows = sorted(batch_rows, key=lambda r: r.batch_size)
     bs = [r.batch_size for r in rows]
     per_domain = {}
@@ -237,8 +240,25 @@ def break_even(batch_rows: list[BatchRow], domains: dict[str, DomainFigures]) ->
         predicted = [metrics.speedup(alpha, r.c, r.k, r.v)
                      if None not in (alpha, r.c, r.v) else None for r in rows]
         per_domain[name] = break_even_batch(bs, predicted)
-    return BreakEven.of(break_even_batch(bs, [r.speedup_measured for r in rows]),
+    return BreakEven.of(break_even_batch(bs, [shown_speedup(r) for r in rows]),
                         per_domain=per_domain)
+
+
+# a gain not shown counts as just short of break-even, on the losing side of 1.0
+NOT_SHOWN = 1.0 - 1e-9
+
+
+def shown_speedup(row: BatchRow) -> float | None:
+    """A batch row's measured speedup where the measurement backs a gain: its interval lies
+    above 1.0 (batch size 1, the table's row), or, without one, the speedup model predicts a
+    gain from the row's own alpha, c and v too. Otherwise a measured gain is noise and counts
+    as none (:data:`NOT_SHOWN`)."""
+    s = row.speedup_measured
+    if s is None or s <= 1.0:
+        return s
+    backed = (row.speedup_low > 1.0 if row.speedup_low is not None
+              else (row.speedup_predicted or 0.0) > 1.0)
+    return s if backed else NOT_SHOWN
 
 
 def break_even_batch(batch_sizes: list[int], speedups: list[float | None]) -> BatchBreakEven:

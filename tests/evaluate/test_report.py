@@ -59,9 +59,10 @@ def test_table_without_sweeps_or_before():
 
 
 def _rows(speedups: dict[int, float], v: dict[int, float] | None = None) -> list[BatchRow]:
-    """Batch-sweep rows at K 2 with these measured speedups (and v(B), else 1.1)."""
+    """Batch-sweep rows at K 2 with these measured speedups, which the model predicts too (and
+    v(B), else 1.1)."""
     return [BatchRow.from_dict({"batch_size": b, "speedup_measured": s, "c": 0.1,
-                                "v": (v or {}).get(b, 1.1), "k": 2})
+                                "speedup_predicted": s, "v": (v or {}).get(b, 1.1), "k": 2})
             for b, s in speedups.items()]
 
 
@@ -115,6 +116,24 @@ def test_the_headline_is_the_table_and_the_sweep_in_one_sentence():
         "tell yet on code and chat (about 400 prompts each would decide); do not speculate on "
         "creative; over the domains mixed, speculation with --k auto stops paying at batch "
         "size 2 (speedup falls below 1.0 at B ~ 1.3 and stays below up to 4).")
+
+
+def test_a_gain_the_measurement_does_not_back_is_no_gain():
+    """Under --k auto a batch size where the policy kept to plain decoding measures 1.0x give
+    or take the clock: 1.04x at B 2 and 1.001x at B 8 with alpha 0 (a quickstart run) once read
+    as "pays from batch size 8 on"."""
+    report = _batch_report({1: 0.94, 2: 1.04, 4: 0.89, 8: 1.001})
+    for row in report.batch_sweep:
+        row.speedup_predicted = 0.97  # alpha 0: the model predicts a loss everywhere
+    report.break_even = break_even(report.batch_sweep, {})
+    assert report.break_even.kind == "below"
+    # batch size 1 is backed by its interval over prompts, the others by the model
+    report.batch_sweep[0].speedup_measured = 1.2
+    report.batch_sweep[0].speedup_low, report.batch_sweep[0].speedup_high = 1.05, 1.3
+    report.break_even = break_even(report.batch_sweep, {})
+    assert (report.break_even.kind, report.break_even.batch_size) == ("crosses", 2)
+    report.batch_sweep[0].speedup_low = 0.98  # across 1.0: not shown
+    assert break_even(report.batch_sweep, {}).kind == "below"
 
 
 def test_break_even_batch_does_not_depend_on_the_order_given():
