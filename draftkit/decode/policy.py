@@ -172,6 +172,18 @@ class KPolicy:
         key = min(table, key=lambda b: abs(b - batch))
         return table[key]
 
+    def _draft_seconds(self, batch: int, t1: float | None) -> float | None:
+        """Seconds a draft step takes at this batch size: timed, or the nearest timed batch
+        size's c times this one's plain step (a draft's step grows with the batch as the
+        target's does; its bare time from a smaller batch made speculation look cheap)."""
+        if batch in self.t_draft or not self.t_draft:
+            return self.t_draft.get(batch)
+        near = min(self.t_draft, key=lambda b: abs(b - batch))
+        t_near = self.target_seconds(near, 1)
+        if t1 is None or not t_near:
+            return self.t_draft[near]
+        return self.t_draft[near] / t_near * t1
+
     def _timed(self, batch: int) -> tuple[int, dict[int, float]]:
         """(the batch size used, its target seconds by tokens verified): this batch size's
         figures, else the nearest one's."""
@@ -200,7 +212,7 @@ class KPolicy:
             return 1.0
         t1 = self.target_seconds(batch, 1)
         tv = t_verify if t_verify is not None else self.target_seconds(batch, k + 1)
-        td = self._nearest(self.t_draft, batch)
+        td = self._draft_seconds(batch, t1)
         to = self._nearest(self.t_other, batch) or 0.0
         if t1 is None or tv is None or td is None:
             return None
@@ -225,6 +237,13 @@ class KPolicy:
             if self.plain_rounds < self.plain_first:
                 self.k = 0
             return 0
+        # a batch size whose plain step is not yet timed borrows the nearest one's, and a
+        # speculative round's cost grows faster with the batch than a plain one's: priced with
+        # a smaller batch's T(1), speculation looked cheap where it lost (6% below K = 0 over a
+        # server's batch sizes 1-16 in the simulator). A plain round costs nothing against
+        # K = 0, so time it here first.
+        if len(self._samples.get(("target", (batch, 1)), ())) < self.plain_first:
+            return 0
         if not self.t_draft:  # then one speculative round, at the cheapest K: evidence raises it
             self.k = 1
             return 1
@@ -232,7 +251,11 @@ class KPolicy:
         scores = {k: self.predicted_speedup(k, batch, alphas) for k in range(self.k_max + 1)}
         scores = {k: s for k, s in scores.items() if s is not None}
         best = max(scores, key=lambda k: scores[k])
-        if scores[best] > scores.get(self.k, 0.0) * (1 + self.hysteresis):
+        # the margin keeps noise from switching K back and forth; but a K that its own batch
+        # size's figures price as a loss is dropped at once (the batch size changes under a
+        # server's load, and the K kept from the last one may not pay at this one)
+        if scores[best] > scores.get(self.k, 0.0) * (1 + self.hysteresis) or \
+                (best == 0 and scores.get(self.k, 0.0) < 1.0):
             self.k = best
         untimed = self._untimed(batch, alphas, max(scores[best], 1.0))
         if untimed is not None:  # one round to time a verify length the line may overstate

@@ -72,3 +72,51 @@ def best_fixed_k(alpha: float, c: float, k_max: int = K_MAX, v: Callable[[int], 
     """(K, speedup) of the best fixed K under the simulator's cost model, from the speedup
     model (:func:`draftkit.metrics.optimal_k`); K = 0 when speculation loses."""
     return metrics.optimal_k(alpha, c, k_max=k_max, v=v, overhead=T_OVERHEAD / T_STEP)
+
+
+def served_target_seconds(batch: int, tokens: int) -> float:
+    """A target forward over ``batch`` rows of ``tokens`` new tokens on a CPU-like device: the
+    memory floor of a plain step plus arithmetic that grows with rows x tokens, so verifying
+    costs more relative to a plain step the larger the batch (T(16, 2) / T(16, 1) = 1.59)."""
+    work = batch * tokens
+    return T_STEP if work <= 1 else T_STEP * (0.55 + 0.45 * work ** 0.75)
+
+
+def simulate_load(alpha: float, c: float, k: int | str = AUTO, rounds: int = 3000,
+                  seed: int = 0, max_batch: int = 16) -> tuple[float, list[tuple[int, int]]]:
+    """A server's rounds: the live batch size walks between 1 and ``max_batch`` (requests
+    come and go), every row's drafts accepted i.i.d. with probability ``alpha``, a draft step
+    costing ``c`` of a plain step at that batch size (:func:`served_target_seconds`). K fixed,
+    or ``"auto"``: one policy for the whole run, as the server keeps one. Returns the tokens
+    per second against K = 0's over the same batch sizes, and (batch size, K) of every round."""
+    rng, walk = random.Random(seed), random.Random(seed + 1)
+    policy = KPolicy(k_max=K_MAX)
+    batch, tokens, seconds, plain, chosen = max_batch // 4, 0, 0.0, 0.0, []
+    for _ in range(rounds):
+        batch = max(1, min(max_batch, batch + walk.choice((-1, 0, 1))))
+        kk = policy.choose(batch) if k == AUTO else int(k)
+        chosen.append((batch, kk))
+        accepted, tested = [0] * kk, [0] * kk
+        kept = rejections = bonus = 0
+        for _row in range(batch):
+            n = 0
+            for j in range(kk):  # positions are tested until the first rejection
+                tested[j] += 1
+                if rng.random() >= alpha:
+                    rejections += 1
+                    break
+                accepted[j] += 1
+                n += 1
+            bonus += kk > 0 and n == kk
+            kept += n + 1
+        t_draft = kk * c * served_target_seconds(batch, 1)
+        t_verify = served_target_seconds(batch, kk + 1)
+        tokens += kept
+        seconds += t_draft + t_verify + T_OVERHEAD
+        plain += kept * (served_target_seconds(batch, 1) + T_OVERHEAD) / batch
+        policy.observe(RoundStats(k=kk, rows=batch, accepted_per_position=accepted,
+                                  tested_per_position=tested, beta_sum=0.0,
+                                  rejections=rejections, bonus=bonus, tokens=kept,
+                                  seconds_draft=t_draft, seconds_verify=t_verify,
+                                  seconds_other=T_OVERHEAD))
+    return plain / seconds, chosen

@@ -232,3 +232,23 @@ def test_a_slow_start_does_not_keep_a_losing_k():
     late = {"retime_first": 32}  # retimed at the steady rate from the start
     assert speculative_rounds(late, 1.25) > 1.5 * speculative_rounds(late, 1.0)
     assert speculative_rounds({}, 1.25) < 1.15 * speculative_rounds({}, 1.0)
+
+
+def test_auto_under_a_servers_changing_load():
+    """One policy over a server's rounds, the live batch size walking between 1 and 16. Where
+    speculation pays only at batch 1 and 2 (alpha 0.6, c 0.17), auto stays within 3% of K = 0
+    (it was 6% below while a batch size borrowed a smaller one's plain step and draft step);
+    where it never pays, within 2%; where it pays at every batch size, within 2% of the best
+    fixed K."""
+    from draftkit.decode.simulate import simulate_load
+
+    auto, chosen = simulate_load(0.6, 0.17)
+    assert auto >= 0.97
+    def share(rows):  # of rounds that speculated
+        return sum(k > 0 for k in rows) / len(rows)
+
+    assert share([k for b, k in chosen if b <= 2]) > 0.6  # where it pays
+    assert share([k for b, k in chosen if b >= 12]) < 0.25  # probes, where it loses
+    assert simulate_load(0.2, 0.17)[0] >= 0.98
+    best = max(simulate_load(0.8, 0.05, k)[0] for k in (1, 2, 3))
+    assert simulate_load(0.8, 0.05)[0] >= 0.98 * best
