@@ -221,28 +221,30 @@ class KPolicy:
 
     # --- the choice ---------------------------------------------------------------------------
 
-    def choose(self, batch: int) -> int:
-        """K for the next round at this many active rows."""
-        if self.k_max == 0:
-            return 0
-        # every prediction divides by the plain step's time, so time it first over a few rounds
-        # and again now and then while speculating: one noisy sample would skew every K's
-        # prediction for as long as speculation pays (a plain round costs about (1 - 1/S) of
-        # a round, so 1 in 32 costs under 1%). Until the window is full, retime 1 in 8: a
-        # process's first rounds run slow (a 2-core CPU's opening plain steps took 53-57 ms,
-        # later ones 44-46), and at 1 in 32 those samples held the median, inflating every K's
-        # predicted gain, for ~100 rounds of a losing K = 1.
+    def _times_plain_step(self, batch: int) -> bool:
+        """Whether the next round is plain to time the plain step, which every prediction
+        divides by: over the first few rounds, at each batch size first, and again now and
+        then while speculating."""
+        # One noisy sample would skew every K's prediction for as long as speculation pays (a
+        # plain round costs about (1 - 1/S) of a round, so 1 in 32 costs under 1%). Until the
+        # window is full, retime 1 in 8: a process's first rounds run slow (a 2-core CPU's
+        # opening plain steps took 53-57 ms, later ones 44-46), and at 1 in 32 those samples
+        # held the median, inflating every K's predicted gain, for ~100 rounds of a losing K 1.
         retime = self.retime_every if self.plain_rounds >= self.time_window else self.retime_first
-        if self.plain_rounds < self.plain_first or self.since_plain >= retime:
-            if self.plain_rounds < self.plain_first:
-                self.k = 0
-            return 0
-        # a batch size whose plain step is not yet timed borrows the nearest one's, and a
+        if self.plain_rounds < self.plain_first:
+            self.k = 0
+            return True
+        # A batch size whose plain step is not yet timed borrowed the nearest one's, and a
         # speculative round's cost grows faster with the batch than a plain one's: priced with
         # a smaller batch's T(1), speculation looked cheap where it lost (6% below K = 0 over a
         # server's batch sizes 1-16 in the simulator). A plain round costs nothing against
-        # K = 0, so time it here first.
-        if len(self._samples.get(("target", (batch, 1)), ())) < self.plain_first:
+        # K = 0, so time it there first.
+        return self.since_plain >= retime or \
+            len(self._samples.get(("target", (batch, 1)), ())) < self.plain_first
+
+    def choose(self, batch: int) -> int:
+        """K for the next round at this many active rows."""
+        if self.k_max == 0 or self._times_plain_step(batch):
             return 0
         if not self.t_draft:  # then one speculative round, at the cheapest K: evidence raises it
             self.k = 1
