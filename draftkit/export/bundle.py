@@ -34,16 +34,16 @@ from draftkit.decode.k import AUTO, DEFAULT_FIXED_K, KValue, parse_k
 from draftkit.errors import DraftkitError, ModelError
 from draftkit.evaluate.figures import EvalReport
 from draftkit.export.eagle3 import (LAYER_IDS, Eagle3Export, check_against_target,
-                                    check_served_layout, is_eagle3_folder)
+                                    check_served_layout)
 from draftkit.export.serving import write_serving
 from draftkit.io import atomic_dir, read_json, sha256_file
 from draftkit.manifest import FORMAT, read_manifest, seal
 from draftkit.manifest import NAME as MANIFEST
 from draftkit.models import check_compatible, load_tokenizer, resolve_model
-from draftkit.models.resolve import content_hash
 from draftkit.models.facts import context_window, vocab_size
-from draftkit.models.load import load_causal_lm
+from draftkit.models.load import is_eagle3_dir, load_causal_lm
 from draftkit.models.reduced_head import FILE, ReducedHead
+from draftkit.models.resolve import content_hash
 from draftkit.models.save import save_model, save_tokenizer
 
 
@@ -157,7 +157,7 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
     target_entry = target_reference(target_ref)
     # the draft's kind is its own: an EAGLE-3 head's config.json says so
     source = Eagle3Export(draft_ref, target_ref, target_cfg, target_entry["sha256"]) if \
-        is_eagle3_folder(draft_ref.path) else StandaloneExport(draft_ref, target_tok, target_cfg)
+        is_eagle3_dir(draft_ref.path) else StandaloneExport(draft_ref, target_tok, target_cfg)
 
     recipe_data = _read_recipe(recipe) if recipe else None
     with atomic_dir(out, overwrite=force) as tmp:
@@ -303,7 +303,7 @@ def _check_kind(root: Path, manifest: dict) -> dict | None:
     layers the manifest records."""
     recorded = manifest["draft"]
     kind = recorded.get("kind", StandaloneExport.kind)  # bundles before EAGLE-3 record none
-    held = Eagle3Export.kind if is_eagle3_folder(root / "draft") else StandaloneExport.kind
+    held = Eagle3Export.kind if is_eagle3_dir(root / "draft") else StandaloneExport.kind
     if kind != held:
         raise ModelError(f"{MANIFEST} records the draft's kind as {kind!r} but draft/ holds "
                          f"a {held!r} draft; re-export the bundle")

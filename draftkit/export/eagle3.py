@@ -42,10 +42,8 @@ from typing import Any
 
 from draftkit.errors import ModelError
 from draftkit.io import read_json
-from draftkit.manifest import NAME as MANIFEST
-from draftkit.manifest import read_manifest
 from draftkit.models.facts import text_config
-from draftkit.models.load import load_causal_lm
+from draftkit.models.load import check_bundle_target, load_causal_lm
 from draftkit.models.resolve import ResolvedModel
 from draftkit.models.save import save_tokenizer
 
@@ -66,16 +64,6 @@ _SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 def stored_dtype(config: dict) -> str:
     """The dtype a head's config says its weights are stored in."""
     return str(config.get("torch_dtype") or config.get("dtype") or "float32")
-
-
-def is_eagle3_folder(folder: str | Path) -> bool:
-    """Whether ``folder`` holds an EAGLE-3 head (its config.json names the architecture)."""
-    from draftkit.models.eagle3 import is_eagle3
-
-    path = Path(folder) / "config.json"
-    if not path.is_file():
-        return False  # a LoRA adapter folder, say
-    return is_eagle3(read_json(path, "model config", "re-save the model", ModelError))
 
 
 # --- the served layout ---------------------------------------------------------------------------
@@ -261,12 +249,7 @@ class Eagle3Export:
         config = read_json(folder / "config.json", "EAGLE-3 head config", "re-save the head",
                            ModelError)
         check_against_target(config, target_config, folder)
-        if draft_ref.kind == "bundle" and (folder.parent / MANIFEST).is_file():
-            recorded = read_manifest(folder.parent)["target"].get("sha256")
-            if recorded and recorded != target_sha256:
-                raise ModelError(f"{draft_ref.spec} holds an EAGLE-3 head exported for another "
-                                 f"target (the content hash of {target_ref.path} differs): "
-                                 f"pass the target it was trained on")
+        check_bundle_target(target_ref, draft_ref, target_sha256)
         self.ref, self.target_config = draft_ref, target_config
         self.target = target_embedding(target_ref.path, target_config)
         self.head = load_eagle3(folder, self.target)  # float32, as the target's embedding

@@ -183,16 +183,19 @@ def _load_draft(draft_ref: ResolvedModel, target: "PreTrainedModel", device: str
     return load_eagle3(draft_ref.path, target)
 
 
-def _check_bundle_target(target_ref: ResolvedModel, draft_ref: ResolvedModel) -> None:
+def check_bundle_target(target_ref: ResolvedModel, draft_ref: ResolvedModel,
+                        target_sha256: str | None = None) -> None:
     """A head taken from a bundle reads the hidden states of the target it was exported with,
     which the bundle records by content hash: another target of the same shape would load and
-    decode, losslessly but with next to no acceptance, so it is refused."""
+    decode, losslessly but with next to no acceptance, so it is refused. ``target_sha256``:
+    the target's :func:`content_hash`, where the caller has it already."""
     from draftkit.manifest import read_manifest
 
     if draft_ref.kind != "bundle":
         return
     recorded = read_manifest(Path(draft_ref.path).parent)["target"]
-    if recorded.get("sha256") and content_hash(target_ref) != recorded["sha256"]:
+    if recorded.get("sha256") and (target_sha256 or content_hash(target_ref)) != \
+            recorded["sha256"]:
         raise ModelError(f"the EAGLE-3 head in {draft_ref.spec} was exported for the target "
                          f"{recorded.get('name')!r} at {recorded.get('path')}, and "
                          f"{target_ref.path} is another (its content hash differs); the head "
@@ -209,7 +212,7 @@ def _check_draft(tokenizer: Any, target_ref: ResolvedModel, draft_ref: ResolvedM
     if is_eagle3_dir(draft_ref.path):
         check_eagle3(target_config, read_json(Path(draft_ref.path) / "config.json",
                                               "model config", "re-save the model", ModelError))
-        _check_bundle_target(target_ref, draft_ref)
+        check_bundle_target(target_ref, draft_ref)
         return
     check_compatible(tokenizer, load_tokenizer(draft_ref, "draft"), target_config,
                      AutoConfig.from_pretrained(draft_ref.path))

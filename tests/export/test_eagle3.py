@@ -252,8 +252,9 @@ def test_export_refuses_a_head_for_another_target(saved, tmp_path):
     # the same shapes, other weights: only a bundle's recorded hash tells
     bundle = export_bundle(str(target_dir), str(head_dir), tmp_path / "b", k=2)
     same_shape = _other_target(tmp_path, num_layers=8, seed=5)
-    with pytest.raises(ModelError, match="holds an EAGLE-3 head exported for another target .* "
-                                         "pass the target it was trained on"):
+    with pytest.raises(ModelError, match=r"the EAGLE-3 head in .*b was exported for the target "
+                                         r"'target' at .*; the head reads its target's hidden "
+                                         r"states: pass that target"):
         export_bundle(str(same_shape), str(bundle), tmp_path / "x", k=2)
     assert export_bundle(str(target_dir), str(bundle), tmp_path / "again", k=2).is_dir()
 
