@@ -221,12 +221,12 @@ def teacher_forced_logits(draft_model, target_model, seq: "torch.Tensor") -> "to
     round drafts from, gets zeros)."""
     import torch
 
-    from draftkit.models.eagle3 import is_eagle3
+    from draftkit.models.eagle3 import is_eagle3, tapped
 
     if not is_eagle3(getattr(draft_model, "config", {})):
         return draft_model(seq).logits
-    hs = target_model(seq, output_hidden_states=True).hidden_states
-    aux = torch.cat([hs[i] for i in draft_model.aux_layers], -1)  # (B, T, 3 Ht)
+    aux = tapped(target_model(seq, output_hidden_states=True).hidden_states,
+                 draft_model.aux_layers)  # (B, T, 3 Ht)
     logits, _ = draft_model(aux[:, :-1], seq[:, 1:])  # (B, T - 1, N): i scores token i + 2
     logits = draft_model.reduced_head.expand(logits)
     return torch.cat([torch.zeros_like(logits[:, :1]), logits], 1)

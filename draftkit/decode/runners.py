@@ -173,11 +173,20 @@ class LlamaRunner:
             gate, up = w["gate_up"](layer.post_attention_layernorm(x)).chunk(2, -1)
             x = x + w["down"](w["act"](gate) * up)
         cache.lengths[index.row_ids] = start_t + t
-        self.aux = torch.cat([entering[i] for i in self.capture], -1) if self.capture else None
+        self.aux = _tapped(entering, self.capture)
         if last is not None:  # only the positions whose logits are needed go through the head
             x = x[torch.arange(bsz, device=x.device), torch.tensor(last, device=x.device)]
         logits = self.w_head(self.norm(x))  # (..., V), or (..., N) over a reduced head
         return logits if self.head is None else self.head.expand(logits)
+
+
+def _tapped(hidden_states, capture: list[int] | None) -> "torch.Tensor | None":
+    """The features a forward leaves for an EAGLE-3 head (models.eagle3.tapped), if any."""
+    if not capture:
+        return None
+    from draftkit.models.eagle3 import tapped
+
+    return tapped(hidden_states, capture)
 
 
 def _sdpa_backends(device):
@@ -259,9 +268,7 @@ class HFRunner:
         out = self.model(input_ids=tokens, attention_mask=mask, position_ids=pos,
                          use_cache=True, output_hidden_states=bool(self.capture),
                          **{self.cache_kwarg: self.cache})
-        # hidden_states[i] is what enters layer i (hidden_states[0]: the embeddings' output)
-        self.aux = torch.cat([out.hidden_states[i] for i in self.capture], -1) \
-            if self.capture else None
+        self.aux = _tapped(out.hidden_states, self.capture)
         self.valid = torch.cat([self.valid, new_valid], dim=1)
         self.col_pos = torch.cat([self.col_pos, pos], dim=1)
         logits = out.logits  # (B, T, V)

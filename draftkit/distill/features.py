@@ -31,6 +31,7 @@ from draftkit.data import Rows, positions
 from draftkit.distill.losses import dense_logprobs
 from draftkit.distill.reduced_head import head_logits
 from draftkit.distill.teacher import RowCache, TeacherOut, TopKCache, cache_key, final_logits
+from draftkit.models.eagle3 import tapped
 
 
 def target_forward(target: Any, layers: list[int], input_ids: torch.Tensor,
@@ -44,7 +45,7 @@ def target_forward(target: Any, layers: list[int], input_ids: torch.Tensor,
                                output_hidden_states=True)
     last = out.last_hidden_state if mask is None else out.last_hidden_state[mask]
     logits = final_logits(target, head_logits(target, last, None))
-    return logits, torch.cat([out.hidden_states[i] for i in layers], dim=-1)
+    return logits, tapped(out.hidden_states, layers)
 
 
 class OnlineFeatures:

@@ -61,6 +61,13 @@ def default_aux_layers(num_layers: int) -> list[int]:
         [1, num_layers // 2, num_layers - 1]
 
 
+def tapped(hidden_states: Any, layers: list[int]) -> torch.Tensor:
+    """aux (B, T, 3 Ht), what a head's ``fuse`` reads: the residual stream entering each of
+    ``layers``, low to high, concatenated. ``hidden_states[i]`` enters layer i, as in
+    transformers' ``output_hidden_states`` (whose entry 0 is the embeddings' output)."""
+    return torch.cat([hidden_states[i] for i in layers], dim=-1)
+
+
 def is_eagle3(config: Any) -> bool:
     """Whether a config (a dict or an HF config) describes an EAGLE-3 head."""
     arch = config.get("architectures") if isinstance(config, dict) else \
