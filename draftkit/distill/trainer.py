@@ -56,6 +56,8 @@ from draftkit.models.reduced_head import ReducedHead
 from draftkit.models.resolve import model_identity
 from draftkit.tracking import Tracker
 
+# what a step's loss, evaluation and best/ are, by draft.kind
+KINDS = {"standalone": Standalone, "eagle3": Eagle3}
 
 # --- data order ---------------------------------------------------------------------------------
 
@@ -182,8 +184,7 @@ class _Run:
         self.cfg, self.dist, self.out, self.started = cfg, dist, out, started
         target_ref, self.tokenizer, target = _load_target(cfg, device)
         # the draft kind's checks (a standalone draft's whole model) before any answer is made
-        kind = Eagle3 if cfg.draft.kind == "eagle3" else Standalone
-        self.kind: Any = kind(cfg, target, self.tokenizer, target_ref, device)
+        self.kind: Any = KINDS[cfg.draft.kind](cfg, target, self.tokenizer, target_ref, device)
 
         # what the answer and teacher caches are keyed by, and where answers end: once
         key, self.stop_ids = target_id(target_ref, target), answer_stop_ids(target, self.tokenizer)
@@ -440,7 +441,7 @@ def prepare(cfg: DistillConfig, progress: bool = True) -> dict:
     target_ref, tokenizer, target = _load_target(cfg, device)
     dist = Dist()  # one process
     key = target_id(target_ref, target)
-    kind = Eagle3 if cfg.draft.kind == "eagle3" else Standalone
+    kind = KINDS[cfg.draft.kind]
     train_rows, heldout = recipe_rows(cfg, tokenizer, target, target_ref, dist, progress, key)
     caches = {c.what: c.dir for c in caches_of(kind.make_teacher(cfg, target, key, train_rows,
                                                                  dist, progress))}
