@@ -115,8 +115,9 @@ def measure(args, drafts: dict[str, str]) -> list[dict]:
 def figures(domain: str, name: str, stats, plain_step: float | None, pairs: list) -> dict:
     from draftkit import metrics
 
-    est, low, high = metrics.speedup_interval(*zip(*pairs)) if len(pairs) > 1 else \
-        (metrics.speedup_interval(*zip(*pairs))[0], None, None)
+    est, low, high = metrics.speedup_interval(*zip(*pairs))
+    if len(pairs) < 2:  # one prompt: no interval, as in draftkit eval
+        low = high = None
     alphas = stats.alphas()
     return {"domain": domain, "draft": name, "prompts": len(pairs), "speedup": est,
             "speedup_low": low, "speedup_high": high, "tau": stats.tau(),
