@@ -49,22 +49,33 @@ def simulate_speedup(alpha: float | Callable[[int], float], c: float, k: int | s
         a = alpha(i) if callable(alpha) else alpha
         kk = policy.choose(1) if k == AUTO else int(k)
         chosen.append(kk)
-        accepted, tested = [0] * kk, [0] * kk
-        for j in range(kk):  # positions are tested until the first rejection
-            tested[j] = 1
-            if rng.random() >= a:
-                break
-            accepted[j] = 1
-        n = sum(accepted)
-        t_draft, t_verify = kk * c * T_STEP, T_STEP * v(kk)
-        tokens += n + 1  # the accepted drafts and the target's own token
-        seconds += t_draft + t_verify + T_OVERHEAD
-        policy.observe(RoundStats(k=kk, rows=1, accepted_per_position=accepted,
-                                  tested_per_position=tested, beta_sum=0.0,
-                                  rejections=int(n < kk), bonus=int(n == kk), tokens=n + 1,
-                                  seconds_draft=t_draft, seconds_verify=t_verify,
-                                  seconds_other=T_OVERHEAD))
+        r = _sampled_round(rng, a, kk, 1, kk * c * T_STEP, T_STEP * v(kk))
+        tokens += r.tokens  # the accepted drafts and the target's own token
+        seconds += r.seconds_draft + r.seconds_verify + T_OVERHEAD
+        policy.observe(r)
     return tokens / seconds * (T_STEP + T_OVERHEAD), chosen
+
+
+def _sampled_round(rng: random.Random, alpha: float, k: int, rows: int, t_draft: float,
+                   t_verify: float) -> RoundStats:
+    """One round of ``rows`` rows at K = ``k``, every drafted token accepted with probability
+    ``alpha`` on its own, positions tested until a row's first rejection; timed as given."""
+    accepted, tested = [0] * k, [0] * k
+    kept = rejections = bonus = 0
+    for _row in range(rows):
+        n = 0
+        for j in range(k):
+            tested[j] += 1
+            if rng.random() >= alpha:
+                rejections += 1
+                break
+            accepted[j] += 1
+            n += 1
+        bonus += n == k
+        kept += n + 1
+    return RoundStats(k=k, rows=rows, accepted_per_position=accepted, tested_per_position=tested,
+                      beta_sum=0.0, rejections=rejections, bonus=bonus, tokens=kept,
+                      seconds_draft=t_draft, seconds_verify=t_verify, seconds_other=T_OVERHEAD)
 
 
 def best_fixed_k(alpha: float, c: float, k_max: int = K_MAX, v: Callable[[int], float] = linear_v
@@ -91,32 +102,15 @@ def simulate_load(alpha: float, c: float, k: int | str = AUTO, rounds: int = 300
     per second against K = 0's over the same batch sizes, and (batch size, K) of every round."""
     rng, walk = random.Random(seed), random.Random(seed + 1)
     policy = KPolicy(k_max=K_MAX)
-    batch, tokens, seconds, plain, chosen = max_batch // 4, 0, 0.0, 0.0, []
+    # seconds: this run's; plain: what K = 0 would have spent on the same tokens
+    batch, seconds, plain, chosen = max_batch // 4, 0.0, 0.0, []
     for _ in range(rounds):
         batch = max(1, min(max_batch, batch + walk.choice((-1, 0, 1))))
         kk = policy.choose(batch) if k == AUTO else int(k)
         chosen.append((batch, kk))
-        accepted, tested = [0] * kk, [0] * kk
-        kept = rejections = bonus = 0
-        for _row in range(batch):
-            n = 0
-            for j in range(kk):  # positions are tested until the first rejection
-                tested[j] += 1
-                if rng.random() >= alpha:
-                    rejections += 1
-                    break
-                accepted[j] += 1
-                n += 1
-            bonus += kk > 0 and n == kk
-            kept += n + 1
-        t_draft = kk * c * served_target_seconds(batch, 1)
-        t_verify = served_target_seconds(batch, kk + 1)
-        tokens += kept
-        seconds += t_draft + t_verify + T_OVERHEAD
-        plain += kept * (served_target_seconds(batch, 1) + T_OVERHEAD) / batch
-        policy.observe(RoundStats(k=kk, rows=batch, accepted_per_position=accepted,
-                                  tested_per_position=tested, beta_sum=0.0,
-                                  rejections=rejections, bonus=bonus, tokens=kept,
-                                  seconds_draft=t_draft, seconds_verify=t_verify,
-                                  seconds_other=T_OVERHEAD))
+        r = _sampled_round(rng, alpha, kk, batch, kk * c * served_target_seconds(batch, 1),
+                           served_target_seconds(batch, kk + 1))
+        seconds += r.seconds_draft + r.seconds_verify + T_OVERHEAD
+        plain += r.tokens * (served_target_seconds(batch, 1) + T_OVERHEAD) / batch
+        policy.observe(r)
     return plain / seconds, chosen
