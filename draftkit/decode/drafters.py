@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from draftkit.decode.runners import Eagle3Runner, make_runner
+from draftkit.decode.eagle3_runner import Eagle3Runner
+from draftkit.decode.runners import make_runner
 from draftkit.models.compat import check_eagle3
 
 if TYPE_CHECKING:

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from draftkit.decode.engine import SpeculativeEngine
-from draftkit.decode.runners import Eagle3Runner, HFRunner, LlamaRunner
+from draftkit.decode.eagle3_runner import Eagle3Runner
+from draftkit.decode.runners import HFRunner, LlamaRunner
 from draftkit.decode.sampling import SamplingParams
 from draftkit.decode.stats import DecodeStats
 from draftkit.errors import DraftkitError
