@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+    from draftkit.models.reduced_head import ReducedHead
+
 MAX_ROWS = 8  # row counts measured; beyond, F.linear
 MIN_TUNE_BYTES = 32 * 2**20  # weights this large stream from memory rather than cache
 SAMPLE_BYTES = 128 * 2**20  # weights timed: layers repeat their shapes, a prefix stands for all
@@ -56,6 +58,23 @@ class DecodeLinear:
         # the fixed choice, measured on the first machine (module docstring); off CPU, F.linear
         self.forms = {rows: ("x@wt" if rows == 1 else "w@xt") if layouts else "linear"
                       for rows in range(1, MAX_ROWS + 1)}
+
+    @classmethod
+    def fused(cls, *linears, head: "ReducedHead | None" = None) -> "DecodeLinear":
+        """One weight for several ``nn.Linear`` that read the same input (q/k/v, gate/up):
+        their rows stacked, so one larger matmul replaces several small ones. ``head``: keep
+        only a reduced head's rows, (V, D) -> (N, D)."""
+        import torch
+
+        w = torch.cat([m.weight.detach() for m in linears], dim=0)  # (out, in)
+        biases = [m.bias for m in linears]
+        b = None if all(x is None for x in biases) else torch.cat(
+            [x.detach() if x is not None else torch.zeros(m.out_features, dtype=w.dtype,
+                                                          device=w.device)
+             for x, m in zip(biases, linears)])
+        if head is not None:
+            w, b = head.restrict(w, dim=0), None if b is None else head.restrict(b, dim=0)
+        return cls(w, b)
 
     @property
     def shape(self) -> tuple[int, int]:

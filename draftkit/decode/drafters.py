@@ -198,7 +198,7 @@ class Eagle3Drafter(_Drafter):
         idx = (torch.tensor(start, device=dev)[:, None] + 1
                + torch.arange(width, device=dev)).clamp(max=state.max_len - 1)
         tokens = state.tokens[torch.tensor(rows, device=dev)[:, None], idx]  # (b, W)
-        return self.model.fuse(aux), tokens, start
+        return self.runner.fuse(aux), tokens, start
 
     def _take(self, state: "BatchState", b: int, n: int) -> "torch.Tensor":
         """The first n pending features of row b (n, 3 Ht), which the head then holds; a row

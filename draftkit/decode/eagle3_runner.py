@@ -11,10 +11,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from draftkit.decode.cache import StaticKVCache, WriteIndex
+from draftkit.decode.cpu_linear import DecodeLinear, tune
 from draftkit.decode.runners import sdpa_backends
 
 if TYPE_CHECKING:
     import torch
+
+# A head's weights are timed for their fastest layouts from this size on: the embedded
+# target's head (hidden 576, N 4096) is about 30 MB and streams from memory each step, while
+# the tiny heads of the tests fit in cache and keep the fixed, deterministic layouts.
+TUNE_BYTES = 8 * 2**20
 
 
 class Eagle3Runner:
@@ -42,12 +48,40 @@ class Eagle3Runner:
         self.param = model.fc.weight
         self.head = model.reduced_head.to(self.param.device)  # the draft vocabulary: N of V
         self.cache: StaticKVCache | None = None
+        self._prepare_weights()
+
+    def _prepare_weights(self) -> None:
+        """The layer's matmuls as the target's runner does them: q/k/v and gate/up fused, each
+        weight in the layout fastest for few rows (:mod:`draftkit.decode.cpu_linear`). A head
+        streams all its weights once per drafted token, so how it multiplies is most of c."""
+        m, layer = self.model, self.model.midlayer
+        a, mlp = layer.self_attn, layer.mlp
+        self.w_fc = DecodeLinear.fused(m.fc)
+        self.w_qkv = DecodeLinear.fused(a.q_proj, a.k_proj, a.v_proj)
+        self.w_o = DecodeLinear.fused(a.o_proj)
+        self.w_gate_up = DecodeLinear.fused(mlp.gate_proj, mlp.up_proj)
+        self.w_down = DecodeLinear.fused(mlp.down_proj)
+        self.w_head = DecodeLinear.fused(m.lm_head)
+        self.act = mlp.act_fn
+        tune([self.w_fc, self.w_qkv, self.w_o, self.w_gate_up, self.w_down, self.w_head],
+             min_bytes=TUNE_BYTES)
 
     def reset(self, batch: int, max_len: int) -> None:
+        import torch
+
         if self.cache is None or self.cache.batch != batch or self.cache.max_len < max_len:
             self.cache = StaticKVCache(1, batch, self.kv_heads, max_len, self.head_dim,
                                        self.param.dtype, self.param.device)
+            # cos/sin for every position once, by the head's own rotary module (its scaling)
+            pos = torch.arange(max_len, device=self.param.device)[None]
+            cos, sin = self.model.rotary_emb(self.cache.k[0, :1, 0], pos)
+            self.cos, self.sin = cos[0], sin[0]  # (S, hd)
         self.cache.lengths.zero_()
+
+    def fuse(self, aux: "torch.Tensor") -> "torch.Tensor":
+        """The target's tapped hidden states (b, T, 3 Ht) as the head's feature (b, T, H)
+        (:meth:`~draftkit.models.eagle3.Eagle3Draft.fuse`)."""
+        return self.w_fc(aux.to(self.param.dtype))
 
     def feed(self, hidden: "torch.Tensor", tokens: "torch.Tensor", start: list[int],
              rows: list[int] | None = None) -> None:
@@ -67,22 +101,45 @@ class Eagle3Runner:
         b, dev = tokens.shape[0], tokens.device
         pick = (torch.arange(b, device=dev), torch.tensor(last, device=dev))
         q = q[pick[0], :, pick[1]][:, :, None]  # (b, nh, 1, hd)
-        kv_len = max(s + i for s, i in zip(start, last)) + 1
-        keys = torch.arange(kv_len, device=dev)
-        mask = (keys[None] <= index.positions[pick][:, None])[:, None, None]  # (b, 1, 1, S)
+        queries = [s + i for s, i in zip(start, last)]
+        kv_len = max(queries) + 1
+        if all(p == kv_len - 1 for p in queries):
+            mask = None  # every query is at the newest position: it sees every key
+        else:
+            keys = torch.arange(kv_len, device=dev)
+            mask = (keys[None] <= index.positions[pick][:, None])[:, None, None]  # (b, 1, 1, S)
         k_all, v_all = self.cache.view(0, kv_len, index)  # (b, nkv, S, hd)
         with sdpa_backends(self.param.device):
             o = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,
                                                enable_gqa=self.kv_heads != self.num_heads)
-        h = self.model.after_attention(o, hidden[pick][:, None])[:, 0]  # (b, H)
-        return self.head.expand(self.model.logits(h)), h
+        layer = self.model.midlayer
+        # the layer's output, as Eagle3Draft.after_attention computes it
+        h = hidden[pick] + self.w_o(o.reshape(b, -1))  # (b, H)
+        gate, up = self.w_gate_up(layer.post_attention_layernorm(h)).chunk(2, -1)
+        h = h + self.w_down(self.act(gate) * up)
+        return self.head.expand(self.w_head(self.model.norm(h))), h
 
     def _write(self, hidden, tokens, start, rows):
-        """q (b, nh, T, hd) of the new positions, their keys and values written."""
+        """q (b, nh, T, hd) of the new positions, their keys and values written, as
+        Eagle3Draft.attention_inputs computes them."""
         import torch
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+        bsz, t = tokens.shape
+        limit = self.cache.max_len - 1
         start_t = torch.tensor(start, device=tokens.device)
-        index = WriteIndex(start_t, tokens.shape[1], None, rows, limit=self.cache.max_len - 1)
-        q, k, v = self.model.attention_inputs(tokens, hidden, index.positions)
+        # a slice write where no padding needs clamping to the limit, a scatter else
+        uniform = start[0] if all(s == start[0] for s in start) and start[0] + t <= limit else None
+        index = WriteIndex(start_t, t, uniform, rows, limit=limit)
+        layer = self.model.midlayer
+        emb = self.model.embed_tokens(tokens).to(hidden.dtype)
+        x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(hidden)], dim=-1)
+        nh, nkv, hd = self.num_heads, self.kv_heads, self.head_dim
+        qkv = self.w_qkv(x)  # (b, T, (nh + 2 nkv) hd)
+        q = qkv[..., :nh * hd].view(bsz, t, nh, hd).transpose(1, 2)
+        k = qkv[..., nh * hd:(nh + nkv) * hd].view(bsz, t, nkv, hd).transpose(1, 2)
+        v = qkv[..., (nh + nkv) * hd:].view(bsz, t, nkv, hd).transpose(1, 2)
+        pos = index.positions  # (b, T)
+        q, k = apply_rotary_pos_emb(q, k, self.cos[pos], self.sin[pos])
         self.cache.write(0, k, v, index)
         return q, index

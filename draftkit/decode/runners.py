@@ -89,19 +89,7 @@ class LlamaRunner:
     def _prepare_weights(self) -> None:
         """Fuse q/k/v and gate/up into one matrix each (fewer, larger matmuls) and, on CPU,
         measure the fastest matmul layout per row count (:mod:`draftkit.decode.cpu_linear`)."""
-        import torch
-
-        def prep(*linears, head: "ReducedHead | None" = None) -> DecodeLinear:
-            w = torch.cat([m.weight.detach() for m in linears], dim=0)  # (out, in)
-            biases = [m.bias for m in linears]
-            b = None if all(x is None for x in biases) else torch.cat(
-                [x.detach() if x is not None else torch.zeros(m.out_features, dtype=w.dtype,
-                                                              device=w.device)
-                 for x, m in zip(biases, linears)])
-            if head is not None:  # a reduced head: keep only its rows, (V, D) -> (N, D)
-                w, b = head.restrict(w, dim=0), None if b is None else head.restrict(b, dim=0)
-            return DecodeLinear(w, b)
-
+        prep = DecodeLinear.fused
         self.w = []
         for layer in self.layers:
             a, mlp = layer.self_attn, layer.mlp
