@@ -10,6 +10,11 @@ loads a bundle. The values are range-checked first, so an edit that breaks a ran
 its field; any other edit is named by the hash. A manifest without the hash (an earlier
 draftkit's, or one whose hash was deleted) is refused the same way: re-exporting is cheap,
 trusting an edited figure is not.
+
+Fields added later are optional, so a bundle exported before them still checks: ``serving``
+(what the engines need: dtype, tensor-parallel sizes, K per batch size, releases;
+:mod:`draftkit.export.engines`) and the draft's ``dtype``. Where present they are range-checked
+as the rest.
 """
 
 from __future__ import annotations
@@ -89,6 +94,33 @@ def check_values(manifest: dict, where: str) -> None:
                 raise bad(f"domains.{name}.{field}", value, want)
         if row.get("k") is not None and (not _is_int(row["k"]) or row["k"] < 0):
             raise bad(f"domains.{name}.k", row["k"], "not a whole number of at least 0")
+    if manifest.get("serving") is not None:  # added later: bundles before it have none
+        _check_serving(manifest["serving"], bad)
+
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _check_serving(serving, bad) -> None:
+    """The ``serving`` entry's structure and values."""
+    if not isinstance(serving, dict):
+        raise bad("serving", serving, "not a mapping")
+    if serving.get("dtype") not in DTYPES:
+        raise bad("serving.dtype", serving.get("dtype"), f"not one of {', '.join(DTYPES)}")
+    tp = serving.get("tp_sizes")
+    if not (isinstance(tp, list) and all(_is_int(n) and n >= 1 for n in tp)):
+        raise bad("serving.tp_sizes", tp, "not a list of sizes of at least 1")
+    k = serving.get("num_speculative_tokens")
+    if not _is_int(k) or k < 1:
+        raise bad("serving.num_speculative_tokens", k, "not a whole number of at least 1")
+    table = serving.get("k_per_batch_size")
+    if table is not None and not (isinstance(table, list) and all(
+            isinstance(r, list) and len(r) == 3 and all(_is_int(x) for x in r) and
+            1 <= r[0] <= r[1] and r[2] >= 0 for r in table)):
+        raise bad("serving.k_per_batch_size", table, "not a list of [first batch size, last, "
+                  "K >= 0]")
+    if not isinstance(serving.get("engines"), dict):
+        raise bad("serving.engines", serving.get("engines"), "not a mapping")
 
 
 def _is_number(value) -> bool:

@@ -412,15 +412,19 @@ def write_manifest(bundle: Path, manifest: dict | None = None, **fields) -> dict
     return manifest
 
 
-def fake_engines(tmp_path: Path) -> dict:
+def fake_engines(tmp_path: Path, vllm: str = "0.34.0", sglang: str = "0.5.23") -> dict:
     """An environment whose ``vllm`` and ``python`` are stand-ins that print the arguments
-    they were given, one a line: what a bundle's serving scripts would launch."""
+    they were given, one a line: what a bundle's serving scripts would launch. Asked for their
+    release (``vllm --version``, ``python -c ...``, as the scripts ask), they answer ``vllm`` /
+    ``sglang`` ("" as not installed)."""
     import os
 
     fake = tmp_path / "bin"
     fake.mkdir(exist_ok=True)
-    for name in ("vllm", "python"):
-        (fake / name).write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
+    for name, asked, release in (("vllm", "--version", vllm), ("python", "-c", sglang)):
+        answer = f'echo "{release}"' if release else "exit 1"
+        (fake / name).write_text(f'#!/usr/bin/env bash\nif [ "$1" = "{asked}" ]; then '
+                                 f'{answer}; exit; fi\nprintf "%s\\n" "$@"\n')
         (fake / name).chmod(0o755)
     return {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
 

@@ -7,9 +7,12 @@ A bundle is a folder that serving systems take as it is::
                         a standalone draft as a plain HF model folder, its
                         generation_config.json with num_assistant_tokens = recommended K;
                         an EAGLE-3 head as vLLM and SGLang load one (draftkit/export/eagle3.py)
-      serving/          vllm.json + vllm.sh, sglang.sh, hf_transformers.py
+      serving/          vllm.json + vllm.sh, sglang.sh, preflight.py (what the scripts check
+                        before they launch), hf_transformers.py, README.md
       draftkit.json     target reference, the draft's kind (standalone or eagle3; an EAGLE-3
-                        head's tapped layers), measured figures, recipe, versions, sha256 of
+                        head's tapped layers) and dtype, measured figures, what serving needs
+                        (``serving``: engine releases, tensor-parallel sizes, K per batch
+                        size; :mod:`draftkit.export.engines`), recipe, versions, sha256 of
                         each file and of itself (:mod:`draftkit.manifest`)
 
 The draft's kind is a property of the draft (an EAGLE-3 head's config.json names its
@@ -17,8 +20,10 @@ architecture); one object per kind (:class:`StandaloneExport`,
 :class:`~draftkit.export.eagle3.Eagle3Export`) checks it against the target and writes
 ``draft/``, the rest of the bundle is the same for both. Export validates before it writes
 (tokenizer and special tokens, or an EAGLE-3 head's vocabulary, width and attention shape,
-equal to the target's; max_position_embeddings not below the target's; every weight key known,
-LoRA merged), writes to a temporary folder, reloads the written draft and compares its logits
+equal to the target's; max_position_embeddings and the context length SGLang reads not below the
+target's; every weight key known, LoRA merged; no engine that would rewrite the draft into
+another kind of model unsaid), writes the draft in the dtype asked (bf16 by default, the dtype
+targets are served in) to a temporary folder, reloads the written draft and compares its logits
 with the in-memory one, and only then renames the folder into place.
 """
 
@@ -27,15 +32,18 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 from draftkit.decode.k import AUTO, DEFAULT_FIXED_K, KValue, parse_k
 from draftkit.errors import DraftkitError, ModelError
 from draftkit.evaluate.figures import EvalReport
+from draftkit.evaluate.summary import shown_speedup
+from draftkit.export import engines
 from draftkit.export.eagle3 import (LAYER_IDS, Eagle3Export, check_against_target,
                                     check_served_layout)
-from draftkit.export.serving import write_serving
+from draftkit.export.serving import serving_entry, write_serving
 from draftkit.io import atomic_dir, read_json, sha256_file
 from draftkit.manifest import FORMAT, read_manifest, seal
 from draftkit.manifest import NAME as MANIFEST
@@ -95,14 +103,19 @@ class StandaloneExport:
                              f"{t_max}; serving would cut contexts short. Set it to {t_max} in "
                              f"the draft's config.json (and check its RoPE settings) before "
                              f"exporting")
+        engines.check_context(self.model.config, target_cfg, f"draft {draft_ref.path}")
+        self.config = self.model.config
 
-    def write(self, folder: Path, tokenizer, k: int) -> None:
-        """A plain HF model folder with the target's tokenizer and K in its generation config;
-        reloaded and its logits compared with the in-memory draft's."""
+    def write(self, folder: Path, tokenizer, k: int, dtype: str) -> None:
+        """A plain HF model folder in ``dtype`` with the target's tokenizer and K in its
+        generation config; reloaded and its logits compared with the in-memory draft's, rounded
+        to ``dtype`` as the file holds it."""
         import torch
         from transformers import AutoModelForCausalLM, GenerationConfig
 
+        _cast(self.model, getattr(torch, dtype))  # weights only: RoPE tables stay float32
         save_model(self.model, folder)
+        _cast(self.model, torch.float32)  # the stored values, exactly: compared below
         save_tokenizer(tokenizer, folder)  # the target's tokenizer
         source = Path(self.ref.path)
         head = ReducedHead.load(source, vocab_size(self.target_cfg)) if source.is_dir() else None
@@ -135,9 +148,17 @@ class StandaloneExport:
                 "num_hidden_layers": self.model.config.get_text_config().num_hidden_layers}
 
 
+def _cast(model, dtype) -> None:
+    """``model``'s floating weights in ``dtype``, in place (a tied head stays tied)."""
+    for p in model.parameters():
+        if p.is_floating_point():
+            p.data = p.data.to(dtype)
+    model.config.dtype = dtype
+
+
 def export_bundle(target: str, draft: str, out: str | Path, report: str | Path | None = None,
                   k: KValue = AUTO, recipe: str | Path | None = None,
-                  force: bool = False) -> Path:
+                  force: bool = False, dtype: str = "bfloat16") -> Path:
     from transformers import AutoConfig
 
     out = Path(out)
@@ -158,27 +179,62 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
     # the draft's kind is its own: an EAGLE-3 head's config.json says so
     source = Eagle3Export(draft_ref, target_ref, target_cfg, target_entry["sha256"]) if \
         is_eagle3_dir(draft_ref.path) else StandaloneExport(draft_ref, target_tok, target_cfg)
+    final_draft = str(out.resolve() / "draft")
+    target_for_serving = str(target_ref.path) if target_ref.kind != "hub" else target_ref.spec
+    serving = _serving(source, final_draft, target_for_serving, k, dtype, report_data)
 
     recipe_data = _read_recipe(recipe) if recipe else None
+    figures = _figures(report_data)
     with atomic_dir(out, overwrite=force) as tmp:
-        source.write(tmp / "draft", target_tok, k)
-        final_draft = str(out.resolve() / "draft")
-        target_for_serving = str(target_ref.path) if target_ref.kind != "hub" else target_ref.spec
-        write_serving(tmp / "serving", target_for_serving, final_draft, k, source.kind)
+        source.write(tmp / "draft", target_tok, k, dtype)
+        write_serving(tmp / "serving", serving, final_draft, source.kind, k, figures["domains"])
         manifest = {
             "format": FORMAT,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "target": target_entry,
-            "draft": source.entry(),
+            "draft": {**source.entry(), "dtype": dtype},
             "num_speculative_tokens": k,
             "k_source": k_source,
-            **_figures(report_data),
+            **figures,
+            "serving": serving,
             "recipe": recipe_data,
             "versions": _versions(),
         }
         manifest["files"] = {str(p.relative_to(tmp)): sha256_file(p) for p in _bundle_files(tmp)}
         (tmp / MANIFEST).write_text(json.dumps(seal(manifest), indent=2) + "\n")
     return out
+
+
+def _serving(source, draft_dir: str, target: str, k: int, dtype: str,
+             report: EvalReport | None) -> dict:
+    """The manifest's ``serving`` entry for this draft (:func:`serving_entry`), refusing what
+    no engine would serve as the bundle says and warning, one line each, of what one engine
+    would not."""
+    rewrite = engines.vllm_path_rewrite(draft_dir) if source.kind == StandaloneExport.kind \
+        else None
+    if rewrite:  # vLLM would switch method draft_model to another for this path
+        raise DraftkitError(f"the bundle's draft path {draft_dir} makes vLLM serve it as method "
+                            f"{rewrite!r}, not draft_model (SpeculativeConfig reads the method "
+                            f"off the draft's path); choose an --out without "
+                            f"{', '.join(repr(p) for p, _ in engines.VLLM_PATH_METHODS)}")
+    refused = engines.refused_engines(source.config) if source.kind == \
+        StandaloneExport.kind else {}
+    tp = engines.tp_sizes(source.config)
+    for line in refused.values():
+        _warn(f"{line}; its serving script will refuse to start")
+    missing = [n for n in engines.COMMON_TP if n not in tp]
+    if missing:
+        _warn(f"the draft shards at tensor-parallel sizes {tp} only, not "
+              f"{', '.join(map(str, missing))} (its attention heads, KV heads and MLP width do "
+              f"not divide them): SGLang cannot serve it beside a target at those; vLLM runs "
+              f"it at draft_tensor_parallel_size 1")
+    table = engines.k_per_batch_size(report.batch_sweep, shown_speedup) if report else None
+    return serving_entry(source.kind, target, k, dtype, tp, table, refused,
+                         report.temperature if report else None)
+
+
+def _warn(line: str) -> None:
+    print(f"draftkit: warning: {line}", file=sys.stderr, flush=True)
 
 
 def _read_report(path) -> EvalReport | None:

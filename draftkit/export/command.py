@@ -40,6 +40,11 @@ class ExportArgs:
                              f"{DEFAULT_FIXED_K}")
     recipe: str | None = option(None, help="the distillation recipe (resolved config.yaml) that "
                                            "trained the draft, recorded in the bundle")
+    dtype: str = option("bfloat16", choices=("float32", "float16", "bfloat16"),
+                        help="dtype the draft is stored in, and the engines' scripts serve the "
+                             "target in: the dtype the target is served in (vLLM casts the "
+                             "draft to the target's; SGLang's --dtype auto runs a float32 "
+                             "draft as float16)")
     force: bool = option(False, help="replace an existing bundle directory")
 
     def validate(self) -> None:
@@ -60,13 +65,19 @@ class CheckArgs:
 def export(args: ExportArgs) -> Path:
     """``draftkit export``."""
     out = export_bundle(args.target, args.draft, args.out, args.report, args.k, args.recipe,
-                        args.force)
+                        args.force, args.dtype)
     manifest = read_manifest(out)
     with Tracker("export", {"target": args.target, "draft": args.draft, "k": args.k}) as t:
         t.log_artifact(out, name=f"bundle-{out.name}", type="model",
                        metadata={"num_speculative_tokens": manifest["num_speculative_tokens"]})
+    serving = manifest["serving"]
+    engines = serving["engines"]
     print(f"wrote bundle {out}: K={manifest['num_speculative_tokens']} "
-          f"({manifest['k_source']}), {len(manifest['files'])} files hashed")
+          f"({manifest['k_source']}), draft in {serving['dtype']}, tensor-parallel sizes "
+          f"{serving['tp_sizes']}, {len(manifest['files'])} files hashed")
+    print(f"  needs:  vllm >= {engines['vllm']['min_version']}, sglang >= "
+          f"{engines['sglang']['min_version']} (serving/README.md says which figures hold "
+          f"where)")
     print(f"  vLLM:   bash {out / 'serving' / 'vllm.sh'}")
     print(f"  SGLang: bash {out / 'serving' / 'sglang.sh'}")
     if manifest["draft"].get("kind") == EAGLE3:

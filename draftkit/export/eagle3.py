@@ -41,6 +41,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from draftkit.errors import ModelError
+from draftkit.export.engines import check_context
 from draftkit.io import read_json
 from draftkit.models.facts import text_config
 from draftkit.models.load import check_bundle_target, load_causal_lm
@@ -249,23 +250,29 @@ class Eagle3Export:
         config = read_json(folder / "config.json", "EAGLE-3 head config", "re-save the head",
                            ModelError)
         check_against_target(config, target_config, folder)
+        check_context(config, target_config, f"EAGLE-3 head {folder}")
         check_bundle_target(target_ref, draft_ref, target_sha256)
-        self.ref, self.target_config = draft_ref, target_config
+        self.ref, self.target_config, self.config = draft_ref, target_config, config
         self.target = target_embedding(target_ref.path, target_config)
         self.head = load_eagle3(folder, self.target)  # float32, as the target's embedding
-        self.dtype = getattr(torch, stored_dtype(config), None)  # written back as stored
-        if not (isinstance(self.dtype, torch.dtype) and self.dtype.is_floating_point):
+        stored = getattr(torch, stored_dtype(config), None)
+        if not (isinstance(stored, torch.dtype) and stored.is_floating_point):
             raise ModelError(f"{folder}/config.json: torch_dtype {stored_dtype(config)!r} is "
                              f"not a floating dtype; re-save the head")
 
-    def write(self, folder: Path, tokenizer: Any, k: int) -> None:
-        """``folder`` as the engines read it (module docstring), the target's tokenizer beside
-        the head; what was written is checked and loaded back, and its logits compared."""
+    def write(self, folder: Path, tokenizer: Any, k: int, dtype: str) -> None:
+        """``folder`` as the engines read it (module docstring), the head's weights in
+        ``dtype``, the target's tokenizer beside it; what was written is checked and loaded
+        back, and its logits compared with the in-memory head's rounded to ``dtype``."""
         import torch
 
         from draftkit.models.eagle3 import load_eagle3, save_eagle3
 
-        save_eagle3(self.head, folder, dtype=self.dtype)
+        save_eagle3(self.head, folder, dtype=getattr(torch, dtype))
+        with torch.no_grad():  # the stored values, exactly: compared in float32 below
+            for name, p in self.head.named_parameters():
+                if not name.startswith("embed_tokens."):  # the target's, not stored
+                    p.copy_(p.to(getattr(torch, dtype)).float())
         save_tokenizer(tokenizer, folder)  # engines use the target's; draftkit's check reads it
         check_against_target(check_served_layout(folder), self.target_config, folder)
         written = load_eagle3(folder, self.target)

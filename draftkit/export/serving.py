@@ -5,56 +5,186 @@ vLLM's ``speculative_config`` with ``method`` ``draft_model`` for a standalone d
 ``eagle3`` for an EAGLE-3 head (always said: vLLM guesses a method from the path otherwise);
 SGLang's STANDALONE or EAGLE3 speculative algorithm, drafting a single chain (top-k 1); HF's
 ``assistant_model`` with a constant ``num_assistant_tokens``, which cannot run an EAGLE-3 head.
+
+What the engines need beyond the flags (:mod:`draftkit.export.engines`: releases, dtype,
+tensor-parallel sizes, sampling, K per batch size) is the manifest's ``serving`` entry
+(:func:`serving_entry`); ``vllm.sh`` and ``sglang.sh`` hand it to ``preflight.py``
+(:mod:`draftkit.export.preflight`, copied beside them), which checks the installed engine and
+the target and prints the command they run. ``README.md`` says which measured figures hold on
+which engine.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+import shutil
 from pathlib import Path
 
+from draftkit.export import preflight
+from draftkit.export.engines import FEATURES, MIN_VERSIONS, VLLM_PATH_METHODS
+from draftkit.export.serving_readme import readme
 
 # the draft's kind -> (vLLM's speculative method, SGLang's speculative algorithm)
 METHODS = {"standalone": ("draft_model", "STANDALONE"), "eagle3": ("eagle3", "EAGLE3")}
+_WHY = {("vllm", "standalone"): "the first release whose V1 engine runs method draft_model",
+        ("vllm", "eagle3"): "the first that taps the layers the head records",
+        ("sglang", "standalone"): "the first release with the STANDALONE algorithm",
+        ("sglang", "eagle3"): "the first that taps the layers the head records"}
 
 
-def vllm_speculative_config(draft_dir: str, k: int, kind: str = "standalone") -> dict:
-    return {"method": METHODS[kind][0], "model": draft_dir, "num_speculative_tokens": k}
+def serving_entry(kind: str, target: str, k: int, dtype: str, tp: list[int],
+                  k_table: list[list[int]] | None, refused: dict[str, str],
+                  temperature: float | None) -> dict:
+    """The manifest's ``serving`` entry: what the scripts check and launch with. ``k`` is the
+    recommended K (0: speculation did not pay; the engines need K >= 1 to load a draft at all,
+    so they are given 1)."""
+    vllm_features = dict(FEATURES["vllm"])
+    sglang_features = dict(FEATURES["sglang"]) if kind == "eagle3" else {}  # EAGLE-3 only
+    return {
+        "target": target, "dtype": dtype, "tp_sizes": tp, "num_speculative_tokens": max(k, 1),
+        "k_per_batch_size": k_table, "measured_temperature": temperature,
+        "engines": {
+            "vllm": {"method": METHODS[kind][0], "min_version": MIN_VERSIONS["vllm", kind],
+                     "why": _WHY["vllm", kind], "features": vllm_features,
+                     # vLLM reads the method off a draft_model draft's path
+                     "path_rule": [p for p, _ in VLLM_PATH_METHODS] if kind == "standalone"
+                     else [], "refused": refused.get("vllm")},
+            "sglang": {"algorithm": METHODS[kind][1], "min_version": MIN_VERSIONS["sglang", kind],
+                       "why": _WHY["sglang", kind], "features": sglang_features,
+                       "refused": refused.get("sglang")}}}
 
 
-def sglang_flags(draft_dir: str, k: int, kind: str = "standalone") -> list[str]:
-    # SGLang counts the verified tokens including the bonus one: K drafted + 1.
-    return ["--speculative-algorithm", METHODS[kind][1], "--speculative-draft-model-path",
-            draft_dir, "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
-            "--speculative-num-draft-tokens", str(k + 1)]
+def vllm_speculative_config(draft_dir: str, entry: dict) -> dict:
+    """vLLM's ``speculative_config`` for the newest release (the scripts drop what an older
+    installed one lacks)."""
+    spec = {"method": entry["engines"]["vllm"]["method"], "model": draft_dir,
+            "num_speculative_tokens": entry["num_speculative_tokens"],
+            "draft_sample_method": "probabilistic"}
+    if entry["k_per_batch_size"]:
+        spec["num_speculative_tokens_per_batch_size"] = entry["k_per_batch_size"]
+        spec["num_speculative_tokens"] = max([spec["num_speculative_tokens"]] +
+                                             [k for _, _, k in entry["k_per_batch_size"]])
+    return spec
 
 
-def hf_snippet(target: str, kind: str = "standalone", k: int = 1) -> str:
+_NOTE_K0 = ("NOTE: the evaluation recommends K = 0 (speculation did not pay for this draft on "
+            "the measured traffic); serving the target without a draft is faster. These "
+            "commands use K = 1 so the draft can still be tried.")
+
+
+def _header(engine: str, entry: dict, k0: bool, bundle: Path) -> str:
+    e = entry["engines"][engine]
+    newest = max(preflight.version_tuple(v) for v in
+                 [e["min_version"], *e.get("features", {}).values()])
+    try:  # what it runs on a release with every setting, as preflight composes it
+        runs = "runs: " + shlex.join(preflight.COMMANDS[engine](
+            {"serving": entry, "target": {}}, newest, None, [], bundle)) + " [flags...]"
+    except preflight.Refused as refused:
+        runs = f"refuses to start: {refused}"
+    lines = [f"Serve the target with this bundle's draft in {preflight.NAMES[engine]} "
+             f"(>= {e['min_version']}: {e['why']}).",
+             "bash THIS [--target PATH] [engine flags...]: --target is the target model "
+             f"(default {entry['target']}, where it was at export); given, its content hash "
+             "must match the one draftkit.json records.",
+             f"The draft is stored in {entry['dtype']}, the target is served --dtype "
+             f"{entry['dtype']} unless you pass --dtype; the draft shards at tensor-parallel "
+             f"sizes {entry['tp_sizes']}.",
+             "preflight.py checks the installed release, the target and the flags, then prints "
+             "the command this script runs; on the newest releases it", runs]
+    if entry["k_per_batch_size"]:
+        lines.append("K per batch size, from the eval report's batch sweep (vLLM takes it in "
+                     f"its speculative config from "
+                     f"{FEATURES['vllm']['num_speculative_tokens_per_batch_size']}"
+                     + ("; SGLang has no such setting and runs one K throughout)" if engine ==
+                        "sglang" else ")") + ":")
+        lines += [f"  batch {a}-{b}: K {k}" for a, b, k in entry["k_per_batch_size"]]
+    if k0:
+        lines.append(_NOTE_K0)
+    return "".join(f"# {line}\n" for line in lines)
+
+
+_RUN = ('here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
+        'VERSION\n'
+        'command="$(python3 "$here/preflight.py" ENGINE "$version" "$@")" || exit 1\n'
+        'mapfile -t argv <<< "$command"\n'
+        'exec "${argv[@]}"\n')
+_VERSIONS = {"vllm": 'version="$(vllm --version 2>/dev/null | tail -n 1)"',
+             # the interpreter that runs `python -m sglang.launch_server`
+             "sglang": 'version="$(python -c \'import importlib.metadata as m; '
+                       'print(m.version("sglang"))\' 2>/dev/null)"'}
+
+
+def write_serving(folder: Path, entry: dict, draft_dir: str, kind: str, k: int,
+                  figures: dict) -> None:
+    """``folder``/vllm.json, vllm.sh, sglang.sh, preflight.py, hf_transformers.py and README.md
+    for the ``serving`` ``entry``; ``k`` is the recommended K (0 is said in every file),
+    ``figures`` the manifest's measured figures (its ``domains``, ``report``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = vllm_speculative_config(draft_dir, entry)
+    (folder / "vllm.json").write_text(json.dumps(spec, indent=2) + "\n")
+    shutil.copyfile(preflight.__file__, folder / "preflight.py")
+    for engine in ("vllm", "sglang"):
+        (folder / f"{engine}.sh").write_text(
+            "#!/usr/bin/env bash\n" + _header(engine, entry, k < 1, Path(draft_dir).parent) +
+            _RUN.replace("VERSION", _VERSIONS[engine]).replace("ENGINE", engine))
+    (folder / "hf_transformers.py").write_text(hf_snippet(entry, kind, k))
+    (folder / "README.md").write_text(readme(entry, kind, k, figures))
+
+
+def hf_snippet(entry: dict, kind: str = "standalone", k: int = 1) -> str:
+    target = entry["target"]
+    note = f"\n{_NOTE_K0}\n" if k < 1 else ""
     if kind == "eagle3":
-        return _eagle3_note(target, k)
+        return _eagle3_note(target, max(k, 1), note)
     return f'''"""Speculative decoding with HF transformers and this bundle's draft.
 
 The draft's generation_config.json already sets num_assistant_tokens (K), a constant
 schedule and confidence threshold 0, so generate() uses exactly the recommended K.
+{note}
+    python hf_transformers.py [--target PATH] [--device cuda|cpu] [--dtype {entry["dtype"]}]
+
+--target: the target model (default: where it was at export), checked against the content hash
+draftkit.json records; both models load in --dtype (default: the draft's, as stored) on
+--device (default: cuda where there is one).
 """
+import argparse
+import sys
 from pathlib import Path
 
+import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-draft_dir = Path(__file__).resolve().parent.parent / "draft"  # found wherever the bundle is
-target = AutoModelForCausalLM.from_pretrained({target!r})
-draft = AutoModelForCausalLM.from_pretrained(draft_dir)
+here = Path(__file__).resolve().parent
+sys.path.insert(0, str(here))
+import preflight  # noqa: E402  (beside this file: the target check the shell scripts run)
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--target", default=None)
+parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+parser.add_argument("--dtype", default={entry["dtype"]!r},
+                    choices=["float32", "float16", "bfloat16"])
+args = parser.parse_args()
+manifest = preflight.json.loads((here.parent / "draftkit.json").read_text())
+try:
+    target_path = preflight.check_target(manifest, args.target)
+except preflight.Refused as e:
+    sys.exit(f"draftkit bundle: {{e}}")
+dtype = getattr(torch, args.dtype)
+draft_dir = here.parent / "draft"  # found wherever the bundle is
+target = AutoModelForCausalLM.from_pretrained(target_path, dtype=dtype).to(args.device)
+draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=dtype).to(args.device)
 tokenizer = AutoTokenizer.from_pretrained(draft_dir)
 
 messages = [{{"role": "user", "content": "Write a Python function that reverses a string."}}]
 ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                    return_dict=True)["input_ids"]
+                                    return_dict=True)["input_ids"].to(args.device)
 out = target.generate(ids, assistant_model=draft, max_new_tokens=128, do_sample=False)
 print(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
 '''
 
 
-def _eagle3_note(target: str, k: int) -> str:
+def _eagle3_note(target: str, k: int, note: str) -> str:
     return f'''"""HF transformers cannot run this bundle's draft: it is an EAGLE-3 head.
 
 HF assisted generation (generate(..., assistant_model=draft)) takes a draft that is a language
@@ -65,56 +195,29 @@ the head those hidden states from each verify pass, as this script does:
 
     draftkit generate --target {target} --draft BUNDLE --k {k} --prompt "..."
     draftkit serve BUNDLE
+{note}
+    python hf_transformers.py [--target PATH] [--device cuda|cpu] [--dtype auto|float32|...]
+
+--target: the target model (default: where it was at export); draftkit refuses one whose
+content hash is not the one the bundle records.
 """
+import argparse
 from pathlib import Path
 
 from draftkit.chat import encode_prompt
 from draftkit.decode import SpeculativeEngine
 from draftkit.models import load_pair
 
+parser = argparse.ArgumentParser()
+parser.add_argument("--target", default={target!r})
+parser.add_argument("--device", default=None)
+parser.add_argument("--dtype", default="auto")
+args = parser.parse_args()
 bundle = Path(__file__).resolve().parent.parent  # found wherever the bundle is
-pair = load_pair({target!r}, str(bundle))
+pair = load_pair(args.target, str(bundle), device=args.device, dtype=args.dtype)
 engine = SpeculativeEngine(pair.target, pair.draft)
 ids = encode_prompt(pair.tokenizer, "Write a Python function that reverses a string.")
 result = engine.generate([ids], k={k}, max_new_tokens=128, temperature=0.0)[0]
 print(pair.tokenizer.decode(result.tokens, skip_special_tokens=True))
 print(f"tau {{result.tau:.2f}}: tokens kept per target forward")
 '''
-
-
-# The scripts find the draft next to themselves, so a bundle still serves after it is moved or
-# copied; vllm.json (for a config file or the Python API) names it where it was exported.
-_HERE = ('here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
-         'draft="$(cd "$here/../draft" && pwd)"\n')
-
-
-def write_serving(folder: Path, target: str, draft_dir: str, k: int,
-                  kind: str = "standalone") -> None:
-    """``folder``/vllm.json, vllm.sh, sglang.sh and hf_transformers.py for this target, K and
-    the draft's kind (``standalone`` or ``eagle3``).
-
-    A recommended K of 0 means speculation did not pay on the measured traffic; the engines
-    need K >= 1 to load a draft at all, so the files use K = 1 and say so.
-    """
-    folder.mkdir(parents=True, exist_ok=True)
-    note = ""
-    if k < 1:
-        note = ("# NOTE: the evaluation recommends K = 0 (speculation did not pay for this draft "
-                "on the measured traffic);\n# serving the target without a draft is faster. "
-                "These commands use K = 1 so the draft can still be tried.\n")
-        k = 1
-    spec = vllm_speculative_config(draft_dir, k, kind)
-    (folder / "vllm.json").write_text(json.dumps(spec, indent=2) + "\n")
-    relocate = ("import json, sys; spec = json.load(open(sys.argv[1])); "
-                "spec['model'] = sys.argv[2]; print(json.dumps(spec))")
-    (folder / "vllm.sh").write_text(
-        "#!/usr/bin/env bash\n# Serve the target with this bundle's draft in vLLM.\n" + note +
-        _HERE + f'spec="$(python3 -c {shlex.quote(relocate)} "$here/vllm.json" "$draft")"\n'
-        f'vllm serve {shlex.quote(target)} --speculative-config "$spec" "$@"\n')
-    flags = " ".join('"$draft"' if a == "DRAFT" else shlex.quote(a)
-                     for a in sglang_flags("DRAFT", k, kind))
-    (folder / "sglang.sh").write_text(
-        "#!/usr/bin/env bash\n# Serve the target with this bundle's draft in SGLang.\n" + note +
-        _HERE + f"python -m sglang.launch_server --model-path {shlex.quote(target)} {flags} "
-        f'"$@"\n')
-    (folder / "hf_transformers.py").write_text(hf_snippet(target, kind, k))

@@ -31,7 +31,7 @@ def test_export_check_and_hf_assisted_generation(tiny_dirs, tmp_path):
     assert gen["assistant_confidence_threshold"] == 0.0
     vllm = json.loads((out / "serving" / "vllm.json").read_text())
     assert vllm == {"method": "draft_model", "model": str((out / "draft").resolve()),
-                    "num_speculative_tokens": 4}
+                    "num_speculative_tokens": 4, "draft_sample_method": "probabilistic"}
     assert "--speculative-num-draft-tokens 5" in (out / "serving" / "sglang.sh").read_text()
 
     # HF assisted generation with the bundle's draft equals the target's greedy output.
@@ -179,7 +179,8 @@ def test_lora_draft_is_merged(tiny_dirs, tmp_path):
     adapter_dir = tmp_path / "adapter"
     lora.save_pretrained(adapter_dir)
     make_tokenizer().save_pretrained(adapter_dir)
-    out = export_bundle(str(target_dir), str(adapter_dir), tmp_path / "b", k=2)
+    out = export_bundle(str(target_dir), str(adapter_dir), tmp_path / "b", k=2,
+                        dtype="float32")  # stored as computed: the logits compare at 1e-4
     manifest = check_bundle(out)
     assert manifest["draft"]["lora_merged"] is True
     assert not (out / "draft" / "adapter_config.json").exists()
@@ -259,7 +260,9 @@ def test_a_moved_bundle_still_serves_from_its_scripts(tiny_dirs, tmp_path, capsy
                           capture_output=True, text=True, check=True).stdout.splitlines()
     assert said[:2] == ["serve", str(target_dir.resolve())] and said[-2:] == ["--port", "9"]
     assert json.loads(said[3]) == {"method": "draft_model", "num_speculative_tokens": 2,
-                                   "model": str(moved.resolve() / "draft")}
+                                   "model": str(moved.resolve() / "draft"),
+                                   "draft_sample_method": "probabilistic"}
+    assert said[4:6] == ["--dtype", "bfloat16"]  # the dtype the draft is stored in
     said = subprocess.run(["bash", str(moved / "serving" / "sglang.sh")], env=env,
                           capture_output=True, text=True, check=True).stdout.splitlines()
     assert said[said.index("--speculative-draft-model-path") + 1] == str(moved.resolve() / "draft")

@@ -88,7 +88,9 @@ def _rehash(bundle: Path) -> None:
 def test_an_exported_head_loads_back_with_the_same_logits(tmp_path, dtype):
     target, target_dir, head_dir = _saved(tmp_path, dtype=dtype)
     before = load_eagle3(head_dir, target)
-    out = export_bundle(str(target_dir), str(head_dir), tmp_path / "bundle", k=3)
+    stored_as = str(dtype or torch.float32).removeprefix("torch.")
+    out = export_bundle(str(target_dir), str(head_dir), tmp_path / "bundle", k=3,
+                        dtype=stored_as)  # exported as stored: the same logits to the bit
     after = load_eagle3(out / "draft", target)
     aux, ids = _probe(target)
     with torch.no_grad():
@@ -139,7 +141,7 @@ def test_the_bundles_head_is_what_vllm_and_sglang_load(tmp_path, family):
     assert not config.get("norm_before_residual") and "norm_output" not in config
     assert config["eagle_aux_hidden_state_layer_ids"] == LAYERS  # vLLM: the layer entered
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]  # SGLang +1
-    assert config["torch_dtype"] == "float32"
+    assert config["torch_dtype"] == "bfloat16"  # export's default: the dtype targets serve in
 
     state = load_file(str(out / "draft" / "model.safetensors"))
     assert set(state) == SERVED
@@ -152,7 +154,7 @@ def test_the_bundles_head_is_what_vllm_and_sglang_load(tmp_path, family):
     assert state["d2t"].dtype == torch.int64 and state["t2d"].dtype == torch.bool
     assert (torch.arange(n) + state["d2t"]).tolist() == IDS  # target id = i + d2t[i]
     assert state["t2d"].nonzero().flatten().tolist() == IDS
-    assert {t.dtype for k, t in state.items() if k not in ("d2t", "t2d")} == {torch.float32}
+    assert {t.dtype for k, t in state.items() if k not in ("d2t", "t2d")} == {torch.bfloat16}
     # the target's tokenizer beside it, as a standalone bundle has
     assert json.loads((out / "draft" / "tokenizer.json").read_text()) == \
         json.loads((target_dir / "tokenizer.json").read_text())
@@ -173,22 +175,25 @@ def test_the_manifest_and_serving_files_name_an_eagle3_head(saved, tmp_path, cap
         target_reference(resolve_model(str(target_dir)))["sha256"]
     draft = str((out / "draft").resolve())
     assert json.loads((out / "serving" / "vllm.json").read_text()) == {
-        "method": "eagle3", "model": draft, "num_speculative_tokens": 3}
+        "method": "eagle3", "model": draft, "num_speculative_tokens": 3,
+        "draft_sample_method": "probabilistic"}
 
     env = fake_engines(tmp_path)  # stand-ins for the engines: they print what they were given
     said = subprocess.run(["bash", str(out / "serving" / "vllm.sh")], env=env,
                           capture_output=True, text=True, check=True).stdout.splitlines()
     assert json.loads(said[said.index("--speculative-config") + 1]) == {
-        "method": "eagle3", "model": draft, "num_speculative_tokens": 3}
+        "method": "eagle3", "model": draft, "num_speculative_tokens": 3,
+        "draft_sample_method": "probabilistic"}
     said = subprocess.run(["bash", str(out / "serving" / "sglang.sh")], env=env,
                           capture_output=True, text=True, check=True).stdout.splitlines()
     assert said[:2] == ["-m", "sglang.launch_server"]
-    flags = dict(zip(said[2::2], said[3::2]))
+    assert said[-1] == "--speculative-use-rejection-sampling"  # SGLang >= 0.5.14, EAGLE only
+    flags = dict(zip(said[2:-1:2], said[3:-1:2]))
     assert flags == {"--model-path": str(target_dir.resolve()),
                      "--speculative-algorithm": "EAGLE3",
                      "--speculative-draft-model-path": draft,
                      "--speculative-num-steps": "3", "--speculative-eagle-topk": "1",
-                     "--speculative-num-draft-tokens": "4"}
+                     "--speculative-num-draft-tokens": "4", "--dtype": "bfloat16"}
 
     snippet = (out / "serving" / "hf_transformers.py").read_text()
     assert "HF transformers cannot run this bundle's draft: it is an EAGLE-3 head" in snippet
@@ -336,8 +341,8 @@ BROKEN = [  # (edit of the bundle's draft/, what check says)
     (_tensor_edit(lambda s: s.update({"lm_head.weight": s["lm_head.weight"][:5]})),
      r"lm_head.weight has shape \(5, 32\); the config makes it \(7, 32\)"),
     (_tensor_edit(lambda s: s.update({"d2t": s["d2t"].int()})), "d2t is torch.int32"),
-    (_tensor_edit(lambda s: s.update({"norm.weight": s["norm.weight"].bfloat16()})),
-     r"weights stored as \['bfloat16', 'float32'\], config.json says float32"),
+    (_tensor_edit(lambda s: s.update({"norm.weight": s["norm.weight"].float()})),
+     r"weights stored as \['bfloat16', 'float32'\], config.json says bfloat16"),
     (_tensor_edit(_flip), "d2t and t2d do not describe the same draft vocabulary"),
 ]
 

@@ -1,0 +1,213 @@
+"""What vLLM and SGLang require of a bundle, as their own code has it: the first releases that
+serve it, the tensor-parallel sizes the draft shards at, its context length as SGLang reads it,
+the draft models each engine silently turns into something else, and the K per batch size
+vLLM's speculative config takes.
+
+Export asks these before it writes (a refusal is one line), records the answers in the
+manifest's ``serving`` entry, and the bundle's scripts check them again where the engine runs
+(:mod:`draftkit.export.preflight`). The figures below were read in each release's own wheel from
+the package index (``vllm-X.whl`` / ``sglang-X.whl``, the files named), the rules in vLLM 0.34's
+and SGLang 0.5.23's source; a first release is the earliest one whose code has it, the one
+before it checked to lack it:
+
+- vLLM ``method: draft_model``: **0.15.0**. 0.14.0 still raises "draft model speculative
+  decoding is not supported yet" (``vllm/engine/arg_utils.py``, ``vllm/config/speculative.py``);
+  0.15.0 ships ``vllm/v1/spec_decode/draft_model.py``.
+- vLLM ``method: eagle3`` as draftkit writes the head: **0.11.1**, the first whose model runner
+  (``vllm/v1/worker/gpu_model_runner.py``) taps the layers ``eagle_aux_hidden_state_layer_ids``
+  names; 0.11.0 taps its default layers, silently. The rest of the head's layout was checked
+  against 0.34 only, not release by release.
+- vLLM ``draft_sample_method``: a key from 0.21.0, read by the proposers of the default model
+  runner (``vllm/v1/spec_decode/llm_base_proposer.py``, which the draft-model and EAGLE
+  proposers extend) from **0.22.0**; ``num_speculative_tokens_per_batch_size``: **0.24.0**
+  (``vllm/v1/spec_decode/dynamic/``).
+- SGLang ``STANDALONE``: **0.5.2** (``srt/speculative/spec_info.py``; 0.5.1.post3 lacks it).
+- SGLang ``EAGLE3`` tapping the head's layers: **0.4.9** (``srt/model_executor/model_runner.py``
+  reads ``eagle_config.eagle_aux_hidden_state_layer_ids``; 0.4.8.post1 taps its defaults);
+  ``--speculative-use-rejection-sampling``: **0.5.14**.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from draftkit.errors import ModelError
+from draftkit.models.facts import text_config
+
+# (engine, the draft's kind) -> the first release that serves the bundle as written
+MIN_VERSIONS = {("vllm", "standalone"): "0.15.0", ("vllm", "eagle3"): "0.11.1",
+                ("sglang", "standalone"): "0.5.2", ("sglang", "eagle3"): "0.4.9"}
+# settings the scripts add only where the installed release has them: name -> first release
+FEATURES = {"vllm": {"draft_sample_method": "0.22.0",
+                     "num_speculative_tokens_per_batch_size": "0.24.0"},
+            "sglang": {"speculative_use_rejection_sampling": "0.5.14"}}
+TP_CANDIDATES = (1, 2, 4, 8, 16)
+COMMON_TP = (2, 4, 8)
+
+
+def _getter(config: Any):
+    """``key -> value`` of a config.json dict or an HF config's text part."""
+    if isinstance(config, dict):
+        return config.get
+    cfg = text_config(config)
+    return lambda key: getattr(cfg, key, None)
+
+
+# --- tensor parallelism --------------------------------------------------------------------------
+
+def tp_sizes(config: Any) -> list[int]:
+    """The tensor-parallel sizes among :data:`TP_CANDIDATES` a model of ``config`` (an HF config
+    or a config.json dict) shards at in both engines: their Llama-family attention asserts
+    ``heads % tp == 0`` and, for KV heads, ``kv % tp == 0`` where there are at least tp of them,
+    else ``tp % kv == 0`` (they are replicated); the MLP's column-parallel layers divide
+    ``intermediate_size`` by tp (``divide`` asserts it). vLLM
+    ``model_executor/models/llama.py`` LlamaAttention and ``model_executor/layers/linear.py``,
+    SGLang ``srt/models/llama.py`` and ``srt/layers/linear.py``."""
+    get = _getter(config)
+    heads = get("num_attention_heads")
+    kv = get("num_key_value_heads") or heads
+    mlp = get("intermediate_size")
+    out = []
+    for tp in TP_CANDIDATES:
+        if heads and heads % tp:
+            continue
+        if kv and (kv % tp if kv >= tp else tp % kv):
+            continue
+        if mlp and mlp % tp:
+            continue
+        out.append(tp)
+    return out
+
+
+# --- context length ------------------------------------------------------------------------------
+
+# SGLang reads the first of these a config has (srt/utils/hf_transformers/common.py,
+# CONTEXT_LENGTH_KEYS, in its order)
+CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length",
+                "max_position_embeddings")
+
+
+def context_length(config: Any) -> int:
+    """A model's context length as SGLang derives it (``get_context_length``): the first of
+    :data:`CONTEXT_KEYS` its text config has, times its ``rope_scaling`` factor unless the
+    scaling names ``original_max_position_embeddings`` or is llama3's; 2048 where none is
+    set."""
+    get = _getter(config)
+    scaling = get("rope_scaling") or {}
+    scaling = scaling if isinstance(scaling, dict) else {}
+    factor = scaling.get("factor", 1)
+    if "original_max_position_embeddings" in scaling or scaling.get("rope_type") == "llama3":
+        factor = 1
+    for key in CONTEXT_KEYS:
+        value = get(key)
+        if value is not None:
+            return int(factor * value)
+    return 2048
+
+
+def check_context(draft_config: Any, target_config: Any, where: str) -> None:
+    """SGLang builds the draft's model config with the target's context length and refuses a
+    draft whose own is shorter (``srt/configs/model_config.py`` ``_derive_context_length``,
+    unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1); export refuses it the same way."""
+    d, t = context_length(draft_config), context_length(target_config)
+    if d < t:
+        raise ModelError(f"{where}: its context length is {d} (as SGLang reads it: the first of "
+                         f"{', '.join(CONTEXT_KEYS)}, times the rope_scaling factor), below the "
+                         f"target's {t}, so SGLang refuses to load it; raise "
+                         f"max_position_embeddings (and any seq_length-style key) to {t} in its "
+                         f"config.json before exporting")
+
+
+# --- silent rewrites -----------------------------------------------------------------------------
+
+# vLLM: a draft path containing these (lower-cased) makes a `draft_model` method another
+# (SpeculativeConfig.__post_init__, vllm/config/speculative.py: the path test runs for every
+# method but eagle, eagle3, dflash and dspark)
+VLLM_PATH_METHODS = (("eagle-", "eagle"), ("eagle3", "eagle3"), ("dflash", "dflash"),
+                     ("dspark", "dspark"))
+# vLLM: drafts of these families are rewritten into the family's MTP module
+# (SpeculativeConfig.hf_config_override, applied to the draft's config; then method "mtp")
+VLLM_MTP_MODEL_TYPES = frozenset({
+    "deepseek_v3", "deepseek_v32", "deepseek_v4", "deepseek_v41", "glm_moe_dsa", "qwen3_next",
+    "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text", "ernie4_5_moe", "exaone_moe",
+    "longcat_flash", "longcat_flash_ngram", "pangu_ultra_moe", "kimi_k3", "bailing_hybrid",
+    "step3p5", "step3p7", "hy_v3", "hy_v4", "glm5_next", "dots3_note", "minimax_m3_vl",
+    "qwen4_exp", "qwen4_exp_text", "intern_s2_preview", "interns2_mobius"})
+VLLM_MTP_ARCHITECTURES = frozenset({
+    "MiMoForCausalLM", "MiMoV2ForCausalLM", "MiMoV2OmniForCausalLM", "MiMoV2FlashForCausalLM",
+    "Glm4MoeForCausalLM", "Glm4MoeLiteForCausalLM", "GlmOcrForConditionalGeneration",
+    "BailingMoeV2_5ForCausalLM", "BailingMoeV3ForCausalLM", "Step3p5ForCausalLM",
+    "MistralLarge3ForCausalLM"})
+# SGLang: a draft's class renamed whatever the algorithm (ModelConfig._config_draft_model,
+# srt/configs/model_config.py): its architecture -> the class SGLang loads instead
+SGLANG_RENAMES = {
+    "DeepseekV3ForCausalLM": "DeepseekV3ForCausalLMNextN",
+    "DeepseekV32ForCausalLM": "DeepseekV3ForCausalLMNextN",
+    "DeepseekV4ForCausalLM": "DeepseekV4ForCausalLMNextN",
+    "GlmMoeDsaForCausalLM": "GlmMoeDsaForCausalLMNextN",
+    "Glm4MoeForCausalLM": "Glm4MoeForCausalLMNextN",
+    "Glm4MoeLiteForCausalLM": "Glm4MoeLiteForCausalLMNextN",
+    "LongcatFlashForCausalLM": "LongcatFlashForCausalLMNextN",
+    "MiMoForCausalLM": "MiMoMTP",
+    "Step3p5ForCausalLM": "Step3p5MTP",
+    "BailingMoeForCausalLM": "BailingMoeForCausalLMNextN",
+    "BailingMoeV2ForCausalLM": "BailingMoeForCausalLMNextN",
+    "Ernie4_5_MoeForCausalLM": "Ernie4_5_MoeForCausalLMMTP",
+    "Qwen3NextForCausalLM": "Qwen3NextForCausalLMMTP",
+    "Qwen3MoeForCausalLM": "Qwen3MoeForCausalLMMTP",
+    "Qwen3_5ForCausalLM": "Qwen3_5ForCausalLMMTP",
+    "Qwen3_5MoeForCausalLM": "Qwen3_5ForCausalLMMTP",
+    "ExaoneMoEForCausalLM": "ExaoneMoEForCausalLMMTP",
+    "NemotronHForCausalLM": "NemotronHForCausalLMMTP",
+    "HYV3ForCausalLM": "HYV3ForCausalLMNextN",
+}
+
+
+def vllm_path_rewrite(path: str) -> str | None:
+    """The method vLLM switches a ``draft_model`` draft at ``path`` to, or None."""
+    low = str(path).lower()
+    return next((method for part, method in VLLM_PATH_METHODS if part in low), None)
+
+
+def refused_engines(config: Any) -> dict[str, str]:
+    """Engine -> one line saying how it would rewrite this standalone draft (of HF ``config``)
+    into another kind of model, silently: the engines it cannot serve as a draft model."""
+    cfg = text_config(config)
+    arch = (getattr(config, "architectures", None) or [None])[0]
+    model_type = getattr(config, "model_type", None)
+    out = {}
+    if model_type in VLLM_MTP_MODEL_TYPES or getattr(cfg, "model_type", None) in \
+            VLLM_MTP_MODEL_TYPES or arch in VLLM_MTP_ARCHITECTURES:
+        out["vllm"] = (f"vLLM rewrites a draft of model_type {model_type!r} / {arch} into "
+                       f"another model, its family's MTP (or EAGLE) module "
+                       f"(SpeculativeConfig.hf_config_override), so it would not run this draft "
+                       f"as a draft model")
+    if arch in SGLANG_RENAMES:
+        out["sglang"] = (f"SGLang loads a draft of class {arch} as {SGLANG_RENAMES[arch]} "
+                         f"(ModelConfig._config_draft_model), so it would not run this draft as "
+                         f"a draft model")
+    return out
+
+
+# --- K per batch size ----------------------------------------------------------------------------
+
+def k_per_batch_size(rows: list, shown) -> list[list[int]] | None:
+    """vLLM's ``num_speculative_tokens_per_batch_size`` from an eval report's batch sweep:
+    ``[start, end, K]`` with inclusive batch-size ranges, the first starting at 1, each
+    measured batch size's K running up to the next one measured, K = 0 where the row's gain is
+    not shown (``shown(row)``, eval's rule). vLLM (``v1/spec_decode/dynamic/utils.py``) takes
+    K >= 0, ranges sorted and apart, the first from 1; a batch size past the last range keeps
+    its K. None without a sweep."""
+    rows = sorted(rows, key=lambda r: r.batch_size)
+    if not rows:
+        return None
+    ks = [r.k if (shown(r) or 0.0) > 1.0 and r.k > 0 else 0 for r in rows]
+    starts = [1] + [r.batch_size for r in rows[1:]]
+    table: list[list[int]] = []
+    for i, (start, k) in enumerate(zip(starts, ks)):
+        end = starts[i + 1] - 1 if i + 1 < len(starts) else max(rows[-1].batch_size, start)
+        if table and table[-1][2] == k:
+            table[-1][1] = end  # the same K as the range before: one range
+        else:
+            table.append([start, end, k])
+    return table

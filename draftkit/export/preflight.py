@@ -1,0 +1,226 @@
+"""The check a bundle's serving scripts run before they start an engine; copied into each bundle
+as ``serving/preflight.py``, so it imports the standard library only (the serving machine need
+not have draftkit).
+
+    python3 serving/preflight.py vllm|sglang INSTALLED_VERSION [--target PATH] [ENGINE ARGS...]
+
+It reads what export recorded (``draftkit.json``'s ``serving`` entry, beside ``serving/``) and
+prints the engine's command, one argument a line, or one line on stderr and exit status 1 when
+the engine would not serve the bundle as measured: a release older than the bundle needs, a
+target other than the one exported for (its content hash), a tensor-parallel size the draft
+does not shard at, an engine that rewrites this draft into another kind of model, a bundle
+moved under a path vLLM reads as another method. Settings a newer release has (vLLM's
+``draft_sample_method`` and K per batch size, SGLang's rejection sampling) are added where the
+installed release has them, and said on stderr where it does not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+from pathlib import Path
+
+BUNDLE = Path(__file__).resolve().parent.parent
+NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
+
+
+class Refused(Exception):
+    """What stops the launch, in one line."""
+
+
+def version_tuple(text: str) -> tuple[int, ...] | None:
+    """The release numbers a version string starts with ("0.5.13.post1" -> (0, 5, 13))."""
+    found = re.match(r"\s*v?(\d+(?:\.\d+)*)", text or "")
+    return tuple(int(x) for x in found.group(1).split(".")) if found else None
+
+
+def at_least(installed: tuple[int, ...], wanted: str) -> bool:
+    want = version_tuple(wanted)
+    width = max(len(installed), len(want))
+    return installed + (0,) * (width - len(installed)) >= want + (0,) * (width - len(want))
+
+
+def target_hash(folder: Path) -> str:
+    """The target's content hash as export records it: sha256 over config.json's and each
+    safetensors file's name and sha256, in that order (draftkit.models.resolve.content_hash)."""
+    h = hashlib.sha256()
+    for f in sorted(folder.glob("config.json")) + sorted(folder.glob("*.safetensors")):
+        digest = hashlib.sha256()
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+        h.update(f.name.encode())
+        h.update(digest.hexdigest().encode())
+    return h.hexdigest()
+
+
+def split_target(args: list[str]) -> tuple[str | None, list[str]]:
+    """``--target PATH`` (or ``--target=PATH``) taken out of the script's arguments."""
+    rest, target = [], None
+    it = iter(args)
+    for a in it:
+        if a == "--target":
+            target = next(it, None)
+            if target is None:
+                raise Refused("--target needs a path: bash serving/SCRIPT --target PATH ...")
+        elif a.startswith("--target="):
+            target = a.split("=", 1)[1]
+        else:
+            rest.append(a)
+    return target, rest
+
+
+def flag_value(args: list[str], names: tuple[str, ...]) -> str | None:
+    """The value the engine arguments give a flag (``--name V`` or ``--name=V``), if any."""
+    for i, a in enumerate(args):
+        if a in names and i + 1 < len(args):
+            return args[i + 1]
+        if "=" in a and a.split("=", 1)[0] in names:
+            return a.split("=", 1)[1]
+    return None
+
+
+def check_target(manifest: dict, given: str | None) -> str:
+    """The target to serve: the one given (checked against the recorded hash) or the recorded
+    one."""
+    serving, recorded = manifest["serving"], manifest["target"]
+    if given is None:
+        return serving["target"]
+    folder = Path(given)
+    want = recorded.get("sha256")
+    if want and folder.is_dir() and target_hash(folder) != want:
+        raise Refused(f"the target at {given} is not the one this bundle was exported for "
+                      f"({recorded.get('name')}: its content hash differs); pass that target")
+    if want and not folder.is_dir():
+        raise Refused(f"--target {given} is not a model folder here, so its hash cannot be "
+                      f"checked against the one exported for; pass the folder")
+    return str(folder.resolve())
+
+
+def check_common(engine: str, manifest: dict, version: tuple[int, ...] | None,
+                 args: list[str]) -> dict:
+    """The checks both engines share; returns the engine's recorded entry."""
+    name, entry = NAMES[engine], manifest["serving"]["engines"][engine]
+    if entry.get("refused"):
+        raise Refused(f"{entry['refused']}; serve this bundle with the other engine, HF or "
+                      f"`draftkit serve`")
+    if version is None:
+        raise Refused(f"{name} is not installed where this script runs (no version found); "
+                      f"install {engine}>={entry['min_version']}")
+    if not at_least(version, entry["min_version"]):
+        raise Refused(f"{name} {'.'.join(map(str, version))} is older than this bundle needs "
+                      f"({entry['min_version']}: {entry['why']}); upgrade {engine}")
+    for a in args:
+        if "\n" in a:
+            raise Refused("an argument holds a line break; pass it without one")
+    return entry
+
+
+def tp_size(args: list[str], names: tuple[str, ...]) -> int:
+    value = flag_value(args, names)
+    try:
+        return int(value) if value is not None else 1
+    except ValueError:
+        raise Refused(f"tensor-parallel size {value!r} is not a whole number") from None
+
+
+def vllm_command(manifest: dict, version, given: str | None, args: list[str],
+                 bundle: Path = BUNDLE) -> list[str]:
+    entry = check_common("vllm", manifest, version, args)
+    serving, draft = manifest["serving"], str(bundle / "draft")
+    for part in entry.get("path_rule", []):  # vLLM reads the method off the draft's path
+        if part in draft.lower():
+            raise Refused(f"the bundle's path {draft} contains {part!r}, which makes vLLM serve "
+                          f"it as another method than {entry['method']} (SpeculativeConfig "
+                          f"reads the method off the path); move the bundle elsewhere")
+    spec = {"method": entry["method"], "model": draft,
+            "num_speculative_tokens": serving["num_speculative_tokens"]}
+    features = entry.get("features", {})
+    tp = tp_size(args, ("--tensor-parallel-size", "-tp"))
+    if tp not in serving["tp_sizes"]:
+        if 1 not in serving["tp_sizes"]:
+            raise Refused(f"the draft shards at tensor-parallel sizes {serving['tp_sizes']}, "
+                          f"not {tp}; serve the target at one of those")
+        spec["draft_tensor_parallel_size"] = 1  # vLLM runs a draft at 1 or the target's
+        say(f"the draft does not shard at tensor-parallel size {tp} (it does at "
+            f"{serving['tp_sizes']}): vLLM runs it at draft_tensor_parallel_size 1")
+    if at_least(version, features["draft_sample_method"]):
+        spec["draft_sample_method"] = "probabilistic"  # sample drafts as draftkit measured
+    else:
+        say(f"vLLM {'.'.join(map(str, version))} drafts greedily (draft_sample_method from "
+            f"{features['draft_sample_method']}): acceptance at temperature > 0 falls below "
+            f"the measured alpha; see serving/README.md")
+    table = serving.get("k_per_batch_size")
+    if table and at_least(version, features["num_speculative_tokens_per_batch_size"]):
+        spec["num_speculative_tokens_per_batch_size"] = table
+        spec["num_speculative_tokens"] = max([spec["num_speculative_tokens"]] +
+                                             [k for _, _, k in table])
+    elif table:
+        say(f"vLLM takes K per batch size from "
+            f"{features['num_speculative_tokens_per_batch_size']}; this one runs K "
+            f"{spec['num_speculative_tokens']} at every batch size (measured: "
+            f"{', '.join(f'{a}-{b}: K {k}' for a, b, k in table)})")
+    target = check_target(manifest, given)
+    dtype = [] if flag_value(args, ("--dtype",)) else ["--dtype", serving["dtype"]]
+    return ["vllm", "serve", target, "--speculative-config", json.dumps(spec), *dtype, *args]
+
+
+def sglang_command(manifest: dict, version, given: str | None, args: list[str],
+                   bundle: Path = BUNDLE) -> list[str]:
+    entry = check_common("sglang", manifest, version, args)
+    serving = manifest["serving"]
+    tp = tp_size(args, ("--tp-size", "--tp", "--tensor-parallel-size"))
+    if tp not in serving["tp_sizes"]:  # SGLang shards the draft at the target's size
+        raise Refused(f"the draft shards at tensor-parallel sizes {serving['tp_sizes']}, not "
+                      f"{tp}, and SGLang runs it at the target's; serve at one of those")
+    k = serving["num_speculative_tokens"]
+    # SGLang counts the verified tokens including the bonus one: K drafted + 1
+    flags = ["--speculative-algorithm", entry["algorithm"], "--speculative-draft-model-path",
+             str(bundle / "draft"), "--speculative-num-steps", str(k),
+             "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(k + 1)]
+    if not flag_value(args, ("--dtype",)):
+        flags += ["--dtype", serving["dtype"]]  # "auto" would run a float32 folder as float16
+    wanted = entry.get("features", {}).get("speculative_use_rejection_sampling")
+    if wanted and at_least(version, wanted):
+        flags.append("--speculative-use-rejection-sampling")
+    elif wanted:
+        say(f"SGLang {'.'.join(map(str, version))} verifies against the target's probabilities "
+            f"only (--speculative-use-rejection-sampling from {wanted}): acceptance at "
+            f"temperature > 0 falls below the measured alpha")
+    target = check_target(manifest, given)
+    return ["python", "-m", "sglang.launch_server", "--model-path", target, *flags, *args]
+
+
+COMMANDS = {"vllm": vllm_command, "sglang": sglang_command}
+
+
+def say(line: str) -> None:
+    print(f"draftkit bundle: {line}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str]) -> int:
+    try:
+        if len(argv) < 2 or argv[0] not in NAMES:
+            raise Refused("usage: preflight.py vllm|sglang INSTALLED_VERSION [--target PATH] "
+                          "[ENGINE ARGS...]")
+        engine, installed, *rest = argv
+        given, args = split_target(rest)
+        manifest = json.loads((BUNDLE / "draftkit.json").read_text())
+        if "serving" not in manifest:
+            raise Refused("this bundle's draftkit.json records no serving entry (exported by "
+                          "an earlier draftkit); re-export it")
+        command = COMMANDS[engine](manifest, version_tuple(installed), given, args)
+    except Refused as e:
+        say(str(e))
+        return 1
+    if manifest["num_speculative_tokens"] < 1:
+        say("the evaluation recommends K = 0 (speculation did not pay on the measured "
+            "traffic): serving the target without a draft is faster; starting with K = 1")
+    print("\n".join(command))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,105 @@
+"""A bundle's ``serving/README.md``: how to start each engine, and which of the figures draftkit
+measured hold on which engine.
+
+draftkit measures alpha, tau and K with speculative sampling as arXiv 2211.17192 has it: the
+draft's token is drawn from its own distribution q and kept with probability min(1, p / q). An
+engine that drafts the argmax and treats q as one-hot (vLLM's default ``draft_sample_method``
+greedy, ``vllm/config/speculative.py``), or keeps a draft token with the target's probability
+of it alone (SGLang's target-only verification, ``srt/speculative/`` with its accept
+thresholds at 1.0, unless ``--speculative-use-rejection-sampling``, which its EAGLE workers
+alone take), is still exact, but accepts less than alpha at temperature > 0. At temperature 0
+every engine keeps the draft's token where it is the target's argmax, so greedy figures hold on
+all of them.
+"""
+
+from __future__ import annotations
+
+from draftkit.export.engines import FEATURES
+
+
+def _temperature(entry: dict) -> str:
+    t = entry.get("measured_temperature")
+    return "not measured (no eval report)" if t is None else f"{t:g}"
+
+
+def sampling_rows(entry: dict, kind: str) -> list[tuple[str, str]]:
+    """(engine and setting, what holds there) for the measured temperature."""
+    t = entry.get("measured_temperature")
+    greedy = t is not None and t == 0
+    same = "alpha, tau and K hold as measured"
+    lower = ("at temperature > 0 acceptance is below the measured alpha (and tau with it): "
+             "re-measure on this engine before trusting a speedup (figures measured at "
+             "temperature 0 would hold)")
+    if greedy:
+        lower = same + " (measured greedily: every engine keeps the target's argmax)"
+    dsm = FEATURES["vllm"]["draft_sample_method"]
+    rows = [(f"vLLM >= {dsm} (the scripts write draft_sample_method probabilistic)", same),
+            (f"vLLM older than {dsm} (drafts greedily, q one-hot)", lower)]
+    if kind == "eagle3":
+        rs = FEATURES["sglang"]["speculative_use_rejection_sampling"]
+        rows += [(f"SGLang >= {rs} (the script adds --speculative-use-rejection-sampling)", same),
+                 (f"SGLang older than {rs} (target-only verification)", lower)]
+    else:
+        rows.append(("SGLang STANDALONE (target-only verification; it takes no rejection "
+                     "sampling for a standalone draft)", lower))
+    rows.append(("HF transformers assisted generation" if kind == "standalone" else
+                 "draftkit generate / serve", "alpha, tau and K hold as measured (HF: greedy "
+                 "in the snippet)" if kind == "standalone" else "alpha, tau and K hold as "
+                 "measured: the same engine"))
+    return rows
+
+
+def readme(entry: dict, kind: str, k: int, figures: dict) -> str:
+    """The README's text for the ``serving`` ``entry`` of a bundle whose draft is of ``kind``,
+    recommended K ``k`` and measured ``figures`` (the manifest's ``domains``)."""
+    vllm, sglang = entry["engines"]["vllm"], entry["engines"]["sglang"]
+    out = ["# Serving this bundle", "",
+           "| engine | command | needs |", "|---|---|---|",
+           f"| vLLM | `bash serving/vllm.sh [--target PATH] [flags]` | vllm >= "
+           f"{vllm['min_version']} ({vllm['why']}) |",
+           f"| SGLang | `bash serving/sglang.sh [--target PATH] [flags]` | sglang >= "
+           f"{sglang['min_version']} ({sglang['why']}) |",
+           "| HF transformers | `python serving/hf_transformers.py [--target PATH] [--device D] "
+           "[--dtype T]` | " + ("transformers" if kind == "standalone" else
+                                "draftkit (HF cannot run an EAGLE-3 head)") + " |", ""]
+    for name, e in (("vLLM", vllm), ("SGLang", sglang)):
+        if e.get("refused"):
+            out += [f"**{name} will not serve this draft**: {e['refused']}; its script says so "
+                    f"and stops.", ""]
+    out += [f"`--target` defaults to `{entry['target']}` (where the target was at export); a "
+            "target given is checked against the content hash `draftkit.json` records. The "
+            f"draft is stored in {entry['dtype']} and the scripts serve the target in it "
+            "(`--dtype`, unless you pass your own). It shards at tensor-parallel sizes "
+            f"{entry['tp_sizes']}: SGLang runs the draft at the target's size and refuses "
+            "another; vLLM runs it at `draft_tensor_parallel_size` 1 instead where it "
+            "can.", ""]
+    if k < 1:
+        out += ["The evaluation recommends K = 0: speculation did not pay for this draft on "
+                "the measured traffic, and serving the target alone is faster. The scripts "
+                "use K = 1 so the draft can still be tried.", ""]
+    out += ["## Which measured figures hold where", "",
+            f"Measured at temperature {_temperature(entry)}, K "
+            f"{entry['num_speculative_tokens']}"
+            + (", per domain: " + ", ".join(
+                f"{d} alpha {_fmt(r.get('alpha'))} tau {_fmt(r.get('tau'))}"
+                for d, r in figures.items()) if figures else "") + ".", "",
+            "| engine | what holds |", "|---|---|"]
+    out += [f"| {engine} | {holds} |" for engine, holds in sampling_rows(entry, kind)]
+    out += [""]
+    table = entry.get("k_per_batch_size")
+    out += ["## K per batch size", ""]
+    if table:
+        out += ["From the eval report's batch sweep (K = 0 where speculation did not pay); "
+                "vLLM takes it as `num_speculative_tokens_per_batch_size` from "
+                f"{FEATURES['vllm']['num_speculative_tokens_per_batch_size']} (vllm.sh adds "
+                "it there; a batch size past the last range keeps its K), SGLang runs one K "
+                "throughout.", "", "| batch sizes | K |", "|---|---|"]
+        out += [f"| {a}-{b} | {k_} |" for a, b, k_ in table]
+    else:
+        out += ["No batch sweep was measured: every engine runs K "
+                f"{entry['num_speculative_tokens']} at every batch size."]
+    return "\n".join(out) + "\n"
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
