@@ -8,6 +8,13 @@ dashboard gets tau = 1 + accepted / drafts per round, vLLM's acceptance rate acc
 per-position counters. The gauge
 ``draftkit:spec_decode_k`` is the K of the latest round (0: speculation off at this load).
 
+Labels are vLLM's: ``model_name`` and ``engine`` on every series (``engine`` is "0": one engine
+per server, where vLLM counts its data-parallel engines), plus ``position`` on the per-position
+counter. As in vLLM, the per-position series for positions 0..K-1 exist at zero from start-up
+(:meth:`ServeMetrics.open_positions`, K the most a round drafts: ``--k``, or ``--k-max`` under
+``--k auto``), so a dashboard's ratios are defined before the first request and a position no
+round reached reads 0 rather than missing.
+
 Each app gets its own registry, so several servers (tests) live in one process.
 """
 
@@ -23,8 +30,8 @@ class ServeMetrics:
 
         prometheus_client.disable_created_metrics()  # no *_created series (vLLM does the same)
         self.registry = r = CollectorRegistry(auto_describe=True)
-        label = {"model_name": model_name}
-        names = ["model_name"]
+        label = {"model_name": model_name, "engine": "0"}
+        names = list(label)
 
         def counter(name, doc, extra=()):
             c = Counter(f"draftkit:{name}", doc, names + list(extra), registry=r)
@@ -55,8 +62,15 @@ class ServeMetrics:
         self.accepted_pos = counter("spec_decode_num_accepted_tokens_per_pos",
                                     "accepted drafted tokens per draft position",
                                     ["position"])
+        self.accepted_at: list = []  # the per-position children, 0..K-1 (open_positions)
         self.k = gauge("spec_decode_k", "K (num_speculative_tokens) of the latest round")
         self.rounds = counter("engine_rounds", "decoding rounds run by the scheduler")
+
+    def open_positions(self, k_max: int) -> None:
+        """Create the per-position series 0..``k_max`` - 1 at zero (the scheduler calls this
+        with the most K any round will draft; 0 without a draft)."""
+        for i in range(len(self.accepted_at), k_max):
+            self.accepted_at.append(self.accepted_pos.labels(position=str(i), **self.label))
 
     def observe_round(self, r) -> None:
         """One engine round (a :class:`~draftkit.decode.stats.RoundStats`)."""
@@ -67,8 +81,9 @@ class ServeMetrics:
             self.drafts.inc(r.rows)
             self.draft_tokens.inc(r.rows * r.k)
             self.accepted.inc(sum(r.accepted_per_position))
-            for i, n in enumerate(r.accepted_per_position):
-                self.accepted_pos.labels(position=str(i), **self.label).inc(n)
+            self.open_positions(r.k)  # a no-op when the scheduler opened them all
+            for counter, n in zip(self.accepted_at, r.accepted_per_position):
+                counter.inc(n)
 
     def finished(self, reason: str) -> None:
         self.success.labels(finished_reason=reason, **self.label).inc()

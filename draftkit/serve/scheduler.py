@@ -75,6 +75,7 @@ class Scheduler:
         # K each round: fixed, or the policy's for the live batch size; 0 without a draft
         self.k_choice = resolve_k(k, k_max, has_draft=engine.draft is not None)
         k_max = self.k_choice.k_max
+        metrics.open_positions(k_max)
         limit = engine.context
         if max_model_len is not None and limit is not None:
             max_model_len = min(max_model_len, limit)
