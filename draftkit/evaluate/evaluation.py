@@ -91,12 +91,15 @@ def batch_sweep(ev: Evaluator, prompts: list[list[int]], overall: DomainFigures,
                 settings: EvalSettings) -> list[BatchRow]:
     """The batch sweep, in one voice with the table: at the table's K (auto, or the number
     given; K 1 under --k 0, to show what speculation would buy) on the suite's prompts, with the
-    table's new tokens unless --batch-tokens says otherwise. Batch size 1 is the table's own
-    overall row, interval included, rather than one prompt measured again."""
+    table's new tokens unless --batch-tokens says otherwise, each batch size over up to
+    --batch-groups batches of distinct prompts (its interval). Batch size 1 is the table's own
+    overall row, interval and verdict included, rather than one prompt measured again."""
     rows = {row.batch_size: row for row in ev.batch_sweep(prompts, sweep_k(settings),
                                                            swept_sizes(settings))}
+    for row in rows.values():  # the table's rule at each row's K and B
+        row.verdict = summary.sweep_verdict(row, settings.k_max)
     if 1 not in rows and 1 in settings.batch_sizes:
-        rows[1] = BatchRow.of(overall, batch_size=1)
+        rows[1] = BatchRow.of(overall, batch_size=1, batches=overall.n_prompts)
     return [rows[b] for b in settings.batch_sizes]
 
 

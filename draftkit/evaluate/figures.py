@@ -136,6 +136,13 @@ class KSweepRow(Record):
     speedup_measured: float | None
     prompts: int | None  # what the measured figures were measured on
     new_tokens: int | None
+    # where measured: the speedup's 95% interval, a paired bootstrap over the prompts (each
+    # decoded plainly and at this K, interleaved; None from one prompt), about how many prompts
+    # would put it clear of 1.0 where it includes it, and the verdict at this K
+    speedup_low: float | None = added_later()
+    speedup_high: float | None = added_later()
+    prompts_to_decide: int | None = added_later()
+    verdict: str | None = added_later()
 
 
 @dataclass(kw_only=True)
@@ -151,9 +158,14 @@ class BatchRow(Record):
     spec_tokens_per_s: float
     speedup_predicted: float | None
     speedup_measured: float
-    # batch size 1 is the table's overall row, with its interval over prompts
+    # the speedup's 95% interval: batch size 1 is the table's overall row, with its interval
+    # over prompts; a larger one's is a paired bootstrap over its batches (distinct prompts,
+    # each batch decoded plainly and with speculation, interleaved; None from one batch)
     speedup_low: float | None = added_later()
     speedup_high: float | None = added_later()
+    prompts_to_decide: int | None = added_later()  # batches to decide x the batch size
+    batches: int | None = added_later()  # the batches measured (batch size 1: the prompts)
+    verdict: str | None = added_later()  # the table's verdict rule, at this row's K and B
 
 
 @dataclass(kw_only=True)
@@ -217,6 +229,11 @@ class PointFigures(Record):
     target_entropy: float | None
     overhead_per_round_ms: float
     break_even_alpha: float | None  # the i.i.d. alpha at which S(K) = 1 for this c and v
+    # eval's 95% interval over the point's prompts (None from one prompt) and the prompts
+    # that would decide where it includes 1.0
+    speedup_low: float | None = added_later()
+    speedup_high: float | None = added_later()
+    prompts_to_decide: int | None = added_later()
 
 
 @dataclass(kw_only=True)

@@ -3,7 +3,9 @@
 The report is an :class:`~draftkit.evaluate.figures.EvalReport`, written as report.json by its
 ``to_dict``. Writers take whatever sections are present: a quick run without sweeps still
 renders, only without those plots. The Markdown and HTML lead with the per-domain table, then
-the plots.
+the plots, each sweep's with its table of measured rows (interval and verdict).
+
+Long: the report's tables, plots and documents are read together; each is a short function.
 """
 
 from __future__ import annotations
@@ -152,6 +154,45 @@ def domain_table(report: EvalReport) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def interval_cell(low: float | None, high: float | None, units: int | None, unit: str) -> str:
+    """A sweep row's 95% interval, or why it has none: measured on one prompt (or batch)."""
+    if low is not None:
+        return f"{low:.2f}-{high:.2f}x"
+    return f"none: 1 {unit}" if units == 1 else "-"
+
+
+def k_sweep_table(report: EvalReport) -> tuple[list[str], list[list[str]]] | None:
+    """Header and rows of the K sweep's measured rows, interval and verdict included; None for
+    a report from before the sweep kept them (its plot alone shows the sweep)."""
+    rows = [r for r in report.k_sweep if r.speedup_measured is not None]
+    if not any(r.verdict for r in rows):
+        return None
+    header = ["domain", "K", "prompts", "new tokens", "tau measured", "c", "v",
+              "speedup measured", INTERVAL, "speedup predicted", "verdict"]
+    return header, [[r.domain, str(r.k), fmt(r.prompts, "{}"), fmt(r.new_tokens, "{}"),
+                     fmt(r.tau_measured, "{:.2f}"), fmt(r.c, "{:.3f}"), fmt(r.v, "{:.2f}"),
+                     fmt(r.speedup_measured, "{:.2f}x"),
+                     interval_cell(r.speedup_low, r.speedup_high, r.prompts, "prompt"),
+                     fmt(r.speedup_predicted, "{:.2f}x"), fmt(r.verdict, "{}")] for r in rows]
+
+
+def batch_table(report: EvalReport) -> tuple[list[str], list[list[str]]] | None:
+    """Header and rows of the batch sweep, interval and verdict included; None for a report
+    from before the sweep kept them."""
+    rows = sorted(report.batch_sweep, key=lambda r: r.batch_size)
+    if not any(r.verdict for r in rows):
+        return None
+    header = ["batch", "batches", "alpha", "c", "v", "K", "plain tok/s", "spec tok/s",
+              "speedup measured", INTERVAL, "speedup predicted", "verdict"]
+    return header, [[str(r.batch_size), fmt(r.batches, "{}"), fmt(r.alpha, "{:.3f}"),
+                     fmt(r.c, "{:.3f}"), fmt(r.v, "{:.2f}"), fmt(r.k, "{}"),
+                     fmt(r.plain_tokens_per_s, "{:.1f}"), fmt(r.spec_tokens_per_s, "{:.1f}"),
+                     fmt(r.speedup_measured, "{:.2f}x"),
+                     interval_cell(r.speedup_low, r.speedup_high, r.batches,
+                                   "prompt" if r.batch_size == 1 else "batch"),
+                     fmt(r.speedup_predicted, "{:.2f}x"), fmt(r.verdict, "{}")] for r in rows]
+
+
 def format_text_table(header: list[str], rows: list[list[str]]) -> str:
     """A fixed-width table for the terminal."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
@@ -161,6 +202,17 @@ def format_text_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 # --- plots --------------------------------------------------------------------------------------
+
+def error_bars(rows) -> list[list[float]] | None:
+    """Matplotlib's yerr (below, above) of measured speedups from their 95% intervals; 0 where
+    a row has none (one prompt or batch); None where no row has one."""
+    if all(r.speedup_low is None for r in rows):
+        return None
+    below = [0.0 if r.speedup_low is None else r.speedup_measured - r.speedup_low for r in rows]
+    above = [0.0 if r.speedup_high is None else r.speedup_high - r.speedup_measured
+             for r in rows]
+    return [below, above]
+
 
 def write_plots(report: EvalReport, out_dir: Path) -> dict[str, Path]:
     """PNG plots for the sections present; returns {title: path}."""
@@ -187,8 +239,9 @@ def write_plots(report: EvalReport, out_dir: Path) -> dict[str, Path]:
             ks = [r.k for r in rows]
             measured = [r for r in rows if r.speedup_measured is not None]
             if measured:
-                ax.plot([r.k for r in measured], [r.speedup_measured for r in measured],
-                        "o-", color=color, label=f"{name} measured")
+                ax.errorbar([r.k for r in measured], [r.speedup_measured for r in measured],
+                            yerr=error_bars(measured), fmt="o-", color=color, capsize=3,
+                            label=f"{name} measured")
             ax.plot(ks, [r.speedup_predicted for r in rows], "--", color=color, alpha=0.7,
                     label=f"{name} predicted")
         ax.axhline(1.0, color="gray", lw=1)
@@ -201,8 +254,10 @@ def write_plots(report: EvalReport, out_dir: Path) -> dict[str, Path]:
         rows = sorted(report.batch_sweep, key=lambda r: r.batch_size)
         fig, ax = plt.subplots(figsize=(6.4, 4))
         bs = [r.batch_size for r in rows]
-        if any(r.speedup_measured is not None for r in rows):
-            ax.plot(bs, [r.speedup_measured for r in rows], "o-", label="measured")
+        measured = [r for r in rows if r.speedup_measured is not None]
+        if measured:
+            ax.errorbar([r.batch_size for r in measured], [r.speedup_measured for r in measured],
+                        yerr=error_bars(measured), fmt="o-", capsize=3, label="measured")
         ax.plot(bs, [r.speedup_predicted for r in rows], "s--", label="predicted")
         ax.axhline(1.0, color="gray", lw=1)
         be = report.break_even
@@ -294,6 +349,23 @@ def k_sweep_note(report: EvalReport) -> str | None:
             "and tokens.")
 
 
+VERDICT_RULE = ("the verdict is the table's rule at the row's K: speculate only where the "
+                "interval lies above 1.0")
+SWEEP_NOTES = {
+    "speedup_vs_k": "95% interval (the error bars): a paired bootstrap over the prompts, each "
+                    "decoded plainly and at every K back to back; " + VERDICT_RULE + ".",
+    "speedup_vs_batch": "95% interval (the error bars): a paired bootstrap over the batches of "
+                        "distinct prompts at each batch size, each decoded plainly and with "
+                        "speculation back to back (batch size 1: the table's overall row, over "
+                        "its prompts); " + VERDICT_RULE + " and batch size."}
+
+
+def sweep_table(report: EvalReport, plot: str) -> tuple[list[str], list[list[str]]] | None:
+    """The table under a sweep's plot (by the plot's file stem), if it has one."""
+    maker = {"speedup_vs_k": k_sweep_table, "speedup_vs_batch": batch_table}.get(plot)
+    return maker(report) if maker else None
+
+
 def plain_step_text(report: EvalReport) -> str | None:
     """One sentence setting plain decoding beside the memory floor of its target."""
     p = report.plain_step
@@ -326,6 +398,9 @@ def render_markdown(report: EvalReport, plots: dict[str, Path]) -> str:
         out += [f"## {title}", "", f"![{title}]({path.name})", ""]
         if path.stem == "speedup_vs_k" and sweep_note:
             out += [sweep_note, ""]
+        table = sweep_table(report, path.stem)
+        if table is not None:
+            out += [SWEEP_NOTES[path.stem], ""] + markdown_table(*table) + [""]
         if path.stem == "acceptance_by_entropy":
             out += [ENTROPY_NOTE, ""] + markdown_table(*entropy_table(report)) + [""]
     return "\n".join(out)
@@ -343,6 +418,9 @@ def render_html(report: EvalReport, plots: dict[str, Path]) -> str:
         parts.append(f"<h2>{esc(title)}</h2>{html_image(title, path)}")
         if path.stem == "speedup_vs_k" and sweep_note:
             parts.append(f"<p>{esc(sweep_note)}</p>")
+        table = sweep_table(report, path.stem)
+        if table is not None:
+            parts += [f"<p>{esc(SWEEP_NOTES[path.stem])}</p>", html_table(*table)]
         if path.stem == "acceptance_by_entropy":
             parts += [f"<p>{esc(ENTROPY_NOTE)}</p>", html_table(*entropy_table(report))]
     return html_page("draftkit evaluation report", parts)

@@ -10,8 +10,10 @@ engine's per-round statistics; the predicted speedup comes from those through
 the model does not explain, which the report states (:mod:`draftkit.evaluate.summary` turns
 these measurements into the report's figures).
 
-Two sweeps show where speculation stops paying: K (measured on a few prompts per domain for the
-K listed) and batch size (measured c(B), v(B) and speedup at each B).
+Two sweeps show where speculation stops paying: K (a few prompts per domain, each decoded
+plainly and at every K listed) and batch size (measured c(B), v(B) and speedup at each B, over a
+few batches of distinct prompts); each sweep's speedups have intervals over their prompts or
+batches, as the table's do.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any, Callable
 
 import torch
 
+from draftkit import metrics
 from draftkit.decode.clock import synchronize
 from draftkit.decode.drafters import teacher_forced_logits
 from draftkit.decode.engine import SpeculativeEngine
@@ -77,6 +80,11 @@ class KMeasurement:
     speedup_measured: float | None
     prompts: int  # what it was measured on
     new_tokens: int
+    # the speedup's 95% interval over the prompts (None from one) and the prompts that would
+    # decide where it includes 1.0 (:func:`paired_speedup`)
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    prompts_to_decide: int | None = None
 
 
 def _timed(fn: Callable[[], Any], device) -> tuple[Any, float]:
@@ -215,62 +223,96 @@ class Evaluator:
     # --- sweeps -------------------------------------------------------------------------------
 
     def k_sweep(self, prompts: list[list[int]]) -> list[KMeasurement]:
-        """Measured speedup at each K in the sweep list, on a few prompts."""
-        rows = []
-        subset = prompts[: self.s.k_sweep_prompts]
-        if not subset:
-            return rows
+        """Measured speedup at each K in the sweep list, on a few prompts: each prompt decoded
+        plainly and at every K, back to back in an order that rotates from prompt to prompt, so
+        each K's speedup pairs with the same plain decodes and has an interval over the
+        prompts (:func:`paired_speedup`)."""
+        subset, ks = prompts[: self.s.k_sweep_prompts], list(self.s.k_sweep)
+        if not subset or not ks:
+            return []
         plain_stats = DecodeStats()  # its 1-token step prices c and v at every K
-        plain_secs, plain_tok = 0.0, 0
+        stats = {k: DecodeStats() for k in ks}
+        timed: dict[int, list[tuple[float, int]]] = {k: [] for k in [0, *ks]}  # per prompt
+        modes = [0, *ks]
         for i, ids in enumerate(subset):
-            (res,), secs = self.decode([ids], 0, self.s.k_sweep_tokens, plain_stats,
-                                        self.s.seed + i)
-            plain_secs += secs
-            plain_tok += len(res.tokens)
-            self.progress(1)
-        plain_tps = plain_tok / plain_secs if plain_secs else None
-        step = plain_stats.target_step_seconds(1)
-        for k in self.s.k_sweep:
-            stats = DecodeStats()
-            secs_sum, tok = 0.0, 0
-            for i, ids in enumerate(subset):
-                (res,), secs = self.decode([ids], k, self.s.k_sweep_tokens, stats,
-                                            self.s.seed + i)
-                secs_sum += secs
-                tok += len(res.tokens)
+            self._turn += 1  # drifts in machine speed hit every K alike
+            turn = self._turn % len(modes)
+            for k in modes[turn:] + modes[:turn]:
+                (res,), secs = self.decode([ids], k, self.s.k_sweep_tokens,
+                                            stats.get(k, plain_stats), self.s.seed + i)
+                timed[k].append((secs, len(res.tokens)))
                 self.progress(1)
-            tps = tok / secs_sum if secs_sum else None
+        step = plain_stats.target_step_seconds(1)
+        rows = []
+        for k in ks:
+            speedup, low, high, to_decide = paired_speedup(
+                [(p, s, pn, sn) for (p, pn), (s, sn) in zip(timed[0], timed[k])])
             # v grows with K: keep the v (and c) measured at this K for the predictions
             rows.append(KMeasurement(
-                k=k, tau=stats.tau(), c=stats.c(step), v=stats.v(k, step),
-                speedup_measured=(tps / plain_tps) if (tps and plain_tps) else None,
-                prompts=len(subset), new_tokens=self.s.k_sweep_tokens))
+                k=k, tau=stats[k].tau(), c=stats[k].c(step), v=stats[k].v(k, step),
+                speedup_measured=speedup, prompts=len(subset),
+                new_tokens=self.s.k_sweep_tokens, speedup_low=low, speedup_high=high,
+                prompts_to_decide=to_decide))
         return rows
 
     def batch_sweep(self, prompts: list[list[int]], k, sizes: list[int]) -> list[BatchRow]:
-        """At each batch size in ``sizes``: K = 0 and speculation at ``k`` (a number or auto, a
-        fresh policy per decode as a server starting at that load) on the same B prompts, each
-        warmed up first (a new batch size means new kernel shapes and a larger KV cache)."""
+        """At each batch size in ``sizes``: up to ``--batch-groups`` batches of distinct prompts
+        (:func:`batches`), each decoded with K = 0 and with speculation at ``k`` (a number or
+        auto, a fresh policy per decode as a server starting at that load), interleaved, after
+        the first is warmed up (a new batch size means new kernel shapes and a larger KV
+        cache). Tokens/s pool the batches; the speedup's interval resamples them. The rows'
+        verdicts are left to the caller (:func:`draftkit.evaluate.summary.sweep_verdict`)."""
         rows = []
         for bsz in sizes:
-            batch = [prompts[i % len(prompts)] for i in range(bsz)]
-            self.warm_up(batch, k)
+            groups = batches(prompts, bsz, self.s.batch_groups)
+            self.warm_up(groups[0], k)
             plain_stats, spec_stats = DecodeStats(), DecodeStats()
-            timed = {}
-            for mode in self.order():
-                kk, stats = (0, plain_stats) if mode == "plain" else (k, spec_stats)
-                timed[mode] = self.decode(batch, kk, self.s.sweep_tokens, stats, self.s.seed)
-            (res_p, t_p), (res_s, t_s) = timed["plain"], timed["spec"]
+            pairs = []
+            for batch in groups:
+                timed = {}
+                for mode in self.order():
+                    kk, stats = (0, plain_stats) if mode == "plain" else (k, spec_stats)
+                    timed[mode] = self.decode(batch, kk, self.s.sweep_tokens, stats,
+                                              self.s.seed)
+                (res_p, t_p), (res_s, t_s) = timed["plain"], timed["spec"]
+                pairs.append((t_p, t_s, sum(len(r.tokens) for r in res_p),
+                              sum(len(r.tokens) for r in res_s)))
             self.progress(1)
-            tps_p = sum(len(r.tokens) for r in res_p) / t_p
-            tps_s = sum(len(r.tokens) for r in res_s) / t_s
+            speedup, low, high, to_decide = paired_speedup(pairs)
+            plain_s, spec_s, plain_n, spec_n = (sum(x) for x in zip(*pairs))
             step = plain_stats.target_step_seconds(1)
             used = spec_stats.k_used()  # under auto: the K > 0 it ran most
             drafted = spec_stats.accepted + spec_stats.rejections > 0
             rows.append(BatchRow(
                 batch_size=bsz, alpha=spec_stats.alpha() if drafted else None,
                 c=spec_stats.c(step), v=spec_stats.v(used, step) if used else None, k=used,
-                plain_tokens_per_s=tps_p, spec_tokens_per_s=tps_s,
+                plain_tokens_per_s=plain_n / plain_s, spec_tokens_per_s=spec_n / spec_s,
                 speedup_predicted=spec_stats.predicted_speedup(step) if drafted
-                else None, speedup_measured=tps_s / tps_p))
+                else None, speedup_measured=speedup, speedup_low=low, speedup_high=high,
+                prompts_to_decide=to_decide and to_decide * bsz, batches=len(groups)))
         return rows
+
+
+def batches(prompts: list[list[int]], size: int, groups: int) -> list[list[list[int]]]:
+    """Up to ``groups`` batches of ``size`` prompts, no prompt in two (consecutive runs of
+    ``prompts``, which the eval mixes across domains); with fewer prompts than ``size``, one
+    batch that repeats them."""
+    if len(prompts) < size:
+        return [[prompts[i % len(prompts)] for i in range(size)]]
+    return [prompts[g * size:(g + 1) * size] for g in range(min(groups, len(prompts) // size))]
+
+
+def paired_speedup(pairs: list[tuple[float, float, int, int]]
+                   ) -> tuple[float, float | None, float | None, int | None]:
+    """(speedup, its 95% interval's low and high, units that would decide) of paired
+    measurements, one (plain seconds, speculative seconds, plain tokens, speculative tokens) per
+    unit (a prompt, or a batch of them): tokens per second pooled over the units, the interval
+    a paired bootstrap over them (:func:`metrics.speedup_interval`), None from fewer than two,
+    and where it includes 1.0 about how many units would put it clear
+    (:func:`metrics.units_to_decide`)."""
+    plain_s, spec_s, plain_n, spec_n = (sum(x) for x in zip(*pairs))
+    speedup = (spec_n / max(spec_s, 1e-12)) / max(plain_n / max(plain_s, 1e-12), 1e-12)
+    if len(pairs) < 2:
+        return speedup, None, None, None
+    est, low, high = metrics.speedup_interval(*zip(*pairs))
+    return est, low, high, metrics.units_to_decide(len(pairs), est, low, high)

@@ -31,6 +31,11 @@ class EvalSettings(DecodingArgs):
     batch_sizes: list[int] = option([1, 2, 4, 8, 16], group=GROUP,
                                     help="batch sizes of the batch sweep (empty to skip); "
                                          "batch size 1 is the table's own measurement")
+    batch_groups: int = option(4, group=GROUP,
+                               help="batches of distinct prompts the batch sweep decodes at "
+                                    "each batch size (fewer where the prompts run out), each "
+                                    "plainly and with speculation: the speedup's interval "
+                                    "resamples them; one batch gives no interval")
     batch_tokens: int | None = option(None, group=GROUP,
                                       help="new tokens per row in the batch sweep; default: "
                                            "--max-new-tokens, as the table's")
@@ -43,7 +48,7 @@ class EvalSettings(DecodingArgs):
     def validate(self) -> None:
         super().validate()
         for name in ("max_new_tokens", "repeats", "k_sweep_prompts", "k_sweep_tokens",
-                     "batch_tokens"):
+                     "batch_groups", "batch_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
         if any(b < 1 for b in self.batch_sizes) or any(k < 1 for k in self.k_sweep):

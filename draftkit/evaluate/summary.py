@@ -4,12 +4,14 @@
 :class:`~draftkit.evaluate.figures.DomainFigures` (alpha, alpha_i, tau, c, v and the speedup the
 model predicts for the rounds the run had), the ``overall`` row (token-weighted over the
 domains), a verdict per row, the K sweep's rows (tau and speedup predicted for K = 1..k_max
-from the measured alpha_i and v(K), beside the K the sweep measured) and the batch sweep's
-break-even (where speedup crosses 1.0 as batch size grows).
+from the measured alpha_i and v(K), beside the K the sweep measured), a verdict per measured
+sweep row by the table's rule (:func:`sweep_verdict`) and the batch sweep's break-even (where
+speedup crosses 1.0 as batch size grows, a gain counted only where it is shown).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from typing import Callable
@@ -18,8 +20,8 @@ from draftkit import metrics
 from draftkit.decode.stats import DecodeStats
 from draftkit.evaluate import entropy, floor
 from draftkit.evaluate.figures import (ALPHA_BEFORE, BatchBreakEven, BatchRow, BreakEven,
-                                       DomainFigures, KSweepRow, PlainStep)
-from draftkit.evaluate.runner import DomainRun, KMeasurement
+                                       DomainFigures, KSweepRow, PlainStep, PointFigures)
+from draftkit.evaluate.runner import DomainRun, KMeasurement, paired_speedup
 from draftkit.evaluate.settings import EvalSettings
 
 
@@ -62,7 +64,8 @@ def measured_speedup(run: DomainRun) -> tuple[float, float, float | None, float 
                                                int | None]:
     """(plain tokens/s, speculative tokens/s, the speedup's 95% interval low and high, prompts
     that would decide) of a run, pooled over its prompts and repeats; the interval is a paired
-    bootstrap over prompts (:func:`metrics.speedup_interval`), None from fewer than two."""
+    bootstrap over prompts (:func:`~draftkit.evaluate.runner.paired_speedup`), None from fewer
+    than two."""
     pairs = [(p, s, tp, ts) for (p, s), (tp, ts) in zip(run.prompt_seconds, run.prompt_tokens)
              if p > 0 and s > 0]
     if pairs:
@@ -72,23 +75,24 @@ def measured_speedup(run: DomainRun) -> tuple[float, float, float | None, float 
         plain_n, spec_n = run.tokens * len(run.plain_seconds), run.spec_tokens * len(
             run.spec_seconds)
     plain_tps, spec_tps = plain_n / max(plain_s, 1e-12), spec_n / max(spec_s, 1e-12)
-    if len(pairs) < 2:
-        return plain_tps, spec_tps, None, None, None
-    est, low, high = metrics.speedup_interval(*zip(*pairs))
-    return plain_tps, spec_tps, low, high, metrics.units_to_decide(len(pairs), est, low, high)
+    _, low, high, to_decide = paired_speedup(pairs) if pairs else (None,) * 4
+    return plain_tps, spec_tps, low, high, to_decide
 
 
-def verdict(fig: DomainFigures, k_max: int, v: Callable[[int], float] | None = None) -> str:
+def verdict(fig: DomainFigures, k_max: int, v: Callable[[int], float] | None = None, *,
+            at_k: bool = False, unit: str = "prompt") -> str:
     """Speculate with which K, or do not, and why, from measured figures: "speculate" only where
-    the measured speedup's 95% interval lies above 1.0 (or, from one prompt, the speedup does);
-    "inconclusive" where it includes 1.0 though the speedup model says a K pays, with the
-    prompts that would decide; otherwise the reason it does not pay.
+    the measured speedup's 95% interval lies above 1.0; "inconclusive" where it includes 1.0,
+    or where there is no interval (one ``unit`` measured), though the speedup model says a K
+    pays, with the prompts that would decide; otherwise the reason it does not pay.
 
-    ``v`` is v(K) for the predictions (:func:`v_of_k`); by default the run's v at every K."""
+    ``v`` is v(K) for the predictions (:func:`v_of_k`); by default the run's v at every K. With
+    ``at_k`` the predictions are at ``fig.k`` alone (a sweep's row, :func:`sweep_verdict`),
+    else at the best K up to ``k_max``."""
     measured, alpha, c = fig.speedup_measured, fig.alpha, fig.c
     low, high = fig.speedup_low, fig.speedup_high
     interval = "" if low is None else f", 95% interval {low:.2f}-{high:.2f}x"
-    if measured > 1.0 and fig.k and (low is None or low > 1.0):
+    if measured > 1.0 and fig.k and low is not None and low > 1.0:
         return f"speculate with K={fig.k} (measured {measured:.2f}x{interval})"
     if c is None:
         return "do not speculate: the draft never ran, so its cost is unknown"
@@ -97,9 +101,10 @@ def verdict(fig: DomainFigures, k_max: int, v: Callable[[int], float] | None = N
     if v is None:
         v_run = fig.v if fig.v is not None else 1.0
         v = lambda k: v_run  # noqa: E731
-    be = metrics.break_even_alpha_any_k(c, k_max, v)
+    ks = [fig.k] if at_k and fig.k else list(range(1, k_max + 1))
+    be = min(metrics.break_even_alpha(c, k, v) for k in ks)
     if not math.isfinite(be):  # no alpha below 1 pays at this c and v
-        vs = [v(k) for k in range(1, k_max + 1)]
+        vs = [v(k) for k in ks]
         span = f"{min(vs):.2f}" if max(vs) - min(vs) < 5e-3 else f"{min(vs):.2f}-{max(vs):.2f}"
         return (f"do not speculate: at this draft's c={c:.2f} and verification cost v="
                 f"{span} no acceptance rate pays")
@@ -108,17 +113,42 @@ def verdict(fig: DomainFigures, k_max: int, v: Callable[[int], float] | None = N
         if c >= 0.5:
             why += " (the draft is too slow)"
         return f"do not speculate: {why}"
-    best_k, best_s = metrics.optimal_k(fig.alpha_per_position or alpha, c, k_max, v)
-    if best_k == 0:
+    alphas = fig.alpha_per_position or alpha
+    best_k, best_s = ((fig.k, metrics.speedup(alphas, c, fig.k, v)) if len(ks) == 1 else
+                      metrics.optimal_k(alphas, c, k_max, v))
+    if best_k == 0 or best_s <= 1.0:
         return "do not speculate: no K pays at this alpha, c and v"
-    if low is not None and low <= 1.0 <= high:  # the model says it can pay; not shown yet
+    predicted = f"predicted {best_s:.2f}x at K={best_k}"
+    if low is None:  # one prompt (or batch): a point, not a measurement that decides
+        return (f"inconclusive: measured {measured:.2f}x on one {unit}, which gives no "
+                f"interval ({predicted}); measure two or more")
+    if low <= 1.0 <= high:  # the model says it can pay; not shown yet
         more = (f"; about {fig.prompts_to_decide} prompts would decide"
                 if fig.prompts_to_decide else "")
-        return (f"inconclusive: measured {measured:.2f}x{interval} includes 1.0 "
-                f"(predicted {best_s:.2f}x at K={best_k}){more}")
-    return (f"do not speculate yet: predicted {best_s:.2f}x at K={best_k} but measured "
-            f"{measured:.2f}x; per-round overhead {fig.overhead_per_round_ms:.1f} ms eats "
-            f"the gain")
+        return f"inconclusive: measured {measured:.2f}x{interval} includes 1.0 ({predicted}){more}"
+    overhead = ("" if fig.overhead_per_round_ms is None
+                else f" {fig.overhead_per_round_ms:.1f} ms")
+    return (f"do not speculate yet: {predicted} but measured {measured:.2f}x{interval}; "
+            f"per-round overhead{overhead} eats the gain")
+
+
+def sweep_verdict(row: KSweepRow | BatchRow, k_max: int, fig: DomainFigures | None = None,
+                  v: Callable[[int], float] | None = None) -> str | None:
+    """A measured sweep row's verdict, by :func:`verdict`'s rule at the row's own K: the row
+    gives K, c, v, the measured speedup and its interval; ``fig`` (the domain a K sweep row
+    belongs to) gives alpha_i, else the row's own alpha prices the prediction. None where the
+    row measured nothing."""
+    if row.speedup_measured is None:
+        return None
+    batch = getattr(row, "batch_size", 1)
+    base = fig if fig is not None else DomainFigures.from_dict({"alpha": row.alpha,
+                                                                "alpha_per_position": []})
+    own = {name: getattr(row, name) for name in ("k", "c", "v", "speedup_measured",
+                                                   "speedup_low", "speedup_high",
+                                                   "prompts_to_decide")}
+    return verdict(dataclasses.replace(base, **own, overhead_per_round_ms=None), k_max,
+                   v if fig is not None else None, at_k=True,
+                   unit="prompt" if batch == 1 else f"batch of {batch} prompts")
 
 
 def v_of_k(fig: DomainFigures, measured: list[KMeasurement]):
@@ -139,8 +169,8 @@ def k_sweep_rows(domain: str, fig: DomainFigures, measured: list[KMeasurement],
                  k_max: int) -> list[KSweepRow]:
     """Predicted tau and speedup for K = 1..k_max from the measured alpha_i, c and v(K)
     (:func:`v_of_k`), beside the figures measured where the sweep ran that K (``tau_measured``,
-    c, v, ``speedup_measured``, and the ``prompts`` and ``new_tokens`` they were measured on;
-    None elsewhere)."""
+    c, v, ``speedup_measured`` with its interval and verdict (:func:`sweep_verdict`), and the
+    ``prompts`` and ``new_tokens`` they were measured on; None elsewhere)."""
     by_k = {r.k: r for r in measured}
     rows = []
     alpha = fig.alpha_per_position or fig.alpha
@@ -152,10 +182,14 @@ def k_sweep_rows(domain: str, fig: DomainFigures, measured: list[KMeasurement],
             if fig.c is not None:
                 pred = metrics.speedup(alpha, fig.c, k, v)
         m = by_k.get(k)  # the sweep's measurement at this K: None (and so its figures) if none
-        rows.append(KSweepRow(
+        row = KSweepRow(
             domain=domain, k=k, tau=tau, tau_measured=m and m.tau, c=m and m.c, v=m and m.v,
             speedup_predicted=pred, speedup_measured=m and m.speedup_measured,
-            prompts=m and m.prompts, new_tokens=m and m.new_tokens))
+            prompts=m and m.prompts, new_tokens=m and m.new_tokens,
+            speedup_low=m and m.speedup_low, speedup_high=m and m.speedup_high,
+            prompts_to_decide=m and m.prompts_to_decide)
+        row.verdict = sweep_verdict(row, k_max, fig, v)
+        rows.append(row)
     return rows
 
 
@@ -248,11 +282,12 @@ def break_even(batch_rows: list[BatchRow], domains: dict[str, DomainFigures]) ->
 NOT_SHOWN = 1.0 - 1e-9
 
 
-def shown_speedup(row: BatchRow) -> float | None:
-    """A batch row's measured speedup where the measurement backs a gain: its interval lies
-    above 1.0 (batch size 1, the table's row), or, without one, the speedup model predicts a
-    gain from the row's own alpha, c and v too. Otherwise a measured gain is noise and counts
-    as none (:data:`NOT_SHOWN`)."""
+def shown_speedup(row: BatchRow | PointFigures) -> float | None:
+    """A row's measured speedup where the measurement backs a gain: its interval lies above 1.0
+    (over prompts, or over batches at a batch size above 1), or, without one (one prompt or
+    batch, or a report from before intervals), the speedup model predicts a gain from the row's
+    own alpha, c and v too. Otherwise a measured gain is noise and counts as none
+    (:data:`NOT_SHOWN`). The regime map reads its points' curves the same way."""
     s = row.speedup_measured
     if s is None or s <= 1.0:
         return s

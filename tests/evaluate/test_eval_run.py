@@ -87,16 +87,29 @@ def test_report_schema_and_consistency(tiny_dirs, suite, tmp_path):
     assert {(r["prompts"], r["new_tokens"]) for r in report["k_sweep"]
             if r["k"] in measured_k} == {(1, 6)}
     assert "on the first 1 prompt(s) of each domain, up to 6 new tokens" in md
+    # one prompt gives no interval: the sweep's table says so instead of a bare point
+    for r in report["k_sweep"]:
+        assert ("verdict" in r) == (r["k"] in measured_k) and "speedup_low" not in r
+    assert md.count("| none: 1 prompt |") == 4
     assert [r["batch_size"] for r in report["batch_sweep"]] == [1, 2]
     for row in report["batch_sweep"]:
         assert {"batch_size", "alpha", "c", "v", "speedup_predicted",
-                "speedup_measured"} <= set(row)
+                "speedup_measured", "batches", "verdict"} <= set(row)
+    # batch size 2: the four prompts mixed make two batches, each a plain / speculative pair,
+    # and the interval resamples them
+    b2 = report["batch_sweep"][1]
+    assert b2["batches"] == 2 and b2["speedup_low"] <= b2["speedup_measured"] <= \
+        b2["speedup_high"]
+    assert b2["verdict"].startswith("speculate" if b2["speedup_low"] > 1 else
+                                    ("inconclusive", "do not speculate"))
+    assert f"| 2 | 2 | {b2['alpha']:.3f} |" in md
     # one voice: the sweep's batch 1 is the table's overall row, interval and all
     b1, overall = report["batch_sweep"][0], report["overall"]
     assert {key: b1[key] for key in ("speedup_measured", "speedup_low", "speedup_high", "alpha",
-                                     "c", "k")} == \
+                                     "c", "k", "verdict")} == \
         {key: overall[key] for key in ("speedup_measured", "speedup_low", "speedup_high",
-                                       "alpha", "c", "k")}
+                                       "alpha", "c", "k", "verdict")}
+    assert b1["batches"] == overall["n_prompts"]
     assert set(report["break_even"]) == {"kind", "x", "batch_size", "per_domain"}
     assert set(report["break_even"]["per_domain"]) == {"code", "chat"}
     assert all(set(b) == {"kind", "x", "batch_size"}
@@ -138,13 +151,18 @@ def test_verdicts_say_why():
         base = {"alpha_per_position": [], "overhead_per_round_ms": 3.0, "v": 1.1}
         return DomainFigures.from_dict(dict(base, **figures))
 
-    fast = fig(speedup_measured=1.4, alpha=0.7, c=0.2, k=3)
-    assert verdict(fast, 8) == "speculate with K=3 (measured 1.40x)"
+    fast = fig(speedup_measured=1.4, speedup_low=1.2, speedup_high=1.6, alpha=0.7, c=0.2, k=3)
+    assert verdict(fast, 8) == "speculate with K=3 (measured 1.40x, 95% interval 1.20-1.60x)"
+    # one prompt gives no interval: a point, which decides nothing, and the verdict says so
+    point = fig(speedup_measured=1.4, alpha=0.7, c=0.2, k=3)
+    assert verdict(point, 8).startswith("inconclusive: measured 1.40x on one prompt, which "
+                                        "gives no interval (predicted ")
     low = fig(speedup_measured=0.8, alpha=0.1, c=0.2, k=3)
     assert verdict(low, 8).startswith("do not speculate: alpha 0.10 is below the break-even")
     slow = fig(speedup_measured=0.8, alpha=0.5, c=0.9, k=1)
     assert verdict(slow, 8).endswith("(the draft is too slow)")
-    overhead = fig(speedup_measured=0.9, alpha=0.8, c=0.1, k=3)
+    overhead = fig(speedup_measured=0.9, speedup_low=0.85, speedup_high=0.95, alpha=0.8, c=0.1,
+                   k=3)
     assert "per-round overhead 3.0 ms" in verdict(overhead, 8)
     never = fig(speedup_measured=1.0, alpha=0.0, c=None, k=0, v=None)
     assert "never ran" in verdict(never, 8)
@@ -355,3 +373,73 @@ def test_the_batch_sweep_measures_batch_1_again_only_when_the_table_did_not():
     # other tokens, or a plain table (--k 0: the sweep speculates at K 1): measured again
     assert swept_sizes(EvalSettings(k=3, batch_sizes=[1, 2], batch_tokens=32)) == [1, 2]
     assert swept_sizes(EvalSettings(k=0, batch_sizes=[1, 2])) == [1, 2]
+
+
+def test_the_sweeps_pair_their_measurements_and_give_intervals(tiny_dirs):
+    """The K sweep decodes each prompt plainly and at every K, back to back in a rotating
+    order; the batch sweep decodes batches of distinct prompts, each plainly and with
+    speculation: each speedup is pooled over its units with an interval over them."""
+    from draftkit.evaluate.runner import EvalSettings, Evaluator, batches
+    from draftkit.models import load_pair
+
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12], [13, 14], [15, 16, 17]]
+    assert batches(prompts, 2, 4) == [prompts[0:2], prompts[2:4]]  # no prompt twice
+    assert batches(prompts, 2, 1) == [prompts[0:2]]
+    assert batches(prompts[:1], 2, 4) == [prompts[:1] * 2]  # fewer prompts than the batch
+    target, draft = tiny_dirs
+    pair = load_pair(str(target), str(draft), device="cpu", dtype="float32")
+    ev = Evaluator(pair.target, pair.draft, EvalSettings(
+        k=2, max_new_tokens=6, k_sweep=[1, 2], k_sweep_prompts=3, k_sweep_tokens=6,
+        batch_groups=2))
+    calls, generate = [], ev.engine.generate
+
+    def record(prompts, k, max_new_tokens, **kw):
+        calls.append((tuple(map(tuple, prompts)), k))
+        return generate(prompts, k=k, max_new_tokens=max_new_tokens, **kw)
+
+    ev.engine.generate = record
+    rows = ev.k_sweep(prompts)
+    # every prompt at K = 0, 1 and 2 before the next prompt, the first mode rotating
+    per_prompt = [[k for p, k in calls if p == (tuple(ids),)] for ids in prompts[:3]]
+    assert all(sorted(ks) == [0, 1, 2] for ks in per_prompt)
+    assert len({ks[0] for ks in per_prompt}) == 3
+    assert [c[0] for c in calls] == [(tuple(ids),) for ids in prompts[:3] for _ in range(3)]
+    for r in rows:
+        assert r.prompts == 3 and r.speedup_low <= r.speedup_measured <= r.speedup_high
+    calls.clear()
+    (row,) = ev.batch_sweep(prompts, 2, [2])
+    timed = [c for c in calls if c[0] in {tuple(map(tuple, b)) for b in batches(prompts, 2, 2)}]
+    assert len(timed) == 2 * 2 + 2  # two batches, each plainly and at K 2; the first warmed
+    assert row.batches == 2 and row.speedup_low <= row.speedup_measured <= row.speedup_high
+
+
+def test_a_sweep_rows_verdict_is_the_tables_rule_at_its_k():
+    from draftkit.evaluate.figures import BatchRow, KSweepRow
+    from draftkit.evaluate.summary import sweep_verdict
+
+    fig = DomainFigures.from_dict({"alpha_per_position": [0.8, 0.7], "alpha": 0.75, "c": 0.1,
+                                   "v": 1.1, "k": 2, "speedup_measured": 1.3,
+                                   "overhead_per_round_ms": 3.0})
+
+    def k_row(**measured):
+        return KSweepRow.from_dict(dict({"domain": "code", "k": 1, "c": 0.1, "v": 1.05,
+                                         "prompts": 4}, **measured))
+
+    sure = k_row(speedup_measured=1.3, speedup_low=1.1, speedup_high=1.5)
+    assert sweep_verdict(sure, 4, fig) == ("speculate with K=1 (measured 1.30x, 95% interval "
+                                           "1.10-1.50x)")
+    unsure = k_row(speedup_measured=1.05, speedup_low=0.95, speedup_high=1.15,
+                   prompts_to_decide=16)
+    # predicted at the row's own K (1), not at the best K
+    s1 = metrics.speedup([0.8, 0.7], 0.1, 1, 1.05)
+    assert sweep_verdict(unsure, 4, fig) == (
+        f"inconclusive: measured 1.05x, 95% interval 0.95-1.15x includes 1.0 (predicted "
+        f"{s1:.2f}x at K=1); about 16 prompts would decide")
+    assert sweep_verdict(k_row(speedup_measured=None), 4, fig) is None
+    # a batch of B prompts measured once: no interval, said in the batch's own unit
+    batch = BatchRow.from_dict({"batch_size": 8, "alpha": 0.75, "c": 0.1, "v": 1.3, "k": 2,
+                                "speedup_measured": 1.2, "batches": 1})
+    assert sweep_verdict(batch, 4).startswith("inconclusive: measured 1.20x on one batch of 8 "
+                                              "prompts, which gives no interval")
+    batch.speedup_low, batch.speedup_high = 0.85, 0.95  # a loss the model does not explain
+    assert sweep_verdict(batch, 4).endswith("; per-round overhead eats the gain")

@@ -150,3 +150,32 @@ def test_break_even_batch_does_not_depend_on_the_order_given():
     assert be.per_domain["code"].batch_size == 8
     assert be.per_domain["never drafted"].to_dict() == {"kind": "empty", "x": None,
                                                         "batch_size": None}
+
+
+def test_the_sweeps_tables_show_intervals_or_say_why_there_are_none(tmp_path):
+    data = sample_report()
+    data["k_sweep"] = [{"domain": "code", "k": 1, "tau": 1.5, "tau_measured": 1.4, "c": 0.2,
+                        "v": 1.1, "speedup_predicted": 1.1, "speedup_measured": 1.12,
+                        "speedup_low": 0.96, "speedup_high": 1.3, "prompts_to_decide": 9,
+                        "prompts": 3, "new_tokens": 48, "verdict": "inconclusive: ..."},
+                       {"domain": "chat", "k": 1, "tau": 1.5, "tau_measured": 1.3, "c": 0.2,
+                        "v": 1.1, "speedup_predicted": 1.1, "speedup_measured": 1.05,
+                        "prompts": 1, "new_tokens": 48, "verdict": "inconclusive: one"},
+                       {"domain": "code", "k": 2, "tau": 1.9, "speedup_predicted": 1.2}]
+    for row, (low, high, batches) in zip(data["batch_sweep"], [(1.2, 1.4, 3), (0.6, 0.8, 2),
+                                                               (None, None, 1)]):
+        row.update(speedup_low=low, speedup_high=high, batches=batches, k=3, verdict="v")
+    files = write_report(EvalReport.from_dict(data), tmp_path)
+    md = files["md"].read_text()
+    assert "| code | 1 | 3 | 48 | 1.40 | 0.200 | 1.10 | 1.12x | 0.96-1.30x | 1.10x |" in md
+    assert "| chat | 1 | 1 | 48 | 1.30 | 0.200 | 1.10 | 1.05x | none: 1 prompt | 1.10x |" in md
+    assert "| code | 2 |" not in md  # predicted only: in the plot, not the measured table
+    assert "| 1 | 3 | 0.600 | 0.200 | 1.12 | 3 | - | - | 1.40x | 1.20-1.40x | 1.50x | v |" in md
+    assert "| 4 | 1 |" in md and "| 0.35x | none: 1 batch |" in md
+    assert md.index("## Speedup against K") < md.index("| domain | K |") < \
+        md.index("## Speedup against batch size") < md.index("| batch | batches |")
+    assert files["html"].read_text().count("<table>") == 3
+    # a report from before the sweeps kept verdicts: no sweep tables (test_figures: its
+    # Markdown renders as then)
+    md = write_report(EvalReport.from_dict(sample_report()), tmp_path / "old")["md"].read_text()
+    assert "| domain | K |" not in md and "| batch | batches |" not in md
