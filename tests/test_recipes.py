@@ -250,3 +250,21 @@ def test_a_check_an_override_breaks_names_the_command_line(tmp_path):
     bad = _recipe(tmp_path, "data: {sources: [{path: DATA}]}\ntrain: {lr: -1}\n")
     with pytest.raises(ConfigError, match=f"^{bad}: train.lr must be positive"):
         load_config(bad, ["seed=1"])
+
+
+def test_the_default_quickstart_trains_an_eagle3_head_on_its_recipes_own_data(tmp_path):
+    """The default quickstart recipe is an EAGLE-3 head's: head_config keeps its data and head
+    and sets the budget, the output folder and resume; the eval shows the trained domains and
+    two it was not trained on."""
+    from draftkit.quickstart import RECIPE, UNTRAINED_SHOWN, QuickstartArgs, head_config
+
+    recipe = RECIPES / RECIPE
+    own = load_config(recipe)
+    assert own.draft.kind == "eagle3"
+    cfg = head_config(QuickstartArgs(minutes=2.5, resume=False), recipe, tmp_path, "g")
+    assert cfg.draft == own.draft and cfg.data.sources == own.data.sources
+    assert cfg.max_minutes == 2.5 and cfg.resume is False
+    assert cfg.out_dir == str(tmp_path / "distill")
+    trained = {s.domain for s in cfg.data.sources}
+    assert trained == {"code", "math"} and not trained & set(UNTRAINED_SHOWN)
+    check_config(cfg, str(recipe))
