@@ -127,7 +127,10 @@ class RegimesArgs(SpeculationArgs):
                                     help="batch sizes of the batch regime (none to skip it)")
     prompts_per_domain: int = option(2, help="prompts per domain in the entropy, cost and "
                                              "mismatch regimes (the batch regime takes as many "
-                                             "as its largest batch)")
+                                             "as --batch-groups of its largest batch)")
+    batch_groups: int = reuse(EvalSettings, "batch_groups", 2,
+                              note=" (here per domain; 2, the fewest that give an interval, "
+                                   "to keep the map's budget)")
     max_new_tokens: int = option(32, help="new tokens per prompt")
     k: K = reuse(SpeculationArgs, "k", 2, note="; regimes takes a fixed K >= 1, the same in "
                  "every measurement, so that slowdowns show instead of the policy hiding them "
@@ -141,7 +144,7 @@ class RegimesArgs(SpeculationArgs):
         if parse_k(self.k) == AUTO:
             raise ConfigError("--k must be a fixed K >= 1: regimes measures every draft at "
                               "the same K")
-        for name in ("prompts_per_domain", "max_new_tokens", "k", "k_max"):
+        for name in ("prompts_per_domain", "batch_groups", "max_new_tokens", "k", "k_max"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
         if any(n < 1 for n in self.layer_sizes) or any(b < 1 for b in self.batch_sizes):
@@ -167,6 +170,7 @@ def run_regimes(args: RegimesArgs) -> RegimesReport:
                       k_max=args.k_max, seed=args.seed, max_new_tokens=args.max_new_tokens,
                       temperatures=args.temperatures, layer_sizes=args.layer_sizes,
                       batch_sizes=args.batch_sizes, prompts_per_domain=args.prompts_per_domain,
+                      batch_groups=args.batch_groups,
                       drafts_by_domain=domain_drafts(args.drafts_by_domain),
                       domains=args.domains, device=args.device, dtype=args.dtype)
 

@@ -354,6 +354,9 @@ class MismatchRegime(Record):
     speedup_predicted: list[list[float | None]]
     crossover: MismatchCounts
     answer: str
+    # each cell's 95% interval over its prompts (None from one prompt)
+    speedup_low: list[list[float | None]] | None = added_later()
+    speedup_high: list[list[float | None]] | None = added_later()
 
 
 @dataclass(kw_only=True)
@@ -387,6 +390,9 @@ class RegimesReport(Record):
     created: str
     seconds: float | None
     headline: str = ""
+    # how the measured speedups' 95% intervals were taken (reports before them: None, and
+    # their points carry none)
+    intervals: str | None = added_later()
 
     def regimes(self) -> list[tuple[str, typing.Any]]:
         """(report key, section) of the four regimes, in the report's order."""

@@ -25,6 +25,25 @@ def fmt(value: Any, pattern: str) -> str:
         return str(value)
 
 
+def interval_cell(low: float | None, high: float | None, units: int | None, unit: str) -> str:
+    """A measured speedup's 95% interval, or why it has none: measured on one ``unit`` (a
+    prompt, a batch); "-" where the report does not say."""
+    if low is not None:
+        return f"{low:.2f}-{high:.2f}x"
+    return f"none: 1 {unit}" if units == 1 else "-"
+
+
+def error_bars(rows) -> list[list[float]] | None:
+    """Matplotlib's yerr (below, above) of measured speedups from their 95% intervals; 0 where
+    a row has none (one prompt or batch); None where no row has one."""
+    if all(r.speedup_low is None for r in rows):
+        return None
+    below = [0.0 if r.speedup_low is None else r.speedup_measured - r.speedup_low for r in rows]
+    above = [0.0 if r.speedup_high is None else r.speedup_high - r.speedup_measured
+             for r in rows]
+    return [below, above]
+
+
 def save_png(fig, path: Path, dpi: int = 110) -> Path:
     """Write a matplotlib figure atomically (a killed run leaves no half a PNG), close it."""
     import matplotlib.pyplot as plt  # matplotlib only where a report is drawn

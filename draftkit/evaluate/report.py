@@ -17,8 +17,8 @@ from pathlib import Path
 
 from draftkit.decode.k import AUTO
 from draftkit.evaluate.figures import ALPHA_BEFORE, DomainFigures, EvalReport, KSweepRow
-from draftkit.evaluate.render import (fmt, html_image, html_page, html_table, markdown_table,
-                                      save_png, write_files)
+from draftkit.evaluate.render import (error_bars, fmt, html_image, html_page, html_table,
+                                      interval_cell, markdown_table, save_png, write_files)
 
 ENTROPY_NOTE = ("Teacher-forced on the decoded continuations; each cell is the acceptance in "
                 "that bucket of the target's entropy and (the bucket's share of positions). "
@@ -154,13 +154,6 @@ def domain_table(report: EvalReport) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def interval_cell(low: float | None, high: float | None, units: int | None, unit: str) -> str:
-    """A sweep row's 95% interval, or why it has none: measured on one prompt (or batch)."""
-    if low is not None:
-        return f"{low:.2f}-{high:.2f}x"
-    return f"none: 1 {unit}" if units == 1 else "-"
-
-
 def k_sweep_table(report: EvalReport) -> tuple[list[str], list[list[str]]] | None:
     """Header and rows of the K sweep's measured rows, interval and verdict included; None for
     a report from before the sweep kept them (its plot alone shows the sweep)."""
@@ -202,17 +195,6 @@ def format_text_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 # --- plots --------------------------------------------------------------------------------------
-
-def error_bars(rows) -> list[list[float]] | None:
-    """Matplotlib's yerr (below, above) of measured speedups from their 95% intervals; 0 where
-    a row has none (one prompt or batch); None where no row has one."""
-    if all(r.speedup_low is None for r in rows):
-        return None
-    below = [0.0 if r.speedup_low is None else r.speedup_measured - r.speedup_low for r in rows]
-    above = [0.0 if r.speedup_high is None else r.speedup_high - r.speedup_measured
-             for r in rows]
-    return [below, above]
-
 
 def write_plots(report: EvalReport, out_dir: Path) -> dict[str, Path]:
     """PNG plots for the sections present; returns {title: path}."""

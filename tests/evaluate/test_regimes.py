@@ -139,6 +139,24 @@ def test_draft_cost_answer_is_worded_from_the_data():
     assert "Past 2 layers, a deeper draft's extra acceptance no longer pays" in text
 
 
+def test_a_gain_its_interval_does_not_back_is_no_crossing():
+    """The regimes read their curves by eval's rule: 1.04x at batch 2 with an interval across
+    1.0 (the model predicting a loss) is not where speculation starts paying."""
+    rows = [BatchRow.from_dict({"batch_size": b, "speedup_measured": s, "speedup_low": lo,
+                                "speedup_high": hi, "speedup_predicted": 0.95})
+            for b, s, lo, hi in ((1, 0.9, 0.85, 0.95), (2, 1.04, 0.97, 1.1),
+                                 (4, 0.8, 0.75, 0.85))]
+    assert batch_crossovers(rows).measured.kind == "below"
+    rows[1].speedup_low = 1.01  # shown: now it crosses, falling below 1.0 between 2 and 4
+    assert batch_crossovers(rows).measured.kind == "crosses"
+    report = _lost_everywhere(0.1)
+    report.entropy.temperatures[0].speedup_measured = 1.1  # one prompt, the model says loss
+    text = headline(report)
+    assert text.startswith("Speculation did not pay anywhere measured (1 points, speedup "
+                           "1.10x; 1 measured a gain that its interval or the model does not "
+                           "back)")
+
+
 # --- end to end on tiny random models ---------------------------------------------------------
 
 
@@ -203,6 +221,19 @@ def test_regimes_end_to_end(tiny_dirs, suite, tmp_path):
     assert min(r["speedup_measured"] for rows in batch["domains"].values() for r in rows) < 1
     for key in ("entropy", "draft_cost", "mismatch", "batch"):
         assert report[key]["answer"] and "measured" in report[key]["answer"], key
+    # intervals: over a point's prompts (none for one prompt), over a batch size's batches
+    # (two prompts per domain here: batch size 1 has two batches, 2 one), stated in the report
+    assert "paired bootstrap" in report["intervals"]
+    for row in ent["temperatures"] + cost["drafts"] + list(ent["domains"].values()):
+        assert row["speedup_low"] <= row["speedup_measured"] <= row["speedup_high"]
+    assert all("speedup_low" not in p for p in ent["prompts"])
+    assert len(mis["speedup_low"]) == 2 and all(x is not None for r in mis["speedup_low"]
+                                                for x in r)
+    for rows in batch["domains"].values():
+        assert [r["batches"] for r in rows] == [2, 1] and rows[0]["speedup_low"] is not None
+        assert "speedup_low" not in rows[1] and rows[1]["verdict"]
+    assert "| speedup measured | 95% interval |" in md and "| none: 1 batch |" in md
+    assert "Intervals (error bars): 95% paired bootstrap" in md
 
 
 def test_default_draft_is_an_early_exit_and_matrix_covers_all_drafts(suite, tmp_path):

@@ -1,5 +1,6 @@
 """The regime map's sections: each regime's curves and crossovers from the measured figures,
-and its answer in one sentence, worded from the data; then one headline over all four.
+and its answer in one sentence, worded from the data; then one headline over all four. A
+measured gain counts only where the measurement backs it, by eval's rule (:func:`shown`).
 
 Pure functions of the measurements (:mod:`.measure`); nothing here decodes.
 """
@@ -17,6 +18,7 @@ from draftkit.evaluate.figures import (BatchRegime, BatchRow, CostRegime, Crosso
                                        RegimesReport, TemperatureCrossovers, TemperaturePoint)
 from draftkit.evaluate.regimes.crossovers import (crossing, describe, entropy_crossover,
                                                   entropy_model_text)
+from draftkit.evaluate.summary import shown_speedup
 
 if TYPE_CHECKING:  # the measurements import torch; only their types are read here
     from draftkit.evaluate.regimes.measure import PromptFigures
@@ -28,6 +30,20 @@ def _span(values, fmt: str = "{:.2f}") -> str:
         return "-"
     lo, hi = min(vals), max(vals)
     return fmt.format(lo) if abs(hi - lo) < 5e-3 else f"{fmt.format(lo)}-{fmt.format(hi)}"
+
+
+def shown(rows) -> list[float | None]:
+    """The measured speedups of a curve's points where the measurement backs a gain: eval's
+    rule (:func:`~draftkit.evaluate.summary.shown_speedup`: an interval above 1.0, or without
+    one the model's prediction too), so that a measured crossover does not rest on a gain
+    within the noise."""
+    return [shown_speedup(r) for r in rows]
+
+
+def _gains(rows) -> tuple[list, list]:
+    """(the points whose gain is shown, those that measured a gain that is not)."""
+    shown_ = [r for r in rows if (shown_speedup(r) or 0.0) > 1.0]
+    return shown_, [r for r in rows if (r.speedup_measured or 0.0) > 1.0 and r not in shown_]
 
 
 def depth_trend(curve: list[DraftPoint], figure: Callable[[DraftPoint], float | None]) -> str:
@@ -62,24 +78,26 @@ def entropy_regime(draft: str, by_temperature: dict[float, PromptFigures], temps
                                         per_domain={d: res.domains[d] for d in res.domains}))
     xs = [r.temperature for r in rows]
     cross_t = TemperatureCrossovers(
-        measured=crossing(xs, [r.speedup_measured for r in rows]),
+        measured=crossing(xs, shown(rows)),
         predicted=crossing(xs, [r.speedup_predicted for r in rows]),
         alpha=(crossing(xs, [r.alpha for r in rows], alpha_be)
                if alpha_be is not None else Crossover(kind="empty", x=None)))
     hs = [p.target_entropy for p in prompts]
     cross_h = EntropyCrossovers(
-        measured=crossing(hs, [p.speedup_measured for p in prompts]),
+        measured=crossing(hs, shown(prompts)),
         predicted=crossing(hs, [p.speedup_predicted for p in prompts]),
         model=entropy_crossover(prompts, alpha_be))
     per_domain_t = {d: CrossoverPair(
-        measured=crossing(xs, [r.per_domain[d].speedup_measured for r in rows]),
+        measured=crossing(xs, shown([r.per_domain[d] for r in rows])),
         predicted=crossing(xs, [r.per_domain[d].speedup_predicted for r in rows]))
         for d in zero.domains}
     measured = [r.speedup_measured for r in rows]
-    pays = [r.temperature for r in rows if (r.speedup_measured or 0) > 1.0]
-    head = (f"with {draft} at K={k}, speculation pays at temperature "
-            f"{', '.join(f'{t:g}' for t in pays)}" if pays else
-            f"with {draft} at K={k}, speculation pays at no temperature measured")
+    pays, unshown = _gains(rows)
+    temps_of = lambda rs: ", ".join(f"{r.temperature:g}" for r in rs)  # noqa: E731
+    head = (f"with {draft} at K={k}, speculation pays at temperature {temps_of(pays)}" if pays
+            else f"with {draft} at K={k}, speculation pays at no temperature measured")
+    if unshown:
+        head += f" (at {temps_of(unshown)} a gain its interval or the model does not back)"
     answer = (f"{head} (speedup {_span(measured)}x); measured: "
               f"{describe(cross_t.measured, 'temperature')}; predicted from alpha, c, v: "
               f"{describe(cross_t.predicted, 'temperature')}. Per prompt, "
@@ -106,7 +124,7 @@ def cost_regime(drafts: list[DraftInfo], at_zero: dict[str, PromptFigures],
                                   main=d.main, max_c=max_c))
     curve = sorted((r for r in rows if r.derived), key=lambda r: r.layers)
     xs = [r.layers for r in curve]
-    cross = CrossoverPair(measured=crossing(xs, [r.speedup_measured for r in curve]),
+    cross = CrossoverPair(measured=crossing(xs, shown(curve)),
                           predicted=crossing(xs, [r.speedup_predicted for r in curve]))
 
     def best(figure: Callable[[DraftPoint], float | None]) -> str | None:
@@ -125,7 +143,7 @@ def cost_regime(drafts: list[DraftInfo], at_zero: dict[str, PromptFigures],
                      key=lambda r: r.speedup_measured, default=None)
     # "no longer pays" only past a depth that paid
     if (best_curve is not None and best_curve is not curve[-1]
-            and best_curve.speedup_measured > 1.0):
+            and (shown_speedup(best_curve) or 0.0) > 1.0):
         answer += (f"Past {best_curve.layers} layers, a deeper draft's extra acceptance no "
                    f"longer pays for its extra cost. ")
     answer += (f"The model says a draft pays only while c stays below the largest cost its alpha "
@@ -145,6 +163,8 @@ def mismatch_regime(drafts: list[DraftInfo], at_zero: dict[str, PromptFigures],
     alpha = matrix(lambda f: f.alpha)
     measured = matrix(lambda f: f.speedup_measured)
     predicted = matrix(lambda f: f.speedup_predicted)
+    low, high = matrix(lambda f: f.speedup_low), matrix(lambda f: f.speedup_high)
+    has_interval = any(x is not None for r in low for x in r)
     flat = [(m, p) for mr, pr in zip(measured, predicted) for m, p in zip(mr, pr)
             if m is not None and p is not None]
     slow_m = sum(m < 1.0 for m, _ in flat)
@@ -174,13 +194,16 @@ def mismatch_regime(drafts: list[DraftInfo], at_zero: dict[str, PromptFigures],
                        f"({lo[1]}) to {hi[0]:.2f} ({hi[1]}).")
     return MismatchRegime(drafts=[d.name for d in rows], home={d.name: d.home for d in rows},
                           domains=domains, alpha=alpha, speedup_measured=measured,
-                          speedup_predicted=predicted, crossover=cross, answer=answer)
+                          speedup_predicted=predicted, crossover=cross, answer=answer,
+                          speedup_low=low if has_interval else None,
+                          speedup_high=high if has_interval else None)
 
 
 def batch_crossovers(rows: list[BatchRow]) -> CrossoverPair:
-    """Measured and predicted break-even batch size (interpolated in log2 B)."""
+    """Measured and predicted break-even batch size (interpolated in log2 B); a measured gain
+    counts where it is shown, as in eval's break-even (:func:`shown`)."""
     bs = [r.batch_size for r in rows]
-    return CrossoverPair(measured=crossing(bs, [r.speedup_measured for r in rows], log_x=True),
+    return CrossoverPair(measured=crossing(bs, shown(rows), log_x=True),
                          predicted=crossing(bs, [r.speedup_predicted for r in rows], log_x=True))
 
 
@@ -207,17 +230,26 @@ def batch_regime(draft: str, batch: dict[str, list[PolicyBatchRow]], k: int) -> 
 
 
 def headline(report: RegimesReport) -> str:
-    """One sentence over all four regimes: where speculation paid, as measured."""
-    points = [("temperature " + f"{r.temperature:g}", r.speedup_measured)
-              for r in report.entropy.temperatures]
-    points += [(r.name, r.speedup_measured) for r in report.draft_cost.drafts]
+    """One sentence over all four regimes: where speculation paid, as measured, a gain counted
+    only where the measurement backs it (:func:`shown`)."""
+    points = [("temperature " + f"{r.temperature:g}", r) for r in report.entropy.temperatures]
+    points += [(r.name, r) for r in report.draft_cost.drafts]
     mis = report.mismatch
-    points += [(f"{d} on {dom}", m) for d, row in zip(mis.drafts, mis.speedup_measured)
-               for dom, m in zip(mis.domains, row)]
-    points += [(f"batch {r.batch_size} ({dom})", r.speedup_measured)
+    cell = lambda i, j, m: PointFigures.from_dict({  # noqa: E731
+        "speedup_measured": m, "speedup_predicted": mis.speedup_predicted[i][j],
+        "speedup_low": mis.speedup_low and mis.speedup_low[i][j],
+        "speedup_high": mis.speedup_high and mis.speedup_high[i][j]})
+    points += [(f"{d} on {dom}", cell(i, j, m)) for i, (d, row) in
+               enumerate(zip(mis.drafts, mis.speedup_measured))
+               for j, (dom, m) in enumerate(zip(mis.domains, row))]
+    points += [(f"batch {r.batch_size} ({dom})", r)
                for dom, rows in report.batch.domains.items() for r in rows]
-    points = [(name, s) for name, s in points if s is not None]
-    wins = [(name, s) for name, s in points if s > 1.0]
+    points = [(name, r) for name, r in points if r.speedup_measured is not None]
+    wins, unshown = _gains([r for _, r in points])
+    names = {id(r): name for name, r in points}
+    speedups = _span(r.speedup_measured for _, r in points)
+    noise = (f"; {len(unshown)} measured a gain that its interval or the model does not back"
+             if unshown else "")
     main = report.entropy
     if not wins:
         be = main.break_even_alpha
@@ -231,8 +263,11 @@ def headline(report: RegimesReport) -> str:
                    f"break-even {be:.2f} {at}), so per-round overhead, which it leaves out, ate "
                    f"it")
         return (f"Speculation did not pay anywhere measured ({len(points)} points, speedup "
-                f"{_span(s for _, s in points)}x){why}.")
-    best = max(wins, key=lambda w: w[1])
+                f"{speedups}x{noise}){why}.")
+    best = max(wins, key=lambda r: r.speedup_measured)
+    unsure = (f", and measured a gain at {len(unshown)} more that its interval or the model "
+              f"does not back" if unshown else "")
     return (f"Speculation paid at {len(wins)} of {len(points)} points measured (best "
-            f"{best[1]:.2f}x: {best[0]}) and lost at the rest; the regimes below say where the "
-            f"line runs.")
+            f"{best.speedup_measured:.2f}x: {names[id(best)]}), lost at "
+            f"{len(points) - len(wins) - len(unshown)}{unsure}; the regimes below say where "
+            f"the line runs.")

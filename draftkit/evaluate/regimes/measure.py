@@ -16,8 +16,14 @@ from draftkit.decode.stats import DecodeStats
 from draftkit.evaluate import summary
 from draftkit.evaluate.figures import DomainFigures, PointFigures, PolicyBatchRow
 from draftkit.evaluate.regimes.drafts import Draft
-from draftkit.evaluate.runner import DomainRun, Evaluator
+from draftkit.evaluate.runner import DomainRun, Evaluator, batches
 from draftkit.evaluate.settings import EvalSettings
+
+
+# how the measured speedups' intervals are taken, as the report states it
+INTERVALS = ("95% paired bootstrap over the prompts of a domain, temperature or draft (each "
+             "prompt decoded plainly and with speculation back to back; none for one prompt) "
+             "and over the batches of distinct prompts at a batch size (none for one batch)")
 
 
 @dataclass
@@ -53,7 +59,8 @@ def _finite(x: float) -> float | None:
 def measure_prompts(ev: Evaluator, prompts: dict[str, list[list[int]]],
                     entropy: bool) -> PromptFigures:
     """Each prompt decoded with K = 0 and with speculation at K, back to back (with
-    ``entropy``, the target's entropy on the continuation too)."""
+    ``entropy``, the target's entropy on the continuation too): a prompt's figures have no
+    interval, a domain's and the overall figures one over their prompts (eval's)."""
     per_prompt: dict[str, list[PointFigures]] = {}
     domains: dict[str, PointFigures] = {}
     all_figs: dict[str, DomainFigures] = {}
@@ -75,19 +82,21 @@ def measure_prompts(ev: Evaluator, prompts: dict[str, list[list[int]]],
 
 
 def measure_batches(ev: Evaluator, prompts: list[list[int]], k: int) -> list[PolicyBatchRow]:
-    """eval's batch sweep at fixed K (measured c(B), v(B), speedup), then the K policy at each
-    batch size: the K it used most and its speedup over the same K = 0 baseline."""
+    """eval's batch sweep at fixed K (measured c(B), v(B), speedup over the batches of distinct
+    prompts, with its interval and verdict), then the K policy on the same batches: the K it
+    used most and its speedup over the same K = 0 runs."""
     rows = []
     for row in ev.batch_sweep(prompts, k, ev.s.batch_sizes):
-        batch = [prompts[i % len(prompts)] for i in range(row.batch_size)]
-        stats = DecodeStats()
-        res, secs = ev.decode(batch, AUTO, ev.s.sweep_tokens, stats, ev.s.seed)
+        row.verdict = summary.sweep_verdict(row, ev.s.k_max)
+        stats, secs, tokens = DecodeStats(), 0.0, 0
+        for batch in batches(prompts, row.batch_size, ev.s.batch_groups):
+            res, t = ev.decode(batch, AUTO, ev.s.sweep_tokens, stats, ev.s.seed)
+            secs, tokens = secs + t, tokens + sum(len(r.tokens) for r in res)
         ev.progress(1)
-        tps = sum(len(r.tokens) for r in res) / secs
         be = (_finite(metrics.break_even_alpha(row.c, k, row.v))
               if row.c is not None and row.v is not None else None)
         rows.append(PolicyBatchRow.of(row, policy_k=stats.k_used(),
-                                      speedup_policy=tps / row.plain_tokens_per_s,
+                                      speedup_policy=tokens / secs / row.plain_tokens_per_s,
                                       break_even_alpha=be))
     return rows
 

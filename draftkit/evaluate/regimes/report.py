@@ -13,8 +13,8 @@ from pathlib import Path
 from draftkit.evaluate.figures import (BatchRegime, CostRegime, Crossover, EntropyRegime,
                                        MismatchRegime, RegimesReport)
 from draftkit.evaluate.regimes.crossovers import describe, entropy_model_text
-from draftkit.evaluate.render import (fmt, html_image, html_page, html_table, markdown_table,
-                                      save_png, write_files)
+from draftkit.evaluate.render import (error_bars, fmt, html_image, html_page, html_table,
+                                      interval_cell, markdown_table, save_png, write_files)
 
 # report key, title
 REGIMES = [("entropy", "Entropy and temperature"), ("draft_cost", "Draft cost"),
@@ -63,7 +63,8 @@ def _plot_entropy(plt, sec: EntropyRegime):
     ax1.legend(fontsize=7)
     rows = sec.temperatures
     ts = [r.temperature for r in rows]
-    ax2.plot(ts, [r.speedup_measured for r in rows], "o-", color="C0", label="speedup measured")
+    ax2.errorbar(ts, [r.speedup_measured for r in rows], yerr=error_bars(rows), fmt="o-",
+                 color="C0", capsize=3, label="speedup measured")
     ax2.plot(ts, [r.speedup_predicted for r in rows], "s--", color="C0", alpha=0.6,
              label="speedup predicted")
     ax2.plot(ts, [r.alpha for r in rows], "^-", color="C2", label="alpha")
@@ -86,7 +87,8 @@ def _plot_cost(plt, sec: CostRegime):
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     curve = sorted((r for r in sec.drafts if r.derived), key=lambda r: r.layers)
     xs = [r.layers for r in curve]
-    ax.plot(xs, [r.speedup_measured for r in curve], "o-", label="speedup measured")
+    ax.errorbar(xs, [r.speedup_measured for r in curve], yerr=error_bars(curve) if curve else
+                None, fmt="o-", capsize=3, label="speedup measured")
     ax.plot(xs, [r.speedup_predicted for r in curve], "s--", alpha=0.7,
             label="speedup predicted")
     ax.plot(xs, [r.alpha for r in curve], "^-", color="C2", label="alpha")
@@ -144,8 +146,8 @@ def _plot_batch(plt, sec: BatchRegime):
     for i, (d, rows) in enumerate(sec.domains.items()):
         color = f"C{i % 10}"
         bs = [r.batch_size for r in rows]
-        ax.plot(bs, [r.speedup_measured for r in rows], "o-", color=color,
-                label=f"{d} measured (K={sec.k})")
+        ax.errorbar(bs, [r.speedup_measured for r in rows], yerr=error_bars(rows), fmt="o-",
+                    color=color, capsize=3, label=f"{d} measured (K={sec.k})")
         ax.plot(bs, [r.speedup_predicted for r in rows], "--", color=color, alpha=0.6)
         for r in rows:  # the K the policy picked at this batch size
             ax.annotate(f"K={r.policy_k}", (r.batch_size, r.speedup_measured),
@@ -191,9 +193,23 @@ def _f(v, pattern: str = "{:.3f}") -> str:
 
 
 Table = tuple[str, list[str], list[list[str]]]  # caption, header, rows
+INTERVAL = "95% interval"
 
 
-def _entropy_tables(sec: EntropyRegime) -> list[Table]:
+def _with_interval(header: list[str], rows: list[list[str]], points, intervals: bool,
+                   unit: str = "prompt") -> tuple[list[str], list[list[str]]]:
+    """``header`` and ``rows`` with the points' 95% intervals after "speedup measured", in a
+    report that took them (``intervals``); as they were in one from before."""
+    if not intervals:
+        return header, rows
+    i = header.index("speedup measured") + 1
+    cells = [interval_cell(p.speedup_low, p.speedup_high,
+                           p.batches if unit == "batch" else p.n_prompts, unit) for p in points]
+    return (header[:i] + [INTERVAL] + header[i:],
+            [r[:i] + [c] + r[i:] for r, c in zip(rows, cells)])
+
+
+def _entropy_tables(sec: EntropyRegime, intervals: bool = False) -> list[Table]:
     c = sec.crossover
     cross = ("crossovers", ["curve", "measured", "predicted from alpha, c, v"], [
         ["speedup against temperature", describe(c.temperature.measured, "temperature"),
@@ -206,60 +222,82 @@ def _entropy_tables(sec: EntropyRegime) -> list[Table]:
         ["alpha fitted against entropy, against break-even alpha", "-",
          entropy_model_text(c.entropy.model)]])
     temps = ("by temperature (all domains; target entropy of the distribution sampled "
-             "from, T=1 for greedy)", ["temperature", "target entropy", "alpha",
-                                       "break-even alpha", "c", "v", "speedup measured",
-                                       "speedup predicted"],
-             [[f"{r.temperature:g}", _f(r.target_entropy, "{:.2f}"), _f(r.alpha),
-               _f(r.break_even_alpha), _f(r.c), _f(r.v, "{:.2f}"), _x(r.speedup_measured),
-               _x(r.speedup_predicted)] for r in sec.temperatures])
-    doms = ("by domain at T=0", ["domain", "target entropy", "alpha", "speedup measured",
-                                 "speedup predicted"],
-            [[d, _f(f.target_entropy, "{:.2f}"), _f(f.alpha), _x(f.speedup_measured),
-              _x(f.speedup_predicted)] for d, f in sec.domains.items()])
+             "from, T=1 for greedy)", *_with_interval(
+                 ["temperature", "target entropy", "alpha", "break-even alpha", "c", "v",
+                  "speedup measured", "speedup predicted"],
+                 [[f"{r.temperature:g}", _f(r.target_entropy, "{:.2f}"), _f(r.alpha),
+                   _f(r.break_even_alpha), _f(r.c), _f(r.v, "{:.2f}"), _x(r.speedup_measured),
+                   _x(r.speedup_predicted)] for r in sec.temperatures],
+                 sec.temperatures, intervals))
+    doms = ("by domain at T=0", *_with_interval(
+        ["domain", "target entropy", "alpha", "speedup measured", "speedup predicted"],
+        [[d, _f(f.target_entropy, "{:.2f}"), _f(f.alpha), _x(f.speedup_measured),
+          _x(f.speedup_predicted)] for d, f in sec.domains.items()],
+        list(sec.domains.values()), intervals))
     return [cross, temps, doms]
 
 
-def _cost_tables(sec: CostRegime) -> list[Table]:
+def _cost_tables(sec: CostRegime, intervals: bool = False) -> list[Table]:
     c = sec.crossover
     cross = ("crossovers", ["curve", "measured", "predicted from alpha, c, v"], [
         ["speedup against draft depth", describe(c.measured, "layers"),
          describe(c.predicted, "layers")],
         ["best draft", sec.best_measured or "-", sec.best_predicted or "-"]])
-    rows = ("drafts", ["draft", "layers", "alpha", "c", "c_max (break-even)", "v",
-                       "speedup measured", "speedup predicted"],
-            [[r.name, str(r.layers), _f(r.alpha), _f(r.c), _f(r.max_c), _f(r.v, "{:.2f}"),
-              _x(r.speedup_measured), _x(r.speedup_predicted)]
-             for r in sorted(sec.drafts, key=lambda r: r.layers)])
+    drafts = sorted(sec.drafts, key=lambda r: r.layers)
+    rows = ("drafts", *_with_interval(
+        ["draft", "layers", "alpha", "c", "c_max (break-even)", "v", "speedup measured",
+         "speedup predicted"],
+        [[r.name, str(r.layers), _f(r.alpha), _f(r.c), _f(r.max_c), _f(r.v, "{:.2f}"),
+          _x(r.speedup_measured), _x(r.speedup_predicted)] for r in drafts],
+        drafts, intervals))
     return [cross, rows]
 
 
-def _mismatch_tables(sec: MismatchRegime) -> list[Table]:
+def _mismatch_tables(sec: MismatchRegime, intervals: bool = False) -> list[Table]:
     c = sec.crossover
+    if intervals and sec.speedup_low is not None:  # the measured speedup [its interval]
+        measured = [[f"{_x(m)} [{interval_cell(lo, hi, None, 'prompt')}]" if lo is not None
+                     else _x(m) for m, lo, hi in zip(mr, lr, hr)]
+                    for mr, lr, hr in zip(sec.speedup_measured, sec.speedup_low,
+                                          sec.speedup_high)]
+        caption = "alpha / measured speedup [95% interval] / predicted speedup"
+    else:
+        measured = [[_x(m) for m in mr] for mr in sec.speedup_measured]
+        caption = "alpha / measured speedup / predicted speedup"
     cross = ("crossovers", ["cells", "measured slowdowns", "predicted slowdowns", "agree"],
              [[str(c.cells), str(c.measured_slowdowns), str(c.predicted_slowdowns),
                str(c.agree)]])
-    matrix = ("alpha / measured speedup / predicted speedup", ["draft"] + sec.domains,
+    matrix = (caption, ["draft"] + sec.domains,
               [[d + (f" [{sec.home[d]}]" if sec.home.get(d) else "")]
-               + [f"{_f(a, '{:.2f}')} / {_x(m)} / {_x(p)}" for a, m, p in zip(ar, mr, pr)]
-               for d, ar, mr, pr in zip(sec.drafts, sec.alpha, sec.speedup_measured,
+               + [f"{_f(a, '{:.2f}')} / {m} / {_x(p)}" for a, m, p in zip(ar, mr, pr)]
+               for d, ar, mr, pr in zip(sec.drafts, sec.alpha, measured,
                                         sec.speedup_predicted)])
     return [cross, matrix]
 
 
-def _batch_tables(sec: BatchRegime) -> list[Table]:
+def _batch_tables(sec: BatchRegime, intervals: bool = False) -> list[Table]:
     if not sec.domains:
         return []
     cross = ("break-even batch size", ["domain", "measured", "predicted from alpha, c(B), v(B)"],
              [[d, describe(c.measured, "batch"), describe(c.predicted, "batch")]
               for d, c in sec.crossover.items()])
-    rows = ("by batch size (policy speedup: the K policy's run against the same K=0 run, "
-            "timed after the fixed-K run, so it carries more timing noise)",
-            ["domain", "batch", "alpha", "c", "v", "break-even alpha", "speedup measured",
-             "speedup predicted", "policy K", "policy speedup"],
-            [[d, str(r.batch_size), _f(r.alpha), _f(r.c), _f(r.v, "{:.2f}"),
-              _f(r.break_even_alpha), _x(r.speedup_measured), _x(r.speedup_predicted),
-              str(r.policy_k), _x(r.speedup_policy)]
-             for d, rs in sec.domains.items() for r in rs])
+    points = [r for rs in sec.domains.values() for r in rs]
+    header, cells = _with_interval(
+        ["domain", "batch", "alpha", "c", "v", "break-even alpha", "speedup measured",
+         "speedup predicted", "policy K", "policy speedup"],
+        [[d, str(r.batch_size), _f(r.alpha), _f(r.c), _f(r.v, "{:.2f}"),
+          _f(r.break_even_alpha), _x(r.speedup_measured), _x(r.speedup_predicted),
+          str(r.policy_k), _x(r.speedup_policy)] for d, rs in sec.domains.items() for r in rs],
+        points, intervals, unit="batch")
+    if intervals:  # the batches each row pooled, and the verdict at its K and batch size
+        header = header[:2] + ["batches"] + header[2:] + ["verdict"]
+        cells = [c[:2] + [fmt(r.batches, "{}")] + c[2:] + [fmt(r.verdict, "{}")]
+                 for c, r in zip(cells, points)]
+    rows = ("by batch size (policy speedup: the K policy's runs on the same batches against "
+            "the same K=0 runs, timed after the fixed-K runs, so they carry more timing noise)"
+            if intervals else
+            "by batch size (policy speedup: the K policy's run against the same K=0 run, "
+            "timed after the fixed-K run, so it carries more timing noise)", header, cells)
     return [cross, rows]
 
 
@@ -294,6 +332,20 @@ def _sections(report: RegimesReport) -> list[tuple[int, str, str, object]]:
             if sec is not None]
 
 
+def _how_to_read(report: RegimesReport) -> str:
+    """MODEL_NOTE, and in a report that took intervals, how and what they decide."""
+    if report.intervals is None:
+        return MODEL_NOTE
+    return (f"{MODEL_NOTE} Intervals (error bars): {report.intervals}. A measured gain counts "
+            "only where the measurement backs it, as in draftkit eval's verdicts and "
+            "break-even: its interval lies above 1.0, or, without one, the model predicts a "
+            "gain too; the measured crossovers and the answers read the curves so.")
+
+
+def _tables(report: RegimesReport, key: str, sec) -> list[Table]:
+    return TABLES[key](sec, report.intervals is not None)
+
+
 def render_markdown(report: RegimesReport, plots: dict[str, Path]) -> str:
     out = [f"# {TITLE}", "", _setup(report), "", "## Short answer", "", report.headline, ""]
     out += [f"- **{title}**: {sec.answer}" for _, _, title, sec in _sections(report)]
@@ -302,9 +354,9 @@ def render_markdown(report: RegimesReport, plots: dict[str, Path]) -> str:
         if key in plots:
             out += [f"![{title}]({plots[key].name})", ""]
         out += [sec.answer, ""]
-        for caption, header, rows in TABLES[key](sec):
+        for caption, header, rows in _tables(report, key, sec):
             out += [f"**{caption}**", ""] + markdown_table(header, rows) + [""]
-    out += ["## How to read this", "", MODEL_NOTE, ""]
+    out += ["## How to read this", "", _how_to_read(report), ""]
     return "\n".join(out)
 
 
@@ -320,9 +372,9 @@ def render_html(report: RegimesReport, plots: dict[str, Path]) -> str:
         if key in plots:
             parts.append(html_image(title, plots[key]))
         parts.append(f"<p>{esc(sec.answer)}</p>")
-        for caption, header, rows in TABLES[key](sec):
+        for caption, header, rows in _tables(report, key, sec):
             parts.append(f"<p><b>{esc(caption)}</b></p>{html_table(header, rows)}")
-    parts.append(f"<h2>How to read this</h2><p>{esc(MODEL_NOTE)}</p>")
+    parts.append(f"<h2>How to read this</h2><p>{esc(_how_to_read(report))}</p>")
     return html_page(TITLE, parts)
 
 

@@ -14,7 +14,7 @@ from draftkit.evaluate.figures import RegimesReport, now
 from draftkit.evaluate.regimes.analysis import (batch_regime, cost_regime, entropy_regime,
                                                 headline, mismatch_regime)
 from draftkit.evaluate.regimes.drafts import build_drafts, num_layers
-from draftkit.evaluate.regimes.measure import measure, planned_runs
+from draftkit.evaluate.regimes.measure import INTERVALS, measure, planned_runs
 from draftkit.evaluate.settings import EvalSettings
 from draftkit.evaluate.suite import by_domain, load_suite
 from draftkit.models import load_pair
@@ -22,15 +22,17 @@ from draftkit.models import load_pair
 
 def regime_map(target: str, draft: str | None, suite: Path, *, k: int, k_max: int, seed: int,
                max_new_tokens: int, temperatures: list[float], layer_sizes: list[int],
-               batch_sizes: list[int], prompts_per_domain: int,
+               batch_sizes: list[int], prompts_per_domain: int, batch_groups: int = 2,
                drafts_by_domain: dict[str, str], domains: list[str] | None = None,
                device: str | None = None, dtype: str = "auto") -> RegimesReport:
     """Measure all four regimes at the fixed K and return the report: ``prompts_per_domain``
-    prompts of each domain (the batch regime takes as many as its largest batch),
-    ``max_new_tokens`` each, the main draft at each of ``temperatures``, early exits of
-    ``layer_sizes`` layers and the ``drafts_by_domain`` ({domain: path}) at T = 0."""
+    prompts of each domain, ``max_new_tokens`` each, the main draft at each of
+    ``temperatures``, early exits of ``layer_sizes`` layers and the ``drafts_by_domain``
+    ({domain: path}) at T = 0; the batch regime over up to ``batch_groups`` batches of
+    distinct prompts at each batch size (it takes as many prompts as that many of its largest
+    batch)."""
     started = time.perf_counter()
-    n_batch = max(batch_sizes, default=1)
+    n_batch = max(batch_sizes, default=1) * batch_groups  # distinct prompts for every batch
     rows = load_suite(suite, limit=max(prompts_per_domain, n_batch), domains=domains)
     pair = load_pair(target, draft, device=device, dtype=dtype)
     groups = {d: [encode_prompt(pair.tokenizer, r.prompt) for r in g]
@@ -41,7 +43,8 @@ def regime_map(target: str, draft: str | None, suite: Path, *, k: int, k_max: in
     drafts = build_drafts(pair, names, layer_sizes, drafts_by_domain, device, dtype)
     main = next(d for d in drafts if d.main)
     settings = EvalSettings(k=k, k_max=k_max, temperature=0.0, max_new_tokens=max_new_tokens,
-                            repeats=1, seed=seed, k_sweep=[], batch_sizes=list(batch_sizes))
+                            repeats=1, seed=seed, k_sweep=[], batch_sizes=list(batch_sizes),
+                            batch_groups=batch_groups)
     total = planned_runs(sum(map(len, prompts.values())), len(names), len(drafts), temperatures,
                          batch_sizes)
     with tqdm(total=total, desc="regimes", unit="run", dynamic_ncols=True) as bar:
@@ -58,5 +61,6 @@ def regime_map(target: str, draft: str | None, suite: Path, *, k: int, k_max: in
         mismatch=mismatch_regime(infos, raw.at_zero, names),
         batch=batch_regime(main.name, raw.batch, k), created=now(), seconds=None)
     report.headline = headline(report)
+    report.intervals = INTERVALS
     report.seconds = time.perf_counter() - started
     return report
