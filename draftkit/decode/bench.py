@@ -27,7 +27,7 @@ import time
 from draftkit import metrics
 from draftkit.decode.clock import synchronize
 from draftkit.decode.engine import SpeculativeEngine
-from draftkit.decode.stats import DecodeStats
+from draftkit.decode.stats import DecodeStats, path_line
 
 METHODS = ("ours_k0", "ours_spec", "hf_generate", "hf_assisted")
 NO_ASSISTED = ("HF assisted generation cannot run an EAGLE-3 head (it drafts from the target's "
@@ -64,6 +64,8 @@ def run_bench(target, draft, prompts: list[list[int]], k: int, max_new_tokens: i
            "tokens_per_s_all": per_rep}
     if skipped:
         out["skipped"] = skipped
+    # how our forwards ran (CUDA graphs or eager, and why), per method of ours
+    out["decode_path"] = {m: stats[m].path() for m in stats if m in methods}
     out.update(_speedups(out["tokens_per_s"], stats, k))
     return out
 
@@ -146,4 +148,6 @@ def format_report(r: dict) -> str:
             lines.append(f"  {key:<24} {r[key]:.3f}")
     if r.get("alpha_i"):
         lines.append("  alpha_i                  " + " ".join(f"{a:.3f}" for a in r["alpha_i"]))
+    for m, path in r.get("decode_path", {}).items():
+        lines.append(f"  decode path {m:<12} {path_line(path)}")
     return "\n".join(lines)

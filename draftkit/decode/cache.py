@@ -10,6 +10,10 @@ A forward may touch only some rows (the slots a server is decoding, or the one i
 prefilling): :class:`WriteIndex` names them. A contiguous run of rows is a slice (no copy);
 any other set is gathered for attention, which copies those rows' keys and values once per
 layer, and written back by scatter.
+
+One position past ``max_len`` is scratch (``pad_position``): the rows a static-shape forward
+(:mod:`draftkit.decode.graphs`) adds to fill its batch bucket write there, and every real
+query's causal mask hides it.
 """
 
 from __future__ import annotations
@@ -25,11 +29,19 @@ class StaticKVCache:
                  dtype: "torch.dtype", device: "torch.device | str"):
         import torch
 
-        shape = (num_layers, batch, kv_heads, max_len, head_dim)  # (L, B, Hkv, S, D)
+        shape = (num_layers, batch, kv_heads, max_len + 1, head_dim)  # (L, B, Hkv, S + 1, D)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)  # the pointers
         self.max_len = max_len
+        self.pad_position = max_len  # scratch: padding rows write here, no query reads it
+
+    def head(self, rows: int) -> "StaticKVCache":
+        """Rows [0, rows) as a cache of their own: views of the same storage, no copy."""
+        view = object.__new__(StaticKVCache)
+        view.k, view.v, view.lengths = self.k[:, :rows], self.v[:, :rows], self.lengths[:rows]
+        view.max_len, view.pad_position = self.max_len, self.pad_position
+        return view
 
     @property
     def batch(self) -> int:

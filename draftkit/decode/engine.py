@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Callable
 from draftkit.decode.batch import BatchState, Result, round_margin
 from draftkit.decode.clock import RoundClock
 from draftkit.decode.drafters import make_drafter
+from draftkit.decode.graphs import forward_path
 from draftkit.decode.k import AUTO, K_MAX, KValue, check_k_max
 from draftkit.decode.policy import KPolicy, resolve_k
 from draftkit.decode.runners import make_runner
@@ -251,6 +252,7 @@ class SpeculativeEngine:
         if k == 0:  # plain decoding: the target's next token, nothing drafted
             logits = self.target.forward(last, positions, rows=rows)  # (b, 1, V)
             clock.lap("verify")
+            target_path, draft_path = forward_path(self.target), None
             token, _ = next_tokens(logits[:, 0], params, state.rng(rows))  # (b,)
             block, verdict, accepted = token[:, None], None, [0] * len(rows)
         else:
@@ -258,9 +260,11 @@ class SpeculativeEngine:
                 clock.lap("catchup")
             drafted, q = self._draft(state, rows, lengths, k)  # (b, K), (b, K, V) or None
             clock.lap("draft")
+            draft_path = forward_path(self.draft.runner)  # its drafting steps' (the last one's)
             verify_in = torch.cat([last, drafted], dim=1)  # (b, K + 1)
             logits = self.target.forward(verify_in, positions, rows=rows)  # (b, K + 1, V)
             clock.lap("verify")
+            target_path = forward_path(self.target)
             verdict = verify(drafted, q, logits, params, state.rng(rows))
             block = committed_block(drafted, verdict)  # (b, K + 1)
             accepted = verdict.num_accepted.tolist()
@@ -268,6 +272,7 @@ class SpeculativeEngine:
         if self.draft is not None and state.k_max > 0:
             self.draft.after_round(state, rows, k, kept, self.target.aux)
         r = RoundStats.from_verdict(verdict, accepted=accepted, active=active, kept=kept)
+        r.set_paths(target_path, draft_path)
         clock.lap("other")  # sampling, acceptance, commit and counting are overhead too
         r.set_seconds(clock.laps)
         state.stats.add_round(r)

@@ -12,7 +12,8 @@ reset with (a cohort), so a server on it admits new requests only into an empty 
 - :class:`LlamaRunner`: the fast path for Llama-family models (Llama, Mistral without a sliding
   window, Qwen2, Qwen3). Our own forward over the HF module weights and a
   :class:`~draftkit.decode.cache.StaticKVCache`: no per-step allocation of the cache, one mask
-  per forward, rotary tables computed once.
+  per forward, rotary tables computed once; on a GPU its decoding shapes replay CUDA graphs
+  (:mod:`draftkit.decode.graphs`).
 - :class:`HFRunner`: any Hugging Face causal LM through the transformers cache API
   (``DynamicCache``). A rolled-back entry is masked out in the 2D attention mask (a hole) rather
   than copied away, with explicit per-row ``position_ids``; trailing columns that no row uses
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from draftkit.decode.cache import StaticKVCache, WriteIndex
 from draftkit.decode.cpu_linear import DecodeLinear, tune
+from draftkit.decode.graphs import DecodeGraphs
 from draftkit.errors import DraftkitError
 from draftkit.models.facts import sliding_window, text_config, vocab_size
 from draftkit.models.reduced_head import head_of
@@ -85,6 +87,8 @@ class LlamaRunner:
         self.capture: list[int] | None = None  # layers whose input hidden states to keep
         self.aux: "torch.Tensor | None" = None  # (B, T, len(capture) H) of the last forward
         self._prepare_weights()
+        self.graphs = DecodeGraphs(self)  # CUDA graphs of the decoding shapes, where possible
+        self.last_path, self.last_reason = "eager", self.graphs.reason
 
     def _prepare_weights(self) -> None:
         """Fuse q/k/v and gate/up into one matrix each (fewer, larger matmuls) and, on CPU,
@@ -107,34 +111,81 @@ class LlamaRunner:
         if (self.cache is None or self.cache.batch != batch or self.cache.max_len < max_len):
             self.cache = StaticKVCache(len(self.layers), batch, self.kv_heads, max_len,
                                        self.head_dim, self.param.dtype, self.param.device)
-            # cos/sin for every position once; the rotary module's own code computes them so
-            # any RoPE scaling the config asks for is applied the same way.
-            pos = torch.arange(max_len, device=self.param.device)[None]
+            # cos/sin for every position once (the scratch one too); the rotary module's own
+            # code computes them so any RoPE scaling the config asks for is applied the same way.
+            pos = torch.arange(max_len + 1, device=self.param.device)[None]
             cos, sin = self.rotary(self.cache.k[0, :1, 0], pos)
-            self.cos, self.sin = cos[0], sin[0]  # (S, D)
+            self.cos, self.sin = cos[0], sin[0]  # (S + 1, D)
+            self.graphs.clear()  # captured over the old cache's storage
         self.cache.lengths.zero_()
 
     def forward(self, tokens: "torch.Tensor", start: list[int], last: list[int] | None = None,
                 rows: list[int] | None = None) -> "torch.Tensor":
         """tokens: (B, T) at positions start[b] + t of cache row rows[b] (row b without
         ``rows``). Returns logits (B, T, V), or (B, V) at index ``last[b]`` of each row when
-        ``last`` is given (prefill of padded prompts)."""
+        ``last`` is given (prefill of padded prompts). A decoding shape replays its CUDA graph
+        where one is captured (:mod:`draftkit.decode.graphs`); ``last_path`` says which ran."""
+        out = self.graphs.forward(tokens, start, last, rows)
+        if out is not None:
+            return out
+        self.last_path = "eager"
+        return self._forward_eager(tokens, start, last, rows)
+
+    def _forward_eager(self, tokens: "torch.Tensor", start: list[int], last: list[int] | None,
+                       rows: list[int] | None) -> "torch.Tensor":
+        """The forward over the keys actually written: [0, max(start) + T)."""
         import torch
-        import torch.nn.functional as F
 
         bsz, t = tokens.shape
-        cache = self.cache
         uniform = start[0] if all(s == start[0] for s in start) else None
         start_t = torch.tensor(start, device=tokens.device)
         index = WriteIndex(start_t, t, uniform, rows)
         kv_len = max(start) + t
-        pos = index.positions  # (B, T)
-        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # (B, 1, T, D)
-        if t == 1 and uniform is not None:
-            mask = None  # one query at the newest position sees every key before it
+        if uniform is not None:  # every row's queries at the same positions: plain causal
+            # attention, bottom-right aligned (the new block sees all earlier keys), with no
+            # mask to build; one query at the newest position needs none at all
+            attend = None if t == 1 else _causal(t, kv_len)
         else:  # causal in absolute positions: stale entries beyond a row's pointer stay hidden
             keys = torch.arange(kv_len, device=tokens.device)
-            mask = (keys[None, None, :] <= pos[:, :, None]).unsqueeze(1)  # (B, 1, T, S)
+            attend = (keys[None, None, :] <= index.positions[:, :, None]).unsqueeze(1)
+        x = self._blocks(tokens, index, self.cache, kv_len, attend)  # (B, T, H)
+        self.cache.lengths[index.row_ids] = start_t + t
+        if last is not None:  # only the positions whose logits are needed go through the head
+            x = x[torch.arange(bsz, device=x.device), torch.tensor(last, device=x.device)]
+        return self._logits(x)
+
+    def static_forward(self, tokens: "torch.Tensor", start: "torch.Tensor", last: bool
+                       ) -> tuple["torch.Tensor", "torch.Tensor | None"]:
+        """The forward at fixed shapes with no host sync, as a CUDA graph captures it.
+
+        tokens: (B, T) for cache rows [0, B); start: (B,) on the device, the cache's
+        ``pad_position`` for a padding row (it writes only the scratch position). Attends over
+        the whole static cache under a mask built on the device, so the shapes do not move as
+        the sequence grows. Returns logits (B, T, V), or (B, V) at the last position with
+        ``last``, and the captured features (B, T, 3 H) or None."""
+        import torch
+
+        t = tokens.shape[1]
+        cache = self.cache.head(tokens.shape[0])
+        index = WriteIndex(start, t, None, limit=cache.pad_position)
+        kv_len = cache.k.shape[3]  # the whole cache, scratch included
+        keys = torch.arange(kv_len, device=tokens.device)
+        mask = (keys[None, None, :] <= index.positions[:, :, None]).unsqueeze(1)  # (B, 1, T, S)
+        x = self._blocks(tokens, index, cache, kv_len, mask)
+        real = start < cache.pad_position  # (B,) a padding row leaves its pointer as it is
+        cache.lengths.copy_(torch.where(real, start + t, cache.lengths))
+        return self._logits(x[:, -1] if last else x), self.aux
+
+    def _blocks(self, tokens: "torch.Tensor", index: WriteIndex, cache: StaticKVCache,
+                kv_len: int, attend) -> "torch.Tensor":
+        """The decoder layers over ``tokens`` (B, T) written where ``index`` says; attention
+        over keys [0, kv_len) under ``attend`` (a mask, a causal bias or None). Leaves the
+        captured features in ``self.aux``; returns the last hidden states (B, T, H)."""
+        import torch.nn.functional as F
+
+        bsz, t = tokens.shape
+        pos = index.positions  # (B, T)
+        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # (B, 1, T, D)
         x = self.embed(tokens)  # (B, T, H)
         hd, nh, nkv = self.head_dim, self.num_heads, self.kv_heads
         nq, nk = nh * hd, nkv * hd
@@ -155,17 +206,26 @@ class LlamaRunner:
             cache.write(i, k, v, index)
             k_all, v_all = cache.view(i, kv_len, index)  # (B, Hkv, S, D)
             with sdpa_backends(self.param.device):
-                o = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,
+                o = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=attend,
                                                    scale=attn.scaling, enable_gqa=nkv != nh)
             x = x + w["o"](o.transpose(1, 2).reshape(bsz, t, nq))
             gate, up = w["gate_up"](layer.post_attention_layernorm(x)).chunk(2, -1)
             x = x + w["down"](w["act"](gate) * up)
-        cache.lengths[index.row_ids] = start_t + t
         self.aux = _tapped(entering, self.capture)
-        if last is not None:  # only the positions whose logits are needed go through the head
-            x = x[torch.arange(bsz, device=x.device), torch.tensor(last, device=x.device)]
+        return x
+
+    def _logits(self, x: "torch.Tensor") -> "torch.Tensor":
         logits = self.w_head(self.norm(x))  # (..., V), or (..., N) over a reduced head
         return logits if self.head is None else self.head.expand(logits)
+
+
+def _causal(queries: int, keys: int):
+    """Causal attention for ``queries`` new positions after ``keys - queries`` cached ones,
+    aligned bottom-right: query i sees keys [0, keys - queries + i]. On CUDA flash attention
+    applies it without a mask; elsewhere torch builds the mask itself."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    return causal_lower_right(queries, keys)
 
 
 def _tapped(hidden_states, capture: list[int] | None) -> "torch.Tensor | None":
@@ -211,6 +271,8 @@ class HFRunner:
     the common interface and must name that batch (the engine passes its cohort)."""
 
     supports_rows = False
+    last_path = "eager"
+    last_reason = "the general transformers path (DynamicCache) has no static shapes to capture"
 
     def __init__(self, model):
         self.model = model

@@ -9,6 +9,10 @@ after synchronising the device.
 alpha counts every tested position, kept or not: each is one Bernoulli trial of the draft
 against the target, whatever EOS or the token budget later cut. tau counts only the tokens kept,
 so it is what a caller actually gets per target call.
+
+Each round also records how its forwards ran (``cuda-graph`` or ``eager``, and why eager;
+:mod:`draftkit.decode.graphs`): c and v timed in a launch-bound eager loop are not those of a
+graph-replaying one, so a figure says which path it was measured on (:meth:`DecodeStats.path`).
 """
 
 from __future__ import annotations
@@ -41,6 +45,11 @@ class RoundStats:
     # the draft reading tokens decoded while it sat out (K = 0 rounds): no token is drafted,
     # so charging it to the K steps would inflate c by the length of the plain stretch
     seconds_catchup: float = 0.0
+    # how the round's forwards ran (graphs.forward_path): the target's, and the draft's last
+    # drafting step (None: no draft step); why each ran eagerly, where it did
+    target_path: str | None = None
+    draft_path: str | None = None
+    eager_reasons: list[str] = field(default_factory=list)
 
     @classmethod
     def empty(cls, k: int) -> RoundStats:
@@ -76,6 +85,14 @@ class RoundStats:
                    bonus=sum(1 for n, a, m in zip(accepted, active, kept)
                              if a and n == k and m == k + 1),
                    tokens=sum(kept))
+
+    def set_paths(self, target: tuple[str, str | None],
+                  draft: tuple[str, str | None] | None = None) -> None:
+        """Record each model's forward path, (path, why eager), as graphs.forward_path gives."""
+        self.target_path = target[0]
+        self.draft_path = draft[0] if draft else None
+        self.eager_reasons = [f"{role}: {why}" for role, p in (("target", target), ("draft", draft))
+                              if p and (why := p[1])]
 
     def set_seconds(self, laps: dict[str, float]) -> None:
         """Fill in the times from the laps of the round's clock, named draft, catchup, verify
@@ -113,6 +130,10 @@ class DecodeStats:
     # time per target call by tokens per row (1 = plain step, K + 1 = verify), summed / counted
     target_seconds_by_tokens: dict[int, float] = field(default_factory=dict)
     target_calls_by_tokens: dict[int, int] = field(default_factory=dict)
+    # decoding rounds by how each model's forwards ran ("target cuda-graph", "draft eager"),
+    # and by why one ran eagerly ("target: the model is on cpu: ...")
+    rounds_by_path: dict[str, int] = field(default_factory=dict)
+    eager_reasons: dict[str, int] = field(default_factory=dict)
 
     def add_round(self, r: RoundStats) -> None:
         self.rounds += 1
@@ -139,6 +160,12 @@ class DecodeStats:
         self.target_seconds_by_tokens[t] = self.target_seconds_by_tokens.get(t, 0.0) + \
             r.seconds_verify
         self.target_calls_by_tokens[t] = self.target_calls_by_tokens.get(t, 0) + 1
+        for role, path in (("target", r.target_path), ("draft", r.draft_path)):
+            if path:
+                key = f"{role} {path}"
+                self.rounds_by_path[key] = self.rounds_by_path.get(key, 0) + 1
+        for why in r.eager_reasons:
+            self.eager_reasons[why] = self.eager_reasons.get(why, 0) + 1
 
     def add_prefill(self, seconds: float, tokens: int) -> None:
         self.target_calls += 1
@@ -231,6 +258,23 @@ class DecodeStats:
             steps += n * (k * c + v if k else 1.0)
         return tokens / steps if steps else 1.0  # no round at all: plain decoding by definition
 
+    def path(self) -> dict:
+        """How the decoding rounds' forwards ran, per model: ``cuda-graph``, ``eager`` or
+        ``mixed`` (some rounds each way), and why any ran eagerly, most rounds first."""
+        out = {}
+        for role in ("target", "draft"):
+            ran = {p.split(" ", 1)[1] for p in self.rounds_by_path if p.startswith(role + " ")}
+            if ran:
+                out[role] = ran.pop() if len(ran) == 1 else "mixed"
+        if self.eager_reasons:
+            out["eager_reasons"] = sorted(self.eager_reasons, key=self.eager_reasons.get,
+                                          reverse=True)
+        return out
+
+    def path_text(self) -> str:
+        """:meth:`path` in one line (:func:`path_line`)."""
+        return path_line(self.path())
+
     def overhead_per_round(self) -> float:
         """Seconds per round outside the draft and target forwards."""
         return self.seconds_other / self.rounds if self.rounds else 0.0
@@ -246,7 +290,15 @@ class DecodeStats:
             "seconds": self.seconds, "seconds_prefill": self.seconds_prefill,
             "seconds_draft": self.seconds_draft, "seconds_catchup": self.seconds_catchup,
             "seconds_verify": self.seconds_verify, "seconds_other": self.seconds_other,
+            "decode_path": self.path(),
         }
+
+
+def path_line(path: dict) -> str:
+    """A :meth:`DecodeStats.path` in one line: ``target cuda-graph, draft eager (draft: why)``."""
+    ran = ", ".join(f"{role} {path[role]}" for role in ("target", "draft") if role in path)
+    why = "; ".join(path.get("eager_reasons", []))
+    return (ran or "no decoding round") + (f" ({why})" if why else "")
 
 
 def _grow(values: list[int], i: int) -> list[int]:
