@@ -12,9 +12,10 @@ replays fixed shapes on fixed buffers, so the forward it records
   cache rows, B the smallest bucket (a power of two, or the cache's whole batch) that holds
   them; every other row is padding that writes only the cache's scratch position and leaves
   its pointer alone, so its cache stays as it was;
-- attention spans the whole static cache under a mask built on the device from the positions,
-  so the key length does not grow with the sequence (the price: each step reads the whole
-  cache, sized for the longest row the batch can reach, not the keys written so far);
+- attention spans a fixed key length under a mask built on the device from the positions, so
+  it does not grow with every token: a bucket too, the smallest power of two from
+  ``MIN_KEYS`` (or the whole cache) that holds the positions written, so a step reads at most
+  about twice the keys it needs however long the cache a server sized for its context;
 - inputs are copied into the graph's own buffers before a replay (tokens, start positions),
   and nothing inside reads a value back to the host.
 
@@ -42,6 +43,7 @@ GRAPH = "cuda-graph"
 EAGER = "eager"
 MAX_TOKENS = K_MAX + 1  # the longest decoding forward: a verify at K_MAX
 MAX_GRAPHS = 64  # per runner; shapes beyond run eagerly
+MIN_KEYS = 256  # the shortest key length a graph attends over
 WARMUP = 2  # eager runs on a side stream before capture, as CUDA graph capture asks
 
 
@@ -66,6 +68,14 @@ def buckets(slots: int) -> list[int]:
 def bucket(rows_needed: int, slots: int) -> int:
     """The smallest bucket holding cache rows [0, rows_needed)."""
     return next(b for b in buckets(slots) if b >= rows_needed)
+
+
+def key_bucket(keys_needed: int, cache_len: int) -> int:
+    """The key length a static forward attends over: keys [0, keys_needed) are written."""
+    n = MIN_KEYS
+    while n < keys_needed:
+        n *= 2
+    return min(n, cache_len)
 
 
 def pad(tokens: "torch.Tensor", start: list[int], rows: list[int] | None, size: int,
@@ -97,11 +107,12 @@ class StaticForward:
     replays it (``capture``), or the same static forward run eagerly (no GPU: what the
     padding and the static shapes do is tested on a CPU this way)."""
 
-    def __init__(self, runner, size: int, tokens: int, last: bool, capture: bool, pool=None):
+    def __init__(self, runner, size: int, tokens: int, last: bool, kv_len: int, capture: bool,
+                 pool=None):
         import torch
 
         dev = runner.param.device
-        self.runner, self.last = runner, last
+        self.runner, self.last, self.kv_len = runner, last, kv_len
         self.tokens = torch.zeros(size, tokens, dtype=torch.long, device=dev)
         self.start = torch.full((size,), runner.cache.pad_position, dtype=torch.long,
                                 device=dev)
@@ -114,7 +125,7 @@ class StaticForward:
         self.tokens.copy_(tokens)
         self.start.copy_(start)
         if not self.capture:
-            return self.runner.static_forward(self.tokens, self.start, self.last)
+            return self.runner.static_forward(self.tokens, self.start, self.last, self.kv_len)
         if self.graph is None:
             self._capture()
         self.graph.replay()
@@ -129,17 +140,17 @@ class StaticForward:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(WARMUP):
-                self.runner.static_forward(self.tokens, self.start, self.last)
+                self.runner.static_forward(self.tokens, self.start, self.last, self.kv_len)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            self.out = self.runner.static_forward(self.tokens, self.start, self.last)
+            self.out = self.runner.static_forward(self.tokens, self.start, self.last, self.kv_len)
         self.graph = graph
 
 
 class DecodeGraphs:
-    """A runner's static forwards, keyed by (bucket, tokens per row, last position only, the
-    layers whose features it captures), for the cache the runner holds now.
+    """A runner's static forwards, keyed by (batch bucket, tokens per row, last position only,
+    the layers whose features it captures, key bucket), for the cache the runner holds now.
 
     ``capture``: None decides by the device (:func:`eager_reason`); False with ``static``
     runs the static forward eagerly on every decoding shape (how a CPU test exercises the
@@ -202,7 +213,8 @@ class DecodeGraphs:
             return None, "beyond the cache"
         needed = (max(rows) if rows is not None else b - 1) + 1
         capture = tuple(self.runner.capture) if self.runner.capture else None
-        return (bucket(needed, cache.batch), t, last is not None, capture), None
+        keys = key_bucket(max(start) + t, cache.k.shape[3])
+        return (bucket(needed, cache.batch), t, last is not None, capture, keys), None
 
     def _make(self, key: tuple) -> StaticForward | None:
         if key in self.failed:
@@ -219,8 +231,8 @@ class DecodeGraphs:
             import torch
 
             self.pool = torch.cuda.graph_pool_handle()  # the runner's graphs share memory
-        size, t, last, _ = key
-        fwd = StaticForward(self.runner, size, t, last, self.capture, self.pool)
+        size, t, last, _, keys = key
+        fwd = StaticForward(self.runner, size, t, last, keys, self.capture, self.pool)
         self.forwards[key] = fwd
         return fwd
 

@@ -154,21 +154,21 @@ class LlamaRunner:
             x = x[torch.arange(bsz, device=x.device), torch.tensor(last, device=x.device)]
         return self._logits(x)
 
-    def static_forward(self, tokens: "torch.Tensor", start: "torch.Tensor", last: bool
-                       ) -> tuple["torch.Tensor", "torch.Tensor | None"]:
+    def static_forward(self, tokens: "torch.Tensor", start: "torch.Tensor", last: bool,
+                       kv_len: int) -> tuple["torch.Tensor", "torch.Tensor | None"]:
         """The forward at fixed shapes with no host sync, as a CUDA graph captures it.
 
         tokens: (B, T) for cache rows [0, B); start: (B,) on the device, the cache's
         ``pad_position`` for a padding row (it writes only the scratch position). Attends over
-        the whole static cache under a mask built on the device, so the shapes do not move as
-        the sequence grows. Returns logits (B, T, V), or (B, V) at the last position with
-        ``last``, and the captured features (B, T, 3 H) or None."""
+        keys [0, kv_len) under a mask built on the device, so the shapes do not move as the
+        sequence grows (every real row's positions lie below ``kv_len``). Returns logits
+        (B, T, V), or (B, V) at the last position with ``last``, and the captured features
+        (B, T, 3 H) or None."""
         import torch
 
         t = tokens.shape[1]
         cache = self.cache.head(tokens.shape[0])
         index = WriteIndex(start, t, None, limit=cache.pad_position)
-        kv_len = cache.k.shape[3]  # the whole cache, scratch included
         keys = torch.arange(kv_len, device=tokens.device)
         mask = (keys[None, None, :] <= index.positions[:, :, None]).unsqueeze(1)  # (B, 1, T, S)
         x = self._blocks(tokens, index, cache, kv_len, mask)

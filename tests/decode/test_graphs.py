@@ -11,7 +11,7 @@ import torch
 from draftkit.decode import graphs, runners
 from draftkit.decode.bench import format_report, run_bench
 from draftkit.decode.engine import SpeculativeEngine
-from draftkit.decode.graphs import DecodeGraphs, bucket, buckets, pad
+from draftkit.decode.graphs import DecodeGraphs, bucket, buckets, key_bucket, pad
 from draftkit.decode.runners import LlamaRunner
 from draftkit.decode.sampling import SamplingParams
 from draftkit.decode.stats import DecodeStats
@@ -38,6 +38,12 @@ def test_buckets_are_powers_of_two_then_the_whole_cache():
     assert [bucket(n, 6) for n in (1, 2, 3, 4, 5, 6)] == [1, 2, 4, 4, 6, 6]
 
 
+def test_key_buckets_double_from_the_minimum_up_to_the_cache():
+    assert [key_bucket(n, 4097) for n in (1, 256, 257, 3000, 4097)] == [256, 256, 512, 4096,
+                                                                       4097]
+    assert key_bucket(40, 33) == 33
+
+
 def test_pad_places_rows_at_their_cache_rows():
     tokens = torch.tensor([[7, 8], [9, 10]])
     padded, starts, take = pad(tokens, [3, 5], [0, 2], 4, pad_position=99)
@@ -53,7 +59,7 @@ def test_a_padded_static_forward_equals_the_eager_one_and_leaves_padding_rows_al
     seq = torch.randint(4, 100, (5, 12), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         for r in (eager, padded):
-            r.reset(5, 32)
+            r.reset(5, 600)  # longer than the key bucket the static forward attends over
             r.forward(seq[:, :8], [0] * 5)  # prefill stays eager (8 > K_MAX + 1 tokens)
         row1_k = padded.cache.k[:, 1].clone()
         for t, start in ((1, [8, 6, 7]), (4, [8, 6, 7]), (3, [5, 5, 5])):
@@ -62,7 +68,8 @@ def test_a_padded_static_forward_equals_the_eager_one_and_leaves_padding_rows_al
             got = padded.forward(x, start, rows=[0, 2, 3])
             assert padded.last_path == "eager" and padded.last_reason == "capture turned off"
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert (4, 3, False, None) in padded.graphs.forwards  # bucket 4, 3 tokens a row
+    # bucket 4, 3 tokens a row, keys [0, 256) of the 601 (600 and the scratch position)
+    assert (4, 3, False, None, 256) in padded.graphs.forwards
     # the padding row wrote only the scratch position, and kept its pointer
     pad_pos = padded.cache.pad_position
     assert torch.equal(padded.cache.k[:, 1, :, :pad_pos], row1_k[:, :, :pad_pos])
