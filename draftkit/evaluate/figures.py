@@ -179,6 +179,8 @@ class PlainStep(Record):
     floor_ms: float
     weights_gb: float
     read_gb_per_s: float
+    # how the decoding rounds' forwards ran (DecodeStats.path_text): CUDA graphs or eager, why
+    decode_path: str | None = added_later()
 
     @property
     def over_floor(self) -> float:

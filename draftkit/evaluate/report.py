@@ -357,7 +357,7 @@ def plain_step_text(report: EvalReport) -> str | None:
     return (f"plain decoding took {p.ms_per_token:.1f} ms a token at batch 1{forward}, "
             f"{p.over_floor:.2f}x the memory floor of {p.floor_ms:.1f} ms: the target's "
             f"{p.weights_gb:.2f} GB of weights read once at the {p.read_gb_per_s:.1f} GB/s "
-            f"this device reads")
+            f"this device reads" + (f"; forwards: {p.decode_path}" if p.decode_path else ""))
 
 
 def _summary_lines(report: EvalReport) -> list[str]:

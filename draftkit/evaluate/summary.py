@@ -234,10 +234,15 @@ def plain_step(runs: dict[str, DomainRun], overall: DomainFigures, target_model,
     calls = sum(r.plain_stats.target_calls_by_tokens.get(1, 0) for r in runs.values())
     secs = sum(r.plain_stats.target_seconds_by_tokens.get(1, 0.0) for r in runs.values())
     rate = floor.read_bytes_per_second(device)
+    ran = DecodeStats()
+    for r in runs.values():
+        _merge(ran, r.plain_stats)
+        _merge(ran, r.stats)
     return PlainStep(ms_per_token=1000 / overall.plain_tokens_per_s,
                      forward_ms=1000 * secs / calls if calls else None,
                      floor_ms=1000 * floor.floor_seconds(target_model, rate),
-                     weights_gb=floor.weight_bytes(target_model) / 1e9, read_gb_per_s=rate / 1e9)
+                     weights_gb=floor.weight_bytes(target_model) / 1e9, read_gb_per_s=rate / 1e9,
+                     decode_path=ran.path_text())
 
 
 def _merge(into: DecodeStats, other: DecodeStats) -> None:

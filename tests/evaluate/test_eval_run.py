@@ -46,6 +46,8 @@ def test_report_schema_and_consistency(tiny_dirs, suite, tmp_path):
     assert step["ms_per_token"] == pytest.approx(1000 / report["overall"]["plain_tokens_per_s"])
     assert 0 < step["forward_ms"] <= step["ms_per_token"] and step["read_gb_per_s"] > 0
     assert step["floor_ms"] == pytest.approx(1000 * step["weights_gb"] / step["read_gb_per_s"])
+    # which path the forwards ran, and why: on a CPU, eager
+    assert step["decode_path"].startswith("target eager, draft eager (target: the model is on cpu")
     for name, fig in [*report["domains"].items(), ("overall", report["overall"])]:
         # prompts_to_decide only where the interval includes 1.0 (a key added later is left
         # out while null, so older reports are written back as they were)
