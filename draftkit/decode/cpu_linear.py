@@ -18,7 +18,13 @@ model's weights in model order (so each weight streams from memory as in a forwa
 per weight shape and row count the fastest of three interleaved rounds, unless the fixed choice
 is within ``MARGIN`` of it (so clock noise alone never moves off a known-good form). Models
 under ``MIN_TUNE_BYTES`` fit in cache, where the layout matters little; they keep the fixed
-choice, which also keeps the tiny models of the tests deterministic. More than ``MAX_ROWS`` rows
+choice, which also keeps the tiny models of the tests deterministic.
+
+A wider product can be faster than a narrower one: on a 2-core machine (2026-12-03) verifying 2
+tokens took 0.5-0.7 of a plain step, so plain decoding left speed on the table and a measured
+speedup was partly the kernel's, not the draft's. So a row count whose fastest form is slower
+than a wider row count's (by ``MARGIN``) is padded with zero rows to that one (``pad``): plain
+decoding is as fast as this engine can compute one token. More than ``MAX_ROWS`` rows
 is a matrix product MKL blocks well, so it always takes ``F.linear``. Results are kept per
 process, keyed by the shapes, dtype and thread count, so a second runner over the same model
 does not measure again.
@@ -40,7 +46,8 @@ SAMPLE_BYTES = 128 * 2**20  # weights timed: layers repeat their shapes, a prefi
 MARGIN = 0.05  # a timed form replaces the fixed choice only if this much faster
 FORMS = ("linear", "x@wt", "w@xt", "onednn")
 
-_tuned: dict[tuple, dict[tuple, dict[int, str]]] = {}  # model key -> shape -> rows -> form
+# model key -> (shape -> rows -> form, shape -> rows -> the wider row count it pads to)
+_tuned: dict[tuple, tuple[dict[tuple, dict[int, str]], dict[tuple, dict[int, int]]]] = {}
 
 
 class DecodeLinear:
@@ -58,6 +65,7 @@ class DecodeLinear:
         # the fixed choice, measured on the first machine (module docstring); off CPU, F.linear
         self.forms = {rows: ("x@wt" if rows == 1 else "w@xt") if layouts else "linear"
                       for rows in range(1, MAX_ROWS + 1)}
+        self.pad: dict[int, int] = {}  # rows -> a wider row count whose product is faster
 
     @classmethod
     def fused(cls, *linears, head: "ReducedHead | None" = None) -> "DecodeLinear":
@@ -113,17 +121,24 @@ class DecodeLinear:
         """x: (..., in) -> (..., out)."""
         import torch.nn.functional as F
 
+        import torch
+
         rows = x.numel() // x.shape[-1]
-        form = self.forms.get(rows, "linear")
-        if form == "linear":  # any shape, bias fused: the only form off CPU
+        wide = self.pad.get(rows, rows)
+        form = self.forms.get(wide, "linear")
+        if form == "linear" and wide == rows:  # any shape, bias fused: the only form off CPU
             return F.linear(x, self.w, self.b)
-        y = self._apply(form, x.reshape(rows, -1))
+        x2 = x.reshape(rows, -1)
+        if wide > rows:  # zero rows up to the faster width; their outputs are dropped
+            x2 = torch.cat([x2, x2.new_zeros(wide - rows, x2.shape[1])])
+        y = self._apply(form, x2)[:rows]
         y = y.reshape(*x.shape[:-1], self.w.shape[0])
         return y if self.b is None else y + self.b
 
-    def set_forms(self, forms: dict[int, str]) -> None:
-        """Use these forms; make what they need, drop what no row count uses."""
-        self.forms = dict(forms)
+    def set_forms(self, forms: dict[int, str], pad: dict[int, int] | None = None) -> None:
+        """Use these forms (and pad these row counts); make what they need, drop what no row
+        count uses."""
+        self.forms, self.pad = dict(forms), dict(pad or {})
         if "onednn" in self.forms.values() and self.packed is None:
             self.pack()
             if self.packed is None:  # cannot happen where the form was measured; stay safe
@@ -148,8 +163,9 @@ def tune(linears: list[DecodeLinear], reps: int = 3, min_bytes: int | None = Non
     key = (tuple(lin.shape for lin in linears), linears[0].w.dtype, torch.get_num_threads())
     if key not in _tuned:
         _tuned[key] = _measure(_sample(linears), reps)
+    forms, pads = _tuned[key]
     for lin in linears:
-        lin.set_forms(_tuned[key][lin.shape])
+        lin.set_forms(forms[lin.shape], pads[lin.shape])
     return True
 
 
@@ -164,7 +180,8 @@ def _sample(linears: list[DecodeLinear]) -> list[DecodeLinear]:
     return out
 
 
-def _measure(linears: list[DecodeLinear], reps: int) -> dict[tuple, dict[int, str]]:
+def _measure(linears: list[DecodeLinear], reps: int
+             ) -> tuple[dict[tuple, dict[int, str]], dict[tuple, dict[int, int]]]:
     import torch
 
     dtype = linears[0].w.dtype
@@ -173,6 +190,7 @@ def _measure(linears: list[DecodeLinear], reps: int) -> dict[tuple, dict[int, st
     for lin in linears:
         lin.pack()
     best: dict[tuple, dict[int, str]] = {shape: {} for shape in fixed}
+    took: dict[tuple, dict[int, float]] = {shape: {} for shape in fixed}  # the chosen form's
     with torch.no_grad():
         for rows in range(1, MAX_ROWS + 1):
             seconds: dict[tuple, dict[str, float]] = {shape: {} for shape in fixed}
@@ -193,4 +211,18 @@ def _measure(linears: list[DecodeLinear], reps: int) -> dict[tuple, dict[int, st
                 if by_form[form] > (1 - MARGIN) * by_form.get(default, float("inf")):
                     form = default
                 best[shape][rows] = form
-    return best
+                took[shape][rows] = by_form[form]
+    return best, {shape: _pads(t) for shape, t in took.items()}
+
+
+def _pads(took: dict[int, float]) -> dict[int, int]:
+    """Row counts whose product is clearly slower than a wider one's: rows -> that width
+    (the fastest wider one)."""
+    pads = {}
+    for rows, t in took.items():
+        wider = [r for r in took if r > rows]
+        if wider:
+            fastest = min(wider, key=took.get)
+            if took[fastest] < (1 - MARGIN) * t:
+                pads[rows] = fastest
+    return pads

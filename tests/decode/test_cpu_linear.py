@@ -69,3 +69,26 @@ def test_tuned_fast_path_decodes_as_hf_generate(monkeypatch):
     assert cpu_linear._tuned  # the runners measured
     out = engine.generate([prompt], k=3, max_new_tokens=12)
     assert out[0].tokens == hf_greedy(target, prompt, 12)
+
+
+def test_a_row_count_slower_than_a_wider_one_is_padded_to_it(monkeypatch):
+    """A clock on which one row costs ten times what two rows cost (a wider product faster
+    than a narrower one, as measured on a 2-core machine): one row is padded to two, and the
+    padded product is still x @ W^T for the real row."""
+    apply = DecodeLinear._apply
+    now = [0.0]
+
+    def timed(self, form, x2):
+        now[0] += 10.0 if x2.shape[0] == 1 else float(x2.shape[0])
+        return apply(self, form, x2)
+
+    monkeypatch.setattr(DecodeLinear, "_apply", timed)
+    monkeypatch.setattr(cpu_linear, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(cpu_linear, "_tuned", {})
+    w, b = torch.randn(64, 32), torch.randn(64)
+    lin = DecodeLinear(w, b)
+    assert tune([lin], reps=1, min_bytes=0)
+    assert lin.pad == {1: 2}  # 2 rows cost 2, wider ones more: only one row pads
+    monkeypatch.setattr(DecodeLinear, "_apply", apply)
+    x = torch.randn(1, 1, 32)
+    torch.testing.assert_close(lin(x), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
