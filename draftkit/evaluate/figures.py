@@ -12,8 +12,7 @@ a report an earlier version wrote (a figure it lacks reads as None).
   :class:`CostRegime`, :class:`MismatchRegime`, :class:`BatchRegime`) over the figures of each
   point measured (:class:`PointFigures`) and the crossovers found (:class:`Crossover`).
 
-The terms (alpha, tau, c, v, K) are those of README.md, "How speculation pays"; eval/README.md
-says what each figure of the eval report means.
+Terms (alpha, tau, c, v, K): README.md, "How speculation pays"; each figure: eval/README.md.
 """
 
 from __future__ import annotations
@@ -179,8 +178,7 @@ class PlainStep(Record):
     floor_ms: float
     weights_gb: float
     read_gb_per_s: float
-    # how the decoding rounds' forwards ran (DecodeStats.path_text): CUDA graphs or eager, why
-    decode_path: str | None = added_later()
+    decode_path: str | None = added_later()  # how the forwards ran (DecodeStats.path_text)
 
     @property
     def over_floor(self) -> float:

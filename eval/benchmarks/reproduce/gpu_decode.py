@@ -11,8 +11,9 @@ move the argmax more (alpha falls). Acceptance is then measured, not assumed.
 For each factor and batch size it runs our engine at K = 0, at fixed K and at ``--k auto`` on
 the same random prompts (greedy, interleaved repeats, medians) and prints tokens/s, the measured
 speedup, alpha, tau, c, v(K) and the speedup the model predicts from them; at batch 1 it also
-times HF ``generate`` and assisted generation. A correctness check first decodes a small fp32
-pair on the device and compares speculative with plain greedy tokens (they must be equal). In
+times HF ``generate`` and assisted generation; each row says how the forwards ran (CUDA graphs
+or eager, ``decode_path``; ``DRAFTKIT_CUDA_GRAPHS=0`` times the eager loop). A correctness
+check first decodes a small fp32 pair on the device and compares speculative with plain greedy tokens (they must be equal). In
 bf16 the per-config ``greedy_equal`` flag can be false: a (K + 1)-token verify and a 1-token
 step round differently, and random weights leave many near-ties for the argmax to flip.
 Commands::
@@ -176,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                 row[f"k{k}"] = {"alpha": st.alpha(), "tau": st.tau(), "c": c, "v": v,
                                 "measured_speedup": med[k] / med[0], "predicted_speedup": pred,
                                 "greedy_equal": outs[k] == outs[0]}
+            row["decode_path"] = {str(m): stats[m].path_text() for m in modes}
             row["auto"] = {"measured_speedup": med["auto"] / med[0],
                            "k_mean": stats["auto"].drafted / max(stats["auto"].row_steps, 1),
                            "greedy_equal": outs["auto"] == outs[0]}
