@@ -146,8 +146,7 @@ class LlamaRunner:
             # mask to build; one query at the newest position needs none at all
             attend = None if t == 1 else _causal(t, kv_len)
         else:  # causal in absolute positions: stale entries beyond a row's pointer stay hidden
-            keys = torch.arange(kv_len, device=tokens.device)
-            attend = (keys[None, None, :] <= index.positions[:, :, None]).unsqueeze(1)
+            attend = _position_mask(index.positions, kv_len)
         x = self._blocks(tokens, index, self.cache, kv_len, attend)  # (B, T, H)
         self.cache.lengths[index.row_ids] = start_t + t
         if last is not None:  # only the positions whose logits are needed go through the head
@@ -169,9 +168,7 @@ class LlamaRunner:
         t = tokens.shape[1]
         cache = self.cache.head(tokens.shape[0])
         index = WriteIndex(start, t, None, limit=cache.pad_position)
-        keys = torch.arange(kv_len, device=tokens.device)
-        mask = (keys[None, None, :] <= index.positions[:, :, None]).unsqueeze(1)  # (B, 1, T, S)
-        x = self._blocks(tokens, index, cache, kv_len, mask)
+        x = self._blocks(tokens, index, cache, kv_len, _position_mask(index.positions, kv_len))
         real = start < cache.pad_position  # (B,) a padding row leaves its pointer as it is
         cache.lengths.copy_(torch.where(real, start + t, cache.lengths))
         return self._logits(x[:, -1] if last else x), self.aux
@@ -181,6 +178,7 @@ class LlamaRunner:
         """The decoder layers over ``tokens`` (B, T) written where ``index`` says; attention
         over keys [0, kv_len) under ``attend`` (a mask, a causal bias or None). Leaves the
         captured features in ``self.aux``; returns the last hidden states (B, T, H)."""
+        import torch
         import torch.nn.functional as F
 
         bsz, t = tokens.shape
@@ -205,7 +203,14 @@ class LlamaRunner:
             k = k * cos + _rotate_half(k) * sin
             cache.write(i, k, v, index)
             k_all, v_all = cache.view(i, kv_len, index)  # (B, Hkv, S, D)
-            with sdpa_backends(self.param.device):
+            try:
+                with sdpa_backends(self.param.device):
+                    o = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=attend,
+                                                       scale=attn.scaling, enable_gqa=nkv != nh)
+            except RuntimeError:  # a kernel refused the causal bias (GQA, dtype): the mask
+                if attend is None or isinstance(attend, torch.Tensor):
+                    raise
+                attend = _position_mask(pos, kv_len)
                 o = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=attend,
                                                    scale=attn.scaling, enable_gqa=nkv != nh)
             x = x + w["o"](o.transpose(1, 2).reshape(bsz, t, nq))
@@ -217,6 +222,14 @@ class LlamaRunner:
     def _logits(self, x: "torch.Tensor") -> "torch.Tensor":
         logits = self.w_head(self.norm(x))  # (..., V), or (..., N) over a reduced head
         return logits if self.head is None else self.head.expand(logits)
+
+
+def _position_mask(positions: "torch.Tensor", kv_len: int) -> "torch.Tensor":
+    """Key j visible to the query at position p iff j <= p. positions: (B, T) -> (B, 1, T, S)."""
+    import torch
+
+    keys = torch.arange(kv_len, device=positions.device)
+    return (keys[None, None, :] <= positions[:, :, None]).unsqueeze(1)
 
 
 def _causal(queries: int, keys: int):

@@ -177,3 +177,26 @@ def test_cuda_graphs_replay_the_eager_tokens():  # pragma: no cover - runs on a 
                                                      stats=stats)]
         assert got == [r.tokens for r in eager.generate(PROMPTS, k=k, max_new_tokens=16)]
         assert stats.rounds_by_path.get("target cuda-graph", 0) > 0
+
+
+def test_a_kernel_that_refuses_the_causal_bias_falls_back_to_the_mask(models, monkeypatch):
+    import torch.nn.functional as F
+    from torch.nn.attention.bias import CausalBias
+
+    target = models[0]
+    seq = torch.randint(4, 100, (2, 10), generator=torch.Generator().manual_seed(4))
+    want = target(seq).logits[:, 6:10]
+    real = F.scaled_dot_product_attention
+
+    def refuse(*args, attn_mask=None, **kw):
+        if isinstance(attn_mask, CausalBias):
+            raise RuntimeError("no kernel for this causal bias")
+        return real(*args, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", refuse)
+    runner = LlamaRunner(target)
+    with torch.inference_mode():
+        runner.reset(2, 16)
+        runner.forward(seq[:, :6], [0, 0])
+        got = runner.forward(seq[:, 6:10], [6, 6])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
