@@ -178,8 +178,8 @@ class LlamaRunner:
         """The decoder layers over ``tokens`` (B, T) written where ``index`` says; attention
         over keys [0, kv_len) under ``attend`` (a mask, a causal bias or None). Leaves the
         captured features in ``self.aux``; returns the last hidden states (B, T, H)."""
-        import torch
         import torch.nn.functional as F
+        from torch.nn.attention.bias import CausalBias
 
         bsz, t = tokens.shape
         pos = index.positions  # (B, T)
@@ -208,7 +208,7 @@ class LlamaRunner:
                     o = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=attend,
                                                        scale=attn.scaling, enable_gqa=nkv != nh)
             except RuntimeError:  # a kernel refused the causal bias (GQA, dtype): the mask
-                if attend is None or isinstance(attend, torch.Tensor):
+                if not isinstance(attend, CausalBias):
                     raise
                 attend = _position_mask(pos, kv_len)
                 o = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=attend,
