@@ -14,23 +14,31 @@ gives the benchmark table of issue 7 in one command::
 
     python serve/load_test.py --bundle BUNDLE --modes off,3,auto --requests 32 --max-tokens 64
 
+``--repeats 3`` runs every mode three times, the modes' order rotated each time so that a
+slow spell of a shared machine falls on each of them alike, and ends with the median of each
+(mode, concurrency) and each mode's tokens/s against ``off`` (K 0) and against the best fixed
+K at that concurrency: the median of the per-repeat ratios and their range.
+
 Options: ``--concurrency 1,4,16``, ``--temperature 0``, ``--prompts FILE.jsonl`` (one string
-or {"prompt"} / {"messages"} per line; default: a built-in mix), ``--max-batch 16``,
-``--max-model-len 1024``, ``--serve-arg=--device=cpu`` (repeatable, passed to the server).
-Needs ``openai`` (pip install 'draftkit[test]').
+or {"prompt"} / {"messages"} per line, as ``draftkit generate --prompts`` reads them; default:
+a built-in mix), ``--max-batch 16``, ``--max-model-len 1024``, ``--serve-arg=--device=cpu``
+(repeatable, passed to the server). Needs ``openai`` (pip install 'draftkit[test]').
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
+
+from draftkit.chat import read_prompts
+from draftkit.errors import DraftkitError
 
 PROMPTS = [
     "Write a haiku about rain.", "What is 17 * 23? Show your steps.",
@@ -42,17 +50,6 @@ PROMPTS = [
     "Name the planets of the solar system.", "What causes the seasons on Earth?",
     "Write a SQL query that counts rows per day.", "Describe photosynthesis simply.",
 ]
-
-
-def read_prompts(path: str | None) -> list:
-    if path is None:
-        return PROMPTS
-    out = []
-    for line in open(path):
-        if line.strip():
-            row = json.loads(line)
-            out.append(row.get("messages", row.get("prompt")) if isinstance(row, dict) else row)
-    return out
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -157,35 +154,70 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-model-len", type=int, default=None)
     ap.add_argument("--serve-arg", action="append", default=[],
                     help="extra argument for the server, e.g. --serve-arg=--device=cpu")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of every mode, in rotated order; medians and ratios at the end")
     ap.add_argument("--startup-timeout", type=float, default=300)
     args = ap.parse_args(argv)
     if not args.url and not (args.bundle or args.target):
         ap.error("give --url of a running server, or --bundle / --target to start one")
-    prompts = read_prompts(args.prompts)
+    if args.repeats < 1:
+        ap.error("--repeats must be at least 1")
+    try:
+        prompts = read_prompts(args.prompts) if args.prompts else PROMPTS
+    except DraftkitError as e:
+        raise SystemExit(f"load_test: {e}") from None
     levels = [int(c) for c in args.concurrency.split(",")]
     modes = ["url"] if args.url else [m.strip() for m in args.modes.split(",")]
-    print("| K mode | concurrency | requests | tokens/s | p50 s | p99 s | tau | mean K |")
-    print("|---|---|---|---|---|---|---|---|", flush=True)
-    for mode in modes:
-        proc = None
-        if mode == "url":
-            url = args.url
-        else:
-            proc, url = start_server(args, "0" if mode == "off" else mode)
-        try:
-            name = model_name(url)
-            asyncio.run(run_level(url, name, prompts, min(4, args.requests), 4,
-                                  args.max_tokens, args.temperature))  # warm-up
-            for c in levels:
-                r = asyncio.run(run_level(url, name, prompts, args.requests, c, args.max_tokens,
-                                          args.temperature))
-                print(f"| {mode} | {c} | {args.requests} | {r['tokens_per_s']:.1f} | "
-                      f"{r['p50']:.2f} | {r['p99']:.2f} | {r['tau']:.2f} | {r['k']:.2f} |",
-                      flush=True)
-        finally:
-            if proc is not None:
-                stop_server(proc)
+    print("| repeat | K mode | concurrency | requests | tokens/s | p50 s | p99 s | tau | mean K |")
+    print("|---|---|---|---|---|---|---|---|---|", flush=True)
+    runs: dict[tuple[str, int], list[float]] = {}  # (mode, concurrency) -> tokens/s per repeat
+    for r in range(args.repeats):
+        for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
+            for c, row in run_mode(args, mode, prompts, levels).items():
+                runs.setdefault((mode, c), []).append(row["tokens_per_s"])
+                print(f"| {r + 1} | {mode} | {c} | {args.requests} | {row['tokens_per_s']:.1f} | "
+                      f"{row['p50']:.2f} | {row['p99']:.2f} | {row['tau']:.2f} | "
+                      f"{row['k']:.2f} |", flush=True)
+    if args.repeats > 1 or len(modes) > 1:
+        print_summary(runs, modes, levels)
 
+
+def run_mode(args, mode: str, prompts: list, levels: list[int]) -> dict[int, dict]:
+    """One K mode at each concurrency, on a server of its own (or the running one)."""
+    proc = None
+    if mode == "url":
+        url = args.url
+    else:
+        proc, url = start_server(args, "0" if mode == "off" else mode)
+    try:
+        name = model_name(url)
+        asyncio.run(run_level(url, name, prompts, min(4, args.requests), 4,
+                              args.max_tokens, args.temperature))  # warm-up
+        return {c: asyncio.run(run_level(url, name, prompts, args.requests, c, args.max_tokens,
+                                         args.temperature)) for c in levels}
+    finally:
+        if proc is not None:
+            stop_server(proc)
+
+
+def ratio(runs: dict, mode: str, base: str, c: int) -> str:
+    """Median and range over the repeats of mode's tokens/s over base's in the same repeat."""
+    xs = [a / b for a, b in zip(runs[(mode, c)], runs[(base, c)])]
+    return f"{statistics.median(xs):.3f} ({min(xs):.3f}-{max(xs):.3f})"
+
+
+def print_summary(runs: dict, modes: list[str], levels: list[int]) -> None:
+    """Median tokens/s per (mode, concurrency); each mode against K 0 and the best fixed K."""
+    fixed = [m for m in modes if m.isdigit()]
+    print("\n| K mode | concurrency | median tokens/s | vs off | vs best fixed K |")
+    print("|---|---|---|---|---|")
+    for c in levels:
+        med = {m: statistics.median(runs[(m, c)]) for m in modes}
+        best = max(fixed, key=med.get) if fixed else None
+        for m in modes:
+            vs_off = ratio(runs, m, "off", c) if "off" in modes and m != "off" else ""
+            vs_best = f"{ratio(runs, m, best, c)} (K {best})" if best and m != best else ""
+            print(f"| {m} | {c} | {med[m]:.1f} | {vs_off} | {vs_best} |")
 
 if __name__ == "__main__":
     main()
