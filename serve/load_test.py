@@ -219,5 +219,6 @@ def print_summary(runs: dict, modes: list[str], levels: list[int]) -> None:
             vs_best = f"{ratio(runs, m, best, c)} (K {best})" if best and m != best else ""
             print(f"| {m} | {c} | {med[m]:.1f} | {vs_off} | {vs_best} |")
 
+
 if __name__ == "__main__":
     main()

@@ -121,8 +121,6 @@ class DecodeLinear:
         """x: (..., in) -> (..., out)."""
         import torch.nn.functional as F
 
-        import torch
-
         rows = x.numel() // x.shape[-1]
         wide = self.pad.get(rows, rows)
         form = self.forms.get(wide, "linear")
@@ -130,7 +128,7 @@ class DecodeLinear:
             return F.linear(x, self.w, self.b)
         x2 = x.reshape(rows, -1)
         if wide > rows:  # zero rows up to the faster width; their outputs are dropped
-            x2 = torch.cat([x2, x2.new_zeros(wide - rows, x2.shape[1])])
+            x2 = F.pad(x2, (0, 0, 0, wide - rows))  # one copy, not zeros then a cat
         y = self._apply(form, x2)[:rows]
         y = y.reshape(*x.shape[:-1], self.w.shape[0])
         return y if self.b is None else y + self.b
