@@ -16,10 +16,14 @@ length not yet timed is extrapolated along a line through T(1); since that line 
 cost that is concave in length, a K whose length is not yet timed in ``timed_samples`` rounds
 gets a round to time it when it would win at its lower bound (the longest length timed below
 it). Every prediction divides by the plain step's time, so it is timed over the first
-``plain_first`` rounds and again once every ``retime_every`` speculative rounds (under 1% in
-the decode simulator; every ``retime_first`` until ``time_window`` are in, as a process's first
-rounds run slow), and each time is the median of its last ``time_window`` samples: one lucky
-clock must not set K for the rest of a decode.
+``plain_first`` rounds and again once every ``retime_every`` speculative rounds, more often the
+closer the predicted gain is to break-even (a plain round costs (1 - 1/S) of a round; at most
+``retime_share`` of the tokens go to it; every ``retime_first`` until ``time_window`` are in, as
+a process's first rounds run slow). The plain step's time is the median of its last
+``time_window`` samples, so one lucky clock does not set K for the rest of a decode; a
+speculative round's verify and draft times are kept as ratios to the plain step timed just
+before them, as a shared machine's speed drifts by a third from one stretch of rounds to the
+next and a ratio of times taken apart in time measures the drift, not the cost.
 
 alpha_i is a Beta posterior mean over the last ~``window`` tested trials at position i (the
 weight of a trial decays per trial, not per round, so the memory means the same at any batch
@@ -83,8 +87,8 @@ class KPolicy:
                  max_probe_every: int = 256, probe_trials: int = 8, window: int = 128,
                  recent: int = 16, prior_alpha: float = 0.5, prior_weight: float = 2.0,
                  time_window: int = 9, prior_v_slope: float = 0.15, plain_first: int = 3,
-                 retime_every: int = 32, retime_first: int = 8, stale_rounds: int = 64,
-                 timed_samples: int = 3):
+                 retime_every: int = 32, retime_first: int = 8, retime_share: float = 0.01,
+                 stale_rounds: int = 64, timed_samples: int = 3, pair_timings: bool = True):
         check_k_max(k_max)
         self.k_max, self.hysteresis = k_max, hysteresis
         self.probe_every, self.max_probe_every = probe_every, max(probe_every, max_probe_every)
@@ -100,6 +104,11 @@ class KPolicy:
         # median of the last few samples ignores the outlier and follows the drift
         self.time_window = time_window
         self._samples: dict[tuple, deque] = {}
+        # paired timings (_record_paired): (name, key) -> (plain step's number, time / T(1));
+        # batch -> (number, round, seconds) of the plain step timed last at that batch size
+        self._ratios: dict[tuple, deque] = {}
+        self._plain_ref: dict[int, tuple[int, int, float]] = {}
+        self.pair_timings = pair_timings  # False: every timing is its own median (unpaired)
         self.prior_slope = prior_v_slope  # v(K) ~ 1 + slope * K until measured
         self.t_target: dict[tuple[int, int], float] = {}  # (batch, tokens) -> seconds
         self.t_draft: dict[int, float] = {}  # batch -> seconds per draft step
@@ -110,6 +119,8 @@ class KPolicy:
         self.retime_every = retime_every  # speculative rounds between two timed plain ones
         self.retime_first = retime_first  # the same, until time_window plain rounds are timed
         self.plain_rounds, self.since_plain = 0, 0
+        self.retime_share = retime_share  # of a round's tokens a retimed plain step may cost
+        self.gain = math.inf  # the predicted speedup of the K now chosen
         self.stale_rounds = stale_rounds  # memory of an undrafted position, in rounds
         self.timed_samples = timed_samples  # rounds before a verify length's time is trusted
 
@@ -150,10 +161,46 @@ class KPolicy:
         return (recent.rate - long.rate) / math.sqrt(p * (1 - p) / recent.weight)
 
     def _record(self, table: dict, name: str, key, value: float) -> None:
-        """Add a timing sample; ``table[key]`` becomes the median of the last ``time_window``."""
+        """Add a timing sample; ``table[key]`` becomes the median of the last ``time_window``,
+        or for a speculative round's timing the paired estimate (:meth:`_record_paired`)."""
         samples = self._samples.setdefault((name, key), deque(maxlen=self.time_window))
         samples.append(value)
         table[key] = statistics.median(samples)
+        batch = key[0] if name == "target" else key
+        if name == "target" and key[1] == 1:
+            self._plain_ref[batch] = (self._plain_ref.get(batch, (0,))[0] + 1, self.rounds, value)
+            for name_, key_ in list(self._ratios):  # re-priced with the new T(1)
+                if (key_[0] if name_ == "target" else key_) == batch:
+                    self._price(name_, key_)
+        elif name != "other" and self.pair_timings:
+            self._record_paired(name, key, batch, value)
+
+    def _record_paired(self, name: str, key, batch: int, value: float) -> None:
+        """Keep a speculative timing as a ratio to the plain step timed last at its batch size.
+
+        Every prediction compares the two (T(K + 1) / T(1), T_draft / T(1)), timed in
+        different rounds, and a shared machine's speed drifts between them: on a 2-core CPU
+        plain steps ran 22 ms for a stretch and 37 ms the next, so a T(1) taken in a slow
+        stretch, retimed 1 round in 32 and kept as the median of 9, priced a K = 1 that lost 8%
+        at batch 4 as a 1.3-1.5x gain for over a hundred rounds. A ratio to the plain step of a
+        few rounds before drifts little; the median of those since the last three plain steps
+        (one outlying plain step then moves a third of them) times T(1) is the estimate."""
+        ref = self._plain_ref.get(batch)
+        if ref is None or self.rounds - ref[1] > 2 * self.retime_every:
+            return  # no plain step near it in time: the absolute median stands
+        ratios = self._ratios.setdefault((name, key), deque(maxlen=4 * self.time_window))
+        ratios.append((ref[0], value / ref[2]))
+        self._price(name, key)
+
+    def _price(self, name: str, key) -> None:
+        """``key``'s time from its ratios (:meth:`_record_paired`) and its batch's T(1)."""
+        ratios = self._ratios[(name, key)]
+        batch = key[0] if name == "target" else key
+        latest = self._plain_ref[batch][0]
+        n = max(self.time_window, sum(1 for ref, _ in ratios if ref > latest - 3))
+        ratio = statistics.median(r for _, r in list(ratios)[-n:])
+        table = self.t_target if name == "target" else self.t_draft
+        table[key] = ratio * self.t_target[(batch, 1)]
 
     def alphas(self, upper: float = 0.0) -> list[float]:
         """Posterior mean of the conditional alpha_i, or mean + ``upper`` standard deviations.
@@ -231,6 +278,15 @@ class KPolicy:
         # opening plain steps took 53-57 ms, later ones 44-46), and at 1 in 32 those samples
         # held the median, inflating every K's predicted gain, for ~100 rounds of a losing K 1.
         retime = self.retime_every if self.plain_rounds >= self.time_window else self.retime_first
+        # Speculative timings are priced against the plain step timed before them
+        # (_record_paired), so the fresher it is the less the machine drifted in between. A
+        # plain round in place of one at speedup S gives up (1 - 1/S) of a round: nearly
+        # nothing near break-even, where a drift of a few percent decides. So retime as often
+        # as ``retime_share`` of the tokens allows: every 2 rounds at S 1.02, every 10 at 1.1,
+        # every ``retime_every`` from S 1.45.
+        if self.retime_share > 0:  # 0: a fixed ``retime_every``
+            lost = 1 - 1 / max(self.gain, 1.0)
+            retime = min(retime, max(2, math.ceil(lost / self.retime_share)))
         if self.plain_rounds < self.plain_first:
             self.k = 0
             return True
@@ -259,6 +315,7 @@ class KPolicy:
         if scores[best] > scores.get(self.k, 0.0) * (1 + self.hysteresis) or \
                 (best == 0 and scores.get(self.k, 0.0) < 1.0):
             self.k = best
+        self.gain = scores.get(self.k, 1.0)
         untimed = self._untimed(batch, alphas, max(scores[best], 1.0))
         if untimed is not None:  # one round to time a verify length the line may overstate
             return untimed

@@ -33,31 +33,35 @@ def linear_v(k: int) -> float:
 
 def simulate_speedup(alpha: float | Callable[[int], float], c: float, k: int | str = AUTO,
                      rounds: int = 2000, seed: int = 0, policy_class: type = KPolicy,
-                     v: Callable[[int], float] = linear_v) -> tuple[float, list[int]]:
+                     v: Callable[[int], float] = linear_v,
+                     speed: Callable[[int], float] | None = None) -> tuple[float, list[int]]:
     """Decode ``rounds`` rounds at batch 1 with i.i.d. acceptance ``alpha`` (a rate, or a
     function of the round index), draft cost ratio ``c`` and verify inflation ``v(K)``; K fixed,
     or ``"auto"``: chosen each round by a fresh ``policy_class(k_max=K_MAX)`` fed the round's
-    counts and modelled times.
+    counts and modelled times. ``speed``: a factor on every time of round i (a shared machine
+    whose speed drifts), by default 1.
 
-    Returns the speedup over plain decoding (tokens per second against K = 0's) and the K of
-    every round.
+    Returns the speedup over plain decoding (tokens per second against K = 0's at the same
+    speeds) and the K of every round.
     """
     rng = random.Random(seed)
     policy = policy_class(k_max=K_MAX)
-    tokens, seconds, chosen = 0, 0.0, []
+    # seconds: this run's; plain: what K = 0 would have spent on the same tokens
+    seconds, plain, chosen = 0.0, 0.0, []
     for i in range(rounds):
         a = alpha(i) if callable(alpha) else alpha
+        x = speed(i) if speed is not None else 1.0
         kk = policy.choose(1) if k == AUTO else int(k)
         chosen.append(kk)
-        r = _sampled_round(rng, a, kk, 1, kk * c * T_STEP, T_STEP * v(kk))
-        tokens += r.tokens  # the accepted drafts and the target's own token
-        seconds += r.seconds_draft + r.seconds_verify + T_OVERHEAD
+        r = _sampled_round(rng, a, kk, 1, x * kk * c * T_STEP, x * T_STEP * v(kk), x * T_OVERHEAD)
+        seconds += r.seconds_draft + r.seconds_verify + r.seconds_other
+        plain += r.tokens * x * (T_STEP + T_OVERHEAD)  # the accepted drafts and the target's own
         policy.observe(r)
-    return tokens / seconds * (T_STEP + T_OVERHEAD), chosen
+    return plain / seconds, chosen
 
 
 def _sampled_round(rng: random.Random, alpha: float, k: int, rows: int, t_draft: float,
-                   t_verify: float) -> RoundStats:
+                   t_verify: float, t_other: float = T_OVERHEAD) -> RoundStats:
     """One round of ``rows`` rows at K = ``k``, every drafted token accepted with probability
     ``alpha`` on its own, positions tested until a row's first rejection; timed as given."""
     accepted, tested = [0] * k, [0] * k
@@ -75,7 +79,7 @@ def _sampled_round(rng: random.Random, alpha: float, k: int, rows: int, t_draft:
         kept += n + 1
     return RoundStats(k=k, rows=rows, accepted_per_position=accepted, tested_per_position=tested,
                       beta_sum=0.0, rejections=rejections, bonus=bonus, tokens=kept,
-                      seconds_draft=t_draft, seconds_verify=t_verify, seconds_other=T_OVERHEAD)
+                      seconds_draft=t_draft, seconds_verify=t_verify, seconds_other=t_other)
 
 
 def best_fixed_k(alpha: float, c: float, k_max: int = K_MAX, v: Callable[[int], float] = linear_v

@@ -229,7 +229,8 @@ def test_a_slow_start_does_not_keep_a_losing_k():
             counts.append(sum(k > 0 for k in chosen))
         return statistics.mean(counts)
 
-    late = {"retime_first": 32}  # retimed at the steady rate from the start
+    # retimed at the steady rate from the start, each timing its own median
+    late = {"retime_first": 32, "retime_share": 0, "pair_timings": False}
     assert speculative_rounds(late, 1.25) > 1.5 * speculative_rounds(late, 1.0)
     assert speculative_rounds({}, 1.25) < 1.15 * speculative_rounds({}, 1.0)
 
@@ -252,3 +253,48 @@ def test_auto_under_a_servers_changing_load():
     assert simulate_load(0.2, 0.17)[0] >= 0.98
     best = max(simulate_load(0.8, 0.05, k)[0] for k in (1, 2, 3))
     assert simulate_load(0.8, 0.05)[0] >= 0.98 * best
+
+
+def test_a_plain_step_timed_in_a_slow_stretch_does_not_price_a_losing_k_as_a_gain():
+    """A shared machine drifts: plain steps timed at 36 ms in a slow stretch, then it runs at
+    25 ms a plain step and 28 ms a 2-token verify (v 1.12), alpha 0.13 at batch 4: K = 1 loses
+    (0.93x). Kept as the median of the last nine, the slow plain steps outlive the stretch
+    (retimed 1 round in 20, by a hundred rounds) and K = 1 reads as a 1.3x gain; as ratios to the plain step timed just
+    before them, the speculative timings price it as the loss it is."""
+    def after_a_slow_stretch(**policy_args):
+        p = KPolicy(k_max=1, **policy_args)
+
+        def round_(k, verify, accepted=0):
+            p.observe(RoundStats(k=k, rows=4, accepted_per_position=[accepted] * k,
+                                 tested_per_position=[4] * k, beta_sum=0.0, rejections=0,
+                                 bonus=0, tokens=0, seconds_draft=0.002 * k,
+                                 seconds_verify=verify, seconds_other=0.0005))
+        for _ in range(9):
+            round_(0, 0.036)
+        for i in range(60):  # K = 1 at alpha 0.125, the plain step retimed 1 round in 20
+            round_(0, 0.025) if i % 20 == 19 else round_(1, 0.028, accepted=i % 2)
+        return p.predicted_speedup(1, 4)
+
+    assert after_a_slow_stretch(pair_timings=False) > 1.2
+    assert after_a_slow_stretch() < 0.97
+
+
+def test_near_break_even_the_plain_step_is_retimed_often():
+    """A plain round in place of a speculative one at speedup S gives up (1 - 1/S) of a round:
+    near break-even nearly nothing, and that is where a stale T(1) would decide. At S ~1.06
+    a stretch of speculation is broken by a timed plain step every few rounds (every 32 with
+    a fixed ``retime_every``), and auto keeps the gain."""
+    k, speedup = best_fixed_k(0.35, 0.2)
+    assert k == 1 and 1.03 < speedup < 1.1
+
+    def stretches(**policy_args):
+        """(median length of the runs of speculative rounds, speedup)"""
+        cls = type("P", (KPolicy,), {"__init__": lambda self, **kw: KPolicy.__init__(
+            self, **{**kw, **policy_args})})
+        auto, chosen = simulate_speedup(0.35, 0.2, rounds=3000, policy_class=cls)
+        runs = [len(run) for run in "".join(str(min(k, 1)) for k in chosen).split("0") if run]
+        return statistics.median(runs), auto
+
+    run, auto = stretches()
+    assert run <= 8 and auto >= 0.97 * speedup, (run, auto, speedup)
+    assert stretches(retime_share=0)[0] >= 16
