@@ -155,3 +155,26 @@ def test_feature_draft_reads_the_previous_feature_and_both_losses_are_scored(tmp
     outside = torch.ones(logits.shape[-1], dtype=torch.bool)
     outside[head.ids] = False
     assert torch.isinf(logits[..., outside]).all() and torch.isfinite(logits[..., ~outside]).all()
+
+
+def test_ttt_heads_are_scored_at_the_same_positions_as_their_training_scores_them(tmp_path,
+                                                                                   tiny_dirs):
+    """Every head is scored K = --positions deep on the recipe's held-out rows; the head
+    trained with that many steps gets the tau its own run chose it by (same rows, same
+    evaluation), and the one trained with fewer gets positions its run never scored."""
+    mod = load_script(BENCHMARKS / "reproduce" / "ttt_steps_table.py")
+    recipe, _ = tiny_recipe(tmp_path, tiny_dirs[0])
+    out = tmp_path / "ttt"
+    head = ["draft.kind=eagle3", "draft.derive_layers=null", "draft.draft_vocab_size=40"]
+    assert mod.main(["--recipe", str(recipe), "--ttt", "2", "1", "--steps", "2",
+                     "--positions", "2", "--out", str(out), "--set", *head]) == 0
+    cells = json.loads((out / "table.json").read_text())["cells"]
+    assert list(cells) == ["1", "2"]
+    for ttt, cell in cells.items():
+        figures = cell["figures"]
+        assert {"alpha_1", "alpha_2", "tau/code"} <= set(figures)
+        assert 1.0 <= figures["tau"] <= 3.0 and cell["minutes"] > 0
+    chose = json.loads((out / "ttt-2" / "best" / "best.json").read_text())
+    assert cells["2"]["figures"]["tau"] == pytest.approx(chose["tau"], abs=1e-6)
+    assert "alpha_2" not in json.loads((out / "ttt-1" / "best" / "best.json").read_text())
+    assert (out / "table.png").is_file() and "| 2 |" in (out / "table.md").read_text()

@@ -39,6 +39,7 @@ def policy_at(rev: str) -> type:
     source = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"],
                             capture_output=True, text=True, check=True).stdout
     module = types.ModuleType(f"policy@{rev}")
+    sys.modules[module.__name__] = module  # a dataclass in it looks its module up there
     exec(compile(source, f"{rev}:{path}", "exec"), module.__dict__)
     return module.KPolicy
 
