@@ -54,8 +54,8 @@ from draftkit.decode.batch import BatchState, Result, round_margin
 from draftkit.decode.clock import RoundClock
 from draftkit.decode.drafters import make_drafter
 from draftkit.decode.graphs import forward_path
-from draftkit.decode.k import AUTO, K_MAX, KValue, check_k_max
-from draftkit.decode.policy import KPolicy, resolve_k
+from draftkit.decode.k import AUTO, K_MAX, KValue, check_k_max, resolve_k
+from draftkit.decode.policy import KPolicy
 from draftkit.decode.runners import make_runner
 from draftkit.decode.sampling import SamplingParams, next_tokens
 from draftkit.decode.stats import DecodeStats, RoundStats
@@ -123,7 +123,7 @@ class SpeculativeEngine:
         """Decode every prompt (token ids) and return one :class:`Result` per prompt.
 
         K is fixed, or ``"auto"``: chosen each round by ``policy`` (a fresh KPolicy up to
-        ``k_max`` when None); K = 0 without a draft (:func:`~draftkit.decode.policy.resolve_k`)."""
+        ``k_max`` when None); K = 0 without a draft (:func:`~draftkit.decode.k.resolve_k`)."""
         import torch
 
         params = SamplingParams(temperature, top_k, top_p)

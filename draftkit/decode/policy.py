@@ -56,10 +56,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from dataclasses import dataclass
 
 from draftkit import metrics
-from draftkit.decode.k import AUTO, K_MAX, check_k, check_k_max
+from draftkit.decode.k import K_MAX, check_k_max
 from draftkit.decode.stats import RoundStats
 
 
@@ -379,46 +378,3 @@ class KPolicy:
     def _probe_rounds(self, batch: int) -> int:
         """Rounds of K = 1 that test ``probe_trials`` positions (rows test one each)."""
         return math.ceil(self.probe_trials / max(batch, 1))
-
-
-# --- how a K given becomes each round's ----------------------------------------------------
-
-@dataclass(frozen=True)
-class KChoice:
-    """How each round's K is chosen: ``fixed``, or by ``policy``. ``k_max`` is the most any
-    round drafts (the room each row keeps free for a round: see ``round_margin``)."""
-
-    k_max: int
-    fixed: int | None = None
-    policy: KPolicy | None = None
-
-    def choose(self, batch: int) -> int:
-        """The K of the next round over ``batch`` live rows."""
-        return self.fixed if self.policy is None else self.policy.choose(batch)
-
-    def observe(self, r: RoundStats) -> None:
-        """Tell the policy (if any) what the round cost and kept."""
-        if self.policy is not None:
-            self.policy.observe(r)
-
-    @property
-    def label(self) -> str:
-        return AUTO if self.policy is not None else str(self.fixed)
-
-
-def resolve_k(k, k_max: int = K_MAX, *, has_draft: bool, policy: KPolicy | None = None,
-              bounded: bool = False) -> KChoice:
-    """What a decode with this K does each round.
-
-    No draft: K = 0, whatever was asked. ``auto``: ``policy`` (one that has already learnt,
-    e.g. across a domain's prompts) or a fresh KPolicy up to ``k_max``. A fixed K: that K,
-    also the most a round drafts (above ``k_max`` only an error with ``bounded``).
-    """
-    k = check_k(k, k_max, bounded=bounded)
-    if not has_draft:
-        return KChoice(k_max=0, fixed=0)
-    if k == AUTO:
-        if policy is None:
-            policy = KPolicy(k_max=k_max)
-        return KChoice(k_max=policy.k_max, policy=policy)
-    return KChoice(k_max=k, fixed=k)

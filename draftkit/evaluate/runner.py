@@ -28,8 +28,7 @@ from draftkit import metrics
 from draftkit.decode.clock import synchronize
 from draftkit.decode.drafters import teacher_forced_logits
 from draftkit.decode.engine import SpeculativeEngine
-from draftkit.decode.k import check_k
-from draftkit.decode.policy import resolve_k
+from draftkit.decode.k import check_k, resolve_k
 from draftkit.decode.sampling import SamplingParams, probabilities
 from draftkit.decode.stats import DecodeStats
 from draftkit.evaluate import entropy

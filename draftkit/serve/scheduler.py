@@ -33,8 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draftkit.decode.batch import round_margin
-from draftkit.decode.k import AUTO, K_MAX, KValue
-from draftkit.decode.policy import resolve_k
+from draftkit.decode.k import AUTO, K_MAX, KValue, resolve_k
 from draftkit.decode.sampling import SamplingParams
 from draftkit.errors import ConfigError
 from draftkit.serve.detok import TextStream

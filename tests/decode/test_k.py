@@ -9,7 +9,7 @@ import pytest
 from draftkit.config import add_arguments, describe_keys, from_namespace, load_recipe, option
 from draftkit.decode.args import GROUP, DecodingArgs, SamplingArgs, SpeculationArgs
 from draftkit.decode.k import AUTO, K, K_MAX, check_k, parse_k
-from draftkit.decode.policy import resolve_k
+from draftkit.decode.k import resolve_k
 from draftkit.decode.policy import KPolicy
 from draftkit.errors import ConfigError, DraftkitError
 

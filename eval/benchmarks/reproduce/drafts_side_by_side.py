@@ -61,7 +61,7 @@ def measure(args, drafts: dict[str, str]) -> list[dict]:
     from tqdm.auto import tqdm
 
     from draftkit.chat import encode_prompt
-    from draftkit.decode.policy import resolve_k
+    from draftkit.decode.k import resolve_k
     from draftkit.decode.stats import DecodeStats
     from draftkit.evaluate.command import suite_path
     from draftkit.evaluate.runner import Evaluator
