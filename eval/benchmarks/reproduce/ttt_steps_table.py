@@ -20,7 +20,6 @@ training minutes each took). Command::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -130,15 +129,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from draftkit.distill.command import load_config
     from draftkit.distill.trainer import train
+    from draftkit.io import read_jsonl
 
     cells = {}
     for ttt in sorted(set(args.ttt)):
         print(f"== {ttt} training-time-test steps", flush=True)
         cfg = load_config(args.recipe, run_overrides(args, ttt))
         best = train(cfg)
-        rows = [json.loads(x) for x in (Path(cfg.out_dir) / "metrics.jsonl")
-                .read_text().splitlines()]
-        cells[ttt] = {"best": str(best), "minutes": rows[-1].get("minutes") or 0.0}
+        rows = read_jsonl(Path(cfg.out_dir) / "metrics.jsonl", "run metrics", "rerun it")
+        cells[ttt] = {"best": str(best), "minutes": rows[-1][1].get("minutes") or 0.0}
     score, domains = scorer(args)
     for ttt, cell in cells.items():
         cell["figures"] = score(Path(cell["best"]))
