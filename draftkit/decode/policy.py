@@ -62,6 +62,11 @@ from draftkit.decode.k import K_MAX, check_k_max
 from draftkit.decode.stats import RoundStats
 
 
+def _batch(name: str, key) -> int:
+    """The batch size of a timing table's key: (batch, tokens) for the target, batch else."""
+    return key[0] if name == "target" else key
+
+
 class _Rate:
     """An acceptance rate over a window of trials: each trial's weight decays by
     (1 - 1 / window) per later trial, so ``weight`` (effective trials) tends to ``window``."""
@@ -165,11 +170,11 @@ class KPolicy:
         samples = self._samples.setdefault((name, key), deque(maxlen=self.time_window))
         samples.append(value)
         table[key] = statistics.median(samples)
-        batch = key[0] if name == "target" else key
+        batch = _batch(name, key)
         if name == "target" and key[1] == 1:
             self._plain_ref[batch] = (self._plain_ref.get(batch, (0,))[0] + 1, self.rounds, value)
             for name_, key_ in list(self._ratios):  # re-priced with the new T(1)
-                if (key_[0] if name_ == "target" else key_) == batch:
+                if _batch(name_, key_) == batch:
                     self._price(name_, key_)
         elif name != "other" and self.pair_timings:
             self._record_paired(name, key, batch, value)
@@ -194,7 +199,7 @@ class KPolicy:
     def _price(self, name: str, key) -> None:
         """``key``'s time from its ratios (:meth:`_record_paired`) and its batch's T(1)."""
         ratios = self._ratios[(name, key)]
-        batch = key[0] if name == "target" else key
+        batch = _batch(name, key)
         latest = self._plain_ref[batch][0]
         n = max(self.time_window, sum(1 for ref, _ in ratios if ref > latest - 3))
         ratio = statistics.median(r for _, r in list(ratios)[-n:])
