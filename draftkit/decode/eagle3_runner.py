@@ -121,7 +121,7 @@ class Eagle3Runner:
 
     def _write(self, hidden, tokens, start, rows):
         """q (b, nh, T, hd) of the new positions, their keys and values written, as
-        Eagle3Draft.attention_inputs computes them."""
+        Eagle3Draft.attention_inputs computes them (from the same layer_input; q/k/v fused)."""
         import torch
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -131,9 +131,7 @@ class Eagle3Runner:
         # a slice write where no padding needs clamping to the limit, a scatter else
         uniform = start[0] if all(s == start[0] for s in start) and start[0] + t <= limit else None
         index = WriteIndex(start_t, t, uniform, rows, limit=limit)
-        layer = self.model.midlayer
-        emb = self.model.embed_tokens(tokens).to(hidden.dtype)
-        x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(hidden)], dim=-1)
+        x = self.model.layer_input(tokens, hidden)  # (b, T, 2H)
         nh, nkv, hd = self.num_heads, self.kv_heads, self.head_dim
         qkv = self.w_qkv(x)  # (b, T, (nh + 2 nkv) hd)
         q = qkv[..., :nh * hd].view(bsz, t, nh, hd).transpose(1, 2)

@@ -190,6 +190,14 @@ class Eagle3Draft(nn.Module):
         """The three tapped hidden states (B, T, 3 Ht), low to high, as one feature (B, T, H)."""
         return self.fc(aux.to(self.fc.weight.dtype))
 
+    def layer_input(self, input_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """What the decoder layer's attention reads (B, T, 2H): the normed embedding of tokens
+        ``input_ids`` (B, T) joined with the normed ``hidden`` (B, T, H). The decoding runner
+        (:mod:`draftkit.decode.eagle3_runner`) reads it too, so the two cannot drift apart."""
+        layer = self.midlayer
+        emb = self.embed_tokens(input_ids).to(hidden.dtype)
+        return torch.cat([layer.input_layernorm(emb), layer.hidden_norm(hidden)], dim=-1)
+
     def attention_inputs(self, input_ids: torch.Tensor, hidden: torch.Tensor,
                          position_ids: torch.Tensor):
         """q (B, nh, T, hd) and k, v (B, nkv, T, hd), RoPE applied at ``position_ids`` (B, T),
@@ -197,8 +205,7 @@ class Eagle3Draft(nn.Module):
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         layer = self.midlayer
-        emb = self.embed_tokens(input_ids).to(hidden.dtype)
-        x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(hidden)], dim=-1)
+        x = self.layer_input(input_ids, hidden)
         bsz, t, _ = x.shape
         a = layer.self_attn
         q = a.q_proj(x).view(bsz, t, layer.num_heads, layer.head_dim).transpose(1, 2)
