@@ -35,6 +35,14 @@ def test_a_standalone_draft_and_an_eagle3_head_side_by_side(suite, tmp_path, cap
         assert abs(r["speedup"] - spec / plain) < 1e-9
         assert r["speedup_low"] <= r["speedup"] <= r["speedup_high"]
         assert r["tau"] >= 1 and r["c"] > 0
+    by = {(r["domain"], r["draft"]): r for r in rows}
+    for domain in ("code", "chat", "overall"):
+        # the head over the standalone draft: their two speedups over the same plain decodes
+        s, e3 = by[domain, "s"], by[domain, "e3"]
+        assert s["vs_first"] is None
+        vs = e3["vs_first"]
+        assert vs["draft"] == "s" and vs["low"] <= vs["speedup"] <= vs["high"]
+        assert abs(vs["speedup"] - e3["speedup"] / s["speedup"]) < 1e-9
     assert all(r["k_used"] == 2 for r in rows if r["domain"] != "overall")
     assert (out / "speedup.png").is_file()
     assert "| code | e3 | 2 |" in capsys.readouterr().out

@@ -1,5 +1,7 @@
-"""Several drafts of one target, measured side by side in one run: speedup over plain decoding
-with a 95% interval, tau, alpha at positions 1-4 and c, per domain.
+"""Several drafts of one target, measured side by side in one run, per domain.
+
+Each draft's speedup over plain decoding and over the first draft, each with a 95% interval,
+tau, alpha at positions 1-4 and c.
 
 Each prompt is decoded plainly and with every draft, in an order that rotates from prompt to
 prompt, so the machine's drifts fall on all of them alike; each draft keeps one K policy per
@@ -109,7 +111,27 @@ def measure(args, drafts: dict[str, str]) -> list[dict]:
     for n in names:  # every domain's prompts together
         rows = [r for r in results if r["draft"] == n]
         results.append(overall(n, rows))
-    return results
+    return against_first(results, names[0])
+
+
+def against_first(rows: list[dict], first: str) -> list[dict]:
+    """Each later draft's speedup over the first draft (``vs_first``), paired prompt by prompt
+    as against plain decoding: both decoded every prompt in the same rotation, so the interval
+    says whether one draft is ahead, which two overlapping intervals over plain cannot."""
+    from draftkit import metrics
+
+    base = {r["domain"]: r for r in rows if r["draft"] == first}
+    for r in rows:
+        b = base[r["domain"]]
+        if r["draft"] == first or len(r["pairs"]) < 2:
+            r["vs_first"] = None
+            continue
+        est, low, high = metrics.speedup_interval([p[1] for p in b["pairs"]],
+                                                  [p[1] for p in r["pairs"]],
+                                                  [p[3] for p in b["pairs"]],
+                                                  [p[3] for p in r["pairs"]])
+        r["vs_first"] = {"draft": first, "speedup": est, "low": low, "high": high}
+    return rows
 
 
 def figures(domain: str, name: str, stats, plain_step: float | None, pairs: list) -> dict:
@@ -148,15 +170,19 @@ def markdown(rows: list[dict], args) -> str:
     lines = [f"target {args.target}, --k {args.k}, temperature {args.temperature}, "
              f"{args.max_new_tokens} new tokens a prompt; speedup over plain decoding of the same "
              f"prompts, 95% interval a paired bootstrap over prompts", "",
-             "| domain | draft | prompts | speedup | 95% interval | tau | alpha | "
-             + " | ".join(f"alpha_{i}" for i in range(1, POSITIONS + 1)) + " | c | K used |",
-             "|" + "---|" * (9 + POSITIONS)]
+             "| domain | draft | prompts | speedup | 95% interval | over the first draft | tau | "
+             "alpha | " + " | ".join(f"alpha_{i}" for i in range(1, POSITIONS + 1))
+             + " | c | K used |",
+             "|" + "---|" * (10 + POSITIONS)]
     for r in rows:
         pos = (r["alpha_per_position"] + [None] * POSITIONS)[:POSITIONS]
         interval = "-" if r["speedup_low"] is None else \
             f"{r['speedup_low']:.2f}-{r['speedup_high']:.2f}x"
+        vs = r.get("vs_first")
+        over = "-" if vs is None else \
+            f"{vs['speedup']:.2f}x ({vs['low']:.2f}-{vs['high']:.2f}) over {vs['draft']}"
         lines.append(f"| {r['domain']} | {r['draft']} | {r['prompts']} | "
-                     f"{r['speedup']:.2f}x | {interval} | {f(r['tau'], '{:.2f}')} | "
+                     f"{r['speedup']:.2f}x | {interval} | {over} | {f(r['tau'], '{:.2f}')} | "
                      f"{f(r['alpha'])} | " + " | ".join(f(a) for a in pos)
                      + f" | {f(r['c'])} | {f(r['k_used'], '{}')} |")
     return "\n".join(lines)
