@@ -106,19 +106,16 @@ def row_probabilities(logits: "torch.Tensor", params: list[SamplingParams]) -> "
     return out
 
 
-def _draw(out: "torch.Tensor", generator: Generators, fill: str) -> "torch.Tensor":
-    """Fill out (B, ...) with random numbers: from one generator, or row b from generator[b]
+def _draw(out: "torch.Tensor", generator: Generators) -> "torch.Tensor":
+    """Fill out (B, ...) with U[0, 1) numbers: from one generator, or row b from generator[b]
     (a None entry gets ones: that row is greedy and its draws are never used)."""
-    def draw(t, g):
-        return t.exponential_(1.0, generator=g) if fill == "exp" else t.uniform_(generator=g)
-
     if not isinstance(generator, (list, tuple)):
-        return draw(out, generator)
+        return out.uniform_(generator=generator)
     for b, g in enumerate(generator):
         if g is None:
             out[b].fill_(1.0)
         else:
-            draw(out[b], g)
+            out[b].uniform_(generator=g)
     return out
 
 
@@ -126,24 +123,32 @@ def uniform(shape: tuple[int, ...], generator: Generators, device) -> "torch.Ten
     """U[0, 1) of ``shape`` (B, ...), per row when given one generator per row."""
     import torch
 
-    return _draw(torch.empty(shape, device=device), generator, "uniform")
+    return _draw(torch.empty(shape, device=device), generator)
 
 
 def sample(probs: "torch.Tensor", generator: Generators) -> "torch.Tensor":
-    """One token per distribution: argmax(probs / E) with E ~ Exp(1) (as gpt-fast does).
+    """One token per distribution by inverse transform sampling: the first x whose cumulative
+    mass exceeds u * sum(probs), u ~ U[0, 1).
 
-    P(argmax = x) = probs[x] / sum(probs), so probs need not be normalised; zero entries are
-    never drawn. Works on any leading shape without a host sync. probs: (..., V) -> (...,).
-    ``generator``: one for all, or one per row of dim 0.
+    P(x) = probs[x] / sum(probs), so probs need not be normalised; zero entries are never
+    drawn (their cumulative mass equals the one before them). One uniform number a row, a
+    cumulative sum and a binary search: on a CPU about 20x cheaper than the exponential-race
+    argmax(probs / E), E ~ Exp(1), whose V exponential draws cost a sampled draft more than its
+    forward. No host sync. probs: (..., V) -> (...,). ``generator``: one for all, or one per
+    row of dim 0.
     """
     import torch
 
-    noise = _draw(torch.empty_like(probs), generator, "exp")
-    # a draw of exactly 0 (possible on some devices' generators) would make 0 / 0 = nan at a
-    # zero entry, and argmax takes nan as the largest; draws below the smallest normal float
-    # are as good as never, so clamping them leaves the distribution as it is
-    noise.clamp_min_(torch.finfo(noise.dtype).tiny)
-    return (probs / noise).argmax(-1)
+    # float64 keeps a token of tiny mass its own interval of the cumulative sum
+    dtype = torch.float32 if probs.device.type == "mps" else torch.float64  # mps lacks float64
+    cdf = probs.to(dtype).cumsum(-1)  # (..., V)
+    total = cdf[..., -1:].contiguous()  # (..., 1)
+    u = _draw(torch.empty(total.shape, dtype=dtype, device=probs.device), generator)
+    drawn = torch.searchsorted(cdf, u * total, right=True)
+    # u * total may round up to total (or u is 1, a greedy row's filler): the last token with
+    # mass is then the draw, never a zero entry past it
+    last = torch.searchsorted(cdf, total, right=False)
+    return torch.minimum(drawn, last).squeeze(-1)
 
 
 def next_tokens(logits: "torch.Tensor", params: list[SamplingParams], generator: Generators

@@ -111,14 +111,16 @@ def test_chi_square_catches_broken_rule():
     assert chi_square_p(torch.bincount(first, minlength=vocab), p[0]) < 0.01
 
 
-def test_a_zero_noise_draw_never_samples_a_zero_entry(monkeypatch):
-    """argmax(p / E): an exponential draw of exactly 0 gave 0 / 0 = nan at a zero entry, and
-    argmax takes nan as the largest."""
+@pytest.mark.parametrize("u, token", [(0.0, 1), (0.29, 1), (0.31, 2), (1.0, 2)])
+def test_the_ends_of_the_uniform_draw_never_sample_a_zero_entry(monkeypatch, u, token):
+    """Inverse transform sampling: u = 0 lands on the first token with mass, not a zero entry
+    before it; u * total rounded up to total (u = 1 here, as a greedy row's filler draws) lands
+    on the last token with mass, not a zero entry past it."""
     import draftkit.decode.sampling as sampling
 
-    monkeypatch.setattr(sampling, "_draw", lambda out, generator, fill: out.zero_())
+    monkeypatch.setattr(sampling, "_draw", lambda out, generator: out.fill_(u))
     probs = torch.tensor([[0.0, 0.3, 0.7, 0.0]])
-    assert sample(probs, None).tolist() == [2]
+    assert sample(probs, None).tolist() == [token]
 
 
 # --- a batch mixing greedy and sampled rows -----------------------------------------------------
