@@ -268,3 +268,14 @@ def test_the_default_quickstart_trains_an_eagle3_head_on_its_recipes_own_data(tm
     trained = {s.domain for s in cfg.data.sources}
     assert trained == {"code", "math"} and not trained & set(UNTRAINED_SHOWN)
     check_config(cfg, str(recipe))
+
+
+def test_the_eagle3_cpu_recipe_reads_the_4layer_recipes_data_and_held_out_rows():
+    """The two CPU recipes are compared side by side (eval/results, row 19): the same sources,
+    held-out rows, target answers and teacher, so only the draft differs."""
+    head = load_config(RECIPES / "smollm2-135m-instruct_to_eagle3" / "ttt_cpu.yaml")
+    standalone = load_config(RECIPES / "smollm2-135m-instruct_to_4layer"
+                             / "fkl_topk_cpu_more_prompts.yaml")
+    assert head.draft.kind == "eagle3" and standalone.draft.kind != "eagle3"
+    for part in ("data", "teacher", "loss", "seed", "target"):
+        assert getattr(head, part) == getattr(standalone, part), part

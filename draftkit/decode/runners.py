@@ -34,7 +34,7 @@ from draftkit.decode.cache import StaticKVCache, WriteIndex
 from draftkit.decode.cpu_linear import DecodeLinear, tune
 from draftkit.decode.graphs import DecodeGraphs
 from draftkit.errors import DraftkitError
-from draftkit.models.facts import sliding_window, text_config, vocab_size
+from draftkit.models.facts import is_llama_family, sliding_window, text_config, vocab_size
 from draftkit.models.reduced_head import head_of
 
 if TYPE_CHECKING:
@@ -42,12 +42,9 @@ if TYPE_CHECKING:
 
     from draftkit.models.reduced_head import ReducedHead
 
-FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-
 
 def supports_fast_path(model) -> bool:
-    cfg = text_config(model)
-    if getattr(cfg, "model_type", None) not in FAST_MODEL_TYPES:
+    if not is_llama_family(model):
         return False
     if sliding_window(model):
         return False

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from draftkit.errors import ModelError
-from draftkit.models.facts import text_config, vocab_size
+from draftkit.models.facts import is_llama_family, text_config, vocab_size
 
 _SPECIAL = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")
 
@@ -51,13 +51,23 @@ def check_compatible(target_tokenizer: Any, draft_tokenizer: Any, target_config:
             raise ModelError(f"draft {name} is {d} but the target's is {t}; {fix}")
 
 
+def check_eagle3_family(target_config: Any) -> None:
+    """Raise :class:`ModelError` unless ``target_config`` is of a Llama-family model."""
+    if not is_llama_family(target_config):
+        family = getattr(text_config(target_config), "model_type", None)
+        raise ModelError(f"EAGLE-3 heads are built for Llama-family targets (Llama, Mistral, "
+                         f"Qwen2, Qwen3); this target is {family!r}")
+
+
 def check_eagle3(target_config: Any, head_config: Any) -> None:
-    """Raise :class:`ModelError` unless the EAGLE-3 head of ``head_config`` (its config.json
-    as a dict, or its config) reads ``target_config``'s vocabulary, hidden size and layers."""
+    """Raise :class:`ModelError` unless ``target_config`` is Llama-family and the EAGLE-3 head
+    of ``head_config`` (its config.json as a dict, or its config) reads its vocabulary, hidden
+    size and layers."""
     def get(key):
         return head_config.get(key) if isinstance(head_config, dict) else \
             getattr(head_config, key, None)
 
+    check_eagle3_family(target_config)
     tc = text_config(target_config)
     fix = "pass the target it was trained on"
     if get("vocab_size") != tc.vocab_size:

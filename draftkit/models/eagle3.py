@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from draftkit.errors import ModelError
+from draftkit.models.compat import check_eagle3_family
 from draftkit.models.facts import text_config
 from draftkit.models.reduced_head import ReducedHead
 from draftkit.models.save import add_legacy_keys
@@ -85,9 +86,7 @@ def eagle3_config(target: Any, head: ReducedHead, aux_layers: list[int] | None =
     from transformers import LlamaConfig
 
     tc = text_config(target)
-    if getattr(tc, "model_type", None) not in ("llama", "mistral", "qwen2", "qwen3"):
-        raise ModelError(f"EAGLE-3 heads are built for Llama-family targets (Llama, Mistral, "
-                         f"Qwen2, Qwen3); this target is {getattr(tc, 'model_type', None)!r}")
+    check_eagle3_family(tc)
     if head.vocab_size != tc.vocab_size:
         raise ModelError(f"the draft vocabulary is over {head.vocab_size} ids; the target has "
                          f"{tc.vocab_size}")

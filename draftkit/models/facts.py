@@ -8,6 +8,15 @@ ask these questions; none of them needs torch.
 
 from __future__ import annotations
 
+# Model types whose decoder layers are Llama's (RMSNorm, RoPE, GQA, SwiGLU): the decoder's fast
+# path runs them, and an EAGLE-3 head (a Llama layer) drafts for them
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def is_llama_family(model) -> bool:
+    """Whether ``model`` (a model or its HF config) is of :data:`LLAMA_FAMILY`."""
+    return getattr(text_config(model), "model_type", None) in LLAMA_FAMILY
+
 
 def text_config(model):
     """The text part of ``model``'s config (a model or its HF config, as a dry run has it

@@ -269,6 +269,18 @@ def test_a_head_for_another_target_is_refused(models):
         SpeculativeEngine(make_llama(target.config.vocab_size + 1, num_layers=4), random_head)
 
 
+def test_a_target_outside_the_llama_family_is_refused_even_with_matching_shapes(models):
+    """A GPT-2 of the head's vocabulary, width and depth: the shapes match, the layers a head
+    reads do not; said by family, not left to a shape error inside a forward."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    target, random_head, _ = models
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=target.config.vocab_size, n_embd=32,
+                                      n_layer=4, n_head=4)).eval()
+    with pytest.raises(DraftkitError, match="Llama-family targets .* this target is 'gpt2'"):
+        SpeculativeEngine(gpt2, random_head)
+
+
 # --- loading and the commands -----------------------------------------------------------------
 
 @pytest.fixture(scope="module")
