@@ -380,6 +380,11 @@ def test_eval_and_regimes_measure_an_eagle3_head(saved, tmp_path):
         temperatures=[0.0], batch_sizes=[], prompts_per_domain=1,
         drafts_by_domain=[f"code={head_dir}"]))
     assert regimes.draft == "head" and any(d.home == "code" for d in regimes.drafts)
+    entropy = regimes.entropy  # the head's own figures, as eval reports them
+    assert entropy.draft == "head" and entropy.c is not None and entropy.v is not None
+    for point in entropy.domains.values():
+        assert point.k == 2 and len(point.alpha_per_position) == 2 and point.tau >= 1
+        assert point.c is not None and point.c > 0 and point.v is not None
 
 
 def test_the_general_runner_admits_cohorts_with_an_eagle3_head(models):

@@ -47,3 +47,22 @@ def test_sample_follows_probs_and_is_seeded():
 def test_bad_sampling_params(kw):
     with pytest.raises(DraftkitError):
         SamplingParams(**kw)
+
+
+def test_the_sampler_cost_probe_draws_as_draftkit_does_and_prints_both(capsys):
+    """eval/benchmarks/probes/sampler_cost.py: its exponential race (the sampler it is held
+    against) draws the same distribution, and it prints a row per batch size."""
+    from pathlib import Path
+
+    from tests.helpers import load_script
+
+    script = load_script(Path(__file__).parents[2] / "eval" / "benchmarks" / "probes"
+                         / "sampler_cost.py")
+    probs = torch.tensor([0.1, 0.0, 0.6, 0.3]).expand(50_000, 4)
+    freq = torch.bincount(script.exponential_race(probs, torch.Generator().manual_seed(0)),
+                          minlength=4).float() / 50_000
+    assert freq[1] == 0 and torch.allclose(freq, probs[0], atol=0.01)
+    assert script.main(["--vocab", "64", "--reduced", "16", "--batch-sizes", "1", "2",
+                        "--rounds", "3", "--draws", "2"]) == 0
+    rows = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| ")]
+    assert [r.split(" | ")[0] for r in rows[1:]] == ["| 1", "| 2"]  # under the header

@@ -230,6 +230,32 @@ def test_the_ce_control_and_bf16_train(tmp_path, tiny_dirs):
     assert last["step"] == 2 and 0 < last["loss"] < 20 and "alpha_3/code" in last
 
 
+def test_an_eagle3_run_tracks_per_position_alpha_tau_and_the_caches_bytes_per_token(
+        tmp_path, tiny_dirs, monkeypatch):
+    """What W&B is given (offline here): the held-out alpha per position and domain, tau, and
+    each cache's bytes per token, as the run's metrics.jsonl has them."""
+    from draftkit.distill.trainer import train
+    from draftkit.tracking import Tracker
+
+    logged, summary = [], {}
+    log, update = Tracker.log, Tracker.summary
+    monkeypatch.setattr(Tracker, "log", lambda self, m, step=None: (
+        logged.append(dict(m)) if self.enabled else None, log(self, m, step))[-1])
+    monkeypatch.setattr(Tracker, "summary", lambda self, v: (
+        summary.update(v) if self.enabled else None, update(self, v))[-1])
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    train(_cfg(tmp_path, tiny_dirs, **{"teacher.mode": "cache", "teacher.top_k": 8,
+                                       "teacher.cache_dir": str(tmp_path / "cache"),
+                                       "max_steps": 2}), progress=False)
+    scored = [m for m in logged if "tau" in m]
+    assert scored and {"alpha_1/code", "alpha_2/math", "alpha_3/code", "tau/code",
+                       "tau/math"} <= set(scored[-1])
+    assert scored[-1]["tau"] == _metrics(tmp_path / "run")[-1]["tau"]
+    assert summary["feature_cache/bytes_per_token"] == 3 * 32 * 2
+    assert summary["best_tau"] == max(m["tau"] for m in scored)
+    assert list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+
+
 # --- the feature cache ---------------------------------------------------------------------------
 
 def test_the_feature_cache_is_built_once_shared_and_holds_the_online_features(tmp_path,
