@@ -132,16 +132,16 @@ def sample(probs: "torch.Tensor", generator: Generators) -> "torch.Tensor":
 
     P(x) = probs[x] / sum(probs), so probs need not be normalised; zero entries are never
     drawn (their cumulative mass equals the one before them). One uniform number a row, a
-    cumulative sum and a binary search: on a CPU about 20x cheaper than the exponential-race
-    argmax(probs / E), E ~ Exp(1), whose V exponential draws cost a sampled draft more than its
-    forward. No host sync. probs: (..., V) -> (...,). ``generator``: one for all, or one per
-    row of dim 0.
+    cumulative sum and a binary search: at batch 1 on a CPU about 17x cheaper than the
+    exponential race argmax(probs / E), E ~ Exp(1), whose V exponential draws cost a sampled
+    draft more than its forward (``eval/benchmarks/probes/sampler_cost.py``). No host sync.
+    probs: (..., V) -> (...,). ``generator``: one for all, or one per row of dim 0.
     """
     import torch
 
     # float64 keeps a token of tiny mass its own interval of the cumulative sum
     dtype = torch.float32 if probs.device.type == "mps" else torch.float64  # mps lacks float64
-    cdf = probs.to(dtype).cumsum(-1)  # (..., V)
+    cdf = probs.cumsum(-1, dtype=dtype)  # (..., V), cast as it sums: no float64 copy of probs
     total = cdf[..., -1:].contiguous()  # (..., 1)
     u = _draw(torch.empty(total.shape, dtype=dtype, device=probs.device), generator)
     drawn = torch.searchsorted(cdf, u * total, right=True)

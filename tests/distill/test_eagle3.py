@@ -239,10 +239,19 @@ def test_an_eagle3_run_tracks_per_position_alpha_tau_and_the_caches_bytes_per_to
 
     logged, summary = [], {}
     log, update = Tracker.log, Tracker.summary
-    monkeypatch.setattr(Tracker, "log", lambda self, m, step=None: (
-        logged.append(dict(m)) if self.enabled else None, log(self, m, step))[-1])
-    monkeypatch.setattr(Tracker, "summary", lambda self, v: (
-        summary.update(v) if self.enabled else None, update(self, v))[-1])
+
+    def record_log(self, metrics, step=None):
+        if self.enabled:
+            logged.append(dict(metrics))
+        log(self, metrics, step)
+
+    def record_summary(self, values):
+        if self.enabled:
+            summary.update(values)
+        update(self, values)
+
+    monkeypatch.setattr(Tracker, "log", record_log)
+    monkeypatch.setattr(Tracker, "summary", record_summary)
     monkeypatch.setenv("WANDB_MODE", "offline")
     train(_cfg(tmp_path, tiny_dirs, **{"teacher.mode": "cache", "teacher.top_k": 8,
                                        "teacher.cache_dir": str(tmp_path / "cache"),
