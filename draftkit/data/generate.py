@@ -11,6 +11,13 @@ settings reuses it. A sampled answer is drawn from a generator of its own, seede
 and its prompt alone, so a resumed run gets the answers an uninterrupted one would. (A draft's
 answers for on-policy data, over its reduced head, go through HF ``generate``:
 :func:`generate_responses_in_memory`.)
+
+Where one process is too slow (a 70B target, half a million prompts), the answers come from vLLM
+instead (:class:`VllmAnswers`, recipe key ``data.generate.engine: vllm``): one or more engine
+processes (data-parallel replicas, each sharded over ``tensor_parallel_size`` devices), each
+batching its share of the prompts, every finished batch appended to the same kind of cache.
+Their greedy answers are draftkit's tokens (tested); the cache is keyed by the engine too, so
+neither engine's answers are read as the other's.
 """
 
 from __future__ import annotations
@@ -88,9 +95,11 @@ def prompt_seed(seed: int, key: str) -> int:
 def generate_responses(model: Any, tokenizer: Any, prompts: list[list[int]], path: Path,
                        max_new_tokens: int, batch_size: int, temperature: float = 0.0,
                        seed: int = 0, progress: bool = True,
-                       stop_ids: list[int] | None = None) -> list[list[int]]:
+                       stop_ids: list[int] | None = None,
+                       engine: VllmAnswers | None = None) -> list[list[int]]:
     """Response ids for each prompt (ids up to and including the first of ``stop_ids``,
-    default :func:`answer_stop_ids`), from the cache or generated.
+    default :func:`answer_stop_ids`), from the cache or generated (by draftkit's engine, or
+    by ``engine``).
 
     prompts: lists of token ids (already rendered through the chat template). Another run
     answering into the same cache file is waited for; its answers are then read, not redone.
@@ -114,8 +123,10 @@ def generate_responses(model: Any, tokenizer: Any, prompts: list[list[int]], pat
             bar = tqdm(total=len(todo), desc="target answers", unit="prompt",
                        dynamic_ncols=True)
         seeds = [prompt_seed(seed, keys[i]) for i in todo]
-        for j, new in engine_answers(model, [prompts[i] for i in todo], max_new_tokens,
-                                     temperature, stop_ids, seeds, batch_size):
+        answer = engine.answers if engine is not None else \
+            (lambda *a: engine_answers(model, *a))
+        for j, new in answer([prompts[i] for i in todo], max_new_tokens, temperature, stop_ids,
+                             seeds, batch_size):
             done[keys[todo[j]]] = new
             append_jsonl(path, {"key": keys[todo[j]], "response_ids": new})
             if bar is not None:
@@ -163,6 +174,102 @@ def engine_answers(model: Any, prompts: list[list[int]], max_new_tokens: int,
         for slot in [b for b in seated if state.done[b]]:
             yield seated.pop(slot), state.result(slot).tokens
             engine.release(state, slot)
+
+
+class VllmAnswers:
+    """The target's answers from vLLM (:mod:`draftkit.engines.vllm`): ``replicas`` engine
+    processes, each loading the target (``tensor_parallel_size`` ranks) and answering batches of
+    prompts as they come free, so a killed run loses at most the batches in flight.
+
+    Each prompt is one request sampled with its own seed (vLLM's per-request seed: a sampled
+    answer depends on its seed alone, not on the batch); it stops at the first of the stop ids,
+    which it keeps, and nowhere else (vLLM's own end-of-sequence rule is off: the stop ids
+    already hold it)."""
+
+    def __init__(self, target_dir: str | Path, dtype: str, tensor_parallel_size: int = 1,
+                 replicas: int = 1, python: str | None = None):
+        self.target_dir, self.dtype = str(target_dir), dtype
+        self.tp, self.replicas, self.python = tensor_parallel_size, replicas, python
+
+    def cache_tag(self) -> str:
+        """Beside the target's identity in the cache key: these answers are the engine's."""
+        return "vllm"
+
+    def answers(self, prompts: list[list[int]], max_new_tokens: int, temperature: float,
+                stop_ids: list[int], seeds: list[int], batch: int
+                ) -> Iterator[tuple[int, list[int]]]:
+        """(index, answer ids up to and including the first stop id) as batches finish."""
+        import queue
+        import threading
+
+        from draftkit.engines.vllm import VllmWorker
+
+        if not prompts:
+            return
+        threads = max(1, (os.cpu_count() or 1) // self.replicas)
+        context = max(map(len, prompts)) + max_new_tokens + 8
+        chunks = [list(range(i, min(i + batch, len(prompts))))
+                  for i in range(0, len(prompts), batch)]
+        todo: queue.Queue = queue.Queue()
+        for chunk in chunks:
+            todo.put(chunk)
+        done: queue.Queue = queue.Queue()
+        stops = set(stop_ids)
+
+        def replica(worker) -> None:
+            try:
+                worker.call("load", name="target", model=self.target_dir, dtype=self.dtype,
+                            max_model_len=context, max_num_seqs=batch,
+                            tensor_parallel_size=self.tp)
+                while True:
+                    try:
+                        chunk = todo.get_nowait()
+                    except queue.Empty:
+                        return
+                    out = worker.call(
+                        "generate", name="target", prompts=[prompts[i] for i in chunk],
+                        seeds=[seeds[i] for i in chunk], each=False,
+                        sampling={"temperature": temperature, "max_tokens": max_new_tokens,
+                                  "stop_token_ids": stop_ids, "ignore_eos": True})
+                    done.put([(i, _cut(o["tokens"], stops)) for i, o in
+                              zip(chunk, out["outputs"])])
+            except BaseException as e:  # the main thread raises it
+                done.put(e)
+
+        workers = [VllmWorker(self.python, threads=threads, env=env)
+                   for env in replica_devices(self.replicas, self.tp)]
+        try:
+            running = [threading.Thread(target=replica, args=(w,), daemon=True)
+                       for w in workers]
+            for t in running:
+                t.start()
+            for _ in chunks:
+                item = done.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield from item
+        finally:
+            for w in workers:
+                w.close()
+
+
+def replica_devices(replicas: int, tp: int) -> list[dict[str, str]]:
+    """Each replica's own ``tp`` GPUs (CUDA_VISIBLE_DEVICES), where there are enough for all;
+    else nothing set (a CPU, or one GPU the replicas share)."""
+    import torch
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    devices = [d for d in visible.split(",") if d.strip()] if visible is not None else \
+        [str(i) for i in range(torch.cuda.device_count())]
+    if len(devices) < replicas * tp or replicas * tp == 1:
+        return [{} for _ in range(replicas)]
+    return [{"CUDA_VISIBLE_DEVICES": ",".join(devices[r * tp:(r + 1) * tp])}
+            for r in range(replicas)]
+
+
+def _cut(tokens: list[int], stops: set[int]) -> list[int]:
+    end = next((i for i, t in enumerate(tokens) if t in stops), None)
+    return tokens if end is None else tokens[:end + 1]
 
 
 class RowSampler:

@@ -234,10 +234,25 @@ class GenerateSection:
     cache_dir: str | None = option(None, help="where generated responses are cached "
                                               "(resumable); null: the draftkit cache, shared "
                                               "by runs with the same target and settings")
+    engine: Literal["draftkit", "vllm"] = option(
+        "draftkit", help="what generates the target's answers: draftkit's engine, or vLLM in "
+                         "its own environment (make engines; $DRAFTKIT_VLLM_PYTHON), which "
+                         "batches batch_size requests at a time per replica; greedy answers "
+                         "are the same tokens, cached apart")
+    tensor_parallel_size: int = option(1, help="engine vllm: the GPUs (or CPU ranks) one "
+                                               "replica shards the target over")
+    replicas: int = option(1, help="engine vllm: data-parallel engine processes, each "
+                                   "answering its share of the prompts (on a CPU each takes "
+                                   "an equal share of the cores)")
 
     def validate(self) -> None:
         if self.max_new_tokens <= 0 or self.batch_size <= 0:
             raise ConfigError("data.generate: max_new_tokens and batch_size must be positive")
+        if self.tensor_parallel_size < 1 or self.replicas < 1:
+            raise ConfigError("data.generate: tensor_parallel_size and replicas must be >= 1")
+        if self.engine == "draftkit" and (self.tensor_parallel_size, self.replicas) != (1, 1):
+            raise ConfigError("data.generate.tensor_parallel_size and replicas are for "
+                              "engine: vllm; draftkit's engine answers in one process")
         if self.temperature < 0:
             raise ConfigError("data.generate.temperature must be >= 0")
         if self.extra_samples < 0:
@@ -335,10 +350,18 @@ class TeacherSection:
     cache_dir: str | None = option(None, help="cache location; null: the draftkit cache "
                                               "(shared by runs with the same target and data)")
     dtype: str = option("auto", help="target dtype: auto, float32 or bfloat16")
+    features: Literal["draftkit", "vllm"] = option(
+        "draftkit", help="an eagle3 head's features (the target's hidden states at its layers): "
+                         "draftkit: the target forward in this process; vllm: captured by vLLM "
+                         "in its own environment ($DRAFTKIT_VLLM_PYTHON, make engines) as it "
+                         "prefills each example, written to the feature cache (mode: cache)")
 
     def validate(self) -> None:
         if self.top_k < 1:
             raise ConfigError(f"teacher.top_k must be positive, got {self.top_k}")
+        if self.features == "vllm" and self.mode != "cache":
+            raise ConfigError("teacher.features: vllm fills the feature cache: set teacher.mode: "
+                              "cache (streaming vLLM's features into each step is not built)")
 
 
 @dataclass
@@ -448,6 +471,9 @@ class DistillConfig:
                 raise ConfigError("on-policy data (data.lmbda) needs a draft that generates on "
                                   "its own; an eagle3 head drafts from the target's features: "
                                   "use data.regime target or fixed")
+        elif self.teacher.features != "draftkit":
+            raise ConfigError("teacher.features names where an eagle3 head's features come "
+                              "from; this draft is standalone (draft.kind), which reads none")
         if self.loss.hidden_weight > 0:
             from draftkit.distill.hidden import junctions
 

@@ -28,7 +28,7 @@ import torch
 from draftkit.data import Rows, positions
 from draftkit.distill.config import DistillConfig
 from draftkit.distill.features import (CachedFeatures, FeatureCache, OnlineFeatures,
-                                       feature_key, target_forward)
+                                       VllmFeatures, feature_key, target_forward)
 from draftkit.distill.losses import dense_logprobs
 from draftkit.distill.teacher import TeacherOut, build_teacher, cache_dir, caches_of
 from draftkit.distill.ttt import step_masks, teacher_rows, ttt_loss, unroll
@@ -122,11 +122,24 @@ class Eagle3:
             return OnlineFeatures(target, layers, cfg.loss.temperature)
         topk = None if cfg.loss.divergence == "ce" else \
             build_teacher(cfg, target, key, rows, dist, progress)
-        fkey = feature_key(key, layers, rows)
-        cache = FeatureCache(cache_dir(cfg, fkey, "features"), rows, layers,
-                             text_config(target).hidden_size, key)
-        return CachedFeatures(topk, cache.ready(target, rows, cfg.eval.batch_size, dist,
-                                                progress))
+        fkey = feature_key(key, layers, rows, cfg.teacher.features)
+        directory = cache_dir(cfg, fkey, "features")
+        engine = None
+        if cfg.teacher.features == "vllm":  # the states as vLLM computes them, its own process
+            from draftkit.models.resolve import resolve_model
+
+            dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
+            engine = VllmFeatures(resolve_model(cfg.target, "target").path, dtype, layers,
+                                  directory.with_name(directory.name + ".engine"),
+                                  cfg.data.generate.tensor_parallel_size)
+        cache = FeatureCache(directory, rows, layers, text_config(target).hidden_size, key,
+                             engine)
+        try:
+            ready = cache.ready(target, rows, cfg.eval.batch_size, dist, progress)
+        finally:
+            if engine is not None:
+                engine.close()
+        return CachedFeatures(topk, ready)
 
     def loss(self, student: Any, teacher: Any, rows: Rows, idx: torch.Tensor
              ) -> tuple[torch.Tensor, int]:

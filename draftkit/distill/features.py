@@ -16,6 +16,12 @@ prompt's), beside the target's distribution where the loss is taken:
 A feature cache is keyed by the target (its weights and dtype), the tapped layers and the rows,
 and its meta.json says which: a cache of another target or layer set found in its place is
 one clear error, never read as this run's.
+
+Where the target is too large for draftkit's process, vLLM computes the features instead
+(:class:`VllmFeatures`, recipe key ``teacher.features: vllm``): its ``extract_hidden_states``
+method captures the states entering the tapped layers while it prefills each example, in its
+own environment and on its own devices (tensor parallelism included), and the cache is filled
+from them, keyed apart from draftkit's own (equal within bf16 rounding, tested).
 """
 
 from __future__ import annotations
@@ -71,14 +77,63 @@ def read_lengths(rows: Rows) -> torch.Tensor:
     return last.clamp(min=0)
 
 
+class VllmFeatures:
+    """The target's features from vLLM (:mod:`draftkit.engines.vllm`): one engine process
+    holding the target with ``extract_hidden_states`` at ``layers``, each example one request
+    (its tokens the prompt), its states returned through a file in ``work_dir``."""
+
+    def __init__(self, target_dir: str | Path, dtype: str, layers: list[int], work_dir: Path,
+                 tensor_parallel_size: int = 1, python: str | None = None):
+        self.target_dir, self.dtype, self.layers = str(target_dir), dtype, list(layers)
+        self.work_dir, self.tp, self.python = Path(work_dir), tensor_parallel_size, python
+        self.worker = None
+
+    def capture(self, sequences: list[list[int]]) -> list[torch.Tensor]:
+        """aux (T_i, len(layers) * Ht) float32 of each token sequence."""
+        from safetensors.torch import load_file
+
+        from draftkit.engines.vllm import VllmWorker
+
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        if self.worker is None:
+            self.worker = VllmWorker(self.python, log=self.work_dir / "vllm.log")
+            self.worker.call("load", name="target", model=self.target_dir, dtype=self.dtype,
+                             max_model_len=max(map(len, sequences)) * 2 + 8,
+                             tensor_parallel_size=self.tp,
+                             hidden_states={"layers": self.layers,
+                                            "dir": str(self.work_dir / "engine")})
+        out = self.work_dir / "states.safetensors"
+        self.worker.call("hidden_states", name="target", sequences=sequences, out=str(out))
+        data = load_file(out)
+        out.unlink()
+        states = data["states"].float().flatten(1)  # (sum T, layers * Ht), layer after layer
+        return list(states.split(data["lengths"].tolist()))
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+
+
+def examples_of(pos: torch.Tensor, length: int) -> list[tuple[int, int]]:
+    """(start, end) of each example packed in a row's first ``length`` positions: a new one
+    starts where positions restart at 0 (data/pack.py)."""
+    starts = [int(i) for i in (pos[:length] == 0).nonzero().flatten()] or [0]
+    if starts[0] != 0:
+        starts.insert(0, 0)
+    return list(zip(starts, starts[1:] + [length]))
+
+
 class FeatureCache(RowCache):
     """aux (3 Ht wide) at the positions :func:`read_lengths` keeps of each row, bf16 on disk
-    (numpy has no bf16: the bits are stored as int16)."""
+    (numpy has no bf16: the bits are stored as int16); computed by the target in this process,
+    or by ``engine`` (:class:`VllmFeatures`)."""
 
     what = "feature cache"
 
     def __init__(self, directory: Path, rows: Rows, layers: list[int], hidden_size: int,
-                 target_id: str):
+                 target_id: str, engine: VllmFeatures | None = None):
+        self.engine = engine
         self.layers, self.width, self.target_id = list(layers), len(layers) * hidden_size, \
             target_id
         self.rows_key = cache_key("rows", rows, 0, 0.0)
@@ -103,6 +158,8 @@ class FeatureCache(RowCache):
 
     def fill(self, arrays: dict[str, np.memmap], model: Any, rows: Rows, b: int, e: int
              ) -> None:
+        if self.engine is not None:
+            return self.fill_from_engine(arrays, rows, b, e)
         dev = next(model.parameters()).device
         width = int(self.lengths[b:e].max())  # causal: later positions change nothing here
         ids = rows.input_ids[b:e, :width].to(dev)
@@ -113,6 +170,20 @@ class FeatureCache(RowCache):
         for r in range(b, e):
             lo, hi = int(self.offsets[r]), int(self.offsets[r + 1])
             arrays["aux.bf16"][lo:hi] = bits[r - b, :hi - lo]
+
+    def fill_from_engine(self, arrays: dict[str, np.memmap], rows: Rows, b: int, e: int) -> None:
+        """Rows b..e from the engine: each packed example one request, its states placed at
+        its positions in the row."""
+        spans, sequences = [], []
+        for r in range(b, e):
+            length = int(self.offsets[r + 1] - self.offsets[r])
+            for start, end in examples_of(positions(rows, slice(r, r + 1))[0], length):
+                spans.append((r, start, end))
+                sequences.append(rows.input_ids[r, start:end].tolist())
+        for (r, start, end), aux in zip(spans, self.engine.capture(sequences)):
+            bits = aux.to(torch.bfloat16).view(torch.int16).numpy()  # (end - start, 3 Ht)
+            lo = int(self.offsets[r])
+            arrays["aux.bf16"][lo + start:lo + end] = bits
 
     def __call__(self, rows_idx: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         """aux (B, T, 3 Ht) of rows ``rows_idx`` (bf16; zero past each row's kept positions,
@@ -143,8 +214,10 @@ class CachedFeatures:
         return target, self.features(rows_idx, input_ids).to(input_ids.device)
 
 
-def feature_key(target_id: str, layers: list[int], rows: Rows) -> str:
-    """What a feature cache is keyed by: the target, the tapped layers and the rows."""
-    h = hashlib.sha256(f"eagle3 features|{target_id}|{list(layers)}|".encode())
+def feature_key(target_id: str, layers: list[int], rows: Rows, engine: str = "draftkit") -> str:
+    """What a feature cache is keyed by: the target, the tapped layers, the rows and the engine
+    that computed them (draftkit's key is the one it always had)."""
+    tag = "" if engine == "draftkit" else f"{engine}|"
+    h = hashlib.sha256(f"eagle3 features|{tag}{target_id}|{list(layers)}|".encode())
     h.update(cache_key("rows", rows, 0, 0.0).encode())
     return h.hexdigest()[:16]

@@ -37,7 +37,8 @@ import torch
 
 from draftkit.config import dump_yaml
 from draftkit.data import Rows, build_rows, default_generation_dir
-from draftkit.data.generate import answer_stop_ids, cache_file, generate_responses
+from draftkit.data.generate import (VllmAnswers, answer_stop_ids, cache_file,
+                                    generate_responses)
 from draftkit.distill import checkpoint as ckpt
 from draftkit.distill.config import DistillConfig
 from draftkit.distill.distributed import (Dist, all_reduce_mean, barrier, close_distributed,
@@ -527,12 +528,18 @@ def recipe_rows(cfg: DistillConfig, tokenizer: Any, target: Any, target_ref: Any
 
     key = key or target_id(target_ref, target)
     stop_ids = answer_stop_ids(target, tokenizer) if stop_ids is None else stop_ids
+    engine = None
+    if g.engine == "vllm":  # answered by vLLM, in its own environment; cached apart
+        dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
+        engine = VllmAnswers(target_ref.path, dtype, g.tensor_parallel_size, g.replicas)
+        key = f"{key}|{engine.cache_tag()}"
 
     def generate(prompts, temperature, seed):
         path = cache_file(gen_dir, key, g.max_new_tokens, temperature, seed, stop_ids)
         return generate_responses(target, tokenizer, prompts, path, g.max_new_tokens,
                                   g.batch_size, temperature, seed,
-                                  progress=progress and dist.is_main, stop_ids=stop_ids)
+                                  progress=progress and dist.is_main, stop_ids=stop_ids,
+                                  engine=engine)
 
     if dist.world_size > 1 and cfg.data.regime != "fixed":
         if dist.is_main:

@@ -37,6 +37,9 @@ from draftkit.evaluate.suite import builtin_suites_dir
 from draftkit.tracking import Tracker
 
 
+ENGINE_GROUP = "engine options"
+
+
 def suite_path(suite: str) -> Path:
     """``--suite``: a JSONL file or folder, or 'builtin', the shipped eval/suites."""
     return builtin_suites_dir() if suite == "builtin" else Path(suite)
@@ -64,14 +67,68 @@ class EvalArgs(EvalSettings):
                                        help="only these domains (space- or comma-separated)")
     dtype: str = option("auto", help="auto, float32, bfloat16 or float16")
     device: str | None = option(None, help="cpu or cuda (default: cuda if available)")
+    engine: str = option("draftkit", choices=("draftkit", "vllm"), group=ENGINE_GROUP,
+                         help="draftkit: measure in draftkit's own engine (the figures above); "
+                              "vllm: decode the bundle (--draft BUNDLE) in vLLM, in its own "
+                              "environment, beside draftkit on the same prompts: acceptance per "
+                              "position and tau in each, vLLM's speedup, greedy outputs "
+                              "compared, and a control (the target drafting for itself); at "
+                              "--k (auto: the bundle's K) and at the bundle's config as written, "
+                              "at each of --temperatures; the sweeps are not run")
+    engine_python: str | None = option(None, group=ENGINE_GROUP,
+                                       help="the Python of vLLM's environment (default: "
+                                            "$DRAFTKIT_VLLM_PYTHON, ./.venv-vllm, draftkit's "
+                                            "checkout's .venv-vllm, a vllm command on PATH)")
+    temperatures: list[float] | None = option(None, nargs="*", metavar="T", group=ENGINE_GROUP,
+                                              help="the temperatures --engine vllm compares "
+                                                   "(default: 0 and --temperature, or 1 where "
+                                                   "that is 0)")
 
     def validate(self) -> None:
         super().validate()
+        if self.engine != "vllm" and self.temperatures is not None:
+            raise ConfigError("--temperatures is for --engine vllm; draftkit's own eval takes "
+                              "one --temperature")
+        if any(t < 0 for t in self.temperatures or []):
+            raise ConfigError("--temperatures must be >= 0")
         check_k(self.k, self.k_max, bounded=True)  # predictions and the K sweep stop at k_max
         if self.k_max < 1:
             raise ConfigError("--k-max must be >= 1")
         if self.limit is not None and self.limit < 1:
             raise ConfigError("--limit must be >= 1")
+
+
+def engine_temperatures(args: EvalArgs) -> list[float]:
+    """What --engine vllm compares: --temperatures, else greedy and --temperature (or 1)."""
+    return args.temperatures if args.temperatures else [0.0, args.temperature or 1.0]
+
+
+def evaluate_in_engine(args: EvalArgs):
+    """``draftkit eval --engine vllm``: the bundle in vLLM beside draftkit; writes the report."""
+    from draftkit.evaluate.parity.measure import engine_parity
+    from draftkit.evaluate.parity.report import (control_table, parity_table, verdicts,
+                                                 write_parity_report)
+
+    k = None if parse_k(args.k) == AUTO else int(args.k)
+    if k == 0:
+        raise ConfigError("--engine vllm compares speculative decoding: --k must be >= 1 or "
+                          "auto (the bundle's K)")
+    report = engine_parity(args.draft, args.target, suite_path(args.suite), k=k,
+                           temperatures=engine_temperatures(args),
+                           max_new_tokens=args.max_new_tokens, seed=args.seed,
+                           out_dir=Path(args.out), top_k=args.top_k, top_p=args.top_p,
+                           limit=args.limit, domains=args.domains,
+                           dtype=args.dtype, device=args.device,
+                           engine_python=args.engine_python)
+    files = write_parity_report(report, args.out)
+    print(format_text_table(*parity_table(report)))
+    print()
+    print(format_text_table(*control_table(report)))
+    for line in verdicts(report):
+        print(f"- {line}")
+    print(f"report: {files['md']} (also {files['html'].name}, {files['json'].name}); "
+          f"{report.seconds / 60:.1f} min")
+    return report
 
 
 def run_eval(args: EvalArgs) -> EvalReport:
@@ -87,6 +144,8 @@ def run_eval(args: EvalArgs) -> EvalReport:
 
 def evaluate(args: EvalArgs) -> EvalReport:
     """``draftkit eval``: measure, write the report and print the per-domain table."""
+    if args.engine == "vllm":
+        return evaluate_in_engine(args)
     with Tracker("eval", to_dict(args), out_dir=args.out) as tracker:
         report = run_eval(args)
         files = write_report(report, args.out, tracker)

@@ -134,7 +134,7 @@ def _check_tensors(folder: Path, config: dict) -> None:
     from safetensors import safe_open
     from transformers import LlamaConfig
 
-    from draftkit.models.eagle3 import WEIGHTS, Eagle3Draft
+    from draftkit.models.eagle3 import VOCAB_MAPS, WEIGHTS, Eagle3Draft, writes_vocab_maps
 
     path = folder / WEIGHTS
     if not path.is_file():
@@ -146,8 +146,15 @@ def _check_tensors(folder: Path, config: dict) -> None:
     except (TypeError, ValueError, AttributeError) as e:
         raise ModelError(f"{folder}/config.json does not describe an EAGLE-3 head "
                          f"({type(e).__name__}: {e}); re-export the head") from None
+    maps = writes_vocab_maps(config)
+    if not maps:
+        expected = {k: v for k, v in expected.items() if k not in VOCAB_MAPS}
     with safe_open(str(path), "pt") as f:
         names = set(f.keys())
+        if not maps and names & set(VOCAB_MAPS):
+            raise ModelError(f"{path} holds d2t / t2d for a draft vocabulary that is the "
+                             f"target's whole: vLLM refuses to load such a head (\"no module or "
+                             f"parameter named 'draft_id_to_target_id'\"); re-export the head")
         missing, unknown = sorted(set(expected) - names), sorted(names - set(expected))
         if missing:
             raise ModelError(f"{path} lacks {missing[0]}: SGLang would serve that weight random, "
@@ -161,15 +168,17 @@ def _check_tensors(folder: Path, config: dict) -> None:
             if shape != tuple(want.shape):
                 raise ModelError(f"{path}: {name} has shape {shape}; the config makes it "
                                  f"{tuple(want.shape)}; re-export the head")
-        d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
         floats = {_SAFETENSORS_DTYPES.get(d, d) for d in (
-            f.get_slice(k).get_dtype() for k in expected if k not in ("d2t", "t2d"))}
+            f.get_slice(k).get_dtype() for k in expected if k not in VOCAB_MAPS)}
+        if floats != {stored_dtype(config)}:
+            raise ModelError(f"{path}: weights stored as {sorted(floats)}, config.json says "
+                             f"{stored_dtype(config)}; re-export the head")
+        if not maps:  # the whole vocabulary: draft ids are the target's, no map to check
+            return
+        d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
     if d2t.dtype != torch.int64 or t2d.dtype != torch.bool:
         raise ModelError(f"{path}: d2t is {d2t.dtype} and t2d {t2d.dtype}, not int64 offsets "
                          f"and a bool mask; re-export the head")
-    if floats != {stored_dtype(config)}:
-        raise ModelError(f"{path}: weights stored as {sorted(floats)}, config.json says "
-                         f"{stored_dtype(config)}; re-export the head")
     ids = torch.arange(d2t.numel()) + d2t  # target id of draft id i
     if not (bool((ids[1:] > ids[:-1]).all()) and int(ids[0]) >= 0
             and int(ids[-1]) < t2d.numel()) or not torch.equal(t2d.nonzero().flatten(), ids):

