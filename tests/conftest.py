@@ -30,6 +30,9 @@ def pytest_terminal_summary(terminalreporter):
         counts = Counter(outcome.values())
         terminalreporter.write_line(f"engine tests on {label}: " +
                                     ", ".join(f"{n} {key}" for key, n in counts.items()))
+        control = getattr(terminalreporter.config, "engine_control", None)
+        if control:  # the target drafting for itself in the engine
+            terminalreporter.write_line(f"self-draft control on {label}: {control}")
 
 
 @pytest.fixture(scope="session")

@@ -64,9 +64,15 @@ def make_llama(vocab_size: int, num_layers: int = 2, hidden_size: int = 32, seed
                          num_attention_heads=heads, num_key_value_heads=kv_heads,
                          max_position_embeddings=256, tie_word_embeddings=tie,
                          bos_token_id=1, eos_token_id=2, pad_token_id=3)
-    model = LlamaForCausalLM(config).eval()
-    # Default init gives near-uniform logits; a larger scale makes distributions peaked enough
-    # that greedy decoding, acceptance and losses are exercised non-trivially.
+    return peaked(LlamaForCausalLM(config).eval())
+
+
+def peaked(model):
+    """``model`` with its matrices drawn at scale 0.2: the default init gives near-uniform
+    logits; peaked distributions exercise greedy decoding, acceptance and losses
+    non-trivially."""
+    import torch
+
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
@@ -100,12 +106,40 @@ def make_mistral(layers: int, seed: int, window: int, vocab: int = 100):
     cfg = MistralConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                         max_position_embeddings=256, sliding_window=window)
-    model = MistralForCausalLM(cfg).eval()
-    with torch.no_grad():  # peaked distributions, as make_llama's
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.2)
-    return model
+    return peaked(MistralForCausalLM(cfg).eval())
+
+
+def make_qwen3(vocab: int, layers: int, seed: int = 0, hidden_size: int = 32, heads: int = 4,
+               kv_heads: int = 2, head_dim: int = 16):
+    """A tiny Qwen3: head_dim is its own (16 by default, not hidden_size / heads: 8), RoPE base
+    1e6."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(vocab_size=vocab, hidden_size=hidden_size,
+                         intermediate_size=2 * hidden_size, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads,
+                         head_dim=head_dim, max_position_embeddings=512, tie_word_embeddings=True,
+                         rope_parameters={"rope_theta": 1e6, "rope_type": "default"},
+                         bos_token_id=1, eos_token_id=2, pad_token_id=3)
+    return Qwen3ForCausalLM(config).eval()
+
+
+# vLLM's CPU attention has kernels for head_dim 32 and up (and not the 8 of make_llama's
+# default): the engine tests' tiny models are 64 wide with two heads of 32
+ENGINE_SHAPE = {"hidden_size": 64, "heads": 2, "kv_heads": 1}
+
+
+def engine_llama(vocab: int, layers: int, seed: int = 0):
+    """A tiny Llama vLLM's CPU build runs."""
+    return make_llama(vocab, num_layers=layers, intermediate_size=128, seed=seed,
+                      **ENGINE_SHAPE)
+
+
+def engine_qwen3(vocab: int, layers: int, seed: int = 0):
+    """A tiny Qwen3 vLLM's CPU build runs, with peaked distributions."""
+    return peaked(make_qwen3(vocab, layers, seed, head_dim=32, **ENGINE_SHAPE))
 
 
 # --- the decoder's references -----------------------------------------------------------------

@@ -136,9 +136,12 @@ class Eagle3:
                              engine)
         try:
             ready = cache.ready(target, rows, cfg.eval.batch_size, dist, progress)
-        finally:
+        except BaseException:
             if engine is not None:
-                engine.close()
+                engine.close()  # its log stays, which the error names
+            raise
+        if engine is not None:
+            engine.close(remove=True)
         return CachedFeatures(topk, ready)
 
     def loss(self, student: Any, teacher: Any, rows: Rows, idx: torch.Tensor

@@ -109,10 +109,16 @@ class VllmFeatures:
         states = data["states"].float().flatten(1)  # (sum T, layers * Ht), layer after layer
         return list(states.split(data["lengths"].tolist()))
 
-    def close(self) -> None:
+    def close(self, remove: bool = False) -> None:
+        """Stop the engine; ``remove``: its work folder too (its log with it), once the states
+        it wrote are in the cache."""
         if self.worker is not None:
             self.worker.close()
             self.worker = None
+        if remove:
+            import shutil
+
+            shutil.rmtree(self.work_dir, ignore_errors=True)
 
 
 def examples_of(pos: torch.Tensor, length: int) -> list[tuple[int, int]]:

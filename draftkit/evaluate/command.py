@@ -68,7 +68,7 @@ class EvalArgs(EvalSettings):
     dtype: str = option("auto", help="auto, float32, bfloat16 or float16")
     device: str | None = option(None, help="cpu or cuda (default: cuda if available)")
     engine: str = option("draftkit", choices=("draftkit", "vllm"), group=ENGINE_GROUP,
-                         help="draftkit: measure in draftkit's own engine (the figures above); "
+                         help="draftkit: measure in draftkit's own engine (the usual report); "
                               "vllm: decode the bundle (--draft BUNDLE) in vLLM, in its own "
                               "environment, beside draftkit on the same prompts: acceptance per "
                               "position and tau in each, vLLM's speedup, greedy outputs "

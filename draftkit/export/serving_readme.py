@@ -35,6 +35,12 @@ def sampling_rows(entry: dict, kind: str) -> list[tuple[str, str]]:
     dsm = FEATURES["vllm"]["draft_sample_method"]
     rows = [(f"vLLM >= {dsm} (the scripts write draft_sample_method probabilistic)", same),
             (f"vLLM older than {dsm} (drafts greedily, q one-hot)", lower)]
+    for build, first, last, what in entry["engines"]["vllm"].get("sampled_broken") or []:
+        rows.append((f"vllm-{build} {first} to {last} (vllm.sh warns)",
+                     f"greedy figures hold; sampled requests gain nothing, as its verification "
+                     f"of them is broken ({what}): there speculation only costs time. "
+                     f"`draftkit eval --engine vllm` measures a bundle in the vLLM you have, "
+                     f"with a control"))
     if kind == "eagle3":
         rs = FEATURES["sglang"]["speculative_use_rejection_sampling"]
         rows += [(f"SGLang >= {rs} (the script adds --speculative-use-rejection-sampling)", same),

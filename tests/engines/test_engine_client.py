@@ -115,3 +115,14 @@ def test_replicas_each_get_their_own_devices(monkeypatch):
     assert replica_devices(8, 1) == [{}] * 8  # too few devices: nothing pinned
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert replica_devices(2, 1) == [{}, {}]
+
+
+def test_engine_flags_are_checked_at_the_edge(bundle, suite, tmp_path, capsys):
+    target, b = bundle
+    assert main(["eval", "--target", str(target), "--draft", str(b), "--suite", str(suite),
+                 "--temperatures", "0", "1"]) == 2
+    assert "--temperatures is for --engine vllm" in _one_line(capsys)
+    assert _eval(target, b, suite, tmp_path / "o", "--k", "0") == 2
+    assert "--k must be >= 1 or auto" in _one_line(capsys)
+    assert _eval(target, b, suite, tmp_path / "o", "--temperatures", "-1") == 2
+    assert "--temperatures must be >= 0" in _one_line(capsys)

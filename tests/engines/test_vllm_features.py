@@ -11,7 +11,7 @@ import torch
 from draftkit.data import build_rows
 from draftkit.distill.features import FeatureCache, VllmFeatures, feature_key
 from draftkit.models import load_model, load_tokenizer
-from tests.helpers import distill_config, make_llama, make_tokenizer, save_model
+from tests.helpers import distill_config, engine_llama, make_tokenizer, save_model
 
 pytestmark = pytest.mark.engine
 LAYERS = [1, 2, 3]
@@ -19,11 +19,9 @@ LAYERS = [1, 2, 3]
 
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory):
-    """A tiny Llama vLLM's CPU attention runs (head_dim 32)."""
     tok = make_tokenizer()
-    model = make_llama(len(tok), num_layers=4, hidden_size=64, heads=2, kv_heads=1,
-                       intermediate_size=128, seed=5)
-    return save_model(model, tok, tmp_path_factory.mktemp("features") / "target")
+    return save_model(engine_llama(len(tok), 4, seed=5), tok,
+                      tmp_path_factory.mktemp("target") / "target")
 
 
 def test_captured_states_are_the_targets_at_the_tapped_layers(vllm_worker, target_dir,

@@ -13,15 +13,14 @@ import sys
 import pytest
 import yaml
 
-from tests.helpers import make_llama, make_tokenizer, save_model
+from tests.helpers import engine_llama, make_tokenizer, save_model
 
 pytestmark = pytest.mark.engine
 
 
 def test_two_engine_workers_feed_a_two_process_trainer(vllm_worker, tmp_path):
     tok = make_tokenizer()
-    target = save_model(make_llama(len(tok), num_layers=6, hidden_size=64, heads=2, kv_heads=1,
-                                   intermediate_size=128, seed=2), tok, tmp_path / "target")
+    target = save_model(engine_llama(len(tok), 6, seed=2), tok, tmp_path / "target")
     prompts = tmp_path / "prompts.jsonl"
     words = "the a of to and in is it that for on with as was he she they we you".split()
     prompts.write_text("".join(json.dumps({"prompt": " ".join(words[i:i + 4]),

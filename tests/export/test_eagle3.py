@@ -21,7 +21,8 @@ from draftkit.io import sha256_file
 from draftkit.models import resolve_model
 from draftkit.models.eagle3 import from_target, load_eagle3, save_eagle3
 from draftkit.models.reduced_head import ReducedHead
-from tests.helpers import make_llama, make_tokenizer, save_model, write_manifest, fake_engines
+from tests.helpers import (fake_engines, make_llama, make_qwen3, make_tokenizer, save_model,
+                           write_manifest)
 
 IDS = [1, 2, 5, 9, 40, 60, 77]  # the draft vocabulary, N = 7
 LAYERS = [2, 4, 5]  # the references' default for an 8-layer target: [2, L // 2, L - 3]
@@ -34,25 +35,12 @@ SERVED = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} | {
         "mlp.up_proj", "mlp.down_proj")}
 
 
-def _qwen3(vocab: int, layers: int, seed: int = 0):
-    """A tiny Qwen3: head_dim (16) is not hidden_size / heads (8), RoPE base 1e6."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(seed)
-    config = Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=16, max_position_embeddings=512, tie_word_embeddings=True,
-                         rope_parameters={"rope_theta": 1e6, "rope_type": "default"},
-                         bos_token_id=1, eos_token_id=2, pad_token_id=3)
-    return Qwen3ForCausalLM(config).eval()
-
-
 def _saved(tmp_path: Path, family: str = "llama", layers: int = 8, seed: int = 0,
            dtype: torch.dtype | None = None, name: str = "target"):
     """(target model, its folder, an EAGLE-3 head for it saved in ``name``-head)."""
     tok = make_tokenizer()
     target = make_llama(len(tok), num_layers=layers, seed=seed) if family == "llama" else \
-        _qwen3(len(tok), layers, seed)
+        make_qwen3(len(tok), layers, seed)
     target_dir = save_model(target, tok, tmp_path / name)
     head = from_target(target, ReducedHead(IDS, len(tok)))
     with torch.no_grad():  # a layer that matters: the default init barely moves the residual

@@ -85,26 +85,39 @@ def verdicts(report: ParityReport) -> list[str]:
 
 
 def write_plot(report: ParityReport, out_dir: Path) -> dict[str, Path]:
+    """alpha_i per draft position, one panel per temperature: each domain a colour, vLLM solid
+    with dots and draftkit dashed with crosses, so agreement shows as lines drawn twice."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    rows = [r for r in report.rows if r.vllm.alpha_per_pos]
+    rows = [r for r in report.rows if any(a is not None for a in r.vllm.alpha_per_pos)]
     if not rows:
         return {}
-    fig, ax = plt.subplots(figsize=(7.2, 4.2))
-    for i, r in enumerate(rows):
-        color, label = f"C{i % 10}", f"{r.domain}, T {r.temperature:g}, {r.config}"
-        pos = list(range(1, len(r.vllm.alpha_per_pos) + 1))
-        ax.plot(pos, [a if a is not None else float("nan") for a in r.vllm.alpha_per_pos],
-                "o-", color=color, label=f"{label}: vLLM")
-        ax.plot(pos, [a if a is not None else float("nan") for a in r.draftkit.alpha_per_pos],
-                "x--", color=color, label=f"{label}: draftkit")
-    ax.set_xlabel("draft position i")
-    ax.set_ylabel("alpha_i (conditional acceptance)")
-    ax.set_ylim(-0.02, 1.02)
-    ax.legend(fontsize=6, ncol=2)
+    temps = sorted({r.temperature for r in rows})
+    configs = sorted({r.config for r in rows})
+    domains = sorted({r.domain for r in rows})
+    fig, axes = plt.subplots(1, len(temps), figsize=(4.2 * len(temps) + 1.6, 3.8), sharey=True,
+                             squeeze=False)
+    for ax, t in zip(axes[0], temps):
+        for r in (r for r in rows if r.temperature == t):
+            color = f"C{domains.index(r.domain) % 10}"
+            pos = list(range(1, len(r.vllm.alpha_per_pos) + 1))
+            for side, style in ((r.vllm, "o-"), (r.draftkit, "x--")):
+                ax.plot(pos, [a if a is not None else float("nan") for a in side.alpha_per_pos],
+                        style, color=color, alpha=0.9 if style == "o-" else 0.7)
+        ax.set_title(f"temperature {t:g}" + (f", {configs[0]}" if len(configs) == 1 else ""))
+        ax.set_xlabel("draft position i")
+        ax.set_xticks(range(1, max(len(r.vllm.alpha_per_pos) for r in rows) + 1))
+        ax.set_ylim(-0.02, 1.02)
+    axes[0][0].set_ylabel("alpha_i (conditional acceptance)")
+    handles = [Line2D([], [], color=f"C{i % 10}", label=d) for i, d in enumerate(domains)]
+    handles += [Line2D([], [], color="gray", marker="o", label=report.engine.split(" (")[0]),
+                Line2D([], [], color="gray", marker="x", ls="--", label="draftkit")]
+    axes[0][-1].legend(handles=handles, loc="center left", bbox_to_anchor=(1.02, 0.5),
+                       fontsize=7, frameon=False)
     return {"Acceptance per position, vLLM and draftkit":
             save_png(fig, out_dir / "acceptance_by_engine.png")}
 
