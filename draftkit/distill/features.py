@@ -120,6 +120,12 @@ class VllmFeatures:
 
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
+    def __enter__(self) -> VllmFeatures:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 def examples_of(pos: torch.Tensor, length: int) -> list[tuple[int, int]]:
     """(start, end) of each example packed in a row's first ``length`` positions: a new one

@@ -49,11 +49,8 @@ def test_features_from_vllm_are_draftkits_within_bf16(vllm_worker, embedded_dir,
     model, _, prompts = embedded
     layers = default_aux_layers(model.config.num_hidden_layers)
     sequences = prompts[:2]
-    engine = VllmFeatures(embedded_dir, "float32", layers, tmp_path / "engine")
-    try:
+    with VllmFeatures(embedded_dir, "float32", layers, tmp_path / "engine") as engine:
         captured = engine.capture(sequences)
-    finally:
-        engine.close()
     for seq, aux in zip(sequences, captured):
         with torch.no_grad():
             _, want = target_forward(model, layers, torch.tensor([seq]),

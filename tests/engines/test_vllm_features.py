@@ -28,11 +28,8 @@ def test_captured_states_are_the_targets_at_the_tapped_layers(vllm_worker, targe
                                                               tmp_path):
     target = load_model(str(target_dir), device="cpu", dtype="float32")
     sequences = [[5, 17, 23, 42, 9, 77, 101, 64], [7, 8, 9], list(range(10, 40))]
-    engine = VllmFeatures(target_dir, "float32", LAYERS, tmp_path / "engine")
-    try:
+    with VllmFeatures(target_dir, "float32", LAYERS, tmp_path / "engine") as engine:
         captured = engine.capture(sequences)
-    finally:
-        engine.close()
     for seq, aux in zip(sequences, captured):
         with torch.no_grad():
             hs = target(torch.tensor([seq]), output_hidden_states=True).hidden_states
@@ -49,12 +46,9 @@ def test_a_feature_cache_filled_by_vllm_equals_draftkits(vllm_worker, target_dir
     target = load_model(str(target_dir), device="cpu", dtype="float32")
     ours = FeatureCache(tmp_path / "ours", rows, LAYERS, 64, "t")
     ours.build(target, rows, 4, progress=False)
-    engine = VllmFeatures(target_dir, "float32", LAYERS, tmp_path / "engine")
-    try:
+    with VllmFeatures(target_dir, "float32", LAYERS, tmp_path / "engine") as engine:
         theirs = FeatureCache(tmp_path / "theirs", rows, LAYERS, 64, "t", engine)
         theirs.build(None, rows, 4, progress=False)
-    finally:
-        engine.close()
     idx = torch.arange(len(rows.input_ids))
     a, b = ours.open()(idx, rows.input_ids).float(), theirs.open()(idx, rows.input_ids).float()
     # both stored in bf16: one rounding step apart at most
