@@ -187,9 +187,13 @@ class VllmAnswers:
     already hold it)."""
 
     def __init__(self, target_dir: str | Path, dtype: str, tensor_parallel_size: int = 1,
-                 replicas: int = 1, python: str | None = None):
+                 replicas: int = 1, python: str | None = None, workers: list | None = None):
+        """``workers``: running :class:`~draftkit.engines.vllm.VllmWorker` s to answer in, one
+        a replica (left running at the end); else ``replicas`` are started under
+        ``python``."""
         self.target_dir, self.dtype = str(target_dir), dtype
-        self.tp, self.replicas, self.python = tensor_parallel_size, replicas, python
+        self.tp, self.python, self.workers = tensor_parallel_size, python, workers
+        self.replicas = len(workers) if workers else replicas
 
     def cache_tag(self) -> str:
         """Beside the target's identity in the cache key: these answers are the engine's."""
@@ -236,11 +240,10 @@ class VllmAnswers:
             except BaseException as e:  # the main thread raises it
                 done.put(e)
 
-        workers = [VllmWorker(self.python, threads=threads, env=env)
-                   for env in replica_devices(self.replicas, self.tp)]
+        workers = self.workers or [VllmWorker(self.python, threads=threads, env=env)
+                                   for env in replica_devices(self.replicas, self.tp)]
+        running = [threading.Thread(target=replica, args=(w,), daemon=True) for w in workers]
         try:
-            running = [threading.Thread(target=replica, args=(w,), daemon=True)
-                       for w in workers]
             for t in running:
                 t.start()
             for _ in chunks:
@@ -249,8 +252,11 @@ class VllmAnswers:
                     raise item
                 yield from item
         finally:
-            for w in workers:
-                w.close()
+            for w, t in zip(workers, running):
+                if not self.workers:
+                    w.close()
+                elif not t.is_alive():  # the caller's: left running, the target unloaded
+                    w.call("unload", name="target")
 
 
 def replica_devices(replicas: int, tp: int) -> list[dict[str, str]]:

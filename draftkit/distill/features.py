@@ -83,10 +83,12 @@ class VllmFeatures:
     (its tokens the prompt), its states returned through a file in ``work_dir``."""
 
     def __init__(self, target_dir: str | Path, dtype: str, layers: list[int], work_dir: Path,
-                 tensor_parallel_size: int = 1, python: str | None = None):
+                 tensor_parallel_size: int = 1, python: str | None = None, worker=None):
+        """``worker``: a running :class:`~draftkit.engines.vllm.VllmWorker` to load the target
+        in (left running at the end), else one is started under ``python``."""
         self.target_dir, self.dtype, self.layers = str(target_dir), dtype, list(layers)
         self.work_dir, self.tp, self.python = Path(work_dir), tensor_parallel_size, python
-        self.worker = None
+        self.worker, self.owned, self.loaded = worker, worker is None, False
 
     def capture(self, sequences: list[list[int]]) -> list[torch.Tensor]:
         """aux (T_i, len(layers) * Ht) float32 of each token sequence."""
@@ -97,13 +99,15 @@ class VllmFeatures:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         if self.worker is None:
             self.worker = VllmWorker(self.python, log=self.work_dir / "vllm.log")
-            self.worker.call("load", name="target", model=self.target_dir, dtype=self.dtype,
+        if not self.loaded:
+            self.worker.call("load", name="features", model=self.target_dir, dtype=self.dtype,
                              max_model_len=max(map(len, sequences)) * 2 + 8,
                              tensor_parallel_size=self.tp,
                              hidden_states={"layers": self.layers,
                                             "dir": str(self.work_dir / "engine")})
+            self.loaded = True
         out = self.work_dir / "states.safetensors"
-        self.worker.call("hidden_states", name="target", sequences=sequences, out=str(out))
+        self.worker.call("hidden_states", name="features", sequences=sequences, out=str(out))
         data = load_file(out)
         out.unlink()
         states = data["states"].float().flatten(1)  # (sum T, layers * Ht), layer after layer
@@ -112,9 +116,12 @@ class VllmFeatures:
     def close(self, remove: bool = False) -> None:
         """Stop the engine; ``remove``: its work folder too (its log with it), once the states
         it wrote are in the cache."""
-        if self.worker is not None:
+        if self.worker is not None and self.owned:
             self.worker.close()
             self.worker = None
+        elif self.worker is not None and self.loaded:
+            self.worker.call("unload", name="features")
+        self.loaded = False
         if remove:
             import shutil
 

@@ -46,9 +46,12 @@ def test_greedy_answers_are_draftkits_tokens_from_two_replicas(vllm_worker, targ
     stop = sorted({*stop, common})
     ours = dict(engine_answers(model, prompts, 16, 0.0, stop, seeds, 4))
     assert any(a and a[-1] in stop for a in ours.values()), "no answer stopped: a weak test"
-    # two engine processes answering their shares (one replica: the recipe test below)
-    theirs = dict(VllmAnswers(target_dir, "float32", replicas=2).answers(prompts, 16, 0.0, stop,
-                                                                          seeds, 4))
+    # two engine processes answering their shares: the session's and one more
+    from draftkit.engines.vllm import VllmWorker
+
+    with VllmWorker(threads=1) as second:
+        engine = VllmAnswers(target_dir, "float32", workers=[vllm_worker, second])
+        theirs = dict(engine.answers(prompts, 16, 0.0, stop, seeds, 4))
     assert theirs == ours, vllm_worker.info.label
 
 
@@ -56,7 +59,7 @@ def test_answers_are_cached_and_read_back_without_the_engine(vllm_worker, target
     model = load_model(str(target_dir), device="cpu", dtype="float32")
     tok = load_tokenizer(str(target_dir))
     prompts, path = _prompts(6, seed=1), tmp_path / "answers.jsonl"
-    engine = VllmAnswers(target_dir, "float32")
+    engine = VllmAnswers(target_dir, "float32", workers=[vllm_worker])
     first = generate_responses(model, tok, prompts, path, 12, 4, progress=False, engine=engine)
     assert len(read_cache(path)) == 6
     # every answer is cached: a second run needs no engine at all

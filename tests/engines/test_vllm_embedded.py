@@ -49,7 +49,8 @@ def test_features_from_vllm_are_draftkits_within_bf16(vllm_worker, embedded_dir,
     model, _, prompts = embedded
     layers = default_aux_layers(model.config.num_hidden_layers)
     sequences = prompts[:2]
-    with VllmFeatures(embedded_dir, "float32", layers, tmp_path / "engine") as engine:
+    with VllmFeatures(embedded_dir, "float32", layers, tmp_path / "engine",
+                      worker=vllm_worker) as engine:
         captured = engine.capture(sequences)
     for seq, aux in zip(sequences, captured):
         with torch.no_grad():

@@ -28,7 +28,8 @@ def test_captured_states_are_the_targets_at_the_tapped_layers(vllm_worker, targe
                                                               tmp_path):
     target = load_model(str(target_dir), device="cpu", dtype="float32")
     sequences = [[5, 17, 23, 42, 9, 77, 101, 64], [7, 8, 9], list(range(10, 40))]
-    with VllmFeatures(target_dir, "float32", LAYERS, tmp_path / "engine") as engine:
+    with VllmFeatures(target_dir, "float32", LAYERS, tmp_path / "engine",
+                      worker=vllm_worker) as engine:
         captured = engine.capture(sequences)
     for seq, aux in zip(sequences, captured):
         with torch.no_grad():
@@ -46,7 +47,8 @@ def test_a_feature_cache_filled_by_vllm_equals_draftkits(vllm_worker, target_dir
     target = load_model(str(target_dir), device="cpu", dtype="float32")
     ours = FeatureCache(tmp_path / "ours", rows, LAYERS, 64, "t")
     ours.build(target, rows, 4, progress=False)
-    with VllmFeatures(target_dir, "float32", LAYERS, tmp_path / "engine") as engine:
+    with VllmFeatures(target_dir, "float32", LAYERS, tmp_path / "engine",
+                      worker=vllm_worker) as engine:
         theirs = FeatureCache(tmp_path / "theirs", rows, LAYERS, 64, "t", engine)
         theirs.build(None, rows, 4, progress=False)
     idx = torch.arange(len(rows.input_ids))
