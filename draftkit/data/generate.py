@@ -235,7 +235,7 @@ class VllmAnswers:
                         seeds=[seeds[i] for i in chunk], each=False,
                         sampling={"temperature": temperature, "max_tokens": max_new_tokens,
                                   "stop_token_ids": stop_ids, "ignore_eos": True})
-                    done.put([(i, _cut(o["tokens"], stops)) for i, o in
+                    done.put([(i, cut_at_stop(o["tokens"], stops)) for i, o in
                               zip(chunk, out["outputs"])])
             except BaseException as e:  # the main thread raises it
                 done.put(e)
@@ -273,7 +273,7 @@ def replica_devices(replicas: int, tp: int) -> list[dict[str, str]]:
             for r in range(replicas)]
 
 
-def _cut(tokens: list[int], stops: set[int]) -> list[int]:
+def cut_at_stop(tokens: list[int], stops: set[int]) -> list[int]:
     end = next((i for i, t in enumerate(tokens) if t in stops), None)
     return tokens if end is None else tokens[:end + 1]
 

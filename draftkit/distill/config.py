@@ -235,10 +235,12 @@ class GenerateSection:
                                               "(resumable); null: the draftkit cache, shared "
                                               "by runs with the same target and settings")
     engine: Literal["draftkit", "vllm"] = option(
-        "draftkit", help="what generates the target's answers: draftkit's engine, or vLLM in "
-                         "its own environment (make engines; $DRAFTKIT_VLLM_PYTHON), which "
-                         "batches batch_size requests at a time per replica; greedy answers "
-                         "are the same tokens, cached apart")
+        "draftkit", help="what generates the target's answers (and on-policy, the draft's): "
+                         "draftkit's engine (HF generate for the draft), or vLLM in its own "
+                         "environment (make engines; $DRAFTKIT_VLLM_PYTHON), which batches "
+                         "batch_size requests at a time per replica and reloads the draft "
+                         "before each on-policy step; greedy answers are the same tokens, "
+                         "cached apart")
     tensor_parallel_size: int = option(1, help="engine vllm: the GPUs (or CPU ranks) one "
                                                "replica shards the target over")
     replicas: int = option(1, help="engine vllm: data-parallel engine processes, each "
@@ -471,7 +473,12 @@ class DistillConfig:
                 raise ConfigError("on-policy data (data.lmbda) needs a draft that generates on "
                                   "its own; an eagle3 head drafts from the target's features: "
                                   "use data.regime target or fixed")
-        elif self.teacher.features != "draftkit":
+        if self.data.regime == "on_policy" and self.data.generate.engine == "vllm" and \
+                self.draft.lora.enabled:
+            raise ConfigError("on-policy answers from vLLM load the draft's weights as they are; "
+                              "a LoRA draft's are adapters vLLM would not apply: set "
+                              "data.generate.engine: draftkit, or draft.lora.enabled: false")
+        if self.draft.kind != "eagle3" and self.teacher.features != "draftkit":
             raise ConfigError("teacher.features names where an eagle3 head's features come "
                               "from; this draft is standalone (draft.kind), which reads none")
         if self.loss.hidden_weight > 0:

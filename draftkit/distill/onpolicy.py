@@ -11,12 +11,13 @@ cannot hold sequences that did not exist when it was written).
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from draftkit.data import Rows
-from draftkit.data.generate import generate_responses_in_memory, prompt_seed
+from draftkit.data.generate import cut_at_stop, generate_responses_in_memory, prompt_seed
 from draftkit.data.pack import Tokenized, pack
 
 if TYPE_CHECKING:
@@ -27,13 +28,64 @@ def is_on_policy(seed: int, step: int, lmbda: float) -> bool:
     return lmbda > 0 and random.Random(f"{seed}:onpolicy:{step}").random() < lmbda
 
 
+class VllmDraftAnswers:
+    """The draft's answers from vLLM (``data.generate.engine: vllm``), in its own environment
+    (:mod:`draftkit.engines.vllm`): before each on-policy step the draft's current weights are
+    saved to ``work_dir`` and the engine is loaded from them afresh. vLLM 0.32's in-place
+    ``reload_weights`` gave other tokens than the reloaded weights do on its CPU build, so a
+    load it is; on a GPU that costs seconds per on-policy step for a draft of a billion
+    parameters. Each answer is sampled with its own seed; a reduced head is vLLM's
+    ``allowed_token_ids``."""
+
+    def __init__(self, work_dir: Path, dtype: str, context: int, python: str | None = None,
+                 worker=None):
+        """``worker``: a running :class:`~draftkit.engines.vllm.VllmWorker` to use (left
+        running at the end), else one is started under ``python``."""
+        self.work_dir, self.dtype, self.context, self.python = Path(work_dir), dtype, context, \
+            python
+        self.worker, self.owned = worker, worker is None
+
+    def answers(self, draft: Any, prompts: list[list[int]], budget: int, temperature: float,
+                stop_ids: list[int], seeds: list[int], head: "ReducedHead | None"
+                ) -> list[list[int]]:
+        from draftkit.engines.vllm import VllmWorker
+
+        folder = self.work_dir / "draft"
+        draft.save_pretrained(folder, safe_serialization=True)
+        if self.worker is None:
+            self.worker = VllmWorker(self.python, log=self.work_dir / "vllm.log")
+        self.worker.call("load", name="draft", model=str(folder), dtype=self.dtype,
+                         max_model_len=self.context, max_num_seqs=len(prompts),
+                         engine_args={"skip_tokenizer_init": True})
+        sampling = {"temperature": temperature, "max_tokens": budget, "stop_token_ids": stop_ids,
+                    "ignore_eos": True}
+        if head is not None:
+            sampling["allowed_token_ids"] = head.ids.tolist()
+        out = self.worker.call("generate", name="draft", prompts=prompts, seeds=seeds,
+                               each=False, sampling=sampling)
+        return [cut_at_stop(o["tokens"], set(stop_ids)) for o in out["outputs"]]
+
+    def close(self) -> None:
+        """Stop the engine (or unload the draft from the caller's) and drop the saved weights;
+        the engine's log stays in ``work_dir``."""
+        import shutil
+
+        if self.worker is not None and self.owned:
+            self.worker.close()
+            self.worker = None
+        elif self.worker is not None:
+            self.worker.call("unload", name="draft")
+        shutil.rmtree(self.work_dir / "draft", ignore_errors=True)
+
+
 @torch.no_grad()
 def draft_rows(draft: Any, rows: Rows, n: int, seed: int, micro_step: int, rank: int,
                max_new_tokens: int, temperature: float, seq_len: int, pad_id: int,
-               stop_ids: list[int], head: "ReducedHead | None" = None) -> Rows:
+               stop_ids: list[int], head: "ReducedHead | None" = None,
+               engine: VllmDraftAnswers | None = None) -> Rows:
     """``n`` rows of (training prompt + the draft's response), response tokens trained;
     ``head``: the draft's reduced head (draftkit/models/reduced_head.py), the only tokens it
-    proposes when it is served.
+    proposes when it is served; ``engine``: vLLM answers instead of HF ``generate``.
 
     The prompts and the answers' samples come from ``seed``, the micro-step and the rank alone
     (not the global RNG), so a resumed run, on every rank, draws what the killed one would have.
@@ -46,8 +98,11 @@ def draft_rows(draft: Any, rows: Rows, n: int, seed: int, micro_step: int, rank:
     budget = max(1, min(max_new_tokens, seq_len - max(len(p) for p in prompts)))
     was_training = draft.training
     draft.eval()
-    answers = generate_responses_in_memory(draft, prompts, budget, temperature, pad_id, stop_ids,
-                                          seeds, head)
+    if engine is not None:
+        answers = engine.answers(draft, prompts, budget, temperature, stop_ids, seeds, head)
+    else:
+        answers = generate_responses_in_memory(draft, prompts, budget, temperature, pad_id,
+                                              stop_ids, seeds, head)
     draft.train(was_training)
     examples = [Tokenized(p + a, [False] * len(p) + [True] * len(a),
                           rows.domains[rows.prompt_domains[i]], "on-policy")

@@ -45,7 +45,7 @@ from draftkit.distill.distributed import (Dist, all_reduce_mean, barrier, close_
                                           deepspeed_engine, gathered, init_distributed, zero_stage)
 from draftkit.distill.draft import check_context, choose_draft_vocab, token_counts
 from draftkit.distill.eagle3 import Eagle3
-from draftkit.distill.onpolicy import draft_rows, is_on_policy
+from draftkit.distill.onpolicy import VllmDraftAnswers, draft_rows, is_on_policy
 from draftkit.distill.schedule import warmup_cosine
 from draftkit.distill.standalone import Standalone
 from draftkit.distill.teacher import cache_key, caches_of
@@ -171,6 +171,8 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
         if bar is not None:
             bar.close()
         run.tracker.finish()
+        if run.onpolicy_engine is not None:
+            run.onpolicy_engine.close()
     close_distributed(dist)
     return out / "best"
 
@@ -212,6 +214,7 @@ class _Run:
             if cfg.train.precision == "bf16" else contextlib.nullcontext
         self.kind.start(target, key, self.rows, self.reduced_head, dist, progress, self.autocast)
         self.draft, self.teacher = self.kind.draft, self.kind.teacher
+        self.onpolicy_engine = None  # the draft's answers in vLLM, made at its first use
         student = self.kind.student
         if dist.world_size > 1 and not cfg.train.deepspeed:
             student = torch.nn.parallel.DistributedDataParallel(student)
@@ -366,9 +369,17 @@ class _Run:
             return self.rows, batch_rows(m, len(self.rows), cfg.train.batch_size, cfg.seed,
                                          dist.rank, dist.world_size), self.teacher
         g = cfg.data.generate
-        rows = draft_rows(self.draft, self.rows, cfg.train.batch_size, cfg.seed, m, dist.rank,
-                          g.max_new_tokens, g.temperature, cfg.data.seq_len, self.pad_id,
-                          self.stop_ids, self.reduced_head)
+        if g.engine == "vllm" and self.onpolicy_engine is None:  # this rank's own engine
+            self.onpolicy_engine = VllmDraftAnswers(
+                Path(cfg.out_dir) / f"onpolicy-engine-rank{dist.rank}", "float32",
+                cfg.data.seq_len + 8)
+        whole = gathered(self.draft, self.stage) if self.onpolicy_engine is not None else \
+            contextlib.nullcontext()  # ZeRO-3: the whole weights, which the engine loads
+        with whole:
+            rows = draft_rows(self.draft, self.rows, cfg.train.batch_size, cfg.seed, m,
+                              dist.rank, g.max_new_tokens, g.temperature, cfg.data.seq_len,
+                              self.pad_id, self.stop_ids, self.reduced_head,
+                              self.onpolicy_engine)
         return rows, torch.arange(len(rows)), self.kind.online
 
     def evaluate(self, loss_value: float | None) -> dict:

@@ -190,6 +190,8 @@ def sampling(settings: dict):
         kw["top_k"] = settings["top_k"]
     if settings.get("stop_token_ids"):
         kw["stop_token_ids"] = settings["stop_token_ids"]
+    if settings.get("allowed_token_ids"):  # a draft's reduced head: the only tokens it emits
+        kw["allowed_token_ids"] = settings["allowed_token_ids"]
     return SamplingParams(**kw)
 
 
