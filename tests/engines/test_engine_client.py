@@ -126,3 +126,25 @@ def test_engine_flags_are_checked_at_the_edge(bundle, suite, tmp_path, capsys):
     assert "--k must be >= 1 or auto" in _one_line(capsys)
     assert _eval(target, b, suite, tmp_path / "o", "--temperatures", "-1") == 2
     assert "--temperatures must be >= 0" in _one_line(capsys)
+
+
+def test_a_target_the_engine_cannot_tap_for_an_eagle3_head_is_refused(tmp_path, suite, capsys):
+    """An EAGLE-3 bundle beside a target outside the Llama family (which vLLM's EAGLE-3 cannot
+    tap): one line, before any engine starts."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from draftkit.models.eagle3 import save_eagle3
+    from tests.helpers import fit_eagle3, make_llama, make_tokenizer, save_model
+
+    tok = make_tokenizer()
+    target = make_llama(len(tok), num_layers=8)
+    target_dir = save_model(target, tok, tmp_path / "target")
+    save_eagle3(fit_eagle3(target, rows=16, steps=1), tmp_path / "head")
+    b = export_bundle(str(target_dir), str(tmp_path / "head"), tmp_path / "bundle", k=2,
+                      dtype="float32")
+    gpt2 = save_model(GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=8,
+                                                 n_head=4)), tok, tmp_path / "gpt2")
+    assert _eval(gpt2, b, suite, tmp_path / "o", "--engine-python",
+                 str(tmp_path / "never-started")) == 2
+    assert "built for Llama-family targets" in _one_line(capsys)
+    assert not (tmp_path / "o" / "vllm.log").exists()
