@@ -274,6 +274,7 @@ def replica_devices(replicas: int, tp: int) -> list[dict[str, str]]:
 
 
 def cut_at_stop(tokens: list[int], stops: set[int]) -> list[int]:
+    """``tokens`` up to and including the first of ``stops`` (all of them where none is)."""
     end = next((i for i, t in enumerate(tokens) if t in stops), None)
     return tokens if end is None else tokens[:end + 1]
 
@@ -337,9 +338,4 @@ def generate_responses_in_memory(model: Any, prompts: list[list[int]], max_new_t
                              max_new_tokens=max_new_tokens, pad_token_id=pad_id,
                              eos_token_id=list(stop_ids), **kwargs)
     stops = set(stop_ids)
-    answers = []
-    for j in range(len(prompts)):
-        new = out[j, width:].tolist()
-        end = next((i for i, t in enumerate(new) if t in stops), None)
-        answers.append(new if end is None else new[:end + 1])
-    return answers
+    return [cut_at_stop(out[j, width:].tolist(), stops) for j in range(len(prompts))]

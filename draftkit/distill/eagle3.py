@@ -37,6 +37,7 @@ from draftkit.io import atomic_dir, atomic_write_json
 from draftkit.metrics import tau
 from draftkit.models.eagle3 import default_aux_layers, eagle3_config, from_target, save_eagle3
 from draftkit.models.facts import text_config
+from draftkit.models.load import dtype_name
 from draftkit.models.reduced_head import ReducedHead
 
 
@@ -128,8 +129,8 @@ class Eagle3:
         if cfg.teacher.features == "vllm":  # the states as vLLM computes them, its own process
             from draftkit.models.resolve import resolve_model
 
-            dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
-            engine = VllmFeatures(resolve_model(cfg.target, "target").path, dtype, layers,
+            engine = VllmFeatures(resolve_model(cfg.target, "target").path,
+                                  dtype_name(target), layers,
                                   directory.with_name(directory.name + ".engine"),
                                   cfg.data.generate.tensor_parallel_size)
         cache = FeatureCache(directory, rows, layers, text_config(target).hidden_size, key,

@@ -51,7 +51,8 @@ from draftkit.distill.standalone import Standalone
 from draftkit.distill.teacher import cache_key, caches_of
 from draftkit.errors import DraftkitError
 from draftkit.io import append_jsonl, atomic_write_text, recover_writes
-from draftkit.models import default_device, load_model, load_tokenizer, resolve_model
+from draftkit.models import (default_device, dtype_name, load_model, load_tokenizer,
+                             resolve_model)
 from draftkit.models.facts import vocab_size
 from draftkit.models.reduced_head import ReducedHead
 from draftkit.models.resolve import model_identity
@@ -541,8 +542,8 @@ def recipe_rows(cfg: DistillConfig, tokenizer: Any, target: Any, target_ref: Any
     stop_ids = answer_stop_ids(target, tokenizer) if stop_ids is None else stop_ids
     engine = None
     if g.engine == "vllm":  # answered by vLLM, in its own environment; cached apart
-        dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
-        engine = VllmAnswers(target_ref.path, dtype, g.tensor_parallel_size, g.replicas)
+        engine = VllmAnswers(target_ref.path, dtype_name(target), g.tensor_parallel_size,
+                             g.replicas)
         key = f"{key}|{engine.cache_tag()}"
 
     def generate(prompts, temperature, seed):

@@ -20,7 +20,7 @@ from draftkit.evaluate.figures import ALPHA_BEFORE, BatchRow, DomainFigures, Eva
 from draftkit.evaluate.runner import DomainRun, Evaluator
 from draftkit.evaluate.settings import EvalSettings
 from draftkit.evaluate.suite import by_domain, load_suite
-from draftkit.models import load_another_draft, load_pair
+from draftkit.models import dtype_name, load_another_draft, load_pair
 
 
 def eval_report(target: str, draft: str, suite: Path, settings: EvalSettings, *,
@@ -80,7 +80,7 @@ def eval_report(target: str, draft: str, suite: Path, settings: EvalSettings, *,
     return EvalReport(
         target=pair.target_ref.name, draft=pair.draft_ref.name if pair.draft_ref else None,
         device=str(ev.device),
-        dtype=str(next(pair.target.parameters()).dtype).replace("torch.", ""),
+        dtype=dtype_name(pair.target),
         temperature=settings.temperature, k=settings.k, created=now(), domains=figures,
         overall=overall, k_sweep=k_rows, batch_sweep=batch_rows,
         break_even=summary.break_even(batch_rows, figures), plain_step=baseline,

@@ -57,6 +57,12 @@ def parse_dtype(name: str | None, device: str) -> "torch.dtype":
     return table[name]
 
 
+def dtype_name(model: Any) -> str:
+    """The dtype ``model``'s weights are in, as a name (``float32``): what reports record and
+    what an engine in another environment is asked to load it in."""
+    return str(next(model.parameters()).dtype).removeprefix("torch.")
+
+
 def _quiet_transformers() -> None:
     """Per-load progress bars ("Loading weights") drown the CLI's own output."""
     from transformers.utils import logging

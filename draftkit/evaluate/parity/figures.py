@@ -52,12 +52,11 @@ def pooled(runs: list[PromptRun], k: int) -> tuple[int, list[int]]:
 
 
 def alphas(drafts: int, per_pos: list[int]) -> list[float | None]:
-    """Conditional alpha_i from the counters (None where no round reached position i)."""
-    out, reached = [], drafts
-    for accepted in per_pos:
-        out.append(accepted / reached if reached else None)
-        reached = accepted
-    return out
+    """Conditional alpha_i from the counters (:func:`metrics.conditional_alphas_from_vllm`),
+    None where no round reached position i."""
+    reached = [drafts, *per_pos[:-1]]
+    return [a if n else None for a, n in
+            zip(metrics.conditional_alphas_from_vllm(drafts, per_pos), reached)]
 
 
 @dataclass(kw_only=True)

@@ -17,7 +17,7 @@ from draftkit.evaluate.regimes.drafts import build_drafts, num_layers
 from draftkit.evaluate.regimes.measure import INTERVALS, measure, planned_runs
 from draftkit.evaluate.settings import EvalSettings
 from draftkit.evaluate.suite import by_domain, load_suite
-from draftkit.models import load_pair
+from draftkit.models import dtype_name, load_pair
 
 
 def regime_map(target: str, draft: str | None, suite: Path, *, k: int, k_max: int, seed: int,
@@ -53,7 +53,7 @@ def regime_map(target: str, draft: str | None, suite: Path, *, k: int, k_max: in
     report = RegimesReport(
         target=pair.target_ref.name, draft=main.name, target_layers=num_layers(pair.target),
         device=str(next(pair.target.parameters()).device),
-        dtype=str(next(pair.target.parameters()).dtype).replace("torch.", ""), k=k,
+        dtype=dtype_name(pair.target), k=k,
         k_max=k_max, max_new_tokens=max_new_tokens, prompts_per_domain=prompts_per_domain,
         domains=names, drafts=infos,
         entropy=entropy_regime(main.name, raw.by_temperature, raw.temperatures, k),
