@@ -1,5 +1,10 @@
-"""The bundle manifest, ``draftkit.json``: read it only through here, so nothing edited in it
-goes unnoticed.
+"""The bundle manifest, ``draftkit.json``: one typed record (:class:`Manifest`), written by
+:func:`write_manifest` and read back only by :func:`read_manifest`, so nothing edited in it goes
+unnoticed. The record's fields are the file's keys in the order written, so a manifest read and
+written again keeps its bytes (:mod:`draftkit.records`); its per-domain figures are narrowed from
+the eval report's own rows (:class:`DomainEntry`). A key no field names (a hand edit, or a later
+draftkit's field) is refused by its dotted name. The bundle's ``serving/preflight.py``
+(:mod:`draftkit.export.preflight`) runs where draftkit is not installed and reads the JSON itself.
 
 A bundle's weights are hashed file by file in the manifest, and the figures serving decisions
 rest on (K, alpha, tau, c, the break-even batch) live in the manifest itself. So the manifest
@@ -13,8 +18,9 @@ trusting an edited figure is not.
 
 Fields added later are optional, so a bundle exported before them still checks: ``serving``
 (what the engines need: dtype, tensor-parallel sizes, K per batch size, releases;
-:mod:`draftkit.export.engines`) and the draft's ``dtype``. Where present they are range-checked
-as the rest.
+:mod:`draftkit.export.engines`), within it vLLM's ``sampled_broken``, and the draft's
+``dtype``. Where present they are range-checked as the rest; where absent they read as None and
+are written back absent.
 """
 
 from __future__ import annotations
@@ -22,15 +28,156 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import types
+import typing
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftkit.errors import ModelError
 from draftkit.io import read_json
+from draftkit.records import Record, added_later
 
 NAME = "draftkit.json"
 FORMAT = 2  # 2: the manifest hashes itself
 HASH = "manifest_sha256"
 _REMEDY = "re-export the bundle with `draftkit export`"
+
+
+# --- the record -----------------------------------------------------------------------------------
+# Reading is lenient about keys a manifest lacks (they read as None: minimal manifests in tests,
+# entries an earlier draftkit did not write) and strict about keys no field names.
+
+@dataclass(kw_only=True)
+class TargetEntry(Record):
+    """The target the draft was exported for: where it was, and its identity."""
+
+    name: str
+    path: str
+    kind: str  # how it was given: local, hub, embedded, gguf, bundle (ResolvedModel.kind)
+    revision: str | None = added_later()  # its hub snapshot; no key outside the hub cache
+    sha256: str | None = None  # draftkit.models.resolve.content_hash
+
+
+@dataclass(kw_only=True)
+class DraftEntry(Record):
+    """The draft as stored in ``draft/``."""
+
+    kind: str | None  # standalone or eagle3 (bundles before EAGLE-3 record none: standalone)
+    name: str
+    source: str  # the folder it was exported from
+    lora_merged: bool
+    num_parameters: int
+    num_hidden_layers: int
+    # an EAGLE-3 head's (no keys for a standalone draft): the target layers it taps, and its
+    # vocabulary's size
+    eagle_aux_hidden_state_layer_ids: list[int] | None = added_later()
+    draft_vocab_size: int | None = added_later()
+    dtype: str | None = added_later()  # as stored; bundles before the serving entry: none
+
+
+@dataclass(kw_only=True)
+class DomainEntry(Record):
+    """One domain's figures that serving decisions rest on: the eval report's
+    :class:`~draftkit.evaluate.figures.DomainFigures` narrowed (``DomainEntry.of(row)``). Any
+    may be None, as a report an earlier draftkit wrote reads."""
+
+    alpha: float | None
+    tau: float | None
+    c: float | None
+    k: int | None  # the positive K the domain's decodes used most
+    speedup_measured: float | None
+    speedup_predicted: float | None
+    verdict: str | None
+
+
+@dataclass(kw_only=True)
+class ReportEntry(Record):
+    """Where the figures were measured: the eval report's own fields
+    (``ReportEntry.of(report)``)."""
+
+    device: str | None
+    dtype: str | None
+    temperature: float | None
+    created: str | None
+
+
+@dataclass(kw_only=True)
+class RecipeEntry(Record):
+    """The distillation recipe that trained the draft, as given to export."""
+
+    path: str
+    config: dict[str, typing.Any] | None  # the YAML as read
+
+
+@dataclass(kw_only=True)
+class VllmEntry(Record):
+    """What vLLM needs to serve the bundle (:mod:`draftkit.export.engines`)."""
+
+    method: str  # speculative_config's method: draft_model or eagle3
+    min_version: str
+    why: str  # why that release is the first
+    features: dict[str, str]  # speculative-config key -> the first release that reads it
+    # [build, first release, last, why]: builds whose sampled verification rejects every
+    # draft (bundles exported before it was recorded have no key)
+    sampled_broken: list[list[str]] | None = added_later()
+    path_rule: list[str]  # draft-path parts that make vLLM switch the method
+    refused: str | None  # why vLLM would not serve this draft as one, where it would not
+
+
+@dataclass(kw_only=True)
+class SglangEntry(Record):
+    """What SGLang needs to serve the bundle."""
+
+    algorithm: str  # --speculative-algorithm: STANDALONE or EAGLE3
+    min_version: str
+    why: str
+    features: dict[str, str]
+    refused: str | None
+
+
+@dataclass(kw_only=True)
+class EnginesEntry(Record):
+    vllm: VllmEntry
+    sglang: SglangEntry
+
+
+@dataclass(kw_only=True)
+class ServingEntry(Record):
+    """What the bundle's serving scripts check and launch with
+    (:func:`draftkit.export.serving.serving_entry`)."""
+
+    target: str  # where the target was at export (a hub id for a hub target)
+    dtype: str
+    tp_sizes: list[int]
+    num_speculative_tokens: int  # the recommended K, at least 1 (engines need one to draft)
+    k_per_batch_size: list[list[int]] | None  # vLLM's [first batch size, last, K] ranges
+    measured_temperature: float | None
+    engines: EnginesEntry
+
+
+@dataclass(kw_only=True)
+class Manifest(Record):
+    """``draftkit.json``. Its own hash, ``manifest_sha256``, is set by :func:`write_manifest`
+    and :func:`read_manifest` (None on a record not yet written)."""
+
+    format: int
+    created: str
+    target: TargetEntry
+    draft: DraftEntry
+    num_speculative_tokens: int  # the recommended K; 0: speculation did not pay
+    k_source: str  # flag (--k K), report (the report's K) or default (no report said one)
+    domains: dict[str, DomainEntry] = field(default_factory=dict)
+    # kind says which side of batch_size pays: "crosses", it stops paying there; "rises", it
+    # starts; "below" / "above", no / every batch size measured pays
+    break_even_batch: int | None
+    break_even_kind: str | None
+    measured: bool  # whether an eval report gave the figures
+    report: ReportEntry | None = added_later()  # no key without a report
+    serving: ServingEntry | None = added_later()  # bundles before it have none
+    recipe: RecipeEntry | None
+    versions: dict[str, str] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)  # path in the bundle -> sha256
+    manifest_sha256: str | None = added_later()
 
 
 def content_hash(manifest: dict) -> str:
@@ -46,12 +193,22 @@ def seal(manifest: dict) -> dict:
     return {**{k: v for k, v in manifest.items() if k != HASH}, HASH: content_hash(manifest)}
 
 
-def read_manifest(bundle: str | Path) -> dict:
-    """The manifest of the bundle at ``bundle``, its values in range and its hash its own, or
-    one ModelError line saying which field or that the hash does not match."""
+def write_manifest(bundle: str | Path, manifest: Manifest) -> Manifest:
+    """Write ``bundle``/draftkit.json from ``manifest``, its values checked and its own hash
+    added last; the record as written (its hash set)."""
+    sealed = seal(manifest.to_dict())
+    (Path(bundle) / NAME).write_text(json.dumps(sealed, indent=2) + "\n")
+    return Manifest.from_dict(sealed)
+
+
+def read_manifest(bundle: str | Path) -> Manifest:
+    """The manifest of the bundle at ``bundle``, its values in range, every key a field's and
+    its hash its own, or one ModelError line saying which field or that the hash does not
+    match."""
     path = Path(bundle) / NAME
     manifest = read_json(path, "bundle manifest", _REMEDY, ModelError)
     check_values(manifest, str(path))
+    check_fields(manifest, str(path))
     recorded = manifest.get(HASH)
     if recorded is None:
         raise ModelError(f"{path} has no {HASH} (exported by a draftkit before format "
@@ -60,7 +217,52 @@ def read_manifest(bundle: str | Path) -> dict:
     if recorded != content_hash(manifest):
         raise ModelError(f"{path} was edited after export: its content does not match its "
                          f"{HASH}; {_REMEDY}")
-    return manifest
+    return Manifest.from_dict(manifest)
+
+
+# --- keys -----------------------------------------------------------------------------------------
+
+def check_fields(manifest: dict, where: str) -> None:
+    """Refuse a key no field of :class:`Manifest` (or a record in it) names, and an entry that
+    is not the mapping its record reads, naming it by its dotted path."""
+    problem = _unknown(manifest, Manifest, "")
+    if problem is not None:
+        name, what = problem
+        raise ModelError(f"{where}: {name} {what}; {_REMEDY}")
+
+
+def _unknown(value, tp, name: str) -> tuple[str, str] | None:
+    """(dotted name, what is wrong) of the first key in ``value`` (named ``name``) that its type
+    ``tp`` does not name, looking into records and mappings of records; None where every key is
+    known."""
+    if value is None:
+        return None
+    inner = [a for a in typing.get_args(tp) if a is not type(None)]
+    if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(inner) == 1:
+        tp = inner[0]  # an optional entry: None is fine, anything else is read as the entry
+    if isinstance(tp, type) and issubclass(tp, Record):
+        if not isinstance(value, dict):
+            return name, f"is {value!r}, not a mapping"
+        hints = typing.get_type_hints(tp)
+        for key, item in value.items():
+            if key not in hints:
+                return _dotted(name, key), ("is not a field of a draftkit bundle manifest "
+                                            "(edited after export, or written by a later "
+                                            "draftkit)")
+            found = _unknown(item, hints[key], _dotted(name, key))
+            if found is not None:
+                return found
+    elif typing.get_origin(tp) is dict and isinstance(value, dict):
+        item_type = typing.get_args(tp)[1]
+        for key, item in value.items():
+            found = _unknown(item, item_type, _dotted(name, key))
+            if found is not None:
+                return found
+    return None
+
+
+def _dotted(name: str, key: str) -> str:
+    return f"{name}.{key}" if name else key
 
 
 # --- ranges ---------------------------------------------------------------------------------------
@@ -88,10 +290,10 @@ def check_values(manifest: dict, where: str) -> None:
     for name, row in domains.items():
         if not isinstance(row, dict):
             raise bad(f"domains.{name}", row, "not a mapping")
-        for field, ok, want in _FIGURES:
-            value = row.get(field)
+        for figure, ok, want in _FIGURES:
+            value = row.get(figure)
             if value is not None and not (_is_number(value) and ok(value)):
-                raise bad(f"domains.{name}.{field}", value, want)
+                raise bad(f"domains.{name}.{figure}", value, want)
         if row.get("k") is not None and (not _is_int(row["k"]) or row["k"] < 0):
             raise bad(f"domains.{name}.k", row["k"], "not a whole number of at least 0")
     if manifest.get("serving") is not None:  # added later: bundles before it have none

@@ -200,7 +200,7 @@ def quickstart(args: QuickstartArgs) -> EvalReport:
         write_report(report, out, tracker)
 
     stamp("5/6 export the bundle")
-    bundle = export_bundle("embedded", str(best), out / "bundle", report=out / "report.json",
+    bundle = export_bundle("embedded", str(best), out / "bundle", report=report,
                            recipe=out / "distill" / "config.yaml", force=True)
     with Tracker("export", {"bundle": str(bundle)}, out_dir=out, group=group) as tracker:
         tracker.log_artifact(bundle, name="quickstart-bundle", type="model")

@@ -6,6 +6,9 @@ os.environ["WANDB_MODE"] = "disabled"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# A rank of a multi-process test waits 60 s for the others, not 30 minutes: a stuck rank
+# fails its launch with a line naming what it waited at (distill/distributed.py).
+os.environ.setdefault("DRAFTKIT_DIST_TIMEOUT", "60")
 
 import pytest  # noqa: E402
 

@@ -8,9 +8,9 @@ slot refilled at once: continuous batching, as the server decodes), which gives 
 thread: 4.3-4.7 s against 7.0-7.5 s, the same tokens). Every finished answer is appended to a
 JSONL cache, so a killed run resumes where it stopped and a second run with the same target and
 settings reuses it. A sampled answer is drawn from a generator of its own, seeded with the seed
-and its prompt alone, so a resumed run gets the answers an uninterrupted one would. (A draft's
-answers for on-policy data, over its reduced head, go through HF ``generate``:
-:func:`generate_responses_in_memory`.)
+and its prompt alone, so a resumed run gets the answers an uninterrupted one would. A draft's
+answers for on-policy data, over its reduced head, come from the same engine
+(:func:`answers_in_memory`).
 
 Where one process is too slow (a 70B target, half a million prompts), the answers come from vLLM
 instead (:class:`VllmAnswers`, recipe key ``data.generate.engine: vllm``): one or more engine
@@ -144,8 +144,6 @@ def engine_answers(model: Any, prompts: list[list[int]], max_new_tokens: int,
     finished row's slot refilled at once (on the general transformers path, whose cache cannot
     take one new row, a new cohort when the last one is done). Greedy at ``temperature`` 0;
     otherwise prompt i is sampled from its own generator seeded with ``seeds[i]``."""
-    import torch
-
     from draftkit.decode.batch import round_margin
     from draftkit.decode.engine import SpeculativeEngine
     from draftkit.decode.sampling import SamplingParams
@@ -157,23 +155,19 @@ def engine_answers(model: Any, prompts: list[list[int]], max_new_tokens: int,
     max_len = max(map(len, prompts)) + max_new_tokens + round_margin(0)
     if engine.context:
         max_len = min(max_len, engine.context)
-    slots = 1 if engine.one_row_cohorts else min(slots, len(prompts))
-    state = engine.open(slots, 0, max_len)
+    batch = engine.open(min(slots, len(prompts)), max_len=max_len)
     queue, seated = list(range(len(prompts))), {}  # seated: slot -> prompt index
     while queue or seated:
-        free = state.occupied.count(False)
-        if queue and free and (engine.slotted or not seated):
-            batch, queue = queue[:free], queue[free:]
-            gens = ([torch.Generator(engine.device).manual_seed(seeds[i]) for i in batch]
-                    if temperature > 0 else None)
-            admitted = engine.admit(state, [prompts[i] for i in batch], params,
-                                    max_new_tokens, gens)
-            seated.update(zip(admitted, batch))
-        if state.live():
-            engine.step(state, 0)
-        for slot in [b for b in seated if state.done[b]]:
-            yield seated.pop(slot), state.result(slot).tokens
-            engine.release(state, slot)
+        if queue and (free := batch.free_slots()):
+            chosen, queue = queue[:free], queue[free:]
+            admitted = batch.admit([prompts[i] for i in chosen], params, max_new_tokens,
+                                   [seeds[i] for i in chosen])
+            seated.update(zip(admitted, chosen))
+        if batch.live:
+            batch.step()
+        for slot in [b for b in seated if batch.output(b).done]:
+            yield seated.pop(slot), batch.output(slot).tokens
+            batch.release(slot)
 
 
 class VllmAnswers:
@@ -279,63 +273,27 @@ def cut_at_stop(tokens: list[int], stops: set[int]) -> list[int]:
     return tokens if end is None else tokens[:end + 1]
 
 
-class RowSampler:
-    """A logits processor that turns greedy decoding into sampling at ``temperature``, each row
-    drawing from a generator of its own seed (the Gumbel-max trick: the argmax of the scores
-    over ``temperature`` plus Gumbel noise is a draw from their softmax).
+def answers_in_memory(model: Any, prompts: list[list[int]], max_new_tokens: int,
+                      temperature: float, stop_ids: list[int], seeds: list[int] | None,
+                      head: "ReducedHead | None" = None) -> list[list[int]]:
+    """Each prompt's answer ids up to and including the first of ``stop_ids``, in prompt order,
+    decoded by :func:`engine_answers` with every prompt in one batch: a draft's answers for an
+    on-policy step. ``head``: a draft's reduced head (draftkit/models/reduced_head.py), the only
+    tokens it may then emit, as when it is served.
 
-    ``generate(do_sample=True)`` draws every row from the one global RNG, so a row's answer
-    would depend on the rows batched with it; here it depends on its seed alone.
-    """
+    Greedy at ``temperature`` 0; otherwise each answer is drawn from a generator of its own
+    seed (one of ``seeds`` a prompt) and depends on it alone, not on the global RNG: a resumed
+    run, or another process, draws the same answers."""
+    from draftkit.models.reduced_head import attach, head_of
 
-    def __init__(self, seeds: list[int], temperature: float):
-        self.seeds, self.temperature = seeds, temperature
-        self.generators: list | None = None  # made on the device the scores are on
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        import torch
-
-        if self.generators is None:
-            self.generators = [torch.Generator(scores.device).manual_seed(s) for s in self.seeds]
-        uniform = torch.stack([torch.rand(scores.shape[1], generator=g, device=scores.device)
-                               for g in self.generators])
-        # clamped away from 0 so the noise stays finite and a -inf score stays unreachable
-        uniform = uniform.clamp_min(torch.finfo(uniform.dtype).tiny)
-        return scores / self.temperature - torch.log(-torch.log(uniform))
-
-
-def generate_responses_in_memory(model: Any, prompts: list[list[int]], max_new_tokens: int,
-                                 temperature: float, pad_id: int, stop_ids: list[int],
-                                 seeds: list[int] | None, head: "ReducedHead | None" = None
-                                 ) -> list[list[int]]:
-    """One batched ``generate`` call with left padding; response ids up to and including the
-    first of ``stop_ids`` (:func:`answer_stop_ids`). ``head``: a draft's reduced head
-    (draftkit/models/reduced_head.py), the only tokens it may then emit.
-
-    Greedy at ``temperature`` 0; otherwise each answer is drawn from its own one of ``seeds``
-    (one a prompt) and depends on it alone, not on the global RNG: a resumed run, or another
-    process, draws the same answers.
-    """
-    import torch
-
-    device = next(model.parameters()).device
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(prompts), width), dtype=torch.long)
-    for j, p in enumerate(prompts):  # left padding: every prompt ends where generation starts
-        ids[j, width - len(p):] = torch.tensor(p)
-        attn[j, width - len(p):] = 1
-    kwargs: dict = {"do_sample": False}
-    if temperature > 0:
-        if seeds is None or len(seeds) != len(prompts):
-            raise ValueError("sampled answers need one seed a prompt")
-        kwargs["logits_processor"] = [RowSampler(seeds, temperature)]
-    if head is not None:  # masks the scores outside H before RowSampler draws from them
-        allowed = head.ids.tolist()
-        kwargs["prefix_allowed_tokens_fn"] = lambda batch_id, sent: allowed
-    with torch.no_grad():
-        out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device),
-                             max_new_tokens=max_new_tokens, pad_token_id=pad_id,
-                             eos_token_id=list(stop_ids), **kwargs)
-    stops = set(stop_ids)
-    return [cut_at_stop(out[j, width:].tolist(), stops) for j in range(len(prompts))]
+    if temperature > 0 and (seeds is None or len(seeds) != len(prompts)):
+        raise ValueError("sampled answers need one seed a prompt")
+    seeds = seeds if seeds is not None else [0] * len(prompts)
+    served = head_of(model)
+    attach(model, head if head is not None else served)  # the runner decodes over it
+    try:
+        out = dict(engine_answers(model, prompts, max_new_tokens, temperature, stop_ids, seeds,
+                                  len(prompts)))
+    finally:
+        attach(model, served)
+    return [out[i] for i in range(len(prompts))]

@@ -7,12 +7,13 @@ Public API (no torch import happens here; modules import it inside functions)::
     results = engine.generate(prompts_token_ids, k=3, max_new_tokens=64, temperature=0.0)
     results[0].tokens, results[0].stats.alpha, results[0].tau
 
-A fixed batch can be driven round by round: ``state = engine.start(...)``, then
-``engine.step(state, k)`` until ``state.finished``, then ``state.results()``. A server uses
-slots instead (continuous batching, see draftkit/serve/scheduler.py): ``state =
-engine.open(n_slots, k_max)``, ``engine.admit(state, prompts, params, max_new_tokens,
-generators)`` between rounds, ``engine.step(state, k)`` over the live rows, and
-``engine.release(state, slot)`` when a row finishes or its client goes away.
+A batch is driven through its doors (:class:`~draftkit.decode.batch.Batch`): a fixed one,
+``batch = engine.start(prompts, params, max_new_tokens, seed, k=resolve_k(3, has_draft=True))``,
+then ``batch.step()`` until ``batch.finished``, then ``batch.results()``. A server uses slots
+instead (continuous batching, see draftkit/serve/scheduler.py): ``batch = engine.open(n_slots,
+k)``, ``batch.admit(prompts, params, max_new_tokens, seeds)`` for as many rows as
+``batch.free_slots()`` allows, ``batch.step()`` over the live rows, ``batch.output(slot)`` for
+what a row decoded, and ``batch.release(slot)`` when a row finishes or its client goes away.
 
 A draft carrying a reduced head (``draft_vocab.json``, draftkit/models/reduced_head.py)
 proposes only its tokens; the output distribution is unchanged. A draft may also be an
@@ -23,11 +24,12 @@ engine is the same, the kind of draft is its drafter's (drafters.py)::
     SpeculativeEngine(target_model, head).generate(prompts_token_ids, k=3)
 """
 
-from draftkit.decode.batch import BatchState, Result, RowStats
+from draftkit.decode.batch import Batch, Result, RowStats
+from draftkit.decode.choice import KChoice, resolve_k
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.policy import KPolicy
 from draftkit.decode.sampling import SamplingParams
 from draftkit.decode.stats import DecodeStats, RoundStats
 
-__all__ = ["BatchState", "DecodeStats", "KPolicy", "Result", "RoundStats", "RowStats",
-           "SamplingParams", "SpeculativeEngine"]
+__all__ = ["Batch", "DecodeStats", "KChoice", "KPolicy", "Result", "RoundStats", "RowStats",
+           "SamplingParams", "SpeculativeEngine", "resolve_k"]

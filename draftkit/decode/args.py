@@ -14,6 +14,7 @@ Their flags are listed under one ``--help`` group, :data:`GROUP`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from draftkit.config import option
 from draftkit.decode.k import AUTO, K, K_MAX, check_k
@@ -32,9 +33,12 @@ class SpeculationArgs:
                   "measured acceptance and cost for the live batch size (K = 0 when "
                   "speculation loses)")
     k_max: int = option(K_MAX, group=GROUP, help="largest K that --k auto may choose")
+    # whether --k-max bounds a fixed K too (eval: its predictions and K sweep stop at k_max)
+    k_bounded: ClassVar[bool] = False
 
     def validate(self) -> None:
-        check_k(self.k, self.k_max)
+        """The one check a command's K gets; what decodes with it then takes its KChoice."""
+        self.k = check_k(self.k, self.k_max, bounded=self.k_bounded)
 
 
 @dataclass(kw_only=True)

@@ -1,10 +1,14 @@
-"""What a decoding batch carries between rounds, and how a round's tokens are committed to it.
+"""A decoding batch: its doors, what it carries between rounds, and how a round's tokens are
+committed to it.
 
 A batch is a fixed number of slots; a slot holds one row (a prompt and its new tokens) or is
-free. :class:`BatchState` keeps the committed tokens on the device and everything else on the
-host: lengths, budgets, sampling parameters, random generators, finish reasons and per-row
-counts. :meth:`BatchState.commit` appends a round's accepted tokens, stopping a row at EOS or
-its token budget.
+free. :class:`Batch` is what :meth:`SpeculativeEngine.open <draftkit.decode.engine.
+SpeculativeEngine.open>` returns and the only way in and out of a decode: admit rows, step a
+round, release a slot, ask how many rows may join now, read a slot's output. Behind it,
+:class:`BatchState` keeps the committed tokens on the device and everything else on the host:
+lengths, budgets, sampling parameters, random generators, finish reasons and per-row counts;
+:meth:`BatchState.commit` appends a round's accepted tokens, stopping a row at EOS or its
+token budget. Only the engine and its drafters (``draftkit/decode``) read it.
 """
 
 from __future__ import annotations
@@ -13,11 +17,15 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from draftkit.decode.sampling import Generators, SamplingParams
+from draftkit.decode.sampling import Generators, SamplingParams, row_generator
 from draftkit.decode.stats import DecodeStats
 
 if TYPE_CHECKING:
     import torch
+
+    from draftkit.decode.choice import KChoice
+    from draftkit.decode.engine import SpeculativeEngine
+    from draftkit.decode.stats import RoundStats
 
 
 def round_margin(k_max: int) -> int:
@@ -52,10 +60,16 @@ class RowStats:
 
 @dataclass
 class Result:
+    """A row's output: what it has decoded so far, or all of it once it is done."""
+
     tokens: list[int]  # new tokens only (EOS included when it ended the row)
-    finish_reason: Literal["eos", "length", "abort"]
+    finish_reason: Literal["eos", "length", "abort"] | None  # None: still decoding
     stats: RowStats
     seconds: float = 0.0  # wall time of the batch the row ran in
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
 
     @property
     def tau(self) -> float:
@@ -83,9 +97,6 @@ class BatchState:
     generators: Generators  # one for the batch, or one per row
     k_max: int
     stats: DecodeStats
-    draft_lengths: list[int] = field(default_factory=list)  # positions the draft cache holds
-    # per row, the target's features an EAGLE-3 head has yet to read: chunks (n, 3 Ht)
-    features: list[list["torch.Tensor"]] = field(default_factory=list)
     occupied: list[bool] = field(default_factory=list)
     new_tokens: list[list[int]] = field(default_factory=list)  # host copy of each row's output
     cohort: list[int] = field(default_factory=list)  # rows in a general runner's cache
@@ -93,16 +104,20 @@ class BatchState:
 
     @classmethod
     def empty(cls, slots: int, max_len: int, *, k_max: int, stats: DecodeStats,
-              device: "torch.device") -> BatchState:
-        """``slots`` free slots of ``max_len`` positions, with one generator per row."""
+              device: "torch.device", seed: int | None = None) -> BatchState:
+        """``slots`` free slots of ``max_len`` positions, with one generator per row, or with
+        ``seed`` one for the batch, seeded with it."""
         import torch
 
+        generators: Generators = [None] * slots
+        if seed is not None:
+            generators = torch.Generator(device=device)
+            generators.manual_seed(seed)
         return cls(tokens=torch.zeros(slots, max_len, dtype=torch.long, device=device),
                    lengths=[0] * slots, prompt_lengths=[0] * slots, budgets=[0] * slots,
                    done=[True] * slots, finish=[None] * slots,
                    rows=[RowStats() for _ in range(slots)], params=[SamplingParams()] * slots,
-                   generators=[None] * slots, k_max=k_max, stats=stats,
-                   draft_lengths=[0] * slots, features=[[] for _ in range(slots)],
+                   generators=generators, k_max=k_max, stats=stats,
                    occupied=[False] * slots,
                    new_tokens=[[] for _ in range(slots)])
 
@@ -122,21 +137,21 @@ class BatchState:
         """Slots still decoding."""
         return [b for b in range(self.slots) if self.occupied[b] and not self.done[b]]
 
-    def result(self, b: int) -> Result:
-        return Result(list(self.new_tokens[b]), self.finish[b] or "length", self.rows[b],
+    def result(self, b: int, *, final: bool = True) -> Result:
+        """Row b's output; ``final``: as the batch ends, a row still decoding counted as cut at
+        its length."""
+        finish = self.finish[b] or ("length" if final else None)
+        return Result(list(self.new_tokens[b]), finish, self.rows[b],
                       time.perf_counter() - self.started)
-
-    def results(self) -> list[Result]:
-        return [self.result(b) for b in range(self.slots)]
 
     def rng(self, rows: list[int]) -> Generators:
         g = self.generators
         return [g[b] for b in rows] if isinstance(g, list) else g
 
     def seat(self, b: int, prompt: list[int], params: SamplingParams, budget: int,
-             generator: "torch.Generator | None" = None) -> None:
-        """Put a new row in free slot ``b``. With one generator per row, a sampled row given
-        none gets a fresh one seeded at random."""
+             seed: int | None = None) -> None:
+        """Put a new row in free slot ``b``. With one generator per row, a sampled row gets
+        its own, seeded with ``seed`` (at random when None)."""
         import torch
 
         self.tokens[b, :len(prompt)] = torch.tensor(prompt, dtype=torch.long)
@@ -144,12 +159,9 @@ class BatchState:
         self.budgets[b] = budget
         self.done[b], self.finish[b], self.occupied[b] = False, None, True
         self.rows[b], self.params[b], self.new_tokens[b] = RowStats(), params, []
-        self.features[b] = []
         if isinstance(self.generators, list):
-            if generator is None and not params.greedy:
-                generator = torch.Generator(device=self.tokens.device)
-                generator.seed()
-            self.generators[b] = generator
+            self.generators[b] = (None if params.greedy
+                                  else row_generator(seed, self.tokens.device))
 
     def last_tokens(self, rows: list[int]) -> "torch.Tensor":
         """x_(L-1) of each row: the committed token the target has not processed. -> (b, 1)"""
@@ -200,3 +212,82 @@ class BatchState:
         self.new_tokens[b].extend(tokens[:m])
         self.lengths[b] += m
         return m
+
+
+class Batch:
+    """An open batch of slots on an engine (:meth:`SpeculativeEngine.open
+    <draftkit.decode.engine.SpeculativeEngine.open>`), each round's K chosen by ``k``.
+
+    Its doors are the only way in and out of a decode: :meth:`free_slots` (how many rows may
+    join now: the one admission rule), :meth:`admit`, :meth:`step`, :meth:`release` and
+    :meth:`output`. A server's scheduler, data generation and the one-call ``generate`` are
+    loops over them."""
+
+    def __init__(self, engine: "SpeculativeEngine", state: BatchState, k: "KChoice"):
+        self.engine, self._state, self.k = engine, state, k  # _state: decode/'s alone
+
+    @property
+    def slots(self) -> int:
+        return self._state.slots
+
+    @property
+    def max_len(self) -> int:
+        """Positions each slot holds: a prompt, its new tokens and a round's room."""
+        return self._state.max_len
+
+    @property
+    def live(self) -> list[int]:
+        """Slots still decoding."""
+        return self._state.live()
+
+    @property
+    def finished(self) -> bool:
+        """Every slot is done or free."""
+        return self._state.finished
+
+    def free_slots(self) -> int:
+        """How many new rows may join now (:meth:`SpeculativeEngine.free_slots
+        <draftkit.decode.engine.SpeculativeEngine.free_slots>`)."""
+        return self.engine.free_slots(self._state)
+
+    def admit(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
+              max_new_tokens: int | list[int], seeds: list[int | None] | None = None
+              ) -> list[int]:
+        """Prefill new rows into free slots and emit their first token; returns the slots.
+
+        Only the admitted rows' caches are written; the live rows keep decoding at the next
+        :meth:`step`. ``seeds``: one per new row (the batch must have been opened, not
+        started), each seeding the row's own generator; a sampled row without one (None) gets
+        a generator seeded at random."""
+        import torch
+
+        n = len(prompts)
+        params = params if isinstance(params, list) else [params] * n
+        budgets = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * n
+        budgets = self.engine.admission_budgets(self._state, prompts, budgets, seeds)
+        with torch.no_grad():
+            return self.engine.admit(self._state, prompts, params, budgets, seeds)
+
+    def step(self, k: int | None = None) -> "RoundStats":
+        """One round over the live rows at the K the batch's choice picks for them (and tells
+        what the round cost and kept), or at ``k`` when given (a caller driving K itself)."""
+        if k is not None:
+            return self.engine.step(self._state, k)
+        r = self.engine.step(self._state, self.k.choose(len(self.live)))
+        self.k.observe(r)
+        return r
+
+    def release(self, slot: int) -> None:
+        """Free a slot (a finished row, or one whose client went away) for the next admit."""
+        state = self._state
+        if not state.done[slot]:
+            state.finish[slot] = "abort"
+        state.done[slot], state.occupied[slot] = True, False
+
+    def output(self, slot: int) -> Result:
+        """What the row in ``slot`` has decoded so far (``done`` once it finished)."""
+        return self._state.result(slot, final=False)
+
+    def results(self) -> list[Result]:
+        """Every slot's output as the batch ends (a row still decoding counted as cut)."""
+        return [self._state.result(b) for b in range(self.slots)]

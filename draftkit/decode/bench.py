@@ -25,6 +25,7 @@ import statistics
 import time
 
 from draftkit import metrics
+from draftkit.decode.choice import PLAIN, KChoice
 from draftkit.decode.clock import synchronize
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.stats import DecodeStats, path_line
@@ -75,10 +76,13 @@ def _runner(engine, target, draft, k: int, max_new_tokens: int, pad_token_id: in
     """``run(method, ids)``: decode one prompt greedily with ``method``; its new tokens."""
     import torch
 
+    # bench's K was checked with its arguments: a fixed K >= 1
+    choices = {"ours_k0": PLAIN, "ours_spec": KChoice.of(k, k, has_draft=True)}
+
     def run(method: str, ids: list[int]) -> int:
-        if method in ("ours_k0", "ours_spec"):
-            kk = 0 if method == "ours_k0" else k
-            r = engine.generate([ids], k=kk, max_new_tokens=max_new_tokens, stats=stats[method])
+        if method in choices:
+            r = engine.generate([ids], k=choices[method], max_new_tokens=max_new_tokens,
+                                stats=stats[method])
             return len(r[0].tokens)
         kw = {"assistant_model": draft} if method == "hf_assisted" else {}
         x = torch.tensor([ids], device=engine.device)

@@ -26,20 +26,19 @@ from draftkit.chat import encode_prompt, read_prompts
 from draftkit.config import option, reuse
 from draftkit.decode.args import DecodingArgs, SpeculationArgs
 from draftkit.decode.bench import METHODS, format_report, run_bench
+from draftkit.decode.choice import KChoice
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.k import AUTO, DEFAULT_FIXED_K, K, parse_k
 from draftkit.errors import ConfigError
 from draftkit.models import load_pair
+from draftkit.models.args import ModelArgs
 
 
 @dataclass
-class GenerateArgs(DecodingArgs):
+class GenerateArgs(ModelArgs, DecodingArgs):
     """Generate text from prompts with the target, speculatively when a draft is given."""
 
-    target: str = option("embedded", help="target model: HF directory, hub id, bundle or "
-                                          "'embedded'")
-    draft: str | None = option(None, help="draft model (HF directory or bundle); none = plain "
-                                          "decoding")
+    draft: str | None = reuse(ModelArgs, "draft", None, note="; none = plain decoding")
     max_new_tokens: int = option(128, help="new tokens per prompt at most")
     prompt: str | None = option(None, help="one prompt (text)")
     prompts: str | None = option(None, help="JSONL file of prompts (string, {\"prompt\"} or "
@@ -47,8 +46,6 @@ class GenerateArgs(DecodingArgs):
     batch_size: int = option(1, help="prompts decoded together")
     raw: bool = option(False, help="skip the chat template; tokenize the prompt as it is")
     json: bool = option(False, help="print one JSON object per prompt")
-    device: str | None = option(None, help="cpu, cuda, cuda:1, ... (default: cuda if available)")
-    dtype: str = option("auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16")
 
     def validate(self) -> None:
         super().validate()
@@ -73,8 +70,9 @@ def generate(args: GenerateArgs) -> list[dict]:
     records = []
     for i in range(0, len(prompts), args.batch_size):
         batch = prompts[i:i + args.batch_size]
-        results = engine.generate(batch, k=args.k, k_max=args.k_max,
-                                  max_new_tokens=args.max_new_tokens,
+        # K was checked with the arguments; under auto, each batch's policy starts afresh
+        k = KChoice.of(args.k, args.k_max, has_draft=pair.draft is not None)
+        results = engine.generate(batch, k=k, max_new_tokens=args.max_new_tokens,
                                   temperature=args.temperature, top_k=args.top_k,
                                   top_p=args.top_p, seed=args.seed + i)
         for r in results:
@@ -97,13 +95,10 @@ def generate(args: GenerateArgs) -> list[dict]:
 
 
 @dataclass
-class BenchArgs:
+class BenchArgs(ModelArgs):
     """Compare our K = 0 and speculative decoding with HF generate and assisted generation."""
 
-    draft: str = option(help="draft model (HF directory or bundle)")
     prompts: str = option(help="JSONL file of prompts (string, {\"prompt\"} or {\"messages\"})")
-    target: str = option("embedded", help="target model: HF directory, hub id, bundle or "
-                                          "'embedded'")
     k: K = reuse(SpeculationArgs, "k", DEFAULT_FIXED_K, note="; bench takes a fixed K >= 1, "
                  "as HF assisted generation drafts a constant number")
     max_new_tokens: int = option(64, help="new tokens per prompt at most")
@@ -111,11 +106,9 @@ class BenchArgs:
     methods: list[str] = option(list(METHODS), help="methods to run, comma-separated")
     raw: bool = option(False, help="skip the chat template")
     json: bool = option(False, help="print the figures as one JSON object")
-    device: str | None = option(None, help="cpu, cuda, ... (default: cuda if available)")
-    dtype: str = option("auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16")
 
     def validate(self) -> None:
-        k = parse_k(self.k)
+        self.k = k = parse_k(self.k)  # bench's one check of K: a fixed K >= 1
         if k == AUTO or k < 1:
             raise ConfigError(f"--k must be >= 1 for a speculative benchmark, got {self.k}")
         if self.repeats < 1 or self.max_new_tokens < 1:

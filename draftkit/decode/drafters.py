@@ -16,6 +16,10 @@ reads, and that lives here, behind one interface:
 ``aux_layers`` names the target layers whose input hidden states the draft reads (None: it
 reads tokens only); the engine has the target's forwards capture them on the way.
 
+A drafter owns its per-slot state (how many positions its cache holds, an EAGLE-3 head's
+pending features), sized by ``open(slots)`` when the engine opens a batch; the batch's own
+state it only reads.
+
 :class:`StandaloneDrafter` is a small causal LM over tokens. :class:`Eagle3Drafter` is an
 EAGLE-3 head (Li et al., arXiv 2503.01840), which drafts from the target's own features.
 """
@@ -47,13 +51,19 @@ def make_drafter(model, target_model, fast: bool | None = None
 
 
 class _Drafter:
-    """What both kinds share: a runner whose KV cache is the drafter's, reset per batch."""
+    """What both kinds share: a runner whose KV cache is the drafter's, reset per batch, and
+    per slot the positions that cache holds."""
 
     runner: "Eagle3Runner | object"
+    lengths: list[int]  # per slot, positions the draft's cache holds
 
     @property
     def cache(self):
         return self.runner.cache
+
+    def open(self, slots: int) -> None:
+        """Per-slot state for a new batch of ``slots``."""
+        self.lengths = [0] * slots
 
     def reset(self, batch: int, max_len: int) -> None:
         self.runner.reset(batch, max_len)
@@ -76,7 +86,7 @@ class StandaloneDrafter(_Drafter):
                 last: list[int], aux=None) -> None:
         self.runner.forward(inp, [0] * len(slots), last=last, rows=slots)
         for b, i in zip(slots, last):
-            state.draft_lengths[b] = i + 1
+            self.lengths[b] = i + 1
 
     def catch_up(self, state: "BatchState", rows: list[int], lengths: list[int], k: int) -> bool:
         """Feed the committed tokens the draft has not read, up to position L - 3 (tokens
@@ -85,7 +95,7 @@ class StandaloneDrafter(_Drafter):
         before the next forwards overwrite it)."""
         import torch
 
-        width = max(n - 2 - min(state.draft_lengths[b], n - 2) for b, n in zip(rows, lengths))
+        width = max(n - 2 - min(self.lengths[b], n - 2) for b, n in zip(rows, lengths))
         if width == 0:
             return False
         dev = state.tokens.device
@@ -114,7 +124,7 @@ class StandaloneDrafter(_Drafter):
                     aux=None) -> None:
         if k:  # the draft read d_1..d_n itself: it holds every committed position below L - 2
             for b in rows:
-                state.draft_lengths[b] = state.lengths[b] - 2
+                self.lengths[b] = state.lengths[b] - 2
 
 
 class Eagle3Drafter(_Drafter):
@@ -122,8 +132,8 @@ class Eagle3Drafter(_Drafter):
 
     Draft position t reads (f_t, token t + 1) and scores token t + 2, f_t being the target's
     fused feature after token t. With L committed tokens the target has read positions
-    0..L - 2; the head holds 0..D - 1 (``state.draft_lengths``), and the features of D..L - 2
-    wait in ``state.features``. A round feeds them (the older ones as catch-up, the last
+    0..L - 2; the head holds 0..D - 1 (``lengths``), and the features of D..L - 2 wait in
+    ``features``. A round feeds them (the older ones as catch-up, the last
     <= K + 1 in the drafting lap, in one forward whose last output scores d_1 = token L), then
     K - 1 steps on the head's own output h: position L - 2 + j reads (h_(L-3+j), d_j). The
     verify pass returns the features of positions L - 1..L - 1 + K; those the target read with
@@ -138,19 +148,25 @@ class Eagle3Drafter(_Drafter):
         self.runner = Eagle3Runner(model)
         self.aux_layers = model.aux_layers
         self._h: "torch.Tensor | None" = None  # (b, H): the output at the latest position
+        # per slot, the target's features the head has yet to read: chunks (n, 3 Ht)
+        self.features: list[list["torch.Tensor"]] = []
+
+    def open(self, slots: int) -> None:
+        super().open(slots)
+        self.features = [[] for _ in range(slots)]
 
     def prefill(self, state: "BatchState", slots: list[int], inp: "torch.Tensor",
                 last: list[int], aux: "torch.Tensor") -> None:
         """Nothing to compute: the prompt's features (aux (n, W, 3 Ht)) wait for the first
         drafting round."""
         for i, b in enumerate(slots):
-            state.draft_lengths[b] = 0
-            state.features[b] = [aux[i, :last[i] + 1]]
+            self.lengths[b] = 0
+            self.features[b] = [aux[i, :last[i] + 1]]
 
     def catch_up(self, state: "BatchState", rows: list[int], lengths: list[int], k: int) -> bool:
         """Feed each row's pending features but its last K + 1: keys and values only, as no
         output is needed there."""
-        older = [(b, n - (k + 1)) for b in rows if (n := _pending(state, b)) > k + 1]
+        older = [(b, n - (k + 1)) for b in rows if (n := self._pending(b)) > k + 1]
         if not older:
             return False
         sel = [b for b, _ in older]
@@ -159,7 +175,7 @@ class Eagle3Drafter(_Drafter):
 
     def first_logits(self, state: "BatchState", rows: list[int], lengths: list[int],
                      k: int) -> "torch.Tensor":
-        counts = [_pending(state, b) for b in rows]  # <= K + 1 after catch_up; 0: a done row
+        counts = [self._pending(b) for b in rows]  # <= K + 1 after catch_up; 0: a done row
         hidden, tokens, start = self._inputs(state, rows, counts)
         logits, self._h = self.runner.forward(hidden, tokens, start,
                                               last=[max(c, 1) - 1 for c in counts], rows=rows)
@@ -179,9 +195,9 @@ class Eagle3Drafter(_Drafter):
         first kept[i] of aux (b, K + 1, 3 Ht) for a row still decoding."""
         for i, b in enumerate(rows):
             if state.done[b]:
-                state.features[b] = []
+                self.features[b] = []
             elif kept[i]:
-                state.features[b].append(aux[i, :kept[i]])
+                self.features[b].append(aux[i, :kept[i]])
 
     def _inputs(self, state: "BatchState", rows: list[int], counts: list[int]):
         """Take the first counts[i] pending features of each row: (fused features (b, W, H),
@@ -190,8 +206,8 @@ class Eagle3Drafter(_Drafter):
         from torch.nn.utils.rnn import pad_sequence
 
         dev = state.tokens.device
-        start = [state.draft_lengths[b] for b in rows]
-        aux = pad_sequence([self._take(state, b, n) for b, n in zip(rows, counts)],
+        start = [self.lengths[b] for b in rows]
+        aux = pad_sequence([self._take(b, n) for b, n in zip(rows, counts)],
                            batch_first=True)  # (b, W, 3 Ht)
         width = aux.shape[1]
         # position t reads token t + 1
@@ -200,19 +216,23 @@ class Eagle3Drafter(_Drafter):
         tokens = state.tokens[torch.tensor(rows, device=dev)[:, None], idx]  # (b, W)
         return self.runner.fuse(aux), tokens, start
 
-    def _take(self, state: "BatchState", b: int, n: int) -> "torch.Tensor":
+    def _take(self, b: int, n: int) -> "torch.Tensor":
         """The first n pending features of row b (n, 3 Ht), which the head then holds; a row
         with none gives one zero feature, padding."""
         import torch
 
-        chunks = state.features[b]
+        chunks = self.features[b]
         if not chunks:
             return torch.zeros(1, 3 * self.model.config.target_hidden_size,
                                dtype=self.runner.param.dtype, device=self.runner.param.device)
         feats = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
-        state.features[b] = [feats[n:]] if n < feats.shape[0] else []
-        state.draft_lengths[b] += n
+        self.features[b] = [feats[n:]] if n < feats.shape[0] else []
+        self.lengths[b] += n
         return feats[:n]
+
+    def _pending(self, b: int) -> int:
+        """Target features row b has that the head has not read."""
+        return sum(f.shape[0] for f in self.features[b])
 
 
 def teacher_forced_logits(draft_model, target_model, seq: "torch.Tensor") -> "torch.Tensor":
@@ -231,8 +251,3 @@ def teacher_forced_logits(draft_model, target_model, seq: "torch.Tensor") -> "to
     logits, _ = draft_model(aux[:, :-1], seq[:, 1:])  # (B, T - 1, N): i scores token i + 2
     logits = draft_model.reduced_head.expand(logits)
     return torch.cat([torch.zeros_like(logits[:, :1]), logits], 1)
-
-
-def _pending(state: "BatchState", b: int) -> int:
-    """Target features row b has that its EAGLE-3 head has not read."""
-    return sum(f.shape[0] for f in state.features[b])

@@ -26,19 +26,20 @@ depend on the other rows (under greedy decoding they equal decoding it alone). A
 computes only the rows still decoding; finished rows (EOS or their token budget) stay in the
 batch, idle, until the batch ends.
 
-Slots (continuous batching, as a server runs it): :meth:`SpeculativeEngine.open` allocates a
-batch of N empty slots with caches sized for the context window; :meth:`~SpeculativeEngine.admit`
-prefills new rows into free slots (only their cache rows are written) while the other rows
-keep their state; :meth:`~SpeculativeEngine.step` runs one round over the live rows;
-:meth:`~SpeculativeEngine.release` frees a slot. :meth:`~SpeculativeEngine.start` is ``open``
-plus ``admit`` of a fixed batch. The Llama-family fast path admits at any round; the general
-transformers path cannot write one row of a ``DynamicCache``, so it admits only into an empty
-batch (cohorts) and every round computes the whole cohort.
+Slots (continuous batching, as a server runs it): :meth:`SpeculativeEngine.open` returns a
+:class:`~draftkit.decode.batch.Batch` of N empty slots with caches sized for the context
+window, whose doors are the only way in and out: ``admit`` prefills new rows into free slots
+(only their cache rows are written) while the other rows keep their state, ``step`` runs one
+round over the live rows, ``release`` frees a slot, ``free_slots`` says how many rows may join
+now and ``output`` reads a slot. :meth:`~SpeculativeEngine.start` is ``open`` plus ``admit`` of
+a fixed batch. The Llama-family fast path admits at any round; the general transformers path
+cannot write one row of a ``DynamicCache``, so it admits only into an empty batch (cohorts)
+and every round computes the whole cohort (:meth:`SpeculativeEngine.free_slots`).
 
 Sampling parameters are per row (temperature, top-k, top-p; greedy rows stay exact argmax).
 Random numbers come from one seeded ``torch.Generator`` for the batch (``start``/``generate``:
 a seeded run is reproducible, but which sample a row gets depends on the batch it ran in) or
-from one generator per row (``admit(generators=...)``): each round a row draws the same
+from one generator per row (``Batch.admit(seeds=...)``): each round a row draws the same
 numbers in the same order whatever else is in the batch, so a seeded row's tokens depend only
 on its prompt, parameters, seed and the K of each round. Under a fixed K that makes it
 independent of the batch; under ``--k auto`` the K chosen follows load and timing, which
@@ -50,12 +51,12 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Callable
 
-from draftkit.decode.batch import BatchState, Result, round_margin
+from draftkit.decode.batch import Batch, BatchState, Result, round_margin
+from draftkit.decode.choice import PLAIN, KChoice, resolve_k
 from draftkit.decode.clock import RoundClock
 from draftkit.decode.drafters import make_drafter
 from draftkit.decode.graphs import forward_path
-from draftkit.decode.k import AUTO, K_MAX, KValue, check_k_max, resolve_k
-from draftkit.decode.policy import KPolicy
+from draftkit.decode.k import AUTO, K_MAX, KValue
 from draftkit.decode.runners import make_runner
 from draftkit.decode.sampling import SamplingParams, next_tokens
 from draftkit.decode.stats import DecodeStats, RoundStats
@@ -115,113 +116,105 @@ class SpeculativeEngine:
 
     # --- one-call API ---------------------------------------------------------------------
 
-    def generate(self, prompts: list[list[int]], *, k: KValue = AUTO,
+    def generate(self, prompts: list[list[int]], *, k: KChoice | KValue = AUTO,
                  max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int | None = None, k_max: int = K_MAX,
-                 policy: "KPolicy | None" = None, stats: DecodeStats | None = None
-                 ) -> list[Result]:
+                 stats: DecodeStats | None = None) -> list[Result]:
         """Decode every prompt (token ids) and return one :class:`Result` per prompt.
 
-        K is fixed, or ``"auto"``: chosen each round by ``policy`` (a fresh KPolicy up to
-        ``k_max`` when None); K = 0 without a draft (:func:`~draftkit.decode.k.resolve_k`)."""
+        ``k``: a :class:`~draftkit.decode.choice.KChoice` (a command's, validated where it
+        entered; with ``auto`` its policy goes on learning across calls), or a K given here,
+        checked once: fixed, or ``"auto"`` up to ``k_max``; K = 0 without a draft."""
         import torch
 
         params = SamplingParams(temperature, top_k, top_p)
-        choice = resolve_k(k, k_max, has_draft=self.draft is not None, policy=policy)
+        choice = k if isinstance(k, KChoice) else resolve_k(
+            k, k_max, has_draft=self.draft is not None)
         if self.one_row_cohorts and len(prompts) > 1:  # one policy learns from every row
             for i, p in enumerate(prompts):  # each fits, named by its index, before any runs
                 self._budget(len(p), max_new_tokens, self.context, choice.k_max, i)
-            return [self.generate([p], k=k, max_new_tokens=max_new_tokens,
+            return [self.generate([p], k=choice, max_new_tokens=max_new_tokens,
                                   temperature=temperature, top_k=top_k, top_p=top_p,
-                                  seed=None if seed is None else seed + i, k_max=k_max,
-                                  policy=choice.policy, stats=stats)[0]
+                                  seed=None if seed is None else seed + i, stats=stats)[0]
                     for i, p in enumerate(prompts)]
         with torch.inference_mode():
-            state = self.start(prompts, params, max_new_tokens, seed, choice.k_max, stats)
-            while not state.finished:
-                choice.observe(self.step(state, choice.choose(sum(not d for d in state.done))))
-        return state.results()
+            batch = self.start(prompts, params, max_new_tokens, seed, choice, stats)
+            while not batch.finished:
+                batch.step()
+        return batch.results()
 
-    # --- step-wise API ----------------------------------------------------------------------
+    # --- batches ----------------------------------------------------------------------------
 
     @_no_grad
     def start(self, prompts: list[list[int]], params: SamplingParams, max_new_tokens: int,
-              seed: int | None = None, k_max: int = 0, stats: DecodeStats | None = None
-              ) -> BatchState:
+              seed: int | None = None, k: KChoice = PLAIN, stats: DecodeStats | None = None
+              ) -> Batch:
         """A fixed batch: validate, allocate the caches, prefill both models and emit each
         row's first token. Rows share one generator seeded with ``seed``."""
-        import torch
-
         if not prompts:
             raise DraftkitError("no prompts given")
         if max_new_tokens < 1:
             raise DraftkitError(f"max new tokens must be >= 1, got {max_new_tokens}")
-        check_k_max(k_max)
         lens = [len(p) for p in prompts]
         if min(lens) == 0:
             raise DraftkitError("empty prompt; give some text")
-        budgets = [self._budget(n, max_new_tokens, self.context, k_max, i)
+        budgets = [self._budget(n, max_new_tokens, self.context, k.k_max, i)
                    for i, n in enumerate(lens)]
-        max_len = max(n + b for n, b in zip(lens, budgets)) + round_margin(k_max)
-        state = self.open(len(prompts), k_max, max_len, stats)
-        if not params.greedy:
-            state.generators = torch.Generator(device=self.device)
-            state.generators.manual_seed(seed if seed is not None else 0)
-        self.admit(state, prompts, params, budgets)
-        return state
+        max_len = max(n + b for n, b in zip(lens, budgets)) + round_margin(k.k_max)
+        batch = self.open(len(prompts), k, max_len, stats,
+                          seed=None if params.greedy else (seed if seed is not None else 0))
+        batch.admit(prompts, params, budgets)
+        return batch
 
     @_no_grad
-    def open(self, slots: int, k_max: int = 0, max_len: int | None = None,
-             stats: DecodeStats | None = None) -> BatchState:
+    def open(self, slots: int, k: KChoice = PLAIN, max_len: int | None = None,
+             stats: DecodeStats | None = None, *, seed: int | None = None) -> Batch:
         """An empty batch of ``slots`` rows whose caches hold ``max_len`` positions (default:
-        the target's context window). Rows enter with :meth:`admit`."""
+        the target's context window), each round's K chosen by ``k``. Rows enter with
+        :meth:`Batch.admit`, each with its own generator, or with ``seed`` all drawing from
+        one generator seeded with it (:meth:`start`)."""
         if slots < 1:
             raise DraftkitError(f"a batch needs at least one slot, got {slots}")
-        check_k_max(k_max)
         if max_len is None:
             if not self.context:
                 raise DraftkitError("the target's config has no max_position_embeddings; "
                                     "give the maximum sequence length")
             max_len = self.context
-        state = BatchState.empty(slots, max_len, k_max=k_max, device=self.device,
-                                 stats=stats if stats is not None else DecodeStats())
-        use_draft = self.draft is not None and k_max > 0
+        state = BatchState.empty(slots, max_len, k_max=k.k_max, device=self.device,
+                                 stats=stats if stats is not None else DecodeStats(), seed=seed)
+        use_draft = self.draft is not None and k.k_max > 0
         # the features a drafter reads from the target's forwards (an EAGLE-3 head's)
         self.target.capture = self.draft.aux_layers if use_draft else None
+        if self.draft is not None:
+            self.draft.open(slots)
         if self.slotted:  # the general runner allocates per cohort instead
             self.target.reset(slots, max_len)
             if use_draft:
                 self.draft.reset(slots, max_len)
-        return state
+        return Batch(self, state, k)
 
-    @_no_grad
+    def free_slots(self, state: BatchState) -> int:
+        """How many new rows may join the batch now: the free slots, except that the general
+        path admits only into an empty batch (a cohort) and, for a sliding-window model on it,
+        one row at a time."""
+        if not self.slotted and any(state.occupied):
+            return 0
+        free = state.occupied.count(False)
+        return min(free, 1) if self.one_row_cohorts else free
+
     def admit(self, state: BatchState, prompts: list[list[int]],
-              params: SamplingParams | list[SamplingParams], max_new_tokens: int | list[int],
-              generators: list["torch.Generator | None"] | None = None) -> list[int]:
-        """Prefill new rows into free slots and emit their first token; returns the slots.
-
-        Only the admitted rows' caches are written; the live rows keep decoding at the next
-        :meth:`step`. ``generators``: one per new row (the batch must have been opened, not
-        started); a sampled row without one gets a fresh generator seeded at random.
-        """
-        n = len(prompts)
-        params = params if isinstance(params, list) else [params] * n
-        budgets = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * n
-        budgets = self._admission_budgets(state, prompts, budgets, generators)
-        slots = [b for b in range(state.slots) if not state.occupied[b]][:n]
+              params: list[SamplingParams], budgets: list[int],
+              seeds: list[int | None] | None = None) -> list[int]:
+        """Prefill new rows into free slots and emit their first token; returns the slots
+        (:meth:`Batch.admit`, which checked them)."""
+        slots = [b for b in range(state.slots) if not state.occupied[b]][:len(prompts)]
         for i, b in enumerate(slots):
             state.seat(b, prompts[i], params[i], budgets[i],
-                       generators[i] if generators is not None else None)
+                       seeds[i] if seeds is not None else None)
         clock = RoundClock(self.device)
         self._prefill(state, slots)
-        state.stats.add_prefill(clock.lap("prefill"), n)
+        state.stats.add_prefill(clock.lap("prefill"), len(prompts))
         return slots
-
-    def release(self, state: BatchState, slot: int) -> None:
-        """Free a slot (a finished row, or one whose client went away) for the next admit."""
-        if not state.done[slot]:
-            state.finish[slot] = "abort"
-        state.done[slot], state.occupied[slot] = True, False
 
     @_no_grad
     def step(self, state: BatchState, k: int) -> RoundStats:
@@ -291,15 +284,15 @@ class SpeculativeEngine:
                                 f"too); shorten the prompt")
         return min(max_new_tokens, room)
 
-    def _admission_budgets(self, state: BatchState, prompts: list[list[int]],
-                           budgets: list[int], generators: list | None) -> list[int]:
-        """Check that ``prompts`` may enter the batch now; returns each one's budget, capped
-        so its rounds fit (:meth:`_budget`)."""
-        n, free = len(prompts), state.occupied.count(False)
-        if not self.slotted and any(state.occupied):
+    def admission_budgets(self, state: BatchState, prompts: list[list[int]],
+                          budgets: list[int], seeds: list | None) -> list[int]:
+        """Check that ``prompts`` may enter the batch now (:meth:`free_slots`); returns each
+        one's budget, capped so its rounds fit (:meth:`_budget`)."""
+        n, free = len(prompts), self.free_slots(state)
+        if n and not free and not self.slotted:
             raise DraftkitError("the general decoding path admits rows only into an empty "
                                 "batch; wait until every slot is released")
-        if self.one_row_cohorts and n > 1:
+        if n > 1 and free == 1 and self.one_row_cohorts:
             raise DraftkitError("a sliding-window model on the general decoding path decodes "
                                 "one row at a time; admit one prompt")
         if n == 0 or n > free:
@@ -311,8 +304,8 @@ class SpeculativeEngine:
             if b < 1:
                 raise DraftkitError(f"max new tokens must be >= 1, got {b}")
             capped.append(self._budget(len(prompt), b, state.max_len, state.k_max, i))
-        if generators is not None and not isinstance(state.generators, list):
-            raise DraftkitError("per-row generators need a batch made by open(), not start()")
+        if seeds is not None and not isinstance(state.generators, list):
+            raise DraftkitError("per-row seeds need a batch made by open(), not start()")
         return capped
 
     def _prefill(self, state: BatchState, slots: list[int]) -> None:

@@ -1,4 +1,4 @@
-"""K (num_speculative_tokens): its type, its bounds, and how a given K becomes each round's.
+"""K (num_speculative_tokens): its type, its bounds, and the check a K given gets once.
 
 K is the number of tokens the draft proposes per round (Leviathan et al., arXiv 2211.17192):
 an integer >= 0, where K = 0 is plain decoding, or ``"auto"``, chosen every round by
@@ -6,21 +6,17 @@ an integer >= 0, where K = 0 is plain decoding, or ``"auto"``, chosen every roun
 
 - :data:`K` is the field type every command's ``--k`` has; the config layer reads YAML values,
   ``key=value`` overrides and flags through :func:`parse_k`.
-- :func:`check_k` validates a K against ``k_max``; :func:`resolve_k` says how a K given becomes
-  each round's (:class:`KChoice`: a fixed K, the policy, or K = 0 without a draft).
+- :func:`check_k` validates a K against ``k_max``, once, where it enters (a command's
+  ``validate``, or :func:`~draftkit.decode.choice.resolve_k` for a library caller);
+  :mod:`draftkit.decode.choice` says how it becomes each round's K.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Literal, Union
+from typing import Annotated, Literal, Union
 
 from draftkit.config import Parsed
 from draftkit.errors import ConfigError, DraftkitError
-
-if TYPE_CHECKING:
-    from draftkit.decode.policy import KPolicy
-    from draftkit.decode.stats import RoundStats
 
 AUTO = "auto"
 # The largest K ``auto`` may choose unless told otherwise (each row keeps k_max + 2 positions
@@ -66,48 +62,3 @@ def check_k(k, k_max: int = K_MAX, *, bounded: bool = False) -> KValue:
     if bounded and k != AUTO and k > k_max:
         raise ConfigError(f"--k {k} is above --k-max {k_max}; raise --k-max")
     return k
-
-
-# --- how a K given becomes each round's ----------------------------------------------------
-
-@dataclass(frozen=True)
-class KChoice:
-    """How each round's K is chosen: ``fixed``, or by ``policy``. ``k_max`` is the most any
-    round drafts (the room each row keeps free for a round: see ``round_margin``)."""
-
-    k_max: int
-    fixed: int | None = None
-    policy: KPolicy | None = None
-
-    def choose(self, batch: int) -> int:
-        """The K of the next round over ``batch`` live rows."""
-        return self.fixed if self.policy is None else self.policy.choose(batch)
-
-    def observe(self, r: RoundStats) -> None:
-        """Tell the policy (if any) what the round cost and kept."""
-        if self.policy is not None:
-            self.policy.observe(r)
-
-    @property
-    def label(self) -> str:
-        return AUTO if self.policy is not None else str(self.fixed)
-
-
-def resolve_k(k, k_max: int = K_MAX, *, has_draft: bool, policy: KPolicy | None = None,
-              bounded: bool = False) -> KChoice:
-    """What a decode with this K does each round.
-
-    No draft: K = 0, whatever was asked. ``auto``: ``policy`` (one that has already learnt,
-    e.g. across a domain's prompts) or a fresh KPolicy up to ``k_max``. A fixed K: that K,
-    also the most a round drafts (above ``k_max`` only an error with ``bounded``).
-    """
-    k = check_k(k, k_max, bounded=bounded)
-    if not has_draft:
-        return KChoice(k_max=0, fixed=0)
-    if k == AUTO:
-        if policy is None:
-            from draftkit.decode.policy import KPolicy  # it reads this module's bounds
-
-            policy = KPolicy(k_max=k_max)
-        return KChoice(k_max=policy.k_max, policy=policy)
-    return KChoice(k_max=k, fixed=k)

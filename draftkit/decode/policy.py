@@ -3,7 +3,8 @@
 Each round the engine reports what happened (:class:`~draftkit.decode.stats.RoundStats`). The
 policy estimates the conditional acceptance alpha_i of every draft position and the seconds per
 target call by tokens verified, per draft step and per round of overhead, keyed by the active
-batch size (verify inflation v grows with it). It picks the K in 0..K_max that maximises the
+batch size (verify inflation v grows with it; the timing tables are
+:class:`~draftkit.decode.timings.Timings`). It picks the K in 0..K_max that maximises the
 speedup model of Leviathan et al. (arXiv 2211.17192) in its general form (README.md, "How
 speculation pays"),
 
@@ -54,17 +55,11 @@ decoding at batch 1 and c = 0.2, 2% at c = 0.6) while one near break-even is re-
 from __future__ import annotations
 
 import math
-import statistics
-from collections import deque
 
 from draftkit import metrics
-from draftkit.decode.k import K_MAX, check_k_max
+from draftkit.decode.k import K_MAX
 from draftkit.decode.stats import RoundStats
-
-
-def _batch(name: str, key) -> int:
-    """The batch size of a timing table's key: (batch, tokens) for the target, batch else."""
-    return key[0] if name == "target" else key
+from draftkit.decode.timings import Timings
 
 
 class _Rate:
@@ -93,7 +88,6 @@ class KPolicy:
                  time_window: int = 9, prior_v_slope: float = 0.15, plain_first: int = 3,
                  retime_every: int = 32, retime_first: int = 8, retime_share: float = 0.01,
                  stale_rounds: int = 64, timed_samples: int = 3, pair_timings: bool = True):
-        check_k_max(k_max)
         self.k_max, self.hysteresis = k_max, hysteresis
         self.probe_every, self.max_probe_every = probe_every, max(probe_every, max_probe_every)
         self.probe_trials = probe_trials
@@ -104,19 +98,9 @@ class KPolicy:
         self.prior_alpha, self.prior_weight = prior_alpha, prior_weight
         self.long = [_Rate(window) for _ in range(k_max)]
         self.recent = [_Rate(recent) for _ in range(k_max)]
-        # clocks are noisy per round (one sample can be off by half) but drift only slowly: the
-        # median of the last few samples ignores the outlier and follows the drift
+        # what a round costs, by batch size (verify inflation v grows with it)
+        self.timings = Timings(time_window, retime_every, prior_v_slope, pair_timings)
         self.time_window = time_window
-        self._samples: dict[tuple, deque] = {}
-        # paired timings (_record_paired): (name, key) -> (plain step's number, time / T(1));
-        # batch -> (number, round, seconds) of the plain step timed last at that batch size
-        self._ratios: dict[tuple, deque] = {}
-        self._plain_ref: dict[int, tuple[int, int, float]] = {}
-        self.pair_timings = pair_timings  # False: every timing is its own median (unpaired)
-        self.prior_slope = prior_v_slope  # v(K) ~ 1 + slope * K until measured
-        self.t_target: dict[tuple[int, int], float] = {}  # (batch, tokens) -> seconds
-        self.t_draft: dict[int, float] = {}  # batch -> seconds per draft step
-        self.t_other: dict[int, float] = {}  # batch -> seconds per round outside forwards
         self.k = 0
         self.rounds = 0
         self.plain_first = plain_first  # plain rounds timed before the first speculative one
@@ -151,9 +135,9 @@ class KPolicy:
         for est in self.long[max(r.k, 1):]:
             est.weight *= 1 - 1 / self.stale_rounds
         if r.k:
-            self._record(self.t_draft, "draft", r.rows, r.seconds_draft / r.k)
-        self._record(self.t_target, "target", (r.rows, r.k + 1), r.seconds_verify)
-        self._record(self.t_other, "other", r.rows, r.seconds_other)
+            self.timings.record("draft", r.rows, r.seconds_draft / r.k, self.rounds)
+        self.timings.record("target", (r.rows, r.k + 1), r.seconds_verify, self.rounds)
+        self.timings.record("other", r.rows, r.seconds_other, self.rounds)
 
     def _departure(self, i: int) -> float:
         """Recent minus long acceptance at position i, in standard errors of the recent window
@@ -163,48 +147,6 @@ class KPolicy:
             return 0.0
         p = min(max(long.rate, 0.05), 0.95)  # the floor keeps a few trials from alarming
         return (recent.rate - long.rate) / math.sqrt(p * (1 - p) / recent.weight)
-
-    def _record(self, table: dict, name: str, key, value: float) -> None:
-        """Add a timing sample; ``table[key]`` becomes the median of the last ``time_window``,
-        or for a speculative round's timing the paired estimate (:meth:`_record_paired`)."""
-        samples = self._samples.setdefault((name, key), deque(maxlen=self.time_window))
-        samples.append(value)
-        table[key] = statistics.median(samples)
-        batch = _batch(name, key)
-        if name == "target" and key[1] == 1:
-            self._plain_ref[batch] = (self._plain_ref.get(batch, (0,))[0] + 1, self.rounds, value)
-            for name_, key_ in list(self._ratios):  # re-priced with the new T(1)
-                if _batch(name_, key_) == batch:
-                    self._price(name_, key_)
-        elif name != "other" and self.pair_timings:
-            self._record_paired(name, key, batch, value)
-
-    def _record_paired(self, name: str, key, batch: int, value: float) -> None:
-        """Keep a speculative timing as a ratio to the plain step timed last at its batch size.
-
-        Every prediction compares the two (T(K + 1) / T(1), T_draft / T(1)), timed in
-        different rounds, and a shared machine's speed drifts between them: on a 2-core CPU
-        plain steps ran 22 ms for a stretch and 37 ms the next, so a T(1) taken in a slow
-        stretch, retimed 1 round in 32 and kept as the median of 9, priced a K = 1 that lost 8%
-        at batch 4 as a 1.3-1.5x gain for over a hundred rounds. A ratio to the plain step of a
-        few rounds before drifts little; the median of those since the last three plain steps
-        (one outlying plain step then moves a third of them) times T(1) is the estimate."""
-        ref = self._plain_ref.get(batch)
-        if ref is None or self.rounds - ref[1] > 2 * self.retime_every:
-            return  # no plain step near it in time: the absolute median stands
-        ratios = self._ratios.setdefault((name, key), deque(maxlen=4 * self.time_window))
-        ratios.append((ref[0], value / ref[2]))
-        self._price(name, key)
-
-    def _price(self, name: str, key) -> None:
-        """``key``'s time from its ratios (:meth:`_record_paired`) and its batch's T(1)."""
-        ratios = self._ratios[(name, key)]
-        batch = _batch(name, key)
-        latest = self._plain_ref[batch][0]
-        n = max(self.time_window, sum(1 for ref, _ in ratios if ref > latest - 3))
-        ratio = statistics.median(r for _, r in list(ratios)[-n:])
-        table = self.t_target if name == "target" else self.t_draft
-        table[key] = ratio * self.t_target[(batch, 1)]
 
     def alphas(self, upper: float = 0.0) -> list[float]:
         """Posterior mean of the conditional alpha_i, or mean + ``upper`` standard deviations.
@@ -217,54 +159,17 @@ class KPolicy:
             prior = mean
         return out
 
-    def _nearest(self, table: dict, batch: int):
-        if not table:
-            return None
-        key = min(table, key=lambda b: abs(b - batch))
-        return table[key]
-
-    def _draft_seconds(self, batch: int, t1: float | None) -> float | None:
-        """Seconds a draft step takes at this batch size: timed, or the nearest timed batch
-        size's c times this one's plain step (a draft's step grows with the batch as the
-        target's does; its bare time from a smaller batch made speculation look cheap)."""
-        if batch in self.t_draft or not self.t_draft:
-            return self.t_draft.get(batch)
-        near = min(self.t_draft, key=lambda b: abs(b - batch))
-        t_near = self.target_seconds(near, 1)
-        if t1 is None or not t_near:
-            return self.t_draft[near]
-        return self.t_draft[near] / t_near * t1
-
-    def _timed(self, batch: int) -> tuple[int, dict[int, float]]:
-        """(the batch size used, its target seconds by tokens verified): this batch size's
-        figures, else the nearest one's."""
-        if self.t_target and batch not in {b for b, _ in self.t_target}:
-            batch = min({b for b, _ in self.t_target}, key=lambda b: abs(b - batch))
-        return batch, {t: s for (b, t), s in self.t_target.items() if b == batch}
-
     def target_seconds(self, batch: int, tokens: int) -> float | None:
-        """Measured, or interpolated linearly in tokens from the nearest batch's figures."""
-        _, known = self._timed(batch)
-        if not known:
-            return None
-        if tokens in known:
-            return known[tokens]
-        if 1 in known and len(known) > 1:  # line through T = 1 and the farthest measured T
-            far = max(known)
-            slope = (known[far] - known[1]) / (far - 1)
-            return known[1] + max(slope, 0.0) * (tokens - 1)
-        t, s = next(iter(known.items()))
-        base = s / (1 + self.prior_slope * (t - 1))
-        return base * (1 + self.prior_slope * (tokens - 1))
+        return self.timings.target_seconds(batch, tokens)
 
     def predicted_speedup(self, k: int, batch: int, alphas: list[float] | None = None,
                           t_verify: float | None = None) -> float | None:
         if k == 0:
             return 1.0
-        t1 = self.target_seconds(batch, 1)
-        tv = t_verify if t_verify is not None else self.target_seconds(batch, k + 1)
-        td = self._draft_seconds(batch, t1)
-        to = self._nearest(self.t_other, batch) or 0.0
+        t1 = self.timings.target_seconds(batch, 1)
+        tv = t_verify if t_verify is not None else self.timings.target_seconds(batch, k + 1)
+        td = self.timings.draft_seconds(batch, t1)
+        to = self.timings.other_seconds(batch) or 0.0
         if t1 is None or tv is None or td is None:
             return None
         tau = metrics.tau((alphas or self.alphas())[:k], k)
@@ -300,13 +205,13 @@ class KPolicy:
         # server's batch sizes 1-16 in the simulator). A plain round costs nothing against
         # K = 0, so time it there first.
         return self.since_plain >= retime or \
-            len(self._samples.get(("target", (batch, 1)), ())) < self.plain_first
+            self.timings.samples("target", (batch, 1)) < self.plain_first
 
     def choose(self, batch: int) -> int:
         """K for the next round at this many active rows."""
         if self.k_max == 0 or self._times_plain_step(batch):
             return 0
-        if not self.t_draft:  # then one speculative round, at the cheapest K: evidence raises it
+        if not self.timings.draft:  # then one speculative round, at the cheapest K: evidence raises it
             self.k = 1
             return 1
         alphas = self.alphas()
@@ -358,11 +263,11 @@ class KPolicy:
         through T(1), which overstates it where cost is concave in length: on a 2-core CPU a
         2-token forward once cost 2.1 plain steps and a 7-token one 2.6, so the line through
         T(1) and T(2) priced every K out while K 4 to 6 paid 1.12x."""
-        used, known = self._timed(batch)
+        used, known = self.timings.timed(batch)
         hopes = {}
         for k in range(1, self.k_max + 1):
             below = [s for t, s in known.items() if t < k + 1]
-            samples = len(self._samples.get(("target", (used, k + 1)), ()))
+            samples = self.timings.samples("target", (used, k + 1))
             timed = samples >= self.timed_samples or not below
             floor = None if timed else max(below)
             hopes[k] = (self.predicted_speedup(k, batch, alphas, t_verify=floor) or 0.0, timed)
@@ -372,7 +277,7 @@ class KPolicy:
         """The K whose verify length is not yet timed at this batch (:meth:`_hopes`) and that
         would beat ``to_beat`` (by the hysteresis) at its lower bound: worth a round to time
         it. Each K costs at most ``timed_samples`` such rounds per batch size."""
-        if self._timed(batch)[0] != batch:
+        if self.timings.timed(batch)[0] != batch:
             return None  # nothing timed here yet: the nearest batch's figures stand in
         hopes = {k: s for k, (s, timed) in self._hopes(batch, alphas).items() if not timed}
         if not hopes:

@@ -25,6 +25,19 @@ if TYPE_CHECKING:
 Generators = Union["torch.Generator", list["torch.Generator | None"], None]
 
 
+def row_generator(seed: int | None, device=None) -> "torch.Generator":
+    """A row's own generator: seeded with ``seed`` (the row's draws then depend on its seed
+    alone), or at random when None."""
+    import torch
+
+    g = torch.Generator(device=device)
+    if seed is None:
+        g.seed()
+    else:
+        g.manual_seed(seed)
+    return g
+
+
 # Below this, logits / temperature overflow and the probabilities are NaN: such a temperature
 # is greedy in all but name, and decodes as greedy (vLLM does the same).
 MIN_TEMPERATURE = 1e-5

@@ -25,8 +25,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from draftkit.config import option
+from draftkit.config import option, reuse
 from draftkit.errors import ConfigError
+from draftkit.models.args import ModelArgs
 from draftkit.models.derive import check_layers
 
 
@@ -440,8 +441,7 @@ class DistillConfig:
                                                   "early, leaving time for its last evaluation "
                                                   "and checkpoint within it")
     seed: int = option(0, help="seed for init, data order and sampling")
-    target: str = option("embedded", help="target model: HF directory, hub id, bundle or "
-                                          "'embedded'")
+    target: str = reuse(ModelArgs, "target")
     resume: bool = option(True, help="continue from the latest checkpoint in out_dir if any; "
                                      "false: start from step 0, first moving an earlier run's "
                                      "files in out_dir to out_dir/earlier-<time>/")

@@ -8,22 +8,51 @@ Launch commands (from the repository root)::
 
 The launcher sets RANK / WORLD_SIZE / LOCAL_RANK; a single process leaves them unset and
 nothing here is used. ``deepspeed`` is imported only when a recipe names a DeepSpeed config.
+
+A rank waits for the others at most ``$DRAFTKIT_DIST_TIMEOUT`` seconds (default 1800) to join,
+at a barrier or in a collective, then fails with one line naming itself, what it waited at and
+(at a barrier, on gloo) the ranks that never came; the launcher then stops the rest. The
+launcher only acts on a rank that exits, so without this a stuck rank held the others for
+torch's 30 minutes (eval/results/notes/2026-12-04-test-hang.md).
 """
 
 from __future__ import annotations
 
+import datetime
 import os
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from draftkit.distill.schedule import warmup_cosine
-from draftkit.errors import ConfigError
+from draftkit.errors import ConfigError, DraftkitError
 from draftkit.io import read_json
 
 # Keys DeepSpeed needs to size the batch and pick the ZeRO stage. "auto" is filled from train.*.
 REQUIRED_DS_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                     "zero_optimization")
+
+# Seconds a rank waits for the others. 30 minutes is gloo's own default; NCCL's is 10, too
+# short for rank 0 writing a large checkpoint or best/ while the others wait at a barrier.
+TIMEOUT_ENV = "DRAFTKIT_DIST_TIMEOUT"
+DEFAULT_TIMEOUT_S = 1800.0
+
+
+def dist_timeout() -> float:
+    """``$DRAFTKIT_DIST_TIMEOUT`` in seconds, or the default."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise ConfigError(f"{TIMEOUT_ENV}={raw!r} is not a number of seconds above 0; set it to "
+                          f"how long a rank may wait for the others, e.g. {DEFAULT_TIMEOUT_S:g}")
+    return seconds
 
 
 def check_deepspeed_json(path: str | Path) -> dict:
@@ -51,6 +80,7 @@ class Dist:
     world_size: int = 1
     local_rank: int = 0
     owns_group: bool = False  # init_distributed created the process group, so it ends it
+    timeout_s: float = DEFAULT_TIMEOUT_S  # how long this rank waits for the others
 
     @property
     def is_main(self) -> bool:
@@ -66,12 +96,31 @@ def init_distributed(device: str) -> Dist:
     import torch.distributed as td
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    timeout = dist_timeout()
     owns = not td.is_initialized()
     if owns:
         if device.startswith("cuda"):
             torch.cuda.set_device(local_rank)  # else NCCL's barrier guesses the device
-        td.init_process_group("nccl" if device.startswith("cuda") else "gloo")
-    return Dist(td.get_rank(), td.get_world_size(), local_rank, owns)
+        try:
+            td.init_process_group("nccl" if device.startswith("cuda") else "gloo",
+                                  timeout=datetime.timedelta(seconds=timeout))
+        except RuntimeError as e:  # torch's DistStoreError: a rank never joined
+            rank, world = os.environ.get("RANK", "?"), os.environ.get("WORLD_SIZE", "?")
+            raise DraftkitError(_gave_up(f"rank {rank} of {world}", timeout, "the start "
+                                         "(joining the process group)", e)) from None
+    return Dist(td.get_rank(), td.get_world_size(), local_rank, owns, timeout)
+
+
+def _gave_up(who: str, timeout: float, what: str, e: BaseException) -> str:
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return (f"{who} waited {timeout:g} s for the other ranks at {what} and gave up ({first}): "
+            f"a rank stopped or is stuck, see its log; if it was only slow, raise "
+            f"{TIMEOUT_ENV} (seconds)")
+
+
+def _where(frame: Any) -> str:
+    """The caller's file, line and function: the one-line error has no traceback."""
+    return f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} ({frame.f_code.co_name})"
 
 
 def close_distributed(dist: Dist) -> None:
@@ -85,15 +134,29 @@ def close_distributed(dist: Dist) -> None:
         import torch.distributed as td
 
         if td.is_initialized():
-            td.barrier()
+            _barrier(dist, "the end of the run")
             td.destroy_process_group()
 
 
 def barrier(dist: Dist) -> None:
     if dist.world_size > 1:
-        import torch.distributed as td
+        _barrier(dist, f"the barrier in {_where(sys._getframe(1))}")
 
-        td.barrier()
+
+def _barrier(dist: Dist, what: str) -> None:
+    """Wait for every rank; on gloo torch's monitored barrier, whose error names the ranks
+    that never arrived (a plain gloo barrier only says it timed out)."""
+    import torch.distributed as td
+
+    try:
+        if td.get_backend() == "gloo":
+            td.monitored_barrier(timeout=datetime.timedelta(seconds=dist.timeout_s),
+                                 wait_all_ranks=True)
+        else:
+            td.barrier()
+    except RuntimeError as e:
+        raise DraftkitError(_gave_up(f"rank {dist.rank} of {dist.world_size}", dist.timeout_s,
+                                     what, e)) from None
 
 
 def all_reduce_mean(value: float, dist: Dist) -> float:
@@ -105,7 +168,11 @@ def all_reduce_mean(value: float, dist: Dist) -> float:
     # NCCL takes CUDA tensors only ("No backend type associated with device type cpu")
     on = f"cuda:{torch.cuda.current_device()}" if td.get_backend() == "nccl" else "cpu"
     t = torch.tensor([value], dtype=torch.float64, device=on)
-    td.all_reduce(t)
+    try:
+        td.all_reduce(t)
+    except RuntimeError as e:
+        raise DraftkitError(_gave_up(f"rank {dist.rank} of {dist.world_size}", dist.timeout_s,
+                                     f"the mean in {_where(sys._getframe(1))}", e)) from None
     return float(t.item()) / dist.world_size
 
 
@@ -114,6 +181,7 @@ def deepspeed_engine(model: Any, params: list, path: str, train: Any, total_step
     """Wrap the draft in a DeepSpeed engine; ``auto`` values come from ``train``."""
     import deepspeed
 
+    _say_build_locks()
     ds = check_deepspeed_json(path)
     fill = {"train_micro_batch_size_per_gpu": train.batch_size,
             "gradient_accumulation_steps": train.grad_accum,
@@ -131,6 +199,29 @@ def deepspeed_engine(model: Any, params: list, path: str, train: Any, total_step
     engine, optimizer, _, scheduler = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds)
     return engine, optimizer, scheduler
+
+
+def _say_build_locks() -> None:
+    """Name any torch extension build lock before DeepSpeed's start waits on it.
+
+    DeepSpeed builds ops on first use (on CPU its comm op, about a minute); torch's FileBaton
+    lets one process build and has the others wait, without a word or a timeout, until the
+    lock file goes. A build killed midway (a rank SIGTERMed by the launcher because another
+    failed) leaves the file, and every later start then waits forever. No age tells the two
+    apart, so any lock is named; it is checked before this run's own build begins."""
+    if os.environ.get("LOCAL_RANK", "0") != "0":
+        return  # the locks are the machine's: one rank a machine says so
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    for lock in [*root.glob("*/lock"), *root.glob("*/*/lock")]:  # with or without py311_cpu/
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:  # a live build just finished
+            continue
+        print(f"warning: {lock} ({age / 60:.0f} min old): DeepSpeed waits until it goes; "
+              f"a build killed midway leaves it behind: if no build is running, delete it",
+              file=sys.stderr, flush=True)
 
 
 def zero_stage(cfg: Any) -> int:

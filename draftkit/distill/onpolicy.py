@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from draftkit.data import Rows
-from draftkit.data.generate import cut_at_stop, generate_responses_in_memory, prompt_seed
+from draftkit.data.generate import answers_in_memory, cut_at_stop, prompt_seed
 from draftkit.data.pack import Tokenized, pack
 
 if TYPE_CHECKING:
@@ -85,7 +85,8 @@ def draft_rows(draft: Any, rows: Rows, n: int, seed: int, micro_step: int, rank:
                engine: VllmDraftAnswers | None = None) -> Rows:
     """``n`` rows of (training prompt + the draft's response), response tokens trained;
     ``head``: the draft's reduced head (draftkit/models/reduced_head.py), the only tokens it
-    proposes when it is served; ``engine``: vLLM answers instead of HF ``generate``.
+    proposes when it is served. The draft answers alone (K = 0) on draftkit's engine, or with
+    ``engine`` in vLLM.
 
     The prompts and the answers' samples come from ``seed``, the micro-step and the rank alone
     (not the global RNG), so a resumed run, on every rank, draws what the killed one would have.
@@ -101,8 +102,7 @@ def draft_rows(draft: Any, rows: Rows, n: int, seed: int, micro_step: int, rank:
     if engine is not None:
         answers = engine.answers(draft, prompts, budget, temperature, stop_ids, seeds, head)
     else:
-        answers = generate_responses_in_memory(draft, prompts, budget, temperature, pad_id,
-                                              stop_ids, seeds, head)
+        answers = answers_in_memory(draft, prompts, budget, temperature, stop_ids, seeds, head)
     draft.train(was_training)
     examples = [Tokenized(p + a, [False] * len(p) + [True] * len(a),
                           rows.domains[rows.prompt_domains[i]], "on-policy")

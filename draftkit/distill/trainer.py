@@ -87,34 +87,15 @@ def batch_rows(micro_step: int, n_rows: int, batch_size: int, seed: int, rank: i
 def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = True) -> Path:
     """Run a recipe; returns the ``best/`` folder. ``stop_after`` ends early as a kill would."""
     started = time.perf_counter()
-    device = default_device() if cfg.train.device == "auto" else cfg.train.device
-    dist = init_distributed(device)
-    if device.startswith("cuda") and dist.world_size > 1:
-        device = f"cuda:{dist.local_rank}"
+    dist, device = _start_processes(cfg)
     out = Path(cfg.out_dir)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     # Models, rows and teacher first: a recipe that fails there leaves out_dir as it was.
     run = _Run(cfg, dist, device, out, started, progress)
-    if dist.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        # first what a kill inside a write left behind, so an earlier run set aside is whole
-        recover_writes(out, [glob.escape(name) for name in ckpt.RUN_FILES])
-        recover_writes(out / "checkpoints")
-        aside = None if cfg.resume else ckpt.set_aside_earlier_run(out)
-        if aside is not None:
-            print(f"resume=false: moved the earlier run in {out} to {aside}", flush=True)
-        dump_yaml(cfg, out / "config.yaml")  # the resolved config, overrides applied
-    barrier(dist)  # no rank looks for checkpoints before the earlier run is set aside
+    _open_out_dir(cfg, dist, out)
     run.resume()
-    run.tracker = Tracker("distill", cfg, name=cfg.wandb.name, group=cfg.wandb.group,
-                          out_dir=out, project=cfg.wandb.project,
-                          run_id=ckpt.wandb_run_id(out)) if dist.is_main else _NoTracker()
-    for cache in run.kind.caches if dist.is_main else ():
-        run.tracker.summary({f"{cache.what.replace(' ', '_')}/bytes_per_token":
-                             cache.bytes_per_token})
-        print(f"{cache.what}: {cache.bytes_per_token:.0f} bytes per token, "
-              f"{cache.total_bytes / 1e6:.1f} MB in {cache.dir}", flush=True)
+    run.start_tracking()
 
     score = run.kind.score  # what picks best/: alpha, or an eagle3 head's tau
     run.draft.train()
@@ -178,23 +159,65 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
     return out / "best"
 
 
+def _start_processes(cfg: DistillConfig) -> tuple[Any, str]:
+    """(this process's place among the run's processes, the device it trains on): under DDP
+    on GPUs each process takes the GPU of its local rank."""
+    device = default_device() if cfg.train.device == "auto" else cfg.train.device
+    dist = init_distributed(device)
+    if device.startswith("cuda") and dist.world_size > 1:
+        device = f"cuda:{dist.local_rank}"
+    return dist, device
+
+
+def _open_out_dir(cfg: DistillConfig, dist: Any, out: Path) -> None:
+    """Rank 0 readies out_dir: what a killed write left behind recovered, an earlier run set
+    aside under ``resume=false``, the resolved config written; then every rank waits for it."""
+    if dist.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        # first what a kill inside a write left behind, so an earlier run set aside is whole
+        recover_writes(out, [glob.escape(name) for name in ckpt.RUN_FILES])
+        recover_writes(out / "checkpoints")
+        aside = None if cfg.resume else ckpt.set_aside_earlier_run(out)
+        if aside is not None:
+            print(f"resume=false: moved the earlier run in {out} to {aside}", flush=True)
+        dump_yaml(cfg, out / "config.yaml")  # the resolved config, overrides applied
+    barrier(dist)  # no rank looks for checkpoints before the earlier run is set aside
+
+
 class _Run:
     """One process's share of a run: the models, rows, teacher and optimizer it set up, and
     the state a checkpoint keeps (step, best and latest alpha, minutes so far)."""
 
     def __init__(self, cfg: DistillConfig, dist: Any, device: str, out: Path, started: float,
                  progress: bool):
-
         self.cfg, self.dist, self.out, self.started = cfg, dist, out, started
-        target_ref, self.tokenizer, target = _load_target(cfg, device)
-        # the draft kind's checks (a standalone draft's whole model) before any answer is made
-        self.kind: Any = KINDS[cfg.draft.kind](cfg, target, self.tokenizer, target_ref, device)
+        target, target_ref = self._load_models(device)
+        key = self._build_data(target, target_ref, progress)
+        self._choose_draft_vocab(target)
+        self._start_draft(target, key, device, progress)
+        self._build_optimizer()
+        self._start_state()
 
+    def _load_models(self, device: str) -> tuple[Any, Any]:
+        """The target and its tokenizer, then the draft kind, whose checks (a standalone
+        draft's whole model) come before any answer is made: (target, its reference)."""
+        target_ref, self.tokenizer, target = _load_target(self.cfg, device)
+        self.kind: Any = KINDS[self.cfg.draft.kind](self.cfg, target, self.tokenizer, target_ref,
+                                                    device)
+        return target, target_ref
+
+    def _build_data(self, target: Any, target_ref: Any, progress: bool) -> str:
+        """The training and held-out rows (the target's answers made or read from their
+        cache); returns the key the answer and teacher caches are keyed by."""
         # what the answer and teacher caches are keyed by, and where answers end: once
         key, self.stop_ids = target_id(target_ref, target), answer_stop_ids(target, self.tokenizer)
-        self.rows, self.heldout = recipe_rows(cfg, self.tokenizer, target, target_ref, dist,
-                                              progress, key, self.stop_ids)
-        # the reduced head the draft decodes with, if any: scored with it and saved with it
+        self.rows, self.heldout = recipe_rows(self.cfg, self.tokenizer, target, target_ref,
+                                              self.dist, progress, key, self.stop_ids)
+        return key
+
+    def _choose_draft_vocab(self, target: Any) -> None:
+        """The reduced head the draft decodes with, if any: scored with it and saved with it."""
+        cfg = self.cfg
         self.reduced_head = None
         v = vocab_size(target)
         kept = self.kind.kept_head  # a draft.model folder that has one
@@ -204,20 +227,29 @@ class _Run:
         elif kept is not None:
             self.reduced_head = ReducedHead(kept.ids, v, source=f"{cfg.draft.model}")
             self.reduced_head.covered = self.reduced_head.coverage(token_counts(self.heldout, v))
-        if self.reduced_head is not None and dist.is_main:
+        if self.reduced_head is not None and self.dist.is_main:
             print(f"draft vocabulary: {len(self.reduced_head)} tokens cover "
                   f"{self.reduced_head.covered:.1%} of the held-out target tokens"
                   + ("" if cfg.draft.draft_vocab_size else " (the draft's own; set "
                      "draft.draft_vocab_size to choose again)"), flush=True)
+
+    def _start_draft(self, target: Any, key: str, device: str, progress: bool) -> None:
+        """The draft on its device and the teacher that scores its rows (a cache the draft
+        kind fills on its first run)."""
         tok = self.tokenizer
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.autocast = (lambda: torch.autocast(device.split(":")[0], dtype=torch.bfloat16)) \
-            if cfg.train.precision == "bf16" else contextlib.nullcontext
-        self.kind.start(target, key, self.rows, self.reduced_head, dist, progress, self.autocast)
+            if self.cfg.train.precision == "bf16" else contextlib.nullcontext
+        self.kind.start(target, key, self.rows, self.reduced_head, self.dist, progress,
+                        self.autocast)
         self.draft, self.teacher = self.kind.draft, self.kind.teacher
         self.onpolicy_engine = None  # the draft's answers in vLLM, made at its first use
-        student = self.kind.student
-        if dist.world_size > 1 and not cfg.train.deepspeed:
+
+    def _build_optimizer(self) -> None:
+        """The trained module (DDP-wrapped over several processes), its optimizer and lr
+        schedule, or the DeepSpeed engine that owns them."""
+        cfg, student = self.cfg, self.kind.student
+        if self.dist.world_size > 1 and not cfg.train.deepspeed:
             student = torch.nn.parallel.DistributedDataParallel(student)
         self.params = [p for p in self.draft.parameters() if p.requires_grad]
         if not self.params:
@@ -226,16 +258,31 @@ class _Run:
         self.student, self.engine, self.optimizer, self.scheduler = _optimizer(
             cfg, student, self.params)
 
+    def _start_state(self) -> None:
+        """The state a checkpoint keeps, as at step 0 (:meth:`resume` brings a saved one)."""
+        cfg = self.cfg
         # the held-out score (kind.score) that picked best/, and the latest one
         self.step, self.best_score, self.last_score, self.prior_minutes = 0, -1.0, None, 0.0
         # the data position only means these rows: a checkpoint of other rows cannot resume
         self.data_key = cache_key("rows", self.rows, 0, 0.0)
         # so is the order they are drawn in: rows per micro-batch, per step, per process
-        self.batching = [cfg.train.batch_size, cfg.train.grad_accum, dist.world_size]
-        self.ckpt_dir = out / "checkpoints"
+        self.batching = [cfg.train.batch_size, cfg.train.grad_accum, self.dist.world_size]
+        self.ckpt_dir = self.out / "checkpoints"
         self.seconds = {"step": 0.0, "eval": 0.0, "checkpoint": 0.0}  # latest, for max_minutes
         self.lr = cfg.train.lr  # the latest step's learning rate, for the log
         self.tracker: Any = _NoTracker()
+
+    def start_tracking(self) -> None:
+        """W&B on rank 0 (a resumed run continues its W&B run), with the caches' sizes."""
+        cfg, dist, out = self.cfg, self.dist, self.out
+        self.tracker = Tracker("distill", cfg, name=cfg.wandb.name, group=cfg.wandb.group,
+                               out_dir=out, project=cfg.wandb.project,
+                               run_id=ckpt.wandb_run_id(out)) if dist.is_main else _NoTracker()
+        for cache in self.kind.caches if dist.is_main else ():
+            self.tracker.summary({f"{cache.what.replace(' ', '_')}/bytes_per_token":
+                                  cache.bytes_per_token})
+            print(f"{cache.what}: {cache.bytes_per_token:.0f} bytes per token, "
+                  f"{cache.total_bytes / 1e6:.1f} MB in {cache.dir}", flush=True)
 
     def minutes(self) -> float:
         """Wall minutes of this out_dir's runs so far, set-up included."""

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from draftkit.config import option, reuse, to_dict
 from draftkit.decode.args import SamplingArgs, SpeculationArgs
-from draftkit.decode.k import AUTO, K, check_k, parse_k
+from draftkit.decode.k import AUTO, K
 from draftkit.errors import ConfigError
 from draftkit.evaluate.figures import EvalReport, RegimesReport
 from draftkit.evaluate.regimes.drafts import DEFAULT_DRAFT_LAYERS
@@ -34,6 +34,7 @@ from draftkit.evaluate.report import (domain_table, format_text_table, headline,
                                       plain_step_text, write_report)
 from draftkit.evaluate.settings import EvalSettings
 from draftkit.evaluate.suite import builtin_suites_dir
+from draftkit.models.args import ModelArgs
 from draftkit.tracking import Tracker
 
 
@@ -48,13 +49,11 @@ def suite_path(suite: str) -> Path:
 # --- draftkit eval -------------------------------------------------------------------------------
 
 @dataclass
-class EvalArgs(EvalSettings):
+class EvalArgs(ModelArgs, EvalSettings):
     """Measure a draft against its target on domain suites and write a report. Under --k auto,
     one K policy runs per domain, learning across its prompts as a server's does across
     requests; --k-max also bounds the K sweep's predictions."""
 
-    draft: str = option(help="draft model: HF folder, bundle, hub id")
-    target: str = option("embedded", help="target model: HF folder, bundle, hub id, 'embedded'")
     suite: str = option("builtin", help="JSONL suite file or folder of them; 'builtin' = the "
                                         "shipped eval/suites")
     out: str = option("runs/eval", help="output directory for the report")
@@ -65,8 +64,6 @@ class EvalArgs(EvalSettings):
     limit: int | None = option(None, help="at most N prompts per domain")
     domains: list[str] | None = option(None, nargs="*", metavar="DOMAIN",
                                        help="only these domains (space- or comma-separated)")
-    dtype: str = option("auto", help="auto, float32, bfloat16 or float16")
-    device: str | None = option(None, help="cpu or cuda (default: cuda if available)")
     engine: str = option("draftkit", choices=("draftkit", "vllm"), group=ENGINE_GROUP,
                          help="draftkit: measure in draftkit's own engine (the usual report); "
                               "vllm: decode the bundle (--draft BUNDLE) in vLLM, in its own "
@@ -91,7 +88,6 @@ class EvalArgs(EvalSettings):
                               "one --temperature")
         if any(t < 0 for t in self.temperatures or []):
             raise ConfigError("--temperatures must be >= 0")
-        check_k(self.k, self.k_max, bounded=True)  # predictions and the K sweep stop at k_max
         if self.k_max < 1:
             raise ConfigError("--k-max must be >= 1")
         if self.limit is not None and self.limit < 1:
@@ -109,7 +105,7 @@ def evaluate_in_engine(args: EvalArgs):
     from draftkit.evaluate.parity.report import (control_table, parity_table, verdicts,
                                                  write_parity_report)
 
-    k = None if parse_k(args.k) == AUTO else int(args.k)
+    k = None if args.k == AUTO else args.k
     if k == 0:
         raise ConfigError("--engine vllm compares speculative decoding: --k must be >= 1 or "
                           "auto (the bundle's K)")
@@ -134,7 +130,7 @@ def evaluate_in_engine(args: EvalArgs):
 def run_eval(args: EvalArgs) -> EvalReport:
     """Measure and return the report (``evaluate`` also writes it)."""
     # the measurements import torch
-    from draftkit.evaluate.evaluation import eval_report
+    from draftkit.evaluate.run import eval_report
 
     settings = dataclasses.replace(args, k_sweep=[k for k in args.k_sweep if k <= args.k_max])
     return eval_report(args.target, args.draft, suite_path(args.suite), settings,
@@ -160,14 +156,12 @@ def evaluate(args: EvalArgs) -> EvalReport:
 # --- draftkit regimes ----------------------------------------------------------------------------
 
 @dataclass
-class RegimesArgs(SpeculationArgs):
+class RegimesArgs(ModelArgs, SpeculationArgs):
     """Measure where speculation stops paying for a target and draft on your own prompts: high
     entropy, a draft too slow for its acceptance, domain mismatch and large batches."""
 
-    target: str = option("embedded", help="target model: HF folder, bundle, hub id, 'embedded'")
-    draft: str | None = option(None, help="the draft to map: HF folder, bundle, hub id (default: "
-                                          f"an early exit of the target's first "
-                                          f"{DEFAULT_DRAFT_LAYERS} layers)")
+    draft: str | None = reuse(ModelArgs, "draft", None, note="; the draft to map (default: an "
+                              f"early exit of the target's first {DEFAULT_DRAFT_LAYERS} layers)")
     suite: str = option("builtin", help="JSONL suite file or folder of them; 'builtin' = the "
                                         "shipped eval/suites")
     domains: list[str] | None = option(None, nargs="*", metavar="DOMAIN",
@@ -195,12 +189,10 @@ class RegimesArgs(SpeculationArgs):
                  "every measurement, so that slowdowns show instead of the policy hiding them "
                  "(the batch regime also reports the K that --k auto picks)")
     seed: int = reuse(SamplingArgs, "seed")
-    dtype: str = option("auto", help="auto, float32, bfloat16 or float16")
-    device: str | None = option(None, help="cpu or cuda (default: cuda if available)")
 
     def validate(self) -> None:
         super().validate()
-        if parse_k(self.k) == AUTO:
+        if self.k == AUTO:
             raise ConfigError("--k must be a fixed K >= 1: regimes measures every draft at "
                               "the same K")
         for name in ("prompts_per_domain", "batch_groups", "max_new_tokens", "k", "k_max"):

@@ -196,6 +196,141 @@ def format_text_table(header: list[str], rows: list[list[str]]) -> str:
 
 # --- plots --------------------------------------------------------------------------------------
 
+def _plot_k_sweep(plt, report: EvalReport):
+    """Measured and predicted speedup against K, one colour per domain; None without a K
+    sweep."""
+    if not report.k_sweep:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    by_domain: dict[str, list[KSweepRow]] = {}
+    for row in report.k_sweep:
+        by_domain.setdefault(row.domain, []).append(row)
+    for i, (name, rows) in enumerate(by_domain.items()):
+        rows = sorted(rows, key=lambda r: r.k)
+        color = f"C{i % 10}"
+        ks = [r.k for r in rows]
+        measured = [r for r in rows if r.speedup_measured is not None]
+        if measured:
+            ax.errorbar([r.k for r in measured], [r.speedup_measured for r in measured],
+                        yerr=error_bars(measured), fmt="o-", color=color, capsize=3,
+                        label=f"{name} measured")
+        ax.plot(ks, [r.speedup_predicted for r in rows], "--", color=color, alpha=0.7,
+                label=f"{name} predicted")
+    ax.axhline(1.0, color="gray", lw=1)
+    ax.set_xlabel("K (drafted tokens per round)")
+    ax.set_ylabel("speedup over plain decoding")
+    ax.legend(fontsize=7, ncol=2)
+    return fig
+
+
+def _plot_batch_sweep(plt, report: EvalReport):
+    """Measured and predicted speedup against batch size, with the break-even batch; None
+    without a batch sweep."""
+    if not report.batch_sweep:
+        return None
+    rows = sorted(report.batch_sweep, key=lambda r: r.batch_size)
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    bs = [r.batch_size for r in rows]
+    measured = [r for r in rows if r.speedup_measured is not None]
+    if measured:
+        ax.errorbar([r.batch_size for r in measured], [r.speedup_measured for r in measured],
+                    yerr=error_bars(measured), fmt="o-", capsize=3, label="measured")
+    ax.plot(bs, [r.speedup_predicted for r in rows], "s--", label="predicted")
+    ax.axhline(1.0, color="gray", lw=1)
+    be = report.break_even
+    if be is not None and be.kind in ("crosses", "rises"):
+        ax.axvline(be.x, color="red", ls=":", label=f"break-even batch ~{be.x:.3g}")
+    ax.set_title(textwrap.fill(break_even_text(report), 80), fontsize=9)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("speedup over plain decoding")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def _plot_alpha_per_position(plt, report: EvalReport):
+    """Conditional acceptance at each draft position, per domain; None if none measured it."""
+    per_pos = {n: d.alpha_per_position for n, d in report.domains.items()
+               if d.alpha_per_position}
+    if not per_pos:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for name, values in per_pos.items():
+        ax.plot(range(1, len(values) + 1), values, "o-", label=name)
+    ax.set_xlabel("draft position i")
+    ax.set_ylabel("conditional alpha_i")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def _plot_by_entropy(plt, report: EvalReport):
+    """Teacher-forced acceptance per bucket of the target's entropy, per domain (dotted: the
+    baseline draft's); None if no domain has the table."""
+    by_entropy = {n: d.by_entropy for n, d in report.domains.items() if d.by_entropy is not None}
+    if not by_entropy:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for i, (name, b) in enumerate(by_entropy.items()):
+        x = range(len(b.buckets))
+        ax.plot(x, [a if a is not None else math.nan for a in b.acceptance["draft"]], "o-",
+                color=f"C{i % 10}", label=name)
+        if ALPHA_BEFORE in b.acceptance:
+            ax.plot(x, [a if a is not None else math.nan for a in b.acceptance[ALPHA_BEFORE]],
+                    "x:", color=f"C{i % 10}", alpha=0.6)
+        ticks = b.buckets
+    ax.set_xticks(list(range(len(ticks))), ticks)
+    ax.set_xlabel("target entropy at the position (nats)")
+    ax.set_ylabel("acceptance (teacher-forced)")
+    ax.set_title("dotted: before distillation" if any(ALPHA_BEFORE in b.acceptance for b in
+                                                        by_entropy.values()) else "",
+                 fontsize=9)
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def _plot_alpha_per_domain(plt, report: EvalReport):
+    """A bar per domain: alpha, or alpha before and after beside each other where a baseline
+    draft was measured; None without domains."""
+    domains = report.domains
+    if not domains:
+        return None
+    names = list(domains)
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+
+    def bars(xs, figure, **kw):  # a missing value gets "n/a", not a bar at 0
+        vals = [figure(domains[n]) for n in names]
+        ax.bar(xs, [math.nan if a is None else a for a in vals], **kw)
+        for pos, a in zip(xs, vals):
+            if a is None:
+                ax.text(pos, 0.01, "n/a", ha="center", fontsize=7)
+
+    x = range(len(names))
+    if any(domains[n].alpha_before is not None for n in names):
+        # both teacher-forced on the same continuations (BEFORE_NOTE)
+        bars([i - 0.2 for i in x], lambda f: f.alpha_before, width=0.4, label="before")
+        bars([i + 0.2 for i in x], lambda f: f.alpha_after, width=0.4, label="after")
+        ax.legend(fontsize=8)
+        ax.set_ylabel("alpha (teacher-forced)")
+    else:
+        bars(list(x), lambda f: f.alpha)
+        ax.set_ylabel("alpha")
+    ax.set_xticks(list(x), names, rotation=20)
+    ax.set_xlim(-0.6, len(names) - 0.4)  # a domain with no bar keeps its place
+    ax.set_ylim(0, 1)
+    return fig
+
+
+# (file, title, maker) in the order the documents show them; a maker returns None when its
+# section is absent from the report
+PLOTS = [("speedup_vs_k.png", "Speedup against K", _plot_k_sweep),
+         ("speedup_vs_batch.png", "Speedup against batch size", _plot_batch_sweep),
+         ("alpha_per_position.png", "Acceptance per draft position", _plot_alpha_per_position),
+         ("acceptance_by_entropy.png", "Acceptance by the target's entropy", _plot_by_entropy),
+         ("alpha_per_domain.png", "Acceptance per domain", _plot_alpha_per_domain)]
+
+
 def write_plots(report: EvalReport, out_dir: Path) -> dict[str, Path]:
     """PNG plots for the sections present; returns {title: path}."""
     import matplotlib
@@ -205,110 +340,10 @@ def write_plots(report: EvalReport, out_dir: Path) -> dict[str, Path]:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     plots: dict[str, Path] = {}
-    domains = report.domains
-
-    def save(fig, name: str, title: str) -> None:
-        plots[title] = save_png(fig, out_dir / name)
-
-    if report.k_sweep:
-        fig, ax = plt.subplots(figsize=(6.4, 4))
-        by_domain: dict[str, list[KSweepRow]] = {}
-        for row in report.k_sweep:
-            by_domain.setdefault(row.domain, []).append(row)
-        for i, (name, rows) in enumerate(by_domain.items()):
-            rows = sorted(rows, key=lambda r: r.k)
-            color = f"C{i % 10}"
-            ks = [r.k for r in rows]
-            measured = [r for r in rows if r.speedup_measured is not None]
-            if measured:
-                ax.errorbar([r.k for r in measured], [r.speedup_measured for r in measured],
-                            yerr=error_bars(measured), fmt="o-", color=color, capsize=3,
-                            label=f"{name} measured")
-            ax.plot(ks, [r.speedup_predicted for r in rows], "--", color=color, alpha=0.7,
-                    label=f"{name} predicted")
-        ax.axhline(1.0, color="gray", lw=1)
-        ax.set_xlabel("K (drafted tokens per round)")
-        ax.set_ylabel("speedup over plain decoding")
-        ax.legend(fontsize=7, ncol=2)
-        save(fig, "speedup_vs_k.png", "Speedup against K")
-
-    if report.batch_sweep:
-        rows = sorted(report.batch_sweep, key=lambda r: r.batch_size)
-        fig, ax = plt.subplots(figsize=(6.4, 4))
-        bs = [r.batch_size for r in rows]
-        measured = [r for r in rows if r.speedup_measured is not None]
-        if measured:
-            ax.errorbar([r.batch_size for r in measured], [r.speedup_measured for r in measured],
-                        yerr=error_bars(measured), fmt="o-", capsize=3, label="measured")
-        ax.plot(bs, [r.speedup_predicted for r in rows], "s--", label="predicted")
-        ax.axhline(1.0, color="gray", lw=1)
-        be = report.break_even
-        if be is not None and be.kind in ("crosses", "rises"):
-            ax.axvline(be.x, color="red", ls=":", label=f"break-even batch ~{be.x:.3g}")
-        ax.set_title(textwrap.fill(break_even_text(report), 80), fontsize=9)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("batch size")
-        ax.set_ylabel("speedup over plain decoding")
-        ax.legend(fontsize=8)
-        save(fig, "speedup_vs_batch.png", "Speedup against batch size")
-
-    per_pos = {n: d.alpha_per_position for n, d in domains.items() if d.alpha_per_position}
-    if per_pos:
-        fig, ax = plt.subplots(figsize=(6.4, 4))
-        for name, values in per_pos.items():
-            ax.plot(range(1, len(values) + 1), values, "o-", label=name)
-        ax.set_xlabel("draft position i")
-        ax.set_ylabel("conditional alpha_i")
-        ax.set_ylim(0, 1)
-        ax.legend(fontsize=8)
-        save(fig, "alpha_per_position.png", "Acceptance per draft position")
-
-    by_entropy = {n: d.by_entropy for n, d in domains.items() if d.by_entropy is not None}
-    if by_entropy:
-        fig, ax = plt.subplots(figsize=(6.4, 4))
-        for i, (name, b) in enumerate(by_entropy.items()):
-            x = range(len(b.buckets))
-            ax.plot(x, [a if a is not None else math.nan for a in b.acceptance["draft"]], "o-",
-                    color=f"C{i % 10}", label=name)
-            if ALPHA_BEFORE in b.acceptance:
-                ax.plot(x, [a if a is not None else math.nan for a in b.acceptance[ALPHA_BEFORE]],
-                        "x:", color=f"C{i % 10}", alpha=0.6)
-            ticks = b.buckets
-        ax.set_xticks(list(range(len(ticks))), ticks)
-        ax.set_xlabel("target entropy at the position (nats)")
-        ax.set_ylabel("acceptance (teacher-forced)")
-        ax.set_title("dotted: before distillation" if any(ALPHA_BEFORE in b.acceptance for b in
-                                                            by_entropy.values()) else "",
-                     fontsize=9)
-        ax.set_ylim(0, 1)
-        ax.legend(fontsize=8)
-        save(fig, "acceptance_by_entropy.png", "Acceptance by the target's entropy")
-
-    if domains:
-        names = list(domains)
-        fig, ax = plt.subplots(figsize=(6.4, 4))
-
-        def bars(xs, figure, **kw):  # a missing value gets "n/a", not a bar at 0
-            vals = [figure(domains[n]) for n in names]
-            ax.bar(xs, [math.nan if a is None else a for a in vals], **kw)
-            for pos, a in zip(xs, vals):
-                if a is None:
-                    ax.text(pos, 0.01, "n/a", ha="center", fontsize=7)
-
-        x = range(len(names))
-        if any(domains[n].alpha_before is not None for n in names):
-            # both teacher-forced on the same continuations (BEFORE_NOTE)
-            bars([i - 0.2 for i in x], lambda f: f.alpha_before, width=0.4, label="before")
-            bars([i + 0.2 for i in x], lambda f: f.alpha_after, width=0.4, label="after")
-            ax.legend(fontsize=8)
-            ax.set_ylabel("alpha (teacher-forced)")
-        else:
-            bars(list(x), lambda f: f.alpha)
-            ax.set_ylabel("alpha")
-        ax.set_xticks(list(x), names, rotation=20)
-        ax.set_xlim(-0.6, len(names) - 0.4)  # a domain with no bar keeps its place
-        ax.set_ylim(0, 1)
-        save(fig, "alpha_per_domain.png", "Acceptance per domain")
+    for name, title, make in PLOTS:
+        fig = make(plt, report)
+        if fig is not None:
+            plots[title] = save_png(fig, out_dir / name)
     return plots
 
 

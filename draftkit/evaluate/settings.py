@@ -5,6 +5,7 @@ measure and where to write it), the quickstart and the regime map, which build i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from draftkit.config import option
 from draftkit.decode.args import DecodingArgs
@@ -16,6 +17,8 @@ GROUP = "measurement options"
 @dataclass(kw_only=True)
 class EvalSettings(DecodingArgs):
     """What the measurements decode with (K, sampling) and how much they measure."""
+
+    k_bounded: ClassVar[bool] = True  # predictions and the K sweep stop at k_max
 
     max_new_tokens: int = option(128, group=GROUP, help="new tokens per prompt")
     repeats: int = option(1, group=GROUP, help="timing repeats (pooled with the prompts)")

@@ -30,22 +30,23 @@ with the in-memory one, and only then renames the folder into place.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from draftkit.decode.k import AUTO, DEFAULT_FIXED_K, KValue, parse_k
 from draftkit.errors import DraftkitError, ModelError
 from draftkit.evaluate.figures import EvalReport
-from draftkit.evaluate.summary import shown_speedup
+from draftkit.evaluate.analysis import shown_speedup
 from draftkit.export import engines
 from draftkit.export.eagle3 import (LAYER_IDS, Eagle3Export, check_against_target,
                                     check_served_layout)
+from draftkit.export.k import REPORT, ExportKValue, check_export_k, recommended_k
 from draftkit.export.serving import serving_entry, write_serving
 from draftkit.io import atomic_dir, read_json, sha256_file
-from draftkit.manifest import FORMAT, read_manifest, seal
+from draftkit.manifest import (FORMAT, DomainEntry, DraftEntry, Manifest, RecipeEntry,
+                               ReportEntry, ServingEntry, TargetEntry, read_manifest,
+                               write_manifest)
 from draftkit.manifest import NAME as MANIFEST
 from draftkit.models import check_compatible, load_tokenizer, resolve_model
 from draftkit.models.facts import context_window, vocab_size
@@ -55,21 +56,19 @@ from draftkit.models.resolve import content_hash
 from draftkit.models.save import save_model, save_tokenizer
 
 
-
 # --- hashing ------------------------------------------------------------------------------------
 
 def _bundle_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
-def target_reference(ref) -> dict:
+def target_reference(ref) -> TargetEntry:
     """Name, local path and an identity for the target: the hub revision and a content hash."""
-    entry: dict[str, Any] = {"name": ref.name, "path": str(ref.path), "kind": ref.kind}
     parts = Path(ref.path).parts
-    if "snapshots" in parts and parts.index("snapshots") + 1 < len(parts):
-        entry["revision"] = parts[parts.index("snapshots") + 1]
-    entry["sha256"] = content_hash(ref)
-    return entry
+    revision = parts[parts.index("snapshots") + 1] if "snapshots" in parts and \
+        parts.index("snapshots") + 1 < len(parts) else None
+    return TargetEntry(name=ref.name, path=str(ref.path), kind=ref.kind, revision=revision,
+                       sha256=content_hash(ref))
 
 
 def _probe_ids(vocab_size: int):
@@ -140,12 +139,12 @@ class StandaloneExport:
             raise ModelError(f"the written draft's logits differ from the in-memory draft's by "
                              f"{diff:.2e}; export aborted, nothing written")
 
-    def entry(self) -> dict:
-        """The manifest's ``draft`` entry."""
-        return {"kind": self.kind, "name": self.ref.name, "source": str(self.ref.path),
-                "lora_merged": self.merged,
-                "num_parameters": sum(p.numel() for p in self.model.parameters()),
-                "num_hidden_layers": self.model.config.get_text_config().num_hidden_layers}
+    def entry(self) -> DraftEntry:
+        """The manifest's ``draft`` entry (its dtype is export's)."""
+        return DraftEntry(kind=self.kind, name=self.ref.name, source=str(self.ref.path),
+                          lora_merged=self.merged,
+                          num_parameters=sum(p.numel() for p in self.model.parameters()),
+                          num_hidden_layers=self.model.config.get_text_config().num_hidden_layers)
 
 
 def _cast(model, dtype) -> None:
@@ -156,10 +155,17 @@ def _cast(model, dtype) -> None:
     model.config.dtype = dtype
 
 
-def export_bundle(target: str, draft: str, out: str | Path, report: str | Path | None = None,
-                  k: KValue = AUTO, recipe: str | Path | None = None,
-                  force: bool = False, dtype: str = "bfloat16") -> Path:
+def export_bundle(target: str, draft: str, out: str | Path,
+                  report: str | Path | EvalReport | None = None, k: ExportKValue = REPORT,
+                  recipe: str | Path | None = None, force: bool = False,
+                  dtype: str = "bfloat16") -> Path:
+    """Write the bundle for ``draft`` beside ``target`` to ``out``. ``report``: the eval report
+    (the record, or the report.json the CLI is given) whose figures and K the bundle records;
+    ``k``: an integer, or :data:`~draftkit.export.k.REPORT` (:mod:`draftkit.export.k`),
+    checked here, once."""
     from transformers import AutoConfig
+
+    k = check_export_k(k)  # refuses 'auto' before anything is loaded
 
     out = Path(out)
     if out.exists() and not force:
@@ -169,15 +175,16 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
                                                or (out / MANIFEST).is_file())):
         raise DraftkitError(f"{out} is not a draftkit bundle (no {MANIFEST}), so --force will "
                             f"not replace it; choose another --out or remove it yourself")
-    report_data = _read_report(report) if report else None
-    k, k_source = _recommended_k(k, report_data)
+    report_data = report if isinstance(report, EvalReport) else \
+        _read_report(report) if report else None
+    k, k_source = recommended_k(k, report_data)
     target_ref = resolve_model(target, "target")
     draft_ref = resolve_model(draft, "draft")
     target_tok = load_tokenizer(target_ref, "target")
     target_cfg = AutoConfig.from_pretrained(target_ref.path)
     target_entry = target_reference(target_ref)
     # the draft's kind is its own: an EAGLE-3 head's config.json says so
-    source = Eagle3Export(draft_ref, target_ref, target_cfg, target_entry["sha256"]) if \
+    source = Eagle3Export(draft_ref, target_ref, target_cfg, target_entry.sha256) if \
         is_eagle3_dir(draft_ref.path) else StandaloneExport(draft_ref, target_tok, target_cfg)
     final_draft = str(out.resolve() / "draft")
     target_for_serving = str(target_ref.path) if target_ref.kind != "hub" else target_ref.spec
@@ -188,25 +195,18 @@ def export_bundle(target: str, draft: str, out: str | Path, report: str | Path |
     with atomic_dir(out, overwrite=force) as tmp:
         source.write(tmp / "draft", target_tok, k, dtype)
         write_serving(tmp / "serving", serving, final_draft, source.kind, k, figures["domains"])
-        manifest = {
-            "format": FORMAT,
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "target": target_entry,
-            "draft": {**source.entry(), "dtype": dtype},
-            "num_speculative_tokens": k,
-            "k_source": k_source,
-            **figures,
-            "serving": serving,
-            "recipe": recipe_data,
-            "versions": _versions(),
-        }
-        manifest["files"] = {str(p.relative_to(tmp)): sha256_file(p) for p in _bundle_files(tmp)}
-        (tmp / MANIFEST).write_text(json.dumps(seal(manifest), indent=2) + "\n")
+        write_manifest(tmp, Manifest(
+            format=FORMAT,
+            created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            target=target_entry, draft=replace(source.entry(), dtype=dtype),
+            num_speculative_tokens=k, k_source=k_source, **figures, serving=serving,
+            recipe=recipe_data, versions=_versions(),
+            files={str(p.relative_to(tmp)): sha256_file(p) for p in _bundle_files(tmp)}))
     return out
 
 
 def _serving(source, draft_dir: str, target: str, k: int, dtype: str,
-             report: EvalReport | None) -> dict:
+             report: EvalReport | None) -> ServingEntry:
     """The manifest's ``serving`` entry for this draft (:func:`serving_entry`), refusing what
     no engine would serve as the bundle says and warning, one line each, of what one engine
     would not."""
@@ -251,7 +251,7 @@ def _read_report(path) -> EvalReport | None:
                             f"report.json `draftkit eval` wrote") from None
 
 
-def _read_recipe(path) -> dict:
+def _read_recipe(path) -> RecipeEntry:
     import yaml
 
     try:
@@ -260,38 +260,23 @@ def _read_recipe(path) -> dict:
         raise DraftkitError(f"recipe {path} does not exist") from None
     except yaml.YAMLError:
         raise DraftkitError(f"recipe {path} is not valid YAML") from None
-    return {"path": str(path), "config": data}
-
-
-def _recommended_k(k: KValue, report: EvalReport | None) -> tuple[int, str]:
-    k = parse_k(k)
-    if k != AUTO:
-        return k, "flag"
-    overall = report.overall if report is not None else None
-    if overall is not None and isinstance(overall.k, int):
-        return overall.k, "report"
-    return DEFAULT_FIXED_K, "default"
+    return RecipeEntry(path=str(path), config=data)
 
 
 def _figures(report: EvalReport | None) -> dict:
-    """The report's per-domain figures that serving decisions need, as the manifest keeps them."""
+    """The :class:`Manifest` fields a report gives: its per-domain figures that serving
+    decisions need, the break-even batch size and where it was measured."""
     if report is None:
         return {"domains": {}, "break_even_batch": None, "break_even_kind": None,
                 "measured": False}
-    domains = {name: {"alpha": row.alpha, "tau": row.tau, "c": row.c, "k": row.k,
-                      "speedup_measured": row.speedup_measured,
-                      "speedup_predicted": row.speedup_predicted, "verdict": row.verdict}
-               for name, row in report.domains.items()}
     be = report.break_even
-    # kind says which side of batch_size pays: "crosses", it stops paying there; "rises", it
-    # starts; "below" / "above", no / every batch size measured pays
-    return {"domains": domains, "break_even_batch": be.batch_size if be else None,
+    return {"domains": {name: DomainEntry.of(row) for name, row in report.domains.items()},
+            "break_even_batch": be.batch_size if be else None,
             "break_even_kind": be.kind if be else None, "measured": True,
-            "report": {"device": report.device, "dtype": report.dtype,
-                       "temperature": report.temperature, "created": report.created}}
+            "report": ReportEntry.of(report)}
 
 
-def _versions() -> dict:
+def _versions() -> dict[str, str]:
     import importlib.metadata as md
 
     out = {}
@@ -306,7 +291,7 @@ def _versions() -> dict:
 # --- check --------------------------------------------------------------------------------------
 
 def check_bundle(bundle: str | Path, check_target: bool = True,
-                 target: str | None = None) -> dict:
+                 target: str | None = None) -> Manifest:
     """Verify every file's sha256, an EAGLE-3 head's served layout, and the draft/target
     pairing (with ``target``, or the target the manifest records); return the manifest."""
     from transformers import AutoConfig
@@ -319,7 +304,7 @@ def check_bundle(bundle: str | Path, check_target: bool = True,
         raise ModelError(f"{root} is not a draftkit bundle (no {MANIFEST}); pass the folder "
                          f"`draftkit export` wrote")
     manifest = read_manifest(root)
-    files = manifest["files"]
+    files = manifest.files
     for rel, digest in files.items():
         path = root / rel
         if not path.is_file():
@@ -346,19 +331,19 @@ def check_bundle(bundle: str | Path, check_target: bool = True,
                          target_cfg, draft_cfg)
         if head is not None:
             check_against_target(head, target_cfg, root / "draft")
-        recorded = manifest["target"].get("sha256")
-        if recorded and target_reference(target_ref)["sha256"] != recorded:
+        recorded = manifest.target.sha256
+        if recorded and target_reference(target_ref).sha256 != recorded:
             raise ModelError(f"the target at {target_ref.path} is not the one this bundle was "
                              f"exported for (content hash differs); pass the right target")
     return manifest
 
 
-def _check_kind(root: Path, manifest: dict) -> dict | None:
+def _check_kind(root: Path, manifest: Manifest) -> dict | None:
     """The draft's kind as the manifest records it and as draft/ holds it, the same; for an
     EAGLE-3 head, its config, checked against what vLLM and SGLang read, with the tapped
     layers the manifest records."""
-    recorded = manifest["draft"]
-    kind = recorded.get("kind", StandaloneExport.kind)  # bundles before EAGLE-3 record none
+    recorded = manifest.draft
+    kind = recorded.kind or StandaloneExport.kind  # bundles before EAGLE-3 record none
     held = Eagle3Export.kind if is_eagle3_dir(root / "draft") else StandaloneExport.kind
     if kind != held:
         raise ModelError(f"{MANIFEST} records the draft's kind as {kind!r} but draft/ holds "
@@ -366,7 +351,8 @@ def _check_kind(root: Path, manifest: dict) -> dict | None:
     if held != Eagle3Export.kind:
         return None
     config = check_served_layout(root / "draft")
-    if recorded.get(LAYER_IDS) != config[LAYER_IDS]:
-        raise ModelError(f"{MANIFEST} records tapped layers {recorded.get(LAYER_IDS)}, "
+    if recorded.eagle_aux_hidden_state_layer_ids != config[LAYER_IDS]:
+        raise ModelError(f"{MANIFEST} records tapped layers "
+                         f"{recorded.eagle_aux_hidden_state_layer_ids}, "
                          f"draft/config.json {config[LAYER_IDS]}; re-export the bundle")
     return config

@@ -14,14 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftkit.config import option
-from draftkit.decode.k import AUTO, DEFAULT_FIXED_K, K, parse_k
+from draftkit.config import option, reuse
+from draftkit.decode.k import DEFAULT_FIXED_K
 from draftkit.errors import ModelError
 from draftkit.export.bundle import check_bundle, export_bundle
+from draftkit.export.k import REPORT, ExportK
 from draftkit.export.eagle3 import KIND as EAGLE3
-from draftkit.export.eagle3 import LAYER_IDS
 from draftkit.io import read_json
-from draftkit.manifest import read_manifest
+from draftkit.manifest import Manifest, read_manifest
+from draftkit.models.args import ModelArgs
 from draftkit.tracking import Tracker
 
 
@@ -30,14 +31,15 @@ class ExportArgs:
     """Export a draft with its target reference and serving configs as a bundle."""
 
     out: str = option(help="bundle directory to create")
-    draft: str = option(help="draft model: HF folder (a LoRA adapter folder is merged), EAGLE-3 "
-                             "head folder (with the --target it was trained on), bundle")
-    target: str = option("embedded", help="target model the draft serves")
+    draft: str = reuse(ModelArgs, "draft", note="; a LoRA adapter folder is merged; an EAGLE-3 "
+                       "head folder with the --target it was trained on")
+    target: str = reuse(ModelArgs, "target", note="; the one the draft serves")
     report: str | None = option(None, help="eval report.json: per-domain figures and the "
                                            "recommended K go into the bundle")
-    k: K = option(AUTO, help="recommended K (num_speculative_tokens) for the serving "
-                             "configs; 'auto': the K the report's decodes used most, else "
-                             f"{DEFAULT_FIXED_K}")
+    k: ExportK = option(REPORT, help="the K (num_speculative_tokens) the serving configs "
+                                     f"draft: an integer, or '{REPORT}': the K the report's "
+                                     f"decodes used most, else {DEFAULT_FIXED_K} (vLLM and "
+                                     "SGLang draft a fixed K: 'auto' is refused)")
     recipe: str | None = option(None, help="the distillation recipe (resolved config.yaml) that "
                                            "trained the draft, recorded in the bundle")
     dtype: str = option("bfloat16", choices=("float32", "float16", "bfloat16"),
@@ -47,9 +49,6 @@ class ExportArgs:
                              "draft as float16)")
     force: bool = option(False, help="replace an existing bundle directory")
 
-    def validate(self) -> None:
-        parse_k(self.k)
-
 
 @dataclass
 class CheckArgs:
@@ -57,9 +56,9 @@ class CheckArgs:
     SGLang read it), and the pairing with its target."""
 
     bundle: str = option(help="bundle directory", positional=True)
-    target: str | None = option(None, help="the target model, where the bundle's recorded "
-                                           "one is not found on this machine (checked against "
-                                           "its recorded sha256)")
+    target: str | None = reuse(ModelArgs, "target", None, note="; give it where the bundle's "
+                               "recorded one is not found on this machine (it is checked "
+                               "against its recorded sha256)")
 
 
 def export(args: ExportArgs) -> Path:
@@ -69,18 +68,17 @@ def export(args: ExportArgs) -> Path:
     manifest = read_manifest(out)
     with Tracker("export", {"target": args.target, "draft": args.draft, "k": args.k}) as t:
         t.log_artifact(out, name=f"bundle-{out.name}", type="model",
-                       metadata={"num_speculative_tokens": manifest["num_speculative_tokens"]})
-    serving = manifest["serving"]
-    engines = serving["engines"]
-    print(f"wrote bundle {out}: K={manifest['num_speculative_tokens']} "
-          f"({manifest['k_source']}), draft in {serving['dtype']}, tensor-parallel sizes "
-          f"{serving['tp_sizes']}, {len(manifest['files'])} files hashed")
-    print(f"  needs:  vllm >= {engines['vllm']['min_version']}, sglang >= "
-          f"{engines['sglang']['min_version']} (serving/README.md says which figures hold "
+                       metadata={"num_speculative_tokens": manifest.num_speculative_tokens})
+    serving = manifest.serving
+    print(f"wrote bundle {out}: K={manifest.num_speculative_tokens} "
+          f"({manifest.k_source}), draft in {serving.dtype}, tensor-parallel sizes "
+          f"{serving.tp_sizes}, {len(manifest.files)} files hashed")
+    print(f"  needs:  vllm >= {serving.engines.vllm.min_version}, sglang >= "
+          f"{serving.engines.sglang.min_version} (serving/README.md says which figures hold "
           f"where)")
     print(f"  vLLM:   bash {out / 'serving' / 'vllm.sh'}")
     print(f"  SGLang: bash {out / 'serving' / 'sglang.sh'}")
-    if manifest["draft"].get("kind") == EAGLE3:
+    if manifest.draft.kind == EAGLE3:
         print(f"  HF:     cannot run an EAGLE-3 head; python "
               f"{out / 'serving' / 'hf_transformers.py'} decodes with draftkit")
     else:
@@ -88,14 +86,14 @@ def export(args: ExportArgs) -> Path:
     return out
 
 
-def check(args: CheckArgs) -> dict:
+def check(args: CheckArgs) -> Manifest:
     """``draftkit check BUNDLE``."""
     manifest = check_bundle(args.bundle, target=args.target)
-    draft_entry = manifest.get("draft") or {}
-    head = f", EAGLE-3 head tapping target layers {draft_entry.get(LAYER_IDS)}" if \
-        draft_entry.get("kind") == EAGLE3 else ""
-    print(f"bundle {args.bundle} OK: {len(manifest['files'])} files verified, target "
-          f"{manifest['target']['name']}{head}, K={manifest['num_speculative_tokens']}")
+    entry = manifest.draft
+    head = f", EAGLE-3 head tapping target layers {entry.eagle_aux_hidden_state_layer_ids}" \
+        if entry.kind == EAGLE3 else ""
+    print(f"bundle {args.bundle} OK: {len(manifest.files)} files verified, target "
+          f"{manifest.target.name}{head}, K={manifest.num_speculative_tokens}")
     draft, spec = Path(args.bundle).resolve() / "draft", Path(args.bundle) / "serving/vllm.json"
     named = read_json(spec, "serving config", "re-export the bundle", ModelError).get("model") \
         if spec.is_file() else str(draft)

@@ -43,6 +43,7 @@ from typing import Any
 from draftkit.errors import ModelError
 from draftkit.export.engines import check_context
 from draftkit.io import read_json
+from draftkit.manifest import DraftEntry
 from draftkit.models.facts import text_config
 from draftkit.models.load import check_bundle_target, load_causal_lm
 from draftkit.models.resolve import ResolvedModel
@@ -296,11 +297,13 @@ class Eagle3Export:
             raise ModelError(f"the written head's logits differ from the in-memory head's by "
                              f"{diff:.2e}; export aborted, nothing written")
 
-    def entry(self) -> dict:
-        """The manifest's ``draft`` entry: the kind and the tapped layers beside the usual."""
-        return {"kind": KIND, "name": self.ref.name, "source": str(self.ref.path),
-                "lora_merged": False,
-                "num_parameters": sum(p.numel() for n, p in self.head.named_parameters()
-                                      if not n.startswith("embed_tokens.")),
-                "num_hidden_layers": 1, LAYER_IDS: self.head.aux_layers,
-                "draft_vocab_size": self.head.d2t.numel()}
+    def entry(self) -> DraftEntry:
+        """The manifest's ``draft`` entry: the kind and the tapped layers beside the usual (its
+        dtype is export's)."""
+        return DraftEntry(kind=KIND, name=self.ref.name, source=str(self.ref.path),
+                          lora_merged=False,
+                          num_parameters=sum(p.numel() for n, p in self.head.named_parameters()
+                                             if not n.startswith("embed_tokens.")),
+                          num_hidden_layers=1,
+                          eagle_aux_hidden_state_layer_ids=self.head.aux_layers,
+                          draft_vocab_size=self.head.d2t.numel())

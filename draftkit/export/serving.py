@@ -25,6 +25,7 @@ from draftkit.export import preflight
 from draftkit.export.engines import (BROKEN_SAMPLED_VERIFY, FEATURES, MIN_VERSIONS,
                                      VLLM_PATH_METHODS)
 from draftkit.export.serving_readme import readme
+from draftkit.manifest import DomainEntry, EnginesEntry, ServingEntry, SglangEntry, VllmEntry
 
 # the draft's kind -> (vLLM's speculative method, SGLang's speculative algorithm)
 METHODS = {"standalone": ("draft_model", "STANDALONE"), "eagle3": ("eagle3", "EAGLE3")}
@@ -36,38 +37,39 @@ _WHY = {("vllm", "standalone"): "the first release whose V1 engine runs method d
 
 def serving_entry(kind: str, target: str, k: int, dtype: str, tp: list[int],
                   k_table: list[list[int]] | None, refused: dict[str, str],
-                  temperature: float | None) -> dict:
+                  temperature: float | None) -> ServingEntry:
     """The manifest's ``serving`` entry: what the scripts check and launch with. ``k`` is the
     recommended K (0: speculation did not pay; the engines need K >= 1 to load a draft at all,
     so they are given 1)."""
     vllm_features = dict(FEATURES["vllm"])
     sglang_features = dict(FEATURES["sglang"]) if kind == "eagle3" else {}  # EAGLE-3 only
-    return {
-        "target": target, "dtype": dtype, "tp_sizes": tp, "num_speculative_tokens": max(k, 1),
-        "k_per_batch_size": k_table, "measured_temperature": temperature,
-        "engines": {
-            "vllm": {"method": METHODS[kind][0], "min_version": MIN_VERSIONS["vllm", kind],
-                     "why": _WHY["vllm", kind], "features": vllm_features,
-                     # builds whose sampled verification rejects every draft: the scripts warn
-                     "sampled_broken": [list(b) for b in BROKEN_SAMPLED_VERIFY],
-                     # vLLM reads the method off a draft_model draft's path
-                     "path_rule": [p for p, _ in VLLM_PATH_METHODS] if kind == "standalone"
-                     else [], "refused": refused.get("vllm")},
-            "sglang": {"algorithm": METHODS[kind][1], "min_version": MIN_VERSIONS["sglang", kind],
-                       "why": _WHY["sglang", kind], "features": sglang_features,
-                       "refused": refused.get("sglang")}}}
+    return ServingEntry(
+        target=target, dtype=dtype, tp_sizes=tp, num_speculative_tokens=max(k, 1),
+        k_per_batch_size=k_table, measured_temperature=temperature,
+        engines=EnginesEntry(
+            vllm=VllmEntry(method=METHODS[kind][0], min_version=MIN_VERSIONS["vllm", kind],
+                           why=_WHY["vllm", kind], features=vllm_features,
+                           # builds whose sampled verification rejects every draft: the
+                           # scripts warn
+                           sampled_broken=[list(b) for b in BROKEN_SAMPLED_VERIFY],
+                           # vLLM reads the method off a draft_model draft's path
+                           path_rule=[p for p, _ in VLLM_PATH_METHODS] if kind == "standalone"
+                           else [], refused=refused.get("vllm")),
+            sglang=SglangEntry(algorithm=METHODS[kind][1],
+                               min_version=MIN_VERSIONS["sglang", kind], why=_WHY["sglang", kind],
+                               features=sglang_features, refused=refused.get("sglang"))))
 
 
-def vllm_speculative_config(draft_dir: str, entry: dict) -> dict:
+def vllm_speculative_config(draft_dir: str, entry: ServingEntry) -> dict:
     """vLLM's ``speculative_config`` for the newest release (the scripts drop what an older
     installed one lacks)."""
-    spec = {"method": entry["engines"]["vllm"]["method"], "model": draft_dir,
-            "num_speculative_tokens": entry["num_speculative_tokens"],
+    spec = {"method": entry.engines.vllm.method, "model": draft_dir,
+            "num_speculative_tokens": entry.num_speculative_tokens,
             "draft_sample_method": "probabilistic"}
-    if entry["k_per_batch_size"]:
-        spec["num_speculative_tokens_per_batch_size"] = entry["k_per_batch_size"]
+    if entry.k_per_batch_size:
+        spec["num_speculative_tokens_per_batch_size"] = entry.k_per_batch_size
         spec["num_speculative_tokens"] = max([spec["num_speculative_tokens"]] +
-                                             [k for _, _, k in entry["k_per_batch_size"]])
+                                             [k for _, _, k in entry.k_per_batch_size])
     return spec
 
 
@@ -76,32 +78,33 @@ _NOTE_K0 = ("NOTE: the evaluation recommends K = 0 (speculation did not pay for 
             "commands use K = 1 so the draft can still be tried.")
 
 
-def _header(engine: str, entry: dict, k0: bool, bundle: Path) -> str:
-    e = entry["engines"][engine]
-    newest = max(preflight.version_tuple(v) for v in
-                 [e["min_version"], *e.get("features", {}).values()])
-    try:  # what it runs on a release with every setting, as preflight composes it
+def _header(engine: str, entry: ServingEntry, k0: bool, bundle: Path) -> str:
+    e = getattr(entry.engines, engine)
+    newest = max(preflight.version_tuple(v) for v in [e.min_version, *e.features.values()])
+    try:  # what it runs on a release with every setting, as preflight composes it (it reads
+        # the manifest's JSON: it runs where draftkit is not installed)
         runs = "runs: " + shlex.join(preflight.COMMANDS[engine](
-            {"serving": entry, "target": {}}, newest, None, [], bundle)) + " [flags...]"
+            {"serving": entry.to_dict(), "target": {}}, newest, None, [], bundle)) + \
+            " [flags...]"
     except preflight.Refused as refused:
         runs = f"refuses to start: {refused}"
     lines = [f"Serve the target with this bundle's draft in {preflight.NAMES[engine]} "
-             f"(>= {e['min_version']}: {e['why']}).",
+             f"(>= {e.min_version}: {e.why}).",
              "bash THIS [--target PATH] [engine flags...]: --target is the target model "
-             f"(default {entry['target']}, where it was at export); given, its content hash "
+             f"(default {entry.target}, where it was at export); given, its content hash "
              "must match the one draftkit.json records.",
-             f"The draft is stored in {entry['dtype']}, the target is served --dtype "
-             f"{entry['dtype']} unless you pass --dtype; the draft shards at tensor-parallel "
-             f"sizes {entry['tp_sizes']}.",
+             f"The draft is stored in {entry.dtype}, the target is served --dtype "
+             f"{entry.dtype} unless you pass --dtype; the draft shards at tensor-parallel "
+             f"sizes {entry.tp_sizes}.",
              "preflight.py checks the installed release, the target and the flags, then prints "
              "the command this script runs; on the newest releases it", runs]
-    if entry["k_per_batch_size"]:
+    if entry.k_per_batch_size:
         lines.append("K per batch size, from the eval report's batch sweep (vLLM takes it in "
                      f"its speculative config from "
                      f"{FEATURES['vllm']['num_speculative_tokens_per_batch_size']}"
                      + ("; SGLang has no such setting and runs one K throughout)" if engine ==
                         "sglang" else ")") + ":")
-        lines += [f"  batch {a}-{b}: K {k}" for a, b, k in entry["k_per_batch_size"]]
+        lines += [f"  batch {a}-{b}: K {k}" for a, b, k in entry.k_per_batch_size]
     if k0:
         lines.append(_NOTE_K0)
     return "".join(f"# {line}\n" for line in lines)
@@ -124,11 +127,11 @@ _VERSIONS = {"vllm": 'version="$(vllm --version 2>/dev/null | tail -n 1)"\n'
                        'print(m.version("sglang"))\' 2>/dev/null)"'}
 
 
-def write_serving(folder: Path, entry: dict, draft_dir: str, kind: str, k: int,
-                  figures: dict) -> None:
+def write_serving(folder: Path, entry: ServingEntry, draft_dir: str, kind: str, k: int,
+                  figures: dict[str, DomainEntry]) -> None:
     """``folder``/vllm.json, vllm.sh, sglang.sh, preflight.py, hf_transformers.py and README.md
     for the ``serving`` ``entry``; ``k`` is the recommended K (0 is said in every file),
-    ``figures`` the manifest's measured figures (its ``domains``, ``report``)."""
+    ``figures`` the manifest's measured figures per domain (its ``domains``)."""
     folder.mkdir(parents=True, exist_ok=True)
     spec = vllm_speculative_config(draft_dir, entry)
     (folder / "vllm.json").write_text(json.dumps(spec, indent=2) + "\n")
@@ -141,8 +144,8 @@ def write_serving(folder: Path, entry: dict, draft_dir: str, kind: str, k: int,
     (folder / "README.md").write_text(readme(entry, kind, k, figures))
 
 
-def hf_snippet(entry: dict, kind: str = "standalone", k: int = 1) -> str:
-    target = entry["target"]
+def hf_snippet(entry: ServingEntry, kind: str = "standalone", k: int = 1) -> str:
+    target = entry.target
     note = f"\n{_NOTE_K0}\n" if k < 1 else ""
     if kind == "eagle3":
         return _eagle3_note(target, max(k, 1), note)
@@ -151,7 +154,7 @@ def hf_snippet(entry: dict, kind: str = "standalone", k: int = 1) -> str:
 The draft's generation_config.json already sets num_assistant_tokens (K), a constant
 schedule and confidence threshold 0, so generate() uses exactly the recommended K.
 {note}
-    python hf_transformers.py [--target PATH] [--device cuda|cpu] [--dtype {entry["dtype"]}]
+    python hf_transformers.py [--target PATH] [--device cuda|cpu] [--dtype {entry.dtype}]
 
 --target: the target model (default: where it was at export), checked against the content hash
 draftkit.json records; both models load in --dtype (default: the draft's, as stored) on
@@ -171,7 +174,7 @@ import preflight  # noqa: E402  (beside this file: the target check the shell sc
 parser = argparse.ArgumentParser()
 parser.add_argument("--target", default=None)
 parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-parser.add_argument("--dtype", default={entry["dtype"]!r},
+parser.add_argument("--dtype", default={entry.dtype!r},
                     choices=["float32", "float16", "bfloat16"])
 args = parser.parse_args()
 manifest = preflight.json.loads((here.parent / "draftkit.json").read_text())

@@ -15,16 +15,17 @@ all of them.
 from __future__ import annotations
 
 from draftkit.export.engines import FEATURES
+from draftkit.manifest import DomainEntry, ServingEntry
 
 
-def _temperature(entry: dict) -> str:
-    t = entry.get("measured_temperature")
+def _temperature(entry: ServingEntry) -> str:
+    t = entry.measured_temperature
     return "not measured (no eval report)" if t is None else f"{t:g}"
 
 
-def sampling_rows(entry: dict, kind: str) -> list[tuple[str, str]]:
+def sampling_rows(entry: ServingEntry, kind: str) -> list[tuple[str, str]]:
     """(engine and setting, what holds there) for the measured temperature."""
-    t = entry.get("measured_temperature")
+    t = entry.measured_temperature
     greedy = t is not None and t == 0
     same = "alpha, tau and K hold as measured"
     lower = ("at temperature > 0 acceptance is below the measured alpha (and tau with it): "
@@ -35,7 +36,7 @@ def sampling_rows(entry: dict, kind: str) -> list[tuple[str, str]]:
     dsm = FEATURES["vllm"]["draft_sample_method"]
     rows = [(f"vLLM >= {dsm} (the scripts write draft_sample_method probabilistic)", same),
             (f"vLLM older than {dsm} (drafts greedily, q one-hot)", lower)]
-    for build, first, last, what in entry["engines"]["vllm"].get("sampled_broken") or []:
+    for build, first, last, what in entry.engines.vllm.sampled_broken or []:
         rows.append((f"vllm-{build} {first} to {last} (vllm.sh warns)",
                      f"greedy figures hold; sampled requests gain nothing, as its verification "
                      f"of them is broken ({what}): there speculation only costs time. "
@@ -55,28 +56,28 @@ def sampling_rows(entry: dict, kind: str) -> list[tuple[str, str]]:
     return rows
 
 
-def readme(entry: dict, kind: str, k: int, figures: dict) -> str:
+def readme(entry: ServingEntry, kind: str, k: int, figures: dict[str, DomainEntry]) -> str:
     """The README's text for the ``serving`` ``entry`` of a bundle whose draft is of ``kind``,
     recommended K ``k`` and measured ``figures`` (the manifest's ``domains``)."""
-    vllm, sglang = entry["engines"]["vllm"], entry["engines"]["sglang"]
+    vllm, sglang = entry.engines.vllm, entry.engines.sglang
     out = ["# Serving this bundle", "",
            "| engine | command | needs |", "|---|---|---|",
            f"| vLLM | `bash serving/vllm.sh [--target PATH] [flags]` | vllm >= "
-           f"{vllm['min_version']} ({vllm['why']}) |",
+           f"{vllm.min_version} ({vllm.why}) |",
            f"| SGLang | `bash serving/sglang.sh [--target PATH] [flags]` | sglang >= "
-           f"{sglang['min_version']} ({sglang['why']}) |",
+           f"{sglang.min_version} ({sglang.why}) |",
            "| HF transformers | `python serving/hf_transformers.py [--target PATH] [--device D] "
            "[--dtype T]` | " + ("transformers" if kind == "standalone" else
                                 "draftkit (HF cannot run an EAGLE-3 head)") + " |", ""]
     for name, e in (("vLLM", vllm), ("SGLang", sglang)):
-        if e.get("refused"):
-            out += [f"**{name} will not serve this draft**: {e['refused']}; its script says so "
+        if e.refused:
+            out += [f"**{name} will not serve this draft**: {e.refused}; its script says so "
                     f"and stops.", ""]
-    out += [f"`--target` defaults to `{entry['target']}` (where the target was at export); a "
+    out += [f"`--target` defaults to `{entry.target}` (where the target was at export); a "
             "target given is checked against the content hash `draftkit.json` records. The "
-            f"draft is stored in {entry['dtype']} and the scripts serve the target in it "
+            f"draft is stored in {entry.dtype} and the scripts serve the target in it "
             "(`--dtype`, unless you pass your own). It shards at tensor-parallel sizes "
-            f"{entry['tp_sizes']}: SGLang runs the draft at the target's size and refuses "
+            f"{entry.tp_sizes}: SGLang runs the draft at the target's size and refuses "
             "another; vLLM runs it at `draft_tensor_parallel_size` 1 instead where it "
             "can.", ""]
     if k < 1:
@@ -85,14 +86,14 @@ def readme(entry: dict, kind: str, k: int, figures: dict) -> str:
                 "use K = 1 so the draft can still be tried.", ""]
     out += ["## Which measured figures hold where", "",
             f"Measured at temperature {_temperature(entry)}, K "
-            f"{entry['num_speculative_tokens']}"
+            f"{entry.num_speculative_tokens}"
             + (", per domain: " + ", ".join(
-                f"{d} alpha {_fmt(r.get('alpha'))} tau {_fmt(r.get('tau'))}"
+                f"{d} alpha {_fmt(r.alpha)} tau {_fmt(r.tau)}"
                 for d, r in figures.items()) if figures else "") + ".", "",
             "| engine | what holds |", "|---|---|"]
     out += [f"| {engine} | {holds} |" for engine, holds in sampling_rows(entry, kind)]
     out += [""]
-    table = entry.get("k_per_batch_size")
+    table = entry.k_per_batch_size
     out += ["## K per batch size", ""]
     if table:
         out += ["From the eval report's batch sweep (K = 0 where speculation did not pay); "
@@ -103,7 +104,7 @@ def readme(entry: dict, kind: str, k: int, figures: dict) -> str:
         out += [f"| {a}-{b} | {k_} |" for a, b, k_ in table]
     else:
         out += ["No batch sweep was measured: every engine runs K "
-                f"{entry['num_speculative_tokens']} at every batch size."]
+                f"{entry.num_speculative_tokens} at every batch size."]
     return "\n".join(out) + "\n"
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftkit.config import option
+from draftkit.config import option, reuse
 from draftkit.errors import ConfigError, DraftkitError
+from draftkit.models.args import ModelArgs
 from draftkit.models.derive import check_layers, derive_by_layers, derive_random, save_draft
 from draftkit.models.load import load_model, load_tokenizer
 from draftkit.models.resolve import resolve_model
@@ -21,8 +22,7 @@ class DeriveArgs:
     """Derive a draft from a target by keeping some of its layers or shrinking its shape."""
 
     out: str = option(help="output directory (a plain Hugging Face model folder)")
-    target: str = option("embedded", help="target model: HF directory, hub id, bundle or "
-                                          "'embedded'")
+    target: str = reuse(ModelArgs, "target")
     layers: list[int] | None = option(None, help="comma-separated target layer indices to copy, "
                                                  "e.g. 0,1,2,29")
     num_layers: int | None = option(None, help="random-init draft with this many layers")

@@ -199,11 +199,10 @@ def check_bundle_target(target_ref: ResolvedModel, draft_ref: ResolvedModel,
 
     if draft_ref.kind != "bundle":
         return
-    recorded = read_manifest(Path(draft_ref.path).parent)["target"]
-    if recorded.get("sha256") and (target_sha256 or content_hash(target_ref)) != \
-            recorded["sha256"]:
+    recorded = read_manifest(Path(draft_ref.path).parent).target
+    if recorded.sha256 and (target_sha256 or content_hash(target_ref)) != recorded.sha256:
         raise ModelError(f"the EAGLE-3 head in {draft_ref.spec} was exported for the target "
-                         f"{recorded.get('name')!r} at {recorded.get('path')}, and "
+                         f"{recorded.name!r} at {recorded.path}, and "
                          f"{target_ref.path} is another (its content hash differs); the head "
                          f"reads its target's hidden states: pass that target")
 

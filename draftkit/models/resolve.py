@@ -86,21 +86,21 @@ def resolve_model(spec: str, role: Role = "target") -> ResolvedModel:
 
 def _resolve_bundle(spec: str, path: Path, role: Role) -> ResolvedModel:
     manifest = read_manifest(path)  # its figures and target reference, as exported
-    draft, target = manifest["draft"], manifest["target"]
+    draft, target = manifest.draft, manifest.target
     if role == "draft":
         if not (path / "draft" / "config.json").is_file():
             raise ModelError(f"bundle {path} has no draft/config.json; re-export it")
         return ResolvedModel(spec, (path / "draft").resolve(), "bundle",
-                             draft.get("name", path.name))
-    for candidate in (target.get("path"), target.get("name")):
+                             draft.name or path.name)
+    for candidate in (target.path, target.name):
         if candidate:
             try:
                 found = resolve_model(candidate, "target")
             except ModelError:
                 continue
-            return ResolvedModel(spec, found.path, "bundle", target.get("name") or found.name)
-    raise ModelError(f"bundle {path} names target {target.get('name')!r} at "
-                     f"{target.get('path')!r}, which cannot be found here; pass the target "
+            return ResolvedModel(spec, found.path, "bundle", target.name or found.name)
+    raise ModelError(f"bundle {path} names target {target.name!r} at "
+                     f"{target.path!r}, which cannot be found here; pass the target "
                      f"with --target DIR")
 
 

@@ -21,6 +21,7 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 
+from draftkit.decode.choice import KChoice, resolve_k
 from draftkit.decode.k import AUTO, K_MAX, KValue
 from draftkit.serve.http import error_response, install_error_handlers
 from draftkit.serve.metrics import ServeMetrics
@@ -65,13 +66,18 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
     return await request.app.state.completions.answer(request, req, chat=True)
 
 
-def create_app(engine, tokenizer, *, model_name: str, k: KValue = AUTO, k_max: int = K_MAX,
-               max_batch: int = 16, max_model_len: int | None = None,
+def create_app(engine, tokenizer, *, model_name: str, k: KChoice | KValue = AUTO,
+               k_max: int = K_MAX, max_batch: int = 16, max_model_len: int | None = None,
                max_tokens_limit: int = 2048, max_body_bytes: int = 1 << 20) -> FastAPI:
     """An app serving ``engine`` (a SpeculativeEngine) under ``model_name``. The scheduler
-    thread starts with the app's lifespan and stops with it."""
+    thread starts with the app's lifespan and stops with it.
+
+    ``k``: the serve command's :class:`~draftkit.decode.choice.KChoice`, or a K given here,
+    checked once (fixed, or ``auto`` up to ``k_max``)."""
     metrics = ServeMetrics(model_name)
-    scheduler = Scheduler(engine, metrics, max_batch=max_batch, k=k, k_max=k_max,
+    if not isinstance(k, KChoice):
+        k = resolve_k(k, k_max, has_draft=engine.draft is not None)
+    scheduler = Scheduler(engine, metrics, k=k, max_batch=max_batch,
                           max_model_len=max_model_len)
 
     @asynccontextmanager

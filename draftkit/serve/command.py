@@ -19,12 +19,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftkit.config import option
+from draftkit.config import option, reuse
 from draftkit.decode.args import SpeculationArgs
+from draftkit.decode.choice import KChoice
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.errors import ConfigError, DraftkitError
 from draftkit.manifest import NAME as MANIFEST
 from draftkit.models import load_pair
+from draftkit.models.args import ModelArgs
 
 NO_DRAFT = "none"  # --draft none: plain decoding, even when the bundle holds a draft
 
@@ -34,16 +36,16 @@ DEFAULT_MAX_MODEL_LEN = 2048
 
 
 @dataclass
-class ServeArgs(SpeculationArgs):
+class ServeArgs(ModelArgs, SpeculationArgs):
     """Serve a bundle (or a target and draft) over an OpenAI-compatible HTTP API."""
 
     bundle: str | None = option(None, positional=True, help="bundle directory from `draftkit "
                                 "export` (target and draft), or a plain model directory")
-    target: str | None = option(None, help="target model (overrides the bundle's): HF "
-                                           "directory, hub id or 'embedded'")
+    target: str | None = reuse(ModelArgs, "target", None, note="; overrides the bundle's")
     # "" (not None) when unset: the config layer reads "none" as None, and "none" must stay
     # distinct from "take the bundle's"
-    draft: str = option("", help="draft model (overrides the bundle's); none = plain decoding")
+    draft: str = reuse(ModelArgs, "draft", "", note="; overrides the bundle's; none = plain "
+                       "decoding")
     host: str = option("127.0.0.1", help="address to listen on")
     port: int = option(8000, help="port to listen on")
     max_batch: int = option(16, help="slots: requests decoded together at most")
@@ -59,8 +61,6 @@ class ServeArgs(SpeculationArgs):
                                             "SIGINT/SIGTERM")
     fast_path: bool = option(True, help="use the Llama-family fast path where it applies "
                                         "(--no-fast-path: general path, cohort batching)")
-    device: str | None = option(None, help="cpu, cuda, cuda:1, ... (default: cuda if available)")
-    dtype: str = option("auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16")
     log_level: str = option("info", help="uvicorn log level",
                             choices=("critical", "error", "warning", "info", "debug"))
 
@@ -110,7 +110,8 @@ def build(args: ServeArgs):
                                else False)
     max_model_len = args.max_model_len or min(engine.context or DEFAULT_MAX_MODEL_LEN,
                                               DEFAULT_MAX_MODEL_LEN)
-    app = create_app(engine, pair.tokenizer, model_name=name, k=args.k, k_max=args.k_max,
+    k = KChoice.of(args.k, args.k_max, has_draft=engine.draft is not None)  # validated above
+    app = create_app(engine, pair.tokenizer, model_name=name, k=k,
                      max_batch=args.max_batch, max_model_len=max_model_len,
                      max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes)
     sched = app.state.scheduler
@@ -120,7 +121,7 @@ def build(args: ServeArgs):
              if c is not None and hasattr(c, "k"))
     desc = (f"model '{name}': target {pair.target_ref.path}"
             + (f", draft {pair.draft_ref.path}" if pair.draft_ref else ", no draft")
-            + f"; K {sched.k_choice.label}; {args.max_batch} slots x {sched.state.max_len} "
+            + f"; K {sched.k_choice.label}; {args.max_batch} slots x {sched.batch.max_len} "
               f"positions, {batching} batching ({kv / 2**30:.2f} GiB KV cache); device "
               f"{engine.device}")
     return app, desc

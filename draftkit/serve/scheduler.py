@@ -7,15 +7,16 @@ loop:
 1. frees the slots of requests whose client went away;
 2. admits waiting requests into free slots (one prefill for all of them; the live rows keep
    their caches and continue next round);
-3. picks K for the round: fixed, or ``KPolicy.choose(live rows)`` under ``--k auto``, whose
-   timing tables are keyed by batch size, so K falls to 0 when the batch makes speculation a
-   loss (SmartSpec, arXiv 2406.14066);
-4. runs one ``engine.step`` over the live rows and sends each request its new text;
-5. frees the slot of every request that finished (EOS, its token budget, a stop string).
+3. runs one round over the live rows (``Batch.step``), at the batch's K: fixed, or
+   ``KPolicy.choose(live rows)`` under ``--k auto``, whose timing tables are keyed by batch
+   size, so K falls to 0 when the batch makes speculation a loss (SmartSpec, arXiv
+   2406.14066), and sends each request its new text;
+4. frees the slot of every request that finished (EOS, its token budget, a stop string).
 
-On the general (non-Llama) runner the engine admits only into an empty batch, so requests
-are admitted in cohorts: a new cohort starts when the last one has left; a cohort of one for
-a model with a sliding window (``SpeculativeEngine.one_row_cohorts``).
+How many requests may join is the batch's to say (``Batch.free_slots``): on the general
+(non-Llama) runner the engine admits only into an empty batch, so requests are admitted in
+cohorts, a new one when the last has left (one row at a time for a model with a sliding
+window).
 
 Requests talk to the thread through :class:`Job`: the event loop puts it in the waiting
 queue and reads its events from an ``asyncio.Queue`` the thread fills with
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draftkit.decode.batch import round_margin
-from draftkit.decode.k import AUTO, K_MAX, KValue, resolve_k
+from draftkit.decode.choice import KChoice
 from draftkit.decode.sampling import SamplingParams
 from draftkit.errors import ConfigError
 from draftkit.serve.detok import TextStream
@@ -68,12 +69,13 @@ class Job:
 
 
 class Scheduler:
-    def __init__(self, engine, metrics: ServeMetrics, *, max_batch: int = 16,
-                 k: KValue = AUTO, k_max: int = K_MAX, max_model_len: int | None = None):
+    def __init__(self, engine, metrics: ServeMetrics, *, k: KChoice, max_batch: int = 16,
+                 max_model_len: int | None = None):
+        """``k``: each round's K, fixed or the policy's for the live batch size (the serve
+        command's, validated there; K = 0 without a draft)."""
         self.engine, self.metrics = engine, metrics
-        # K each round: fixed, or the policy's for the live batch size; 0 without a draft
-        self.k_choice = resolve_k(k, k_max, has_draft=engine.draft is not None)
-        k_max = self.k_choice.k_max
+        self.k_choice = k
+        k_max = k.k_max
         metrics.open_positions(k_max)
         limit = engine.context
         if max_model_len is not None and limit is not None:
@@ -85,9 +87,8 @@ class Scheduler:
                               f"target's context) leave no room for a prompt: a round needs "
                               f"K + 2 = {margin} of them (K: --k, or --k-max under --k "
                               f"auto); raise --max-model-len or lower K")
-        self.state = engine.open(max_batch, k_max, max_len)
-        self.max_batch = max_batch
-        self.context = self.state.max_len - margin
+        self.batch = engine.open(max_batch, k, max_len)
+        self.context = self.batch.max_len - margin
         self.waiting: deque[Job] = deque()
         self.jobs: dict[int, Job] = {}  # slot -> job
         self.lock = threading.Lock()
@@ -157,10 +158,9 @@ class Scheduler:
                     self._fail_all(f"decoding failed: {type(e).__name__}: {e}")
 
     def _round(self) -> None:
-        live = self.state.live()
-        self.k = self.k_choice.choose(len(live))
-        r = self.engine.step(self.state, self.k)
-        self.k_choice.observe(r)
+        live = self.batch.live
+        r = self.batch.step()
+        self.k = r.k
         self.metrics.observe_round(r)
         for slot in live:
             self._emit(slot)
@@ -168,19 +168,13 @@ class Scheduler:
     def _reap(self) -> None:
         for slot, job in list(self.jobs.items()):
             if job.cancelled:
-                self.engine.release(self.state, slot)
+                self.batch.release(slot)
                 del self.jobs[slot]
                 self.metrics.finished("abort")
         self.metrics.running.set(len(self.jobs))
 
     def _admit(self) -> None:
-        import torch
-
-        free = self.max_batch - len(self.jobs)
-        if not self.engine.slotted and self.jobs:
-            free = 0  # cohorts: wait for the whole batch to leave
-        if self.engine.one_row_cohorts:
-            free = min(free, 1)  # a sliding window on the general path: one row at a time
+        free = self.batch.free_slots()
         batch: list[Job] = []
         with self.lock:
             while self.waiting and len(batch) < free:  # cancel() took the cancelled ones out
@@ -188,19 +182,10 @@ class Scheduler:
             self.metrics.waiting.set(len(self.waiting))
         if not batch:
             return
-        dev = self.engine.device
         try:
-            gens = []
-            for job in batch:
-                g = None
-                if job.seed is not None and not job.params.greedy:
-                    g = torch.Generator(device=dev)
-                    g.manual_seed(job.seed)
-                gens.append(g)
             now = time.perf_counter()
-            slots = self.engine.admit(self.state, [j.prompt for j in batch],
-                                      [j.params for j in batch], [j.max_tokens for j in batch],
-                                      gens)
+            slots = self.batch.admit([j.prompt for j in batch], [j.params for j in batch],
+                                     [j.max_tokens for j in batch], [j.seed for j in batch])
         except Exception as e:
             # off the queue but not running yet: _fail_all would not reach them
             for job in batch:
@@ -219,10 +204,9 @@ class Scheduler:
     def _emit(self, slot: int) -> None:
         """Send a request the text its row gained; finish it when its row is done."""
         job = self.jobs[slot]
-        st = self.state
-        out = st.new_tokens[slot]
-        new, job.seen = out[job.seen:], len(out)
-        done = st.done[slot]
+        out = self.batch.output(slot)
+        new, job.seen = out.tokens[job.seen:], len(out.tokens)
+        done = out.done
         if new and job.first_token is None:
             job.first_token = time.perf_counter()
             self.metrics.ttft.observe(job.first_token - job.arrived)
@@ -231,14 +215,13 @@ class Scheduler:
             job.push("text", text)
         if not (done or job.stream.stopped):
             return
-        reason = "stop" if job.stream.stopped or st.finish[slot] == "eos" else "length"
-        row = st.rows[slot]
+        reason = "stop" if job.stream.stopped or out.finish_reason == "eos" else "length"
+        row = out.stats
         rounds = max(row.target_calls - 1, 0)  # the prefill is not a round
-        spec = {"drafted": row.drafted, "accepted": row.accepted,
-                "tau": round(st.result(slot).tau, 4),
+        spec = {"drafted": row.drafted, "accepted": row.accepted, "tau": round(out.tau, 4),
                 "alpha": round(row.alpha, 4), "k": round(row.drafted / rounds, 4) if rounds
                 else 0.0, "target_calls": row.target_calls}
-        self.engine.release(st, slot)
+        self.batch.release(slot)
         del self.jobs[slot]
         self.metrics.running.set(len(self.jobs))
         self.metrics.finished(reason)
@@ -247,7 +230,7 @@ class Scheduler:
 
     def _fail_all(self, message: str) -> None:
         for slot, job in list(self.jobs.items()):
-            self.engine.release(self.state, slot)
+            self.batch.release(slot)
             job.push("error", message)
         self.jobs.clear()
         self.metrics.running.set(0)

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from draftkit.decode.choice import resolve_k
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.eagle3_runner import Eagle3Runner
 from draftkit.decode.runners import HFRunner, LlamaRunner
@@ -142,11 +143,11 @@ def test_each_draft_is_the_heads_own_after_plain_rounds_and_changing_k(models, f
 
     engine._draft = spy
     with torch.inference_mode():
-        state = engine.start(PROMPTS, SamplingParams(), 20, k_max=4)
+        state = engine.start(PROMPTS, SamplingParams(), 20, k=resolve_k(4, has_draft=True))
         ks = [0, 0, 3, 1, 0, 4, 2, 0, 0, 0, 3, 4, 4, 2, 1]
         rounds = 0
         while not state.finished:
-            engine.step(state, ks[rounds % len(ks)])
+            state.step(ks[rounds % len(ks)])
             rounds += 1
     assert len(checked) > 20 and {1, 2, 3, 4} <= set(checked)
     assert [r.tokens for r in state.results()] == [hf_greedy(target, p, 20) for p in PROMPTS]
@@ -178,24 +179,23 @@ def test_slots_admit_and_release_with_an_eagle3_head(models):
     engine = SpeculativeEngine(target, fitted, eos_token_id=None)
     a, b, c = PROMPTS
     with torch.inference_mode():
-        state = engine.open(3, k_max=3, max_len=96)
-        (sa,) = engine.admit(state, [a], SamplingParams(), 20)
-        (sb,) = engine.admit(state, [b], SamplingParams(0.9), 30,
-                             [torch.Generator().manual_seed(1)])
+        state = engine.open(3, resolve_k(3, has_draft=True), max_len=96)
+        (sa,) = state.admit([a], SamplingParams(), 20)
+        (sb,) = state.admit([b], SamplingParams(0.9), 30, [1])
         for _ in range(3):
-            engine.step(state, 3)
-        (sc,) = engine.admit(state, [c], SamplingParams(), 12)  # joins mid-flight
-        engine.step(state, 2)
-        engine.release(state, sb)
-        (sd,) = engine.admit(state, [[60, 61, 62]], SamplingParams(), 15)  # the freed slot
-        assert sd == sb and state.features[sd] and state.draft_lengths[sd] == 0
+            state.step(3)
+        (sc,) = state.admit([c], SamplingParams(), 12)  # joins mid-flight
+        state.step(2)
+        state.release(sb)
+        (sd,) = state.admit([[60, 61, 62]], SamplingParams(), 15)  # the freed slot
+        assert sd == sb and engine.draft.features[sd] and engine.draft.lengths[sd] == 0
         k = 0
-        while state.live():
-            engine.step(state, k)
+        while state.live:
+            state.step(k)
             k = (k + 1) % 4
     for slot, prompt, n in ((sa, a, 20), (sc, c, 12), (sd, [60, 61, 62], 15)):
-        assert state.result(slot).tokens == hf_greedy(target, prompt, n)
-    assert state.rows[sa].accepted > 0
+        assert state.output(slot).tokens == hf_greedy(target, prompt, n)
+    assert state.output(sa).stats.accepted > 0
 
 
 def test_a_rows_pending_features_are_what_the_target_read(models):
@@ -204,13 +204,14 @@ def test_a_rows_pending_features_are_what_the_target_read(models):
     target, _, fitted = models
     engine = SpeculativeEngine(target, fitted, eos_token_id=None)
     with torch.inference_mode():
-        state = engine.start(PROMPTS, SamplingParams(), 6, k_max=2)
+        state = engine.start(PROMPTS, SamplingParams(), 6, k=resolve_k(2, has_draft=True))
         for k in (0, 0, 2, 0, 2, 2, 2, 2, 2, 2):
-            engine.step(state, k)
+            state.step(k)
             for b in range(3):
-                pending = sum(f.shape[0] for f in state.features[b])
-                assert pending == (0 if state.done[b] else
-                                   state.lengths[b] - 1 - state.draft_lengths[b])
+                pending = sum(f.shape[0] for f in engine.draft.features[b])
+                out, committed = state.output(b), len(PROMPTS[b]) + len(state.output(b).tokens)
+                assert pending == (0 if out.done else
+                                   committed - 1 - engine.draft.lengths[b])
 
 
 # --- the output distribution ----------------------------------------------------------------
@@ -367,7 +368,7 @@ def test_eval_and_regimes_measure_an_eagle3_head(saved, tmp_path):
     suite.write_text('{"domain": "code", "prompt": "write python code for the sum"}\n'
                      '{"domain": "chat", "prompt": "what is the answer"}\n')
     report = run_eval(EvalArgs(target=str(target_dir), draft=str(head_dir), suite=str(suite),
-                               out=str(tmp_path / "eval"), k="2", max_new_tokens=8,
+                               out=str(tmp_path / "eval"), k=2, max_new_tokens=8,
                                batch_sizes=[1], k_sweep=[], repeats=1,
                                baseline_draft=str(head_dir)))
     fig = report.overall
@@ -395,15 +396,15 @@ def test_the_general_runner_admits_cohorts_with_an_eagle3_head(models):
     assert not engine.slotted
     a, b, c = PROMPTS
     with torch.inference_mode():
-        state = engine.open(3, k_max=2, max_len=96)
-        slots = engine.admit(state, [a, b], SamplingParams(), 10)
-        while state.live():
-            engine.step(state, 2)
-        first = [state.result(s).tokens for s in slots]
+        state = engine.open(3, resolve_k(2, has_draft=True), max_len=96)
+        slots = state.admit([a, b], SamplingParams(), 10)
+        while state.live:
+            state.step(2)
+        first = [state.output(s).tokens for s in slots]
         for s in slots:
-            engine.release(state, s)
-        (sc,) = engine.admit(state, [c], SamplingParams(), 12)  # a new cohort
-        while state.live():
-            engine.step(state, 2)
+            state.release(s)
+        (sc,) = state.admit([c], SamplingParams(), 12)  # a new cohort
+        while state.live:
+            state.step(2)
     assert first == [hf_greedy(target, a, 10), hf_greedy(target, b, 10)]
-    assert state.result(sc).tokens == hf_greedy(target, c, 12)
+    assert state.output(sc).tokens == hf_greedy(target, c, 12)

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from draftkit.decode.choice import resolve_k
 from draftkit.decode.cache import StaticKVCache, WriteIndex
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.runners import HFRunner, LlamaRunner
@@ -201,12 +202,12 @@ def test_step_api_draft_catches_up_after_plain_rounds(models, reference):
     target, _, close = models
     engine = SpeculativeEngine(target, close, eos_token_id=None)
     with torch.inference_mode():
-        state = engine.start(PROMPTS, SamplingParams(), N_NEW, k_max=3)
+        state = engine.start(PROMPTS, SamplingParams(), N_NEW, k=resolve_k(3, has_draft=True))
         for _ in range(5):
-            engine.step(state, 0)
+            state.step(0)
         rounds = []
         while not state.finished:
-            rounds.append(engine.step(state, 3))
+            rounds.append(state.step(3))
     assert [r.tokens for r in state.results()] == reference
     first = rounds[0]
     assert first.k == 3 and sum(first.accepted_per_position) >= 2 * first.rows
@@ -280,9 +281,9 @@ def test_a_sliding_window_batch_of_unequal_prompts_stays_exact(k):
     for p, r in zip(prompts, results):
         assert len(r.tokens) == 32 - len(p) - (k + 2)
         assert r.tokens == hf_greedy(target, p, 100)[:len(r.tokens)]
-    state = engine.open(2, k)
+    batch = engine.open(2, resolve_k(k, has_draft=True))
     with pytest.raises(DraftkitError, match="one row at a time"):
-        engine.admit(state, prompts, SamplingParams(), 8)
+        batch.admit(prompts, SamplingParams(), 8)
     with pytest.raises(DraftkitError, match="prompt 1 has 40 tokens"):  # before any decodes
         engine.generate([[5, 9], list(range(40))], k=k, max_new_tokens=4)
 
@@ -295,9 +296,10 @@ def test_the_step_api_builds_no_graph_outside_inference_mode(fast):
 
     target = make_llama(100, num_layers=2)
     engine = SpeculativeEngine(target, noisy_copy(target), eos_token_id=None, fast_path=fast)
-    state = engine.start([[5, 9, 22], [11, 12]], SamplingParams(), 8, k_max=2)
+    state = engine.start([[5, 9, 22], [11, 12]], SamplingParams(), 8,
+                         k=resolve_k(2, has_draft=True))
     while not state.finished:
-        engine.step(state, 2)
+        state.step(2)
     caches = [r.cache for r in (engine.target, engine.draft)]
     tensors = [t for c in caches for t in ([c.k, c.v] if fast else [
         x for layer in c.layers for x in (layer.keys, layer.values)])]

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from draftkit.decode.choice import resolve_k
 from draftkit.decode import clock as clock_module
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.sampling import SamplingParams
@@ -81,11 +82,12 @@ def test_c_leaves_out_the_catch_up_after_plain_rounds(models, monkeypatch):
     def c_after(plain_rounds: int) -> DecodeStats:
         stats = DecodeStats()
         with torch.inference_mode():
-            state = engine.start([PROMPT], SamplingParams(), 16, k_max=2, stats=stats)
+            state = engine.start([PROMPT], SamplingParams(), 16, k=resolve_k(2, has_draft=True),
+                                 stats=stats)
             for _ in range(plain_rounds):
-                engine.step(state, 0)
+                state.step(0)
             while not state.finished:
-                engine.step(state, 2)
+                state.step(2)
         return stats
 
     fixed, mixed = c_after(0), c_after(6)
@@ -121,12 +123,13 @@ def test_the_round_set_up_is_timed_as_neither_forward(models, monkeypatch):
     monkeypatch.setattr(engine.target, "forward", forward)
     stats = DecodeStats()
     with torch.inference_mode():
-        state = engine.start([PROMPT], SamplingParams(), 12, k_max=2, stats=stats)
+        state = engine.start([PROMPT], SamplingParams(), 12, k=resolve_k(2, has_draft=True),
+                             stats=stats)
         monkeypatch.setattr(torch, "tensor", tensor)
         for _ in range(2):
-            engine.step(state, 0)
+            state.step(0)
         while not state.finished:
-            engine.step(state, 2)
+            state.step(2)
     monkeypatch.setattr(torch, "tensor", make)
     assert stats.target_step_seconds(1) == 1.0 and stats.target_step_seconds(3) == 3.0
     assert stats.v(2) == 3.0

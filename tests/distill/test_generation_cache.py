@@ -4,14 +4,12 @@ reach training, and training prompts that do not change with the date."""
 import datetime
 import functools
 import json
-import math
 from unittest import mock
 
 import pytest
-import torch
 
 from draftkit.data import build_rows, load_examples, split_heldout
-from draftkit.data.generate import RowSampler, generate_responses, prompt_key, read_cache
+from draftkit.data.generate import generate_responses, prompt_key, read_cache
 from draftkit.distill.config import DataSection, DataSource
 from draftkit.errors import DraftkitError
 from tests.helpers import CHAT_TEMPLATE, make_llama, make_tokenizer
@@ -117,12 +115,13 @@ def test_sampled_answers_are_the_same_after_a_resume(tmp_path, tok):
 def test_the_engine_answers_as_hf_generate_does_greedily(tmp_path, tok):
     """draftkit's engine (continuous batching: rows of unequal length leave and others enter)
     gives HF generate's greedy answers, each cut after its first stop token."""
-    from draftkit.data.generate import answer_stop_ids, generate_responses_in_memory
+    from draftkit.data.generate import answer_stop_ids, cut_at_stop
+    from tests.helpers import hf_greedy
 
     model = make_llama(len(tok), num_layers=2, seed=4)
     prompts = _prompts(tok)
     stop_ids = answer_stop_ids(model, tok)
-    hf = [generate_responses_in_memory(model, [p], 9, 0.0, tok.eos_token_id, stop_ids, None)[0]
+    hf = [cut_at_stop(hf_greedy(model, p, 9, eos_token_id=stop_ids), set(stop_ids))
           for p in prompts]
     ours = generate_responses(model, tok, prompts, tmp_path / "r.jsonl", 9, 4, progress=False)
     assert ours == hf
@@ -135,19 +134,22 @@ def test_the_engine_answers_as_hf_generate_does_greedily(tmp_path, tok):
                                   progress=False) == hf
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.5])
-def test_the_row_sampler_draws_from_the_tempered_softmax(temperature):
-    p = torch.tensor([0.6, 0.3, 0.1, 0.0])
-    n = 4000
-    scores = p.log().expand(n, -1)
-    picks = RowSampler(list(range(n)), temperature)(None, scores).argmax(-1)
-    freq = torch.bincount(picks, minlength=4).float() / n
-    want = p ** (1 / temperature) / (p ** (1 / temperature)).sum()
-    assert freq[3] == 0  # a token of probability 0 is never drawn
-    assert torch.allclose(freq, want, atol=3 * math.sqrt(0.25 / n))
-    # a row's draw depends on its seed alone, not on the rows beside it
-    alone = RowSampler([7], temperature)(None, scores[:1]).argmax(-1)
-    assert alone.item() == picks[7].item()
+def test_answers_in_memory_depend_on_their_seed_alone(tok):
+    """An on-policy answer is sampled from its own seed (the engine's per-row generator): the
+    same alone as beside other prompts, and another seed draws another answer."""
+    from draftkit.data.generate import answers_in_memory
+
+    model = make_llama(len(tok), num_layers=1, seed=3)
+    prompts = _prompts(tok)
+    together = answers_in_memory(model, prompts, 8, 1.0, [tok.eos_token_id],
+                                 list(range(len(prompts))))
+    alone = answers_in_memory(model, prompts[2:3], 8, 1.0, [tok.eos_token_id], [2])
+    assert alone == together[2:3]
+    reseeded = answers_in_memory(model, prompts, 8, 1.0, [tok.eos_token_id],
+                                 [s + 100 for s in range(len(prompts))])
+    assert reseeded != together
+    with pytest.raises(ValueError, match="one seed a prompt"):
+        answers_in_memory(model, prompts, 8, 1.0, [tok.eos_token_id], None)
 
 
 def test_extra_answers_never_reuse_the_first_answers_seed(tmp_path, tok):

@@ -1,10 +1,15 @@
 """Two processes over gloo on CPU, launched the way the recipes say (torchrun)."""
 
+import contextlib
 import dataclasses
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -33,14 +38,80 @@ def _recipe(tmp_path, tiny_dirs, name, max_steps, every, grad_accum, stage=None,
     return recipe
 
 
-def _launch(recipe, port, extra=(), timeout=400):
-    """``torchrun --nproc_per_node 2 -m draftkit distill RECIPE`` over gloo; must succeed."""
-    env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd())
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(port), "-m", "draftkit", "distill", str(recipe),
-                           *extra], env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
+def _free_port() -> int:
+    """A port nothing holds: fixed ports collided when two sessions ran this file at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(args, timeout, env=None):
+    """``torchrun --nproc_per_node 2 ARGS``; (return code, stdout, stderr, seconds).
+
+    A rank stuck in a collective fails by itself after $DRAFTKIT_DIST_TIMEOUT (conftest: 60 s)
+    and torchrun (--max-restarts 0) stops the other. ``timeout`` is for a rank stuck outside
+    any collective: then torchrun gets SIGINT, which it passes to each rank, so each prints
+    where it was, and it SIGKILLs what is left after --shutdown-timeout. subprocess.run's
+    timeout SIGKILLed torchrun alone and left the ranks running: they sit in sessions of their
+    own, out of reach of a kill of torchrun's group."""
+    import psutil  # a dependency of deepspeed
+
+    env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd(),
+               **(env or {}))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_port", str(_free_port()), "--max-restarts", "0", "--shutdown-timeout", "10",
+           "--tee", "3", *map(str, args)]  # --tee: each rank's lines start [default<rank>]:
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out, err, time.perf_counter() - t0
+    ranks = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        for p in [psutil.Process(proc.pid), *ranks]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        out, err = proc.communicate()
+    pytest.fail(f"torchrun did not finish in {timeout} s, so it was stopped (SIGINT to every "
+                f"rank):\n{_tails(out, err)}{_build_locks()}", pytrace=False)
+
+
+def _tails(out, err, n=15) -> str:
+    """Each rank's last lines, then the launcher's verdict (which rank failed first)."""
+    lines = (out + err).splitlines()
+    said = []
+    for rank in (0, 1):
+        mine = [x.split(":", 1)[1] for x in lines if x.startswith(f"[default{rank}]:")]
+        said.append(f"rank {rank}, last lines:\n  " + "\n  ".join(mine[-n:] or ["(nothing)"]))
+    root = [i for i, x in enumerate(lines) if x.startswith("Root Cause")]
+    if root:
+        said.append("torchrun's first failure: " + "; ".join(
+            " ".join(x.split()) for x in lines[root[0]:root[0] + 6]
+            if x.strip().startswith(("rank", "exitcode"))))
+    return "\n".join(said)
+
+
+def _build_locks() -> str:
+    """A torch extension build lock left by a killed DeepSpeed start, which every later one
+    waits on forever (torch's FileBaton has no timeout)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    locks = [*root.glob("*/lock"), *root.glob("*/*/lock")]
+    return "".join(f"\n{lock} exists: if no build is running, delete it" for lock in locks)
+
+
+def _launch(recipe, extra=(), timeout=240):
+    """``torchrun --nproc_per_node 2 -m draftkit distill RECIPE`` over gloo; must succeed.
+    ``timeout``: 240 s, for a DeepSpeed start on an empty cache builds its CPU comm op first
+    (35 s of both cores here, alone); a plain launch takes about 8 s."""
+    rc, out, err, seconds = _torchrun(["-m", "draftkit", "distill", recipe, *extra], timeout)
+    assert rc == 0, f"torchrun exited {rc} after {seconds:.0f} s\n{_tails(out, err)}"
+    return subprocess.CompletedProcess([], rc, out, err)
 
 
 def _steps(run):
@@ -48,15 +119,15 @@ def _steps(run):
 
 
 def test_torchrun_two_processes_gloo(tmp_path, tiny_dirs):
-    _launch(_recipe(tmp_path, tiny_dirs, "fkl", max_steps=3, every=3, grad_accum=2), 29533,
-            timeout=300)
+    _launch(_recipe(tmp_path, tiny_dirs, "fkl", max_steps=3, every=3, grad_accum=2),
+            timeout=150)
     run = tmp_path / "run"
     assert _steps(run) == [0, 3]  # written once (rank 0), not once per process
     assert (run / "best" / "model.safetensors").is_file()
     assert (run / "checkpoints" / "step-0000003" / "manifest.json").is_file()
     # starting over: rank 0 sets the first run aside before any rank looks for checkpoints
     recipe = tmp_path / "tiny_to_2l" / "fkl.yaml"
-    _launch(recipe, 29534, ["resume=false", "max_steps=2", "eval.every=2"], timeout=300)
+    _launch(recipe, ["resume=false", "max_steps=2", "eval.every=2"], timeout=150)
     assert _steps(run) == [0, 2]
     (aside,) = run.glob("earlier-*")
     assert _steps(aside) == [0, 3]
@@ -66,8 +137,8 @@ def test_deepspeed_zero2_two_processes_and_resume(tmp_path, tiny_dirs):
     """ZeRO-2 through recipes/deepspeed/zero2.json over gloo, then a resume from its checkpoint."""
     recipe = _recipe(tmp_path, tiny_dirs, "fkl_zero2", max_steps=2, every=2, grad_accum=2,
                      stage=2)
-    _launch(recipe, 29534)
-    proc = _launch(recipe, 29534, ["max_steps=3"])
+    _launch(recipe)
+    proc = _launch(recipe, ["max_steps=3"])
     assert "resuming from" in proc.stdout
     run = tmp_path / "run"
     assert _steps(run) == [0, 2, 3]
@@ -81,7 +152,7 @@ def test_deepspeed_zero3_two_processes_exports_whole_weights(tmp_path, tiny_dirs
     from safetensors.torch import load_file
 
     _launch(_recipe(tmp_path, tiny_dirs, "fkl_zero3", max_steps=2, every=1, grad_accum=1,
-                    stage=3), 29535)
+                    stage=3))
     run = tmp_path / "run"
     assert _steps(run) == [0, 1, 2]
     weights = load_file(run / "best" / "model.safetensors")
@@ -99,14 +170,14 @@ def test_an_eagle3_head_under_torchrun_and_deepspeed_zero3(tmp_path, tiny_dirs):
     from safetensors.torch import load_file
 
     _launch(_recipe(tmp_path, tiny_dirs, "eagle3", max_steps=2, every=2, grad_accum=2,
-                    draft=EAGLE3), 29536, timeout=300)
+                    draft=EAGLE3), timeout=150)
     run = tmp_path / "run"
     assert _steps(run) == [0, 2]
     assert "tau" in json.loads((run / "best" / "best.json").read_text())
     (tmp_path / "z3").mkdir()
     recipe = _recipe(tmp_path / "z3", tiny_dirs, "eagle3_zero3", max_steps=2, every=1,
                      grad_accum=1, stage=3, draft=EAGLE3)
-    _launch(recipe, 29537)
+    _launch(recipe)
     run = tmp_path / "z3" / "run"
     assert _steps(run) == [0, 1, 2]
     weights = load_file(run / "best" / "model.safetensors")
@@ -157,3 +228,59 @@ def test_a_run_ends_only_the_process_group_it_created(tmp_path, monkeypatch):
     finally:
         if td.is_initialized():
             td.destroy_process_group()
+
+
+STALL = """\
+import os, sys, time
+from pathlib import Path
+from draftkit.distill.distributed import barrier, init_distributed
+from draftkit.errors import DraftkitError
+
+rank, stall = int(os.environ["RANK"]), sys.argv[1]
+Path(sys.argv[2], f"rank{rank}.pid").write_text(str(os.getpid()))
+try:
+    if rank == 1 and stall == "join":
+        time.sleep(600)  # alive, but never joins
+    dist = init_distributed("cpu")
+    if rank == 1:
+        time.sleep(600)  # joined, then stuck: never reaches the barrier
+    barrier(dist)
+except DraftkitError as e:
+    print(f"error: {e}", flush=True)  # as draftkit's command line says it
+    sys.exit(2)
+"""
+
+
+@pytest.mark.parametrize("stall", ["join", "barrier"])
+def test_a_stuck_rank_fails_the_launch_in_seconds(tmp_path, stall):
+    """Rank 1 stays alive but never joins (or never reaches the barrier): rank 0 gives up after
+    DRAFTKIT_DIST_TIMEOUT with one line naming what it waited at, torchrun stops rank 1 and no
+    rank outlives the launch. Before, rank 0 waited gloo's 30 minutes and torchrun with it."""
+    import psutil
+
+    script = tmp_path / "stall.py"
+    script.write_text(STALL)
+    rc, out, err, seconds = _torchrun([script, stall, tmp_path], timeout=120,
+                                      env={"DRAFTKIT_DIST_TIMEOUT": "3"})
+    said = f"after {seconds:.0f} s:\n{_tails(out, err)}"
+    assert rc != 0, said
+    assert seconds < 60, said  # rank 1 sleeps 600 s; this is 3 s, start-up and stopping
+    what = "the start" if stall == "join" else "the barrier in stall.py"
+    assert f"error: rank 0 of 2 waited 3 s for the other ranks at {what}" in out, said
+    if stall == "barrier":  # torch's monitored barrier names the rank that never came
+        assert "Ranks 1 failed to pass monitoredBarrier" in out, said
+    for rank in (0, 1):
+        pid = int((tmp_path / f"rank{rank}.pid").read_text())
+        assert not psutil.pid_exists(pid), f"rank {rank} (pid {pid}) outlived the launch"
+
+
+def test_a_bad_dist_timeout_is_one_line(monkeypatch):
+    from draftkit.distill.distributed import dist_timeout
+    from draftkit.errors import ConfigError
+
+    monkeypatch.setenv("DRAFTKIT_DIST_TIMEOUT", "90")
+    assert dist_timeout() == 90
+    for bad in ("ten", "0", "-5"):
+        monkeypatch.setenv("DRAFTKIT_DIST_TIMEOUT", bad)
+        with pytest.raises(ConfigError, match="not a number of seconds above 0"):
+            dist_timeout()

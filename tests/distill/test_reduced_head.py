@@ -135,7 +135,7 @@ def test_a_run_trains_over_h_and_needs_a_reduced_head(tmp_path, tiny_dirs):
 
 
 def test_on_policy_answers_stay_inside_the_reduced_head():
-    from draftkit.data.generate import generate_responses_in_memory
+    from draftkit.data.generate import answers_in_memory
     from tests.helpers import make_llama, make_tokenizer
 
     tok = make_tokenizer()
@@ -144,10 +144,10 @@ def test_on_policy_answers_stay_inside_the_reduced_head():
     allowed = list(range(5, 25))
     head = ReducedHead(allowed, len(tok))
     for temperature in (0.0, 1.0):
-        (answer,) = generate_responses_in_memory(draft, [prompt["input_ids"]], 16, temperature,
-                                                 tok.pad_token_id, [tok.eos_token_id], [7],
-                                                 head)
+        (answer,) = answers_in_memory(draft, [prompt["input_ids"]], 16, temperature,
+                                      [tok.eos_token_id], [7], head)
         assert answer and set(answer) <= set(allowed)
-        (free,) = generate_responses_in_memory(draft, [prompt["input_ids"]], 16, temperature,
-                                               tok.pad_token_id, [tok.eos_token_id], [7])
+        assert getattr(draft, "reduced_head", None) is None  # the draft is left as it was
+        (free,) = answers_in_memory(draft, [prompt["input_ids"]], 16, temperature,
+                                    [tok.eos_token_id], [7])
         assert not set(free) <= set(allowed)  # without it, the draft leaves H

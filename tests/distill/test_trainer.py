@@ -606,7 +606,7 @@ def test_prepare_builds_the_answers_and_cache_a_run_then_only_reads(tmp_path, ti
         assert self.filled_rows() == self.n_rows, "train() built cache rows prepare() had built"
         return build(self, *a, **k)
 
-    monkeypatch.setattr(generate, "generate_responses_in_memory", no_generation)
+    monkeypatch.setattr(generate, "answers_in_memory", no_generation)
     monkeypatch.setattr(teacher.TopKCache, "build", only_read)
     best = train(cfg, progress=False)
     assert (best / "model.safetensors").is_file()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from draftkit.cli import main
-from draftkit.data.generate import generate_responses_in_memory
+from draftkit.data.generate import answers_in_memory
 from draftkit.distill.onpolicy import VllmDraftAnswers
 from draftkit.models.reduced_head import ReducedHead
 from tests.helpers import ROW_WORDS, engine_llama, make_tokenizer, save_model, tiny_recipe
@@ -34,7 +34,7 @@ def test_the_drafts_answers_follow_its_weights_and_its_head(vllm_worker, tmp_pat
                 with torch.no_grad():
                     for p in draft.parameters():
                         p.add_(torch.randn_like(p) * 0.1)
-            ours = generate_responses_in_memory(draft, prompts, 12, 0.0, 3, stop, seeds, head)
+            ours = answers_in_memory(draft, prompts, 12, 0.0, stop, seeds, head)
             theirs = engine.answers(draft, prompts, 12, 0.0, stop, seeds, head)
             assert theirs == ours, f"after {change} change(s), on {vllm_worker.info.label}"
             assert all(t in set(head.ids.tolist()) for a in theirs for t in a)

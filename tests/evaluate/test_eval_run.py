@@ -10,7 +10,7 @@ from draftkit import metrics
 from draftkit.evaluate.command import EvalArgs, evaluate, run_eval
 from draftkit.evaluate.figures import DomainFigures, EvalReport
 from draftkit.evaluate.report import domain_table
-from draftkit.evaluate.runner import KMeasurement
+from draftkit.evaluate.measure import KMeasurement
 
 # report.json's keys: the report's and each per-domain row's (and overall's)
 DOMAIN_KEYS = ("n_prompts", "new_tokens", "alpha", "alpha_tv", "alpha_after", "alpha_per_position",
@@ -23,7 +23,7 @@ REPORT_KEYS = ("target", "draft", "device", "dtype", "temperature", "k", "create
 
 
 def tiny_args(target, draft, suite, out, **kw):
-    base = dict(target=str(target), draft=str(draft), suite=str(suite), out=str(out), k="2",
+    base = dict(target=str(target), draft=str(draft), suite=str(suite), out=str(out), k=2,
                 max_new_tokens=10, batch_sizes=[1, 2], k_sweep=[1, 2], k_max=3, repeats=2)
     base.update(kw)
     return EvalArgs(**base)
@@ -147,7 +147,7 @@ def test_bad_suite_and_flags_are_one_line(tiny_dirs, tmp_path):
 
 
 def test_verdicts_say_why():
-    from draftkit.evaluate.summary import verdict
+    from draftkit.evaluate.analysis import verdict
 
     def fig(**figures) -> DomainFigures:  # the figures a verdict reads; the rest not measured
         base = {"alpha_per_position": [], "overhead_per_round_ms": 3.0, "v": 1.1}
@@ -209,8 +209,8 @@ def test_prediction_covers_the_mix_of_k_an_auto_run_had():
     expected target steps), as the measured speedup does, instead of assuming K = 2 throughout.
     """
     from draftkit.decode.stats import DecodeStats, RoundStats
-    from draftkit.evaluate.runner import DomainRun, EvalSettings
-    from draftkit.evaluate.summary import domain_figures
+    from draftkit.evaluate.measure import DomainRun, EvalSettings
+    from draftkit.evaluate.analysis import domain_figures
 
     def plain_round():
         return RoundStats(k=0, rows=1, accepted_per_position=[], tested_per_position=[],
@@ -245,7 +245,7 @@ def test_alpha_before_compares_with_the_drafts_teacher_forced_alpha(tiny_dirs, t
     suite = tmp_path / "s.jsonl"
     suite.write_text('{"domain": "chat", "prompt": "what is the answer"}\n'
                      '{"domain": "chat", "prompt": "hello world"}\n')
-    report = evaluate(tiny_args(target, draft, suite, tmp_path / "o", k="3", max_new_tokens=24,
+    report = evaluate(tiny_args(target, draft, suite, tmp_path / "o", k=3, max_new_tokens=24,
                                 batch_sizes=[], k_sweep=[], repeats=1,
                                 baseline_draft=str(draft)))
     for fig in (report.domains["chat"], report.overall):
@@ -258,7 +258,7 @@ def test_alpha_before_compares_with_the_drafts_teacher_forced_alpha(tiny_dirs, t
 def test_a_run_that_never_drafted_has_no_alpha(tiny_dirs, suite, tmp_path):
     """--k 0: no token was drafted, so alpha is unknown, not 0; every consumer copes."""
     target, draft = tiny_dirs
-    report = evaluate(tiny_args(target, draft, suite, tmp_path / "o", k="0", batch_sizes=[1],
+    report = evaluate(tiny_args(target, draft, suite, tmp_path / "o", k=0, batch_sizes=[1],
                                 k_sweep=[1], repeats=1))
     for fig in [*report.domains.values(), report.overall]:
         assert fig.alpha is None and fig.alpha_tv is None and fig.k == 0
@@ -277,7 +277,7 @@ def test_untimed_warm_up_then_alternating_order(tiny_dirs):
     """One-time costs (CUDA context, kernel set-up, allocator growth) land in untimed decodes
     of both modes, and the order of the timed pair alternates across calls too (regimes times
     one prompt per call)."""
-    from draftkit.evaluate.runner import WARMUP_TOKENS, EvalSettings, Evaluator
+    from draftkit.evaluate.measure import WARMUP_TOKENS, EvalSettings, Evaluator
     from draftkit.models import load_pair
 
     target, draft = tiny_dirs
@@ -287,7 +287,7 @@ def test_untimed_warm_up_then_alternating_order(tiny_dirs):
     calls, generate = [], ev.engine.generate
 
     def record(prompts, k, max_new_tokens, **kw):
-        calls.append((len(prompts), k, max_new_tokens))
+        calls.append((len(prompts), k.fixed, max_new_tokens))
         return generate(prompts, k=k, max_new_tokens=max_new_tokens, **kw)
 
     ev.engine.generate = record
@@ -306,7 +306,7 @@ def test_predictions_use_v_measured_at_each_k():
     K=2: S(1) is priced with 1.05, not 1.6 (1.39x, not 0.94x), and so is the verdict's K."""
     import dataclasses
 
-    from draftkit.evaluate.summary import k_sweep_rows, v_of_k, verdict
+    from draftkit.evaluate.analysis import k_sweep_rows, v_of_k, verdict
 
     fig = DomainFigures.from_dict({"alpha_per_position": [0.6] * 3, "alpha": 0.6, "c": 0.1,
                                    "v": 1.6, "k": 3, "speedup_measured": 0.9,
@@ -336,7 +336,7 @@ def test_k_auto_keeps_one_policy_per_domain(tiny_dirs):
     """--k auto: the timed decodes of a domain share one K policy (what a server's scheduler
     does across requests), so each prompt does not pay the policy's start-up rounds again; a
     new domain starts a new one."""
-    from draftkit.evaluate.runner import EvalSettings, Evaluator
+    from draftkit.evaluate.measure import EvalSettings, Evaluator
     from draftkit.models import load_pair
 
     target, draft = tiny_dirs
@@ -344,10 +344,10 @@ def test_k_auto_keeps_one_policy_per_domain(tiny_dirs):
     ev = Evaluator(pair.target, pair.draft, EvalSettings(k="auto", max_new_tokens=10, repeats=2))
     policies, generate = [], ev.engine.generate
 
-    def record(prompts, k, max_new_tokens, policy=None, **kw):
-        if k == "auto" and max_new_tokens == 10:  # the timed decodes, not the warm-up
-            policies.append(policy)
-        return generate(prompts, k=k, max_new_tokens=max_new_tokens, policy=policy, **kw)
+    def record(prompts, k, max_new_tokens, **kw):
+        if k.label == "auto" and max_new_tokens == 10:  # the timed decodes, not the warm-up
+            policies.append(k.policy)
+        return generate(prompts, k=k, max_new_tokens=max_new_tokens, **kw)
 
     ev.engine.generate = record
     ev.run_domain([[5, 6, 7], [8, 9]])
@@ -366,7 +366,7 @@ def test_k_sweep_size_below_1_is_one_line(tiny_dirs):
 
 
 def test_the_batch_sweep_measures_batch_1_again_only_when_the_table_did_not():
-    from draftkit.evaluate.evaluation import swept_sizes
+    from draftkit.evaluate.run import swept_sizes
     from draftkit.evaluate.settings import EvalSettings
 
     assert swept_sizes(EvalSettings(k="auto", batch_sizes=[1, 2, 4])) == [2, 4]
@@ -381,7 +381,7 @@ def test_the_sweeps_pair_their_measurements_and_give_intervals(tiny_dirs):
     """The K sweep decodes each prompt plainly and at every K, back to back in a rotating
     order; the batch sweep decodes batches of distinct prompts, each plainly and with
     speculation: each speedup is pooled over its units with an interval over them."""
-    from draftkit.evaluate.runner import EvalSettings, Evaluator, batches
+    from draftkit.evaluate.measure import EvalSettings, Evaluator, batches
     from draftkit.models import load_pair
 
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12], [13, 14], [15, 16, 17]]
@@ -396,7 +396,7 @@ def test_the_sweeps_pair_their_measurements_and_give_intervals(tiny_dirs):
     calls, generate = [], ev.engine.generate
 
     def record(prompts, k, max_new_tokens, **kw):
-        calls.append((tuple(map(tuple, prompts)), k))
+        calls.append((tuple(map(tuple, prompts)), k.fixed))
         return generate(prompts, k=k, max_new_tokens=max_new_tokens, **kw)
 
     ev.engine.generate = record
@@ -417,7 +417,7 @@ def test_the_sweeps_pair_their_measurements_and_give_intervals(tiny_dirs):
 
 def test_a_sweep_rows_verdict_is_the_tables_rule_at_its_k():
     from draftkit.evaluate.figures import BatchRow, KSweepRow
-    from draftkit.evaluate.summary import sweep_verdict
+    from draftkit.evaluate.analysis import sweep_verdict
 
     fig = DomainFigures.from_dict({"alpha_per_position": [0.8, 0.7], "alpha": 0.75, "c": 0.1,
                                    "v": 1.1, "k": 2, "speedup_measured": 1.3,

@@ -4,7 +4,7 @@ import pytest
 
 from draftkit.evaluate.figures import BatchRow, DomainFigures, EvalReport
 from draftkit.evaluate.report import break_even_text, domain_table, format_text_table, write_report
-from draftkit.evaluate.summary import break_even
+from draftkit.evaluate.analysis import break_even
 
 
 def sample_report():

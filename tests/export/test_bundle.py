@@ -18,14 +18,14 @@ def test_export_check_and_hf_assisted_generation(tiny_dirs, tmp_path):
         "break_even": {"kind": "crosses", "x": 7.2, "batch_size": 8}}))
     out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "bundle", report=report)
     manifest = check_bundle(out)
-    assert manifest["num_speculative_tokens"] == 4 and manifest["k_source"] == "report"
-    assert manifest["draft"]["kind"] == "standalone"
-    assert manifest["domains"]["code"]["alpha"] == 0.6 and manifest["break_even_batch"] == 8
-    assert manifest["break_even_kind"] == "crosses"
-    assert manifest["target"]["path"] == str(target_dir.resolve())
-    assert len(manifest["target"]["sha256"]) == 64
+    assert manifest.num_speculative_tokens == 4 and manifest.k_source == "report"
+    assert manifest.draft.kind == "standalone"
+    assert manifest.domains["code"].alpha == 0.6 and manifest.break_even_batch == 8
+    assert manifest.break_even_kind == "crosses"
+    assert manifest.target.path == str(target_dir.resolve())
+    assert len(manifest.target.sha256) == 64
     assert {"draft/model.safetensors", "draft/config.json", "draft/tokenizer.json",
-            "draft/generation_config.json", "serving/vllm.json"} <= set(manifest["files"])
+            "draft/generation_config.json", "serving/vllm.json"} <= set(manifest.files)
     gen = json.loads((out / "draft" / "generation_config.json").read_text())
     assert gen["num_assistant_tokens"] == 4 and gen["num_assistant_tokens_schedule"] == "constant"
     assert gen["assistant_confidence_threshold"] == 0.0
@@ -53,7 +53,7 @@ def test_export_reads_a_report_written_before_reports_were_typed(tiny_dirs, tmp_
     path = Path(__file__).parents[1] / "evaluate" / "reports" / name
     raw = json.loads(path.read_text())
     manifest = check_bundle(export_bundle(str(target_dir), str(draft_dir), tmp_path / "b",
-                                          report=path))
+                                          report=path)).to_dict()
     assert manifest["num_speculative_tokens"] == raw["overall"]["k"]
     assert manifest["k_source"] == "report" and manifest["measured"] is True
     keys = ("alpha", "tau", "c", "k", "speedup_measured", "speedup_predicted", "verdict")
@@ -71,7 +71,7 @@ def test_an_empty_or_foreign_report(tiny_dirs, tmp_path):
     empty.write_text("{}")
     manifest = check_bundle(export_bundle(str(target_dir), str(draft_dir), tmp_path / "b",
                                           report=empty))
-    assert manifest["k_source"] == "default" and manifest["measured"] is False
+    assert manifest.k_source == "default" and manifest.measured is False
     foreign = tmp_path / "foreign.json"
     foreign.write_text("[1, 2]")
     with pytest.raises(DraftkitError, match="is not a draftkit eval report.json"):
@@ -108,7 +108,7 @@ def test_an_edited_manifest_is_refused_by_check_and_by_every_command_loading_the
         "overall": {"k": 2}, "domains": {"code": {"alpha": 0.5, "tau": 1.8, "c": 0.2, "k": 2}}}))
     out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "b", report=report)
     sealed = (out / "draftkit.json").read_text()
-    assert '"manifest_sha256"' in sealed and check_bundle(out)["num_speculative_tokens"] == 2
+    assert '"manifest_sha256"' in sealed and check_bundle(out).num_speculative_tokens == 2
 
     def edited(edit) -> None:
         manifest = json.loads(sealed)
@@ -136,7 +136,7 @@ def test_an_edited_manifest_is_refused_by_check_and_by_every_command_loading_the
         err = capsys.readouterr().err
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     (out / "draftkit.json").write_text(sealed)  # the file as exported checks again
-    assert check_bundle(out)["num_speculative_tokens"] == 2
+    assert check_bundle(out).num_speculative_tokens == 2
 
 
 def test_export_refuses_bad_drafts_and_existing_dir(tiny_dirs, tmp_path):
@@ -182,7 +182,7 @@ def test_lora_draft_is_merged(tiny_dirs, tmp_path):
     out = export_bundle(str(target_dir), str(adapter_dir), tmp_path / "b", k=2,
                         dtype="float32")  # stored as computed: the logits compare at 1e-4
     manifest = check_bundle(out)
-    assert manifest["draft"]["lora_merged"] is True
+    assert manifest.draft.lora_merged is True
     assert not (out / "draft" / "adapter_config.json").exists()
     merged = AutoModelForCausalLM.from_pretrained(out / "draft")
     with torch.no_grad():
@@ -193,7 +193,7 @@ def test_k_zero_recommendation_is_said_in_serving_files(tiny_dirs, tmp_path):
     target_dir, draft_dir = tiny_dirs
     out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "b", k=0)
     manifest = check_bundle(out)
-    assert manifest["num_speculative_tokens"] == 0
+    assert manifest.num_speculative_tokens == 0
     assert json.loads((out / "serving" / "vllm.json").read_text())["num_speculative_tokens"] == 1
     assert "recommends K = 0" in (out / "serving" / "vllm.sh").read_text()
     assert "recommends K = 0" in (out / "serving" / "sglang.sh").read_text()
@@ -232,7 +232,7 @@ def test_check_takes_the_target_from_the_command_line(tiny_dirs, tmp_path):
     shutil.rmtree(moved)  # the bundle travelled; its target lives elsewhere on this machine
     with pytest.raises(ModelError, match="cannot be found here; pass the target with --target"):
         check_bundle(out)
-    assert check_bundle(out, target=str(target_dir))["num_speculative_tokens"] == 2
+    assert check_bundle(out, target=str(target_dir)).num_speculative_tokens == 2
     (out / "draftkit.json").write_text("[]")
     with pytest.raises(ModelError, match="bundle manifest .*draftkit.json is not a JSON object"):
         check_bundle(out)

@@ -160,7 +160,7 @@ def test_the_manifest_and_serving_files_name_an_eagle3_head(saved, tmp_path, cap
     assert manifest["draft"]["eagle_aux_hidden_state_layer_ids"] == LAYERS
     assert manifest["draft"]["draft_vocab_size"] == len(IDS)
     assert manifest["target"]["sha256"] == \
-        target_reference(resolve_model(str(target_dir)))["sha256"]
+        target_reference(resolve_model(str(target_dir))).sha256
     draft = str((out / "draft").resolve())
     assert json.loads((out / "serving" / "vllm.json").read_text()) == {
         "method": "eagle3", "model": draft, "num_speculative_tokens": 3,
@@ -350,7 +350,7 @@ def test_check_refuses_another_target_and_a_stale_manifest(saved, tmp_path):
 
     _, target_dir, head_dir = saved
     out = export_bundle(str(target_dir), str(head_dir), tmp_path / "bundle", k=2)
-    assert check_bundle(out)["draft"]["kind"] == "eagle3"
+    assert check_bundle(out).draft.kind == "eagle3"
     with pytest.raises(ModelError, match="hidden_size 32; this target has 48: pass the target"):
         check_bundle(out, target=str(_other_target(tmp_path, num_layers=8, hidden_size=48)))
     shutil.rmtree(tmp_path / "other")

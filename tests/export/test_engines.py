@@ -56,7 +56,7 @@ def test_the_draft_is_stored_in_the_dtype_asked_and_the_scripts_serve_in_it(tiny
     config = json.loads((out / "draft" / "config.json").read_text())
     assert config["torch_dtype"] == "bfloat16"
     manifest = check_bundle(out)
-    assert manifest["draft"]["dtype"] == manifest["serving"]["dtype"] == "bfloat16"
+    assert manifest.draft.dtype == manifest.serving.dtype == "bfloat16"
 
     assert main(["export", "--target", str(target_dir), "--draft", str(draft_dir), "--out",
                  str(tmp_path / "h"), "--k", "2", "--dtype", "float16"]) == 0
@@ -79,10 +79,10 @@ def test_the_draft_is_stored_in_the_dtype_asked_and_the_scripts_serve_in_it(tiny
 def test_versions_are_recorded_and_the_scripts_check_the_installed_one(tiny_dirs, tmp_path):
     target_dir, draft_dir = tiny_dirs
     out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "b", k=2)
-    recorded = check_bundle(out)["serving"]["engines"]
-    assert recorded["vllm"]["min_version"] == engines.MIN_VERSIONS["vllm", "standalone"]
-    assert recorded["sglang"]["min_version"] == engines.MIN_VERSIONS["sglang", "standalone"]
-    assert (recorded["vllm"]["method"], recorded["sglang"]["algorithm"]) == \
+    recorded = check_bundle(out).serving.engines
+    assert recorded.vllm.min_version == engines.MIN_VERSIONS["vllm", "standalone"]
+    assert recorded.sglang.min_version == engines.MIN_VERSIONS["sglang", "standalone"]
+    assert (recorded.vllm.method, recorded.sglang.algorithm) == \
         ("draft_model", "STANDALONE")
     vllm, sglang = out / "serving" / "vllm.sh", out / "serving" / "sglang.sh"
     cases = [  # (vLLM release, SGLang release, script, what the one line says)
@@ -136,7 +136,7 @@ def test_a_draft_that_excludes_a_common_tp_size_is_warned_of_and_checked(tiny_di
     assert err == [err[0]] and err[0].startswith("draftkit: warning: the draft shards at "
                                                  "tensor-parallel sizes [1] only, not 2, 4, 8")
     manifest = check_bundle(tmp_path / "b")
-    assert manifest["serving"]["tp_sizes"] == [1]
+    assert manifest.serving.tp_sizes == [1]
     serving, env = tmp_path / "b" / "serving", fake_engines(tmp_path)
     assert "tensor-parallel sizes [1]" in (serving / "sglang.sh").read_text()
     done = _run(serving / "sglang.sh", env, "--tp-size", "2")
@@ -154,7 +154,7 @@ def test_a_draft_that_excludes_a_common_tp_size_is_warned_of_and_checked(tiny_di
                  str(save_model(eight, tok, tmp_path / "eight")), "--out", str(tmp_path / "c"),
                  "--k", "2"]) == 0
     assert "tensor-parallel" not in capsys.readouterr().err
-    assert check_bundle(tmp_path / "c")["serving"]["tp_sizes"] == [1, 2, 4, 8]
+    assert check_bundle(tmp_path / "c").serving.tp_sizes == [1, 2, 4, 8]
 
 
 # --- 5. K per batch size ----------------------------------------------------------------------------
@@ -166,7 +166,7 @@ def test_k_per_batch_size_comes_from_the_batch_sweep(tiny_dirs, tmp_path):
                         report=_report(tmp_path, SWEEP))
     table = [[1, 3, 3], [4, 7, 2], [8, 16, 0]]
     manifest = check_bundle(out)
-    assert manifest["serving"]["k_per_batch_size"] == table
+    assert manifest.serving.k_per_batch_size == table
     spec = json.loads((out / "serving" / "vllm.json").read_text())
     assert spec["num_speculative_tokens_per_batch_size"] == table
     assert spec["num_speculative_tokens"] == 3  # the largest K; vLLM clamps the table to it
@@ -188,12 +188,12 @@ def test_k_per_batch_size_comes_from_the_batch_sweep(tiny_dirs, tmp_path):
     noisy = [(1, 3, 1.5, 1.4), (2, 3, 1.02, 0.97), (4, 3, 1.2, 1.1)]
     rows = [SimpleNamespace(batch_size=b, k=k, speedup_measured=s, speedup_predicted=p,
                             speedup_low=s - 0.1 if b == 1 else None) for b, k, s, p in noisy]
-    from draftkit.evaluate.summary import shown_speedup
+    from draftkit.evaluate.analysis import shown_speedup
     assert engines.k_per_batch_size(rows, shown_speedup) == [[1, 1, 3], [2, 3, 0], [4, 4, 3]]
     assert engines.k_per_batch_size([], shown_speedup) is None
     # without a sweep, no table: vLLM runs one K
     plain = check_bundle(export_bundle(str(target_dir), str(draft_dir), tmp_path / "c", k=2))
-    assert plain["serving"]["k_per_batch_size"] is None
+    assert plain.serving.k_per_batch_size is None
 
 
 # --- 4. sampling ------------------------------------------------------------------------------------
@@ -263,7 +263,7 @@ def test_a_draft_an_engine_rewrites_into_mtp_is_warned_of_and_that_engine_refuse
     err = capsys.readouterr().err
     assert "SGLang loads a draft of class Qwen3MoeForCausalLM as Qwen3MoeForCausalLMMTP" in err
     manifest = check_bundle(tmp_path / "b")
-    assert manifest["serving"]["engines"]["vllm"]["refused"] is None
+    assert manifest.serving.engines.vllm.refused is None
     done = _run(tmp_path / "b" / "serving" / "sglang.sh", fake_engines(tmp_path))
     assert done.returncode == 1 and done.stdout == ""
     assert "(ModelConfig._config_draft_model)" in done.stderr
@@ -355,7 +355,7 @@ def test_a_bundle_from_before_the_serving_entry_still_checks(tiny_dirs, tmp_path
         manifest.pop(key)
     manifest["draft"].pop("dtype")
     write_manifest(out, manifest)  # as an earlier draftkit sealed it
-    assert check_bundle(out)["num_speculative_tokens"] == 2
+    assert check_bundle(out).num_speculative_tokens == 2
     done = _run(out / "serving" / "vllm.sh", fake_engines(tmp_path))
     assert done.returncode == 1 and "records no serving entry" in done.stderr
     from draftkit.manifest import content_hash as manifest_hash
@@ -407,7 +407,7 @@ def _cpu_build_engines(tmp_path: Path, release: str, cpu: bool) -> dict:
 def test_the_scripts_warn_on_a_build_whose_sampled_verification_is_broken(tiny_dirs, tmp_path):
     target_dir, draft_dir = tiny_dirs
     out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "b", k=2)
-    recorded = check_bundle(out)["serving"]["engines"]["vllm"]["sampled_broken"]
+    recorded = check_bundle(out).serving.engines.vllm.sampled_broken
     assert recorded == [list(b) for b in engines.BROKEN_SAMPLED_VERIFY]
     script = out / "serving" / "vllm.sh"
     for release, cpu, warned in (("0.32.0", True, True), ("0.20.0", True, True),

@@ -1,5 +1,6 @@
 """The codebase's own shape: modules a reader takes in at one sitting, short decoder and server
-functions, and docs that cite the project or the papers."""
+functions, no import cycle, a batch read only behind its doors, and docs that cite the project
+or the papers."""
 
 import ast
 from pathlib import Path
@@ -42,3 +43,72 @@ def test_docs_and_code_cite_the_project_or_the_papers():
              for i, line in enumerate(p.read_text().splitlines(), 1)
              if "REFERENCE" + ".md" in line]
     assert not cited, f"cites a file the project does not contain: {cited}"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """The draftkit modules ``path`` imports, at its top or inside a function (a function-local
+    import is still a dependency), but not those imported for type checking alone."""
+    tree = ast.parse(path.read_text())
+    name, is_pkg = _module_name(path), path.name == "__init__.py"
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the package this module is in
+                package = name.split(".")[:len(name.split(".")) - (not is_pkg)]
+                package = package[:len(package) - (node.level - 1)]
+                base = ".".join(package + ([base] if base else []))
+            # ``from package import module`` imports the module; other names, the package
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                       for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def test_no_import_cycle_in_the_package():
+    """Each module can be read knowing only what it imports: no two modules need each other,
+    directly or around a loop (a function-local import hides a cycle from Python, not from a
+    reader)."""
+    paths = {_module_name(p): p for p in _modules()}
+    graph = {m: _imports(p, set(paths)) for m, p in paths.items()}
+    cycles, state = [], {}  # state: 1 on the path being walked, 2 done
+
+    def walk(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                cycles.append(" -> ".join(path[path.index(n):] + [n]))
+            elif n not in state:
+                walk(n, path + [n])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            walk(m, [m])
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_nothing_outside_decode_reads_a_batch_state():
+    """The batch's state is decode/'s: everything else goes through its doors (``Batch``)."""
+    readers = [f"{p.relative_to(ROOT)}" for p in _modules()
+               if p.parent.name != "decode" and "BatchState" in p.read_text()]
+    private = [f"{p.relative_to(ROOT)}:{i}" for p in _modules() if p.parent.name != "decode"
+               for i, line in enumerate(p.read_text().splitlines(), 1) if "._state" in line]
+    assert not readers and not private, (readers, private)

@@ -62,7 +62,7 @@ def test_build_from_model_dirs(tiny_dirs):
     target, draft = tiny_dirs
     app, desc = build(ServeArgs(bundle=str(target), draft=str(draft), max_batch=2,
                                 max_model_len=64, device="cpu"))
-    assert "continuous batching" in desc and app.state.scheduler.state.max_len == 64
+    assert "continuous batching" in desc and app.state.scheduler.batch.max_len == 64
 
 
 def test_sigterm_finishes_in_flight_and_exits_0(tiny_dirs):

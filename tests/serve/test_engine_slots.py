@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from draftkit.decode.choice import resolve_k
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.sampling import SamplingParams, row_probabilities
 from draftkit.errors import DraftkitError
@@ -22,10 +23,14 @@ def alone(engine, prompt, n):
     return engine.generate([prompt], k=0, max_new_tokens=n)[0].tokens
 
 
-def run(engine, state, k, rounds=None):
+def up_to(k_max):
+    return resolve_k(k_max, has_draft=True)
+
+
+def run(batch, k, rounds=None):
     i = 0
-    while state.live() and (rounds is None or i < rounds):
-        engine.step(state, k)
+    while batch.live and (rounds is None or i < rounds):
+        batch.step(k)
         i += 1
 
 
@@ -35,24 +40,24 @@ def test_admitted_rows_equal_decoding_alone(engines):
     engine = engines[0]
     assert engine.slotted
     with torch.inference_mode():
-        state = engine.open(4, k_max=3, max_len=128)
-        (sa,) = engine.admit(state, [A], GREEDY, 20)
-        (sb,) = engine.admit(state, [B], WARM, 30, [torch.Generator().manual_seed(1)])
-        run(engine, state, 3, rounds=3)
-        (sc,) = engine.admit(state, [C], GREEDY, 12)  # joins mid-flight
-        run(engine, state, 2, rounds=2)
-        engine.release(state, sb)  # a client went away
-        assert state.finish[sb] == "abort" and not state.occupied[sb]
-        (sd,) = engine.admit(state, [D], GREEDY, 15)  # reuses the freed slot
+        batch = engine.open(4, up_to(3), max_len=128)
+        (sa,) = batch.admit([A], GREEDY, 20)
+        (sb,) = batch.admit([B], WARM, 30, [1])
+        run(batch, 3, rounds=3)
+        (sc,) = batch.admit([C], GREEDY, 12)  # joins mid-flight
+        run(batch, 2, rounds=2)
+        batch.release(sb)  # a client went away
+        assert batch.output(sb).finish_reason == "abort" and batch.free_slots() == 2
+        (sd,) = batch.admit([D], GREEDY, 15)  # reuses the freed slot
         assert sd == sb
         k = 0
-        while state.live():
-            engine.step(state, k)
+        while batch.live:
+            batch.step(k)
             k = (k + 1) % 4  # K changes between rounds, as under --k auto
     for slot, prompt, n in ((sa, A, 20), (sc, C, 12), (sd, D, 15)):
-        assert state.result(slot).tokens == alone(engine, prompt, n)
-        assert state.result(slot).finish_reason == "length"
-    assert state.rows[sa].drafted > 0 and state.rows[sa].accepted > 0
+        assert batch.output(slot).tokens == alone(engine, prompt, n)
+        assert batch.output(slot).finish_reason == "length"
+    assert batch.output(sa).stats.drafted > 0 and batch.output(sa).stats.accepted > 0
 
 
 def test_seeded_row_does_not_depend_on_its_batch(engines):
@@ -60,13 +65,12 @@ def test_seeded_row_does_not_depend_on_its_batch(engines):
 
     def sampled(others):
         with torch.inference_mode():
-            state = engine.open(4, k_max=2, max_len=128)
+            batch = engine.open(4, up_to(2), max_len=128)
             if others:
-                engine.admit(state, [B, C], [WARM, GREEDY], 25)
-            (s,) = engine.admit(state, [A], SamplingParams(1.0), 18,
-                                [torch.Generator().manual_seed(7)])
-            run(engine, state, 2)
-        return state.result(s).tokens
+                batch.admit([B, C], [WARM, GREEDY], 25)
+            (s,) = batch.admit([A], SamplingParams(1.0), 18, [7])
+            run(batch, 2)
+        return batch.output(s).tokens
 
     solo = sampled(False)
     assert sampled(True) == solo
@@ -85,27 +89,28 @@ def test_general_runner_admits_cohorts(engines):
     engine = engines[1]
     assert not engine.slotted
     with torch.inference_mode():
-        state = engine.open(3, k_max=2, max_len=128)
-        slots = engine.admit(state, [A, B], GREEDY, 10)
+        batch = engine.open(3, up_to(2), max_len=128)
+        slots = batch.admit([A, B], GREEDY, 10)
         with pytest.raises(DraftkitError, match="empty batch"):
-            engine.admit(state, [C], GREEDY, 10)
-        run(engine, state, 2)
-        first = [state.result(s).tokens for s in slots]
+            batch.admit([C], GREEDY, 10)
+        run(batch, 2)
+        first = [batch.output(s).tokens for s in slots]
         for s in slots:
-            engine.release(state, s)
-        (sc,) = engine.admit(state, [C], GREEDY, 10)  # a new cohort
-        run(engine, state, 2)
+            batch.release(s)
+        (sc,) = batch.admit([C], GREEDY, 10)  # a new cohort
+        run(batch, 2)
     assert first == [alone(engine, A, 10), alone(engine, B, 10)]
-    assert state.result(sc).tokens == alone(engine, C, 10)
+    assert batch.output(sc).tokens == alone(engine, C, 10)
 
 
 def test_admit_checks_room(engines):
     engine = engines[0]
-    state = engine.open(1, k_max=2, max_len=16)
+    batch = engine.open(1, up_to(2), max_len=16)
     with pytest.raises(DraftkitError, match="context window"):
-        engine.admit(state, [[5] * 13], GREEDY, 4)
+        batch.admit([[5] * 13], GREEDY, 4)
     with torch.inference_mode():
-        engine.admit(state, [[5] * 4], GREEDY, 100)  # the budget is capped to the room
-    assert state.budgets[0] == 16 - 4 - 4
+        batch.admit([[5] * 4], GREEDY, 100)  # the budget is capped to the room
+        run(batch, 2)
+    assert len(batch.output(0).tokens) == 16 - 4 - 4
     with pytest.raises(DraftkitError, match="slots are free"):
-        engine.admit(state, [A], GREEDY, 4)
+        batch.admit([A], GREEDY, 4)

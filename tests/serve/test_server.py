@@ -408,6 +408,7 @@ def test_a_request_cancelled_in_the_queue_leaves_it_as_an_abort(tiny_models):
 
     from prometheus_client import generate_latest
 
+    from draftkit.decode.choice import resolve_k
     from draftkit.decode.engine import SpeculativeEngine
     from draftkit.decode.sampling import SamplingParams
     from draftkit.serve.detok import TextStream
@@ -416,7 +417,8 @@ def test_a_request_cancelled_in_the_queue_leaves_it_as_an_abort(tiny_models):
 
     tok, target, draft = tiny_models
     metrics = ServeMetrics("tiny")
-    sched = Scheduler(SpeculativeEngine(target, draft), metrics, max_batch=1, k=2)
+    sched = Scheduler(SpeculativeEngine(target, draft), metrics, max_batch=1,
+                      k=resolve_k(2, has_draft=True))
     loop = asyncio.new_event_loop()
     try:
         jobs = [Job([5, 6, 7], SamplingParams(0.0, 0, 1.0), 4, None,
@@ -598,7 +600,7 @@ def test_an_eagle3_head_serves_concurrent_requests_exactly(tiny_models, tmp_path
     save_eagle3(fit_eagle3(target, steps=60), tmp_path / "head")
     save_model(target, tok, tmp_path / "target")
     app, desc = build(ServeArgs(bundle=str(tmp_path / "target"), draft=str(tmp_path / "head"),
-                                k="2", k_max=4, max_batch=4, max_model_len=96,
+                                k=2, k_max=4, max_batch=4, max_model_len=96,
                                 device="cpu", dtype="float32", served_model_name="tiny"))
     assert f"draft {(tmp_path / 'head').resolve()}" in desc and "continuous" in desc
     srv = LiveServer(app)

@@ -33,11 +33,12 @@ from draftkit.errors import DraftkitError
 from draftkit.evaluate.figures import now
 from draftkit.evaluate.parity import figures as F
 from draftkit.evaluate.parity.figures import PromptRun
-from draftkit.evaluate.runner import paired_speedup
+from draftkit.evaluate.measure import paired_speedup
 from draftkit.export.engines import FEATURES, sampled_verify_broken
 from draftkit.export.preflight import at_least, version_tuple
 from draftkit.io import append_jsonl, read_jsonl
 from draftkit.manifest import NAME as MANIFEST
+from draftkit.manifest import Manifest
 
 CONTROL_PROMPTS = 2  # per domain: the control needs no draft quality, only enough drafts
 
@@ -60,15 +61,15 @@ def k_at_batch_1(spec: dict) -> int:
     return int(spec["num_speculative_tokens"])
 
 
-def configs(manifest: dict, k: int | None) -> list[Config]:
+def configs(manifest: Manifest, k: int | None) -> list[Config]:
     """The fixed K (``k``, else the bundle's recorded K) and, where it differs at batch 1 or
     has a table, the bundle's config as written."""
-    serving = manifest["serving"]
-    fixed = k if k is not None else int(serving["num_speculative_tokens"])
+    serving = manifest.serving
+    fixed = k if k is not None else int(serving.num_speculative_tokens)
     out = [Config(f"K {fixed}", fixed, {"num_speculative_tokens": fixed,
                                         "num_speculative_tokens_per_batch_size": None})]
-    table = serving.get("k_per_batch_size")
-    spec = {"num_speculative_tokens": serving["num_speculative_tokens"],
+    table = serving.k_per_batch_size
+    spec = {"num_speculative_tokens": serving.num_speculative_tokens,
             "num_speculative_tokens_per_batch_size": table}
     if table or k_at_batch_1(spec) != fixed:
         out.append(Config("bundle", k_at_batch_1(spec), {}))
@@ -209,6 +210,7 @@ def _context(job: Job) -> int:
 def draftkit_runs(pair, job: Job, store: RawStore, bar) -> dict:
     """draftkit's engine on the same prompts at each configuration's K, counted as vLLM counts
     (rounds that drafted; rounds whose first i + 1 drafts were all accepted)."""
+    from draftkit.decode.choice import KChoice
     from draftkit.decode.engine import SpeculativeEngine
     from draftkit.decode.stats import DecodeStats
 
@@ -223,7 +225,9 @@ def draftkit_runs(pair, job: Job, store: RawStore, bar) -> dict:
                     runs = []
                     for i, ids in enumerate(prompts):
                         stats = DecodeStats()
-                        (res,) = engine.generate([ids], k=cfg.k, max_new_tokens=job.max_new_tokens,
+                        # the configuration's K: a fixed K the command checked
+                        k = KChoice.of(cfg.k, cfg.k, has_draft=True)
+                        (res,) = engine.generate([ids], k=k, max_new_tokens=job.max_new_tokens,
                                                  temperature=t, top_k=job.top_k,
                                                  top_p=job.top_p, seed=job.seed + i,
                                                  stats=stats)
@@ -315,7 +319,7 @@ def engine_parity(bundle: str, target: str, suite: Path, *, k: int | None,
     # every file's hash, an EAGLE-3 head's served layout (d2t / t2d among it) and the pairing
     # with this target: a head the engine would read otherwise accepts nothing there, silently
     manifest = check_bundle(bundle_dir, target=str(target_ref.path))
-    if "serving" not in manifest:
+    if manifest.serving is None:
         raise DraftkitError(f"{bundle} records no serving entry (an earlier draftkit exported "
                             f"it); re-export it with draftkit export")
     rows_in = load_suite(suite, limit=limit, domains=domains)
@@ -326,7 +330,7 @@ def engine_parity(bundle: str, target: str, suite: Path, *, k: int | None,
               prompts=prompts, temperatures=sorted(set(temperatures)),
               configs=configs(manifest, k), max_new_tokens=max_new_tokens, seed=seed,
               dtype="float32" if dtype == "auto" else dtype,
-              identity=key_of(model_identity(target_ref), manifest.get("manifest_sha256")),
+              identity=key_of(model_identity(target_ref), manifest.manifest_sha256),
               top_k=top_k, top_p=top_p)
     out_dir.mkdir(parents=True, exist_ok=True)
     store = RawStore(out_dir / "raw.jsonl")
@@ -337,10 +341,10 @@ def engine_parity(bundle: str, target: str, suite: Path, *, k: int | None,
         with (contextlib.nullcontext(worker) if worker is not None else
               VllmWorker(engine_python, log=out_dir / "vllm.log")) as worker:
             info = worker.info
-            want = manifest["serving"]["engines"]["vllm"]["min_version"]
-            if not at_least(version_tuple(info.version), want):
-                raise EngineError(f"{info.label} is older than this bundle needs ({want}: "
-                                  f"{manifest['serving']['engines']['vllm']['why']}); install "
+            recorded = manifest.serving.engines.vllm
+            if not at_least(version_tuple(info.version), recorded.min_version):
+                raise EngineError(f"{info.label} is older than this bundle needs "
+                                  f"({recorded.min_version}: {recorded.why}); install "
                                   f"a newer vLLM in {worker.python.parent.parent}")
             bar.set_postfix_str(info.label)
             vllm = vllm_runs(worker, job, store, bar)
@@ -352,7 +356,7 @@ def engine_parity(bundle: str, target: str, suite: Path, *, k: int | None,
                     for temp in job.temperatures]
     report = F.ParityReport(
         engine=info.label, engine_version=info.version, engine_build=info.build,
-        target=target_ref.name, bundle=str(bundle_dir), draft_kind=manifest["draft"]["kind"],
+        target=target_ref.name, bundle=str(bundle_dir), draft_kind=manifest.draft.kind,
         dtype=job.dtype, max_new_tokens=max_new_tokens, seed=seed, created=now(),
         rows=rows(job, vllm, ours), controls=controls_fig,
         sampled_path=F.sampled_path(controls_fig), seconds=time.perf_counter() - started)

@@ -3,7 +3,7 @@ and traffic.
 
 Speculative decoding fails in four known ways (README.md, "How speculation pays"). Each is
 measured on the user's own target, draft and prompts, always against plain decoding (K = 0) run
-right next to it, prompt by prompt (:meth:`~draftkit.evaluate.runner.Evaluator.run_domain`):
+right next to it, prompt by prompt (:meth:`~draftkit.evaluate.measure.Evaluator.run_domain`):
 
 1. entropy: alpha and speedup of the draft against the target's entropy, per prompt and per
    domain, and against the sampling temperature;

@@ -18,7 +18,7 @@ from draftkit.evaluate.figures import (BatchRegime, BatchRow, CostRegime, Crosso
                                        RegimesReport, TemperatureCrossovers, TemperaturePoint)
 from draftkit.evaluate.regimes.crossovers import (crossing, describe, entropy_crossover,
                                                   entropy_model_text)
-from draftkit.evaluate.summary import shown_speedup
+from draftkit.evaluate.analysis import shown_speedup
 
 if TYPE_CHECKING:  # the measurements import torch; only their types are read here
     from draftkit.evaluate.regimes.measure import PromptFigures
@@ -34,7 +34,7 @@ def _span(values, fmt: str = "{:.2f}") -> str:
 
 def shown(rows) -> list[float | None]:
     """The measured speedups of a curve's points where the measurement backs a gain: eval's
-    rule (:func:`~draftkit.evaluate.summary.shown_speedup`: an interval above 1.0, or without
+    rule (:func:`~draftkit.evaluate.analysis.shown_speedup`: an interval above 1.0, or without
     one the model's prediction too), so that a measured crossover does not rest on a gain
     within the noise."""
     return [shown_speedup(r) for r in rows]

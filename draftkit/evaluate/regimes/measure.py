@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from draftkit import metrics
 from draftkit.decode.k import AUTO
 from draftkit.decode.stats import DecodeStats
-from draftkit.evaluate import summary
+from draftkit.evaluate import analysis as eval_analysis
 from draftkit.evaluate.figures import DomainFigures, PointFigures, PolicyBatchRow
 from draftkit.evaluate.regimes.drafts import Draft
-from draftkit.evaluate.runner import DomainRun, Evaluator, batches
+from draftkit.evaluate.measure import DomainRun, Evaluator, batches
 from draftkit.evaluate.settings import EvalSettings
 
 
@@ -69,16 +69,16 @@ def measure_prompts(ev: Evaluator, prompts: dict[str, list[list[int]]],
         figs, runs = {}, {}
         for i, ids in enumerate(ids_list):
             run = ev.run_domain([ids])
-            fig = summary.domain_figures(run, 1, ev.s)
+            fig = eval_analysis.domain_figures(run, 1, ev.s)
             if entropy:
                 fig.target_entropy = ev.teacher_forced(run.sequences, {},
                                                        with_draft=False).target_entropy
             figs[str(i)], runs[str(i)] = fig, run
             all_figs[f"{domain}/{i}"], all_runs[f"{domain}/{i}"] = fig, run
         per_prompt[domain] = [point(f) for f in figs.values()]
-        domains[domain] = point(summary.aggregate(figs, runs, ev.s))
+        domains[domain] = point(eval_analysis.aggregate(figs, runs, ev.s))
     return PromptFigures(prompts=per_prompt, domains=domains,
-                         overall=point(summary.aggregate(all_figs, all_runs, ev.s)))
+                         overall=point(eval_analysis.aggregate(all_figs, all_runs, ev.s)))
 
 
 def measure_batches(ev: Evaluator, prompts: list[list[int]], k: int) -> list[PolicyBatchRow]:
@@ -87,10 +87,10 @@ def measure_batches(ev: Evaluator, prompts: list[list[int]], k: int) -> list[Pol
     used most and its speedup over the same K = 0 runs."""
     rows = []
     for row in ev.batch_sweep(prompts, k, ev.s.batch_sizes):
-        row.verdict = summary.sweep_verdict(row, ev.s.k_max)
+        row.verdict = eval_analysis.sweep_verdict(row, ev.s.k_max)
         stats, secs, tokens = DecodeStats(), 0.0, 0
         for batch in batches(prompts, row.batch_size, ev.s.batch_groups):
-            res, t = ev.decode(batch, AUTO, ev.s.sweep_tokens, stats, ev.s.seed)
+            res, t = ev.decode(batch, ev.choice(AUTO), ev.s.sweep_tokens, stats, ev.s.seed)
             secs, tokens = secs + t, tokens + sum(len(r.tokens) for r in res)
         ev.progress(1)
         be = (_finite(metrics.break_even_alpha(row.c, k, row.v))

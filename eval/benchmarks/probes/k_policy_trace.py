@@ -48,11 +48,12 @@ def main(argv: list[str] | None = None) -> int:
         engine.generate([encode_prompt(pair.tokenizer, row.prompt)], k="auto",
                         max_new_tokens=args.max_new_tokens, policy=policy)
         t1 = policy.target_seconds(1, 1)
-        timed = {t: round(s / t1, 2) for (b, t), s in sorted(policy.t_target.items()) if b == 1}
+        timed = {t: round(s / t1, 2)
+                 for (b, t), s in sorted(policy.timings.target.items()) if b == 1}
         print(f"prompt {i}: K per round {''.join(map(str, chosen))}")
         print(f"  K counts {sorted(Counter(chosen).items())}")
         print(f"  alpha_i {[round(a, 2) for a in policy.alphas()]}")
-        print(f"  T(n)/T(1) {timed}  c {policy.t_draft[1] / t1:.3f}")
+        print(f"  T(n)/T(1) {timed}  c {policy.timings.draft[1] / t1:.3f}")
         predicted = [round(policy.predicted_speedup(k, 1), 2) for k in range(args.k_max + 1)]
         print(f"  predicted S(K) {predicted}")
         chosen.clear()

@@ -63,10 +63,10 @@ def measure(args, drafts: dict[str, str]) -> list[dict]:
     from tqdm.auto import tqdm
 
     from draftkit.chat import encode_prompt
-    from draftkit.decode.k import resolve_k
+    from draftkit.decode.choice import PLAIN
     from draftkit.decode.stats import DecodeStats
     from draftkit.evaluate.command import suite_path
-    from draftkit.evaluate.runner import Evaluator
+    from draftkit.evaluate.measure import Evaluator
     from draftkit.evaluate.settings import EvalSettings
     from draftkit.evaluate.suite import by_domain, load_suite
     from draftkit.models import load_another_draft, load_pair
@@ -77,6 +77,7 @@ def measure(args, drafts: dict[str, str]) -> list[dict]:
                                        for n in names[1:]}}
     settings = EvalSettings(k=args.k, k_max=args.k_max, temperature=args.temperature,
                             max_new_tokens=args.max_new_tokens)
+    settings.validate()  # K checked here, once; the evaluators trust it
     evaluators = {n: Evaluator(pair.target, m, settings) for n, m in models.items()}
     plain_ev = evaluators[names[0]]
     suite = load_suite(suite_path(args.suite), limit=args.limit,
@@ -84,22 +85,23 @@ def measure(args, drafts: dict[str, str]) -> list[dict]:
     prompts = {d: [encode_prompt(pair.tokenizer, r.prompt) for r in g]
                for d, g in by_domain(suite).items()}
     for ev in evaluators.values():
-        ev.warm_up(next(iter(prompts.values()))[:1], args.k)
+        ev.warm_up(next(iter(prompts.values()))[:1], settings.k)
     modes = ["plain", *names]
     results = []
     total = sum(len(p) for p in prompts.values()) * len(modes)
     with tqdm(total=total, desc="side by side", unit="decode") as bar:
         for domain, ids in prompts.items():
             stats = {m: DecodeStats() for m in modes}
-            policies = {n: resolve_k(args.k, args.k_max, has_draft=True).policy for n in names}
+            # --k auto: one policy per draft for the domain's prompts
+            choices = {"plain": PLAIN, **{n: evaluators[n].choice(settings.k) for n in names}}
             pairs: dict[str, list] = {n: [] for n in names}
             for i, prompt in enumerate(ids):
                 turn = modes[i % len(modes):] + modes[:i % len(modes)]  # rotate the order
                 timed = {}
                 for mode in turn:
-                    ev, k = (plain_ev, 0) if mode == "plain" else (evaluators[mode], args.k)
-                    (res,), secs = ev.decode([prompt], k, args.max_new_tokens, stats[mode],
-                                             settings.seed + i, policies.get(mode))
+                    ev = plain_ev if mode == "plain" else evaluators[mode]
+                    (res,), secs = ev.decode([prompt], choices[mode], args.max_new_tokens,
+                                             stats[mode], settings.seed + i)
                     timed[mode] = (secs, len(res.tokens))
                     bar.update(1)
                 for n in names:

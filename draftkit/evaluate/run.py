@@ -1,9 +1,9 @@
 """One evaluation: a target and draft measured on a suite's domains, into an EvalReport.
 
-Per domain, :class:`~draftkit.evaluate.runner.Evaluator` decodes every prompt plainly and
+Per domain, :class:`~draftkit.evaluate.measure.Evaluator` decodes every prompt plainly and
 speculatively, the teacher-forced figures are taken on the continuations it decoded, and the K
 sweep runs on the domain's first prompts; then the batch sweep runs on every domain's prompts
-mixed. :mod:`draftkit.evaluate.summary` turns each measurement into the report's figures.
+mixed. :mod:`draftkit.evaluate.analysis` turns each measurement into the report's figures.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import torch
 from tqdm.auto import tqdm
 
 from draftkit.chat import encode_prompt
-from draftkit.evaluate import summary
+from draftkit.evaluate import analysis
 from draftkit.evaluate.figures import ALPHA_BEFORE, BatchRow, DomainFigures, EvalReport, now
-from draftkit.evaluate.runner import DomainRun, Evaluator
+from draftkit.evaluate.measure import DomainRun, Evaluator
 from draftkit.evaluate.settings import EvalSettings
 from draftkit.evaluate.suite import by_domain, load_suite
 from draftkit.models import dtype_name, load_another_draft, load_pair
@@ -53,7 +53,7 @@ def eval_report(target: str, draft: str, suite: Path, settings: EvalSettings, *,
         for name, ids in prompts.items():
             bar.set_postfix_str(name)
             run = ev.run_domain(ids)
-            fig = summary.domain_figures(run, len(ids), settings)
+            fig = analysis.domain_figures(run, len(ids), settings)
             tf = ev.teacher_forced(run.sequences, baselines)
             fig.target_entropy = tf.target_entropy
             # like for like with alpha_before: teacher-forced too, unlike the decode-time alpha
@@ -61,15 +61,15 @@ def eval_report(target: str, draft: str, suite: Path, settings: EvalSettings, *,
             fig.baselines = tf.acceptance
             fig.by_entropy = tf.by_entropy
             measured = ev.k_sweep(ids) if settings.k_sweep else []
-            fig.verdict = summary.verdict(fig, settings.k_max, summary.v_of_k(fig, measured))
+            fig.verdict = analysis.verdict(fig, settings.k_max, analysis.v_of_k(fig, measured))
             figures[name] = fig
             runs[name] = run
             swept += measured
-            k_rows += summary.k_sweep_rows(name, fig, measured, settings.k_max)
+            k_rows += analysis.k_sweep_rows(name, fig, measured, settings.k_max)
             alpha = "n/a" if fig.alpha is None else f"{fig.alpha:.2f}"
             bar.set_postfix_str(f"{name} alpha={alpha} S={fig.speedup_measured:.2f}x")
-        overall = summary.aggregate(figures, runs, settings, swept)
-        baseline = summary.plain_step(runs, overall, pair.target, ev.device) if runs else None
+        overall = analysis.aggregate(figures, runs, settings, swept)
+        baseline = analysis.plain_step(runs, overall, pair.target, ev.device) if runs else None
         batch_rows = []
         if settings.batch_sizes:
             # Interleave domains so every batch size mixes them.
@@ -83,7 +83,7 @@ def eval_report(target: str, draft: str, suite: Path, settings: EvalSettings, *,
         dtype=dtype_name(pair.target),
         temperature=settings.temperature, k=settings.k, created=now(), domains=figures,
         overall=overall, k_sweep=k_rows, batch_sweep=batch_rows,
-        break_even=summary.break_even(batch_rows, figures), plain_step=baseline,
+        break_even=analysis.break_even(batch_rows, figures), plain_step=baseline,
         batch_sweep_k=sweep_k(settings) if batch_rows else None)
 
 
@@ -97,7 +97,7 @@ def batch_sweep(ev: Evaluator, prompts: list[list[int]], overall: DomainFigures,
     rows = {row.batch_size: row for row in ev.batch_sweep(prompts, sweep_k(settings),
                                                            swept_sizes(settings))}
     for row in rows.values():  # the table's rule at each row's K and B
-        row.verdict = summary.sweep_verdict(row, settings.k_max)
+        row.verdict = analysis.sweep_verdict(row, settings.k_max)
     if 1 not in rows and 1 in settings.batch_sizes:
         rows[1] = BatchRow.of(overall, batch_size=1, batches=overall.n_prompts)
     return [rows[b] for b in settings.batch_sizes]

@@ -1,6 +1,6 @@
 """From measurements to the report's figures: what ``draftkit eval`` writes per domain.
 
-:class:`~draftkit.evaluate.runner.Evaluator` measures; these functions turn its runs into
+:class:`~draftkit.evaluate.measure.Evaluator` measures; these functions turn its runs into
 :class:`~draftkit.evaluate.figures.DomainFigures` (alpha, alpha_i, tau, c, v and the speedup the
 model predicts for the rounds the run had), the ``overall`` row (token-weighted over the
 domains), a verdict per row, the K sweep's rows (tau and speedup predicted for K = 1..k_max
@@ -21,7 +21,7 @@ from draftkit.decode.stats import DecodeStats
 from draftkit.evaluate import entropy, floor
 from draftkit.evaluate.figures import (ALPHA_BEFORE, BatchBreakEven, BatchRow, BreakEven,
                                        DomainFigures, KSweepRow, PlainStep, PointFigures)
-from draftkit.evaluate.runner import DomainRun, KMeasurement, paired_speedup
+from draftkit.evaluate.measure import DomainRun, KMeasurement, paired_speedup
 from draftkit.evaluate.settings import EvalSettings
 
 
@@ -64,7 +64,7 @@ def measured_speedup(run: DomainRun) -> tuple[float, float, float | None, float 
                                                int | None]:
     """(plain tokens/s, speculative tokens/s, the speedup's 95% interval low and high, prompts
     that would decide) of a run, pooled over its prompts and repeats; the interval is a paired
-    bootstrap over prompts (:func:`~draftkit.evaluate.runner.paired_speedup`), None from fewer
+    bootstrap over prompts (:func:`~draftkit.evaluate.measure.paired_speedup`), None from fewer
     than two."""
     pairs = [(p, s, tp, ts) for (p, s), (tp, ts) in zip(run.prompt_seconds, run.prompt_tokens)
              if p > 0 and s > 0]

@@ -7,7 +7,7 @@ and the measured speedup's interval resamples prompts, each a (plain, speculativ
 Acceptance (alpha, alpha_i, tau), the draft cost c and the verify inflation v come from the
 engine's per-round statistics; the predicted speedup comes from those through
 :mod:`draftkit.metrics`, so the gap between predicted and measured is the per-round overhead
-the model does not explain, which the report states (:mod:`draftkit.evaluate.summary` turns
+the model does not explain, which the report states (:mod:`draftkit.evaluate.analysis` turns
 these measurements into the report's figures).
 
 Two sweeps show where speculation stops paying: K (a few prompts per domain, each decoded
@@ -28,7 +28,8 @@ from draftkit import metrics
 from draftkit.decode.clock import synchronize
 from draftkit.decode.drafters import teacher_forced_logits
 from draftkit.decode.engine import SpeculativeEngine
-from draftkit.decode.k import check_k, resolve_k
+from draftkit.decode.choice import PLAIN, KChoice
+from draftkit.decode.k import KValue
 from draftkit.decode.sampling import SamplingParams, probabilities
 from draftkit.decode.stats import DecodeStats
 from draftkit.evaluate import entropy
@@ -104,21 +105,24 @@ class Evaluator:
         self.progress = progress or (lambda n=1: None)
         self._warm = False  # run_domain has warmed both modes up
         self._turn = 0  # decode pairs so far: which of K = 0 and speculation goes first
-        check_k(settings.k, settings.k_max)
 
-    def decode(self, prompts: list[list[int]], k, max_new_tokens: int, stats, seed: int,
-               policy=None):
-        """Timed decode; with ``k="auto"``, ``policy`` (a KPolicy) carries what it learnt
-        from earlier calls, else each call starts a fresh one."""
+    def choice(self, k: KValue) -> KChoice:
+        """How a decode at ``k`` (validated with the settings) picks each round's K: under
+        ``auto`` a fresh policy up to the settings' k_max, which learns across every decode
+        it is given to."""
+        return KChoice.of(k, self.s.k_max, has_draft=self.draft_model is not None)
+
+    def decode(self, prompts: list[list[int]], k: KChoice, max_new_tokens: int, stats,
+               seed: int):
+        """Timed decode at ``k`` (a policy given to several decodes carries what it learnt)."""
         s = self.s
         return _timed(lambda: self.engine.generate(
             prompts, k=k, max_new_tokens=max_new_tokens, temperature=s.temperature,
-            top_k=s.top_k, top_p=s.top_p, seed=seed, k_max=s.k_max, policy=policy,
-            stats=stats), self.device)
+            top_k=s.top_k, top_p=s.top_p, seed=seed, stats=stats), self.device)
 
-    def warm_up(self, prompts: list[list[int]], k) -> None:
+    def warm_up(self, prompts: list[list[int]], k: KValue) -> None:
         """Decode ``prompts`` once with K = 0 and once at ``k``, untimed and uncounted."""
-        for kk in (0, k):
+        for kk in (PLAIN, self.choice(k)):
             self.decode(prompts, kk, WARMUP_TOKENS, DecodeStats(), self.s.seed)
 
     def order(self) -> tuple[str, str]:
@@ -134,42 +138,34 @@ class Evaluator:
         if not self._warm and prompts:
             self.warm_up(prompts[:1], self.s.k)
             self._warm = True
-        spec_stats, plain_stats = DecodeStats(), DecodeStats()
-        plain_secs, spec_secs, sequences = [], [], []
         # --k auto: one policy for the domain's prompts, as a server keeps one across requests
-        policy = resolve_k(self.s.k, self.s.k_max, has_draft=self.draft_model is not None).policy
-        tokens = spec_tokens = 0
-        pair_secs = [[0.0, 0.0] for _ in prompts]
+        modes = {"plain": (PLAIN, DecodeStats()), "spec": (self.choice(self.s.k), DecodeStats())}
+        secs = {m: [] for m in modes}  # per repeat, all prompts
+        tokens = dict.fromkeys(modes, 0)  # new tokens of a repeat (the last)
+        pair_secs = [[0.0, 0.0] for _ in prompts]  # per prompt, every repeat: (plain, spec)
         pair_tokens = [[0, 0] for _ in prompts]
-        for rep in range(self.s.repeats):
-            t_plain = t_spec = 0.0
-            n_plain = n_spec = 0
-            sequences = []
+        sequences = []
+        for _ in range(self.s.repeats):
+            sequences, tokens = [], dict.fromkeys(modes, 0)
+            for m in modes:
+                secs[m].append(0.0)
             for i, ids in enumerate(prompts):
-                seed = self.s.seed + i
                 # K = 0 and speculation interleaved prompt by prompt
                 for mode in self.order():
-                    if mode == "plain":
-                        (res,), secs = self.decode([ids], 0, self.s.max_new_tokens,
-                                                    plain_stats, seed)
-                        t_plain += secs
-                        n_plain += len(res.tokens)
-                        pair_secs[i][0] += secs
-                        pair_tokens[i][0] += len(res.tokens)
-                    else:
-                        (res,), secs = self.decode([ids], self.s.k, self.s.max_new_tokens,
-                                                    spec_stats, seed, policy)
-                        t_spec += secs
-                        n_spec += len(res.tokens)
-                        pair_secs[i][1] += secs
-                        pair_tokens[i][1] += len(res.tokens)
+                    k, stats = modes[mode]
+                    (res,), t = self.decode([ids], k, self.s.max_new_tokens, stats,
+                                            self.s.seed + i)
+                    j = mode == "spec"
+                    secs[mode][-1] += t
+                    tokens[mode] += len(res.tokens)
+                    pair_secs[i][j] += t
+                    pair_tokens[i][j] += len(res.tokens)
+                    if j:
                         sequences.append((ids, res.tokens))
                     self.progress(1)
-            plain_secs.append(t_plain)
-            spec_secs.append(t_spec)
-            tokens, spec_tokens = n_plain, n_spec
-        return DomainRun(plain_secs, spec_secs, tokens, spec_tokens, spec_stats, plain_stats,
-                         sequences, prompt_seconds=[tuple(p) for p in pair_secs],
+        return DomainRun(secs["plain"], secs["spec"], tokens["plain"], tokens["spec"],
+                         modes["spec"][1], modes["plain"][1], sequences,
+                         prompt_seconds=[tuple(p) for p in pair_secs],
                          prompt_tokens=[tuple(p) for p in pair_tokens])
 
     # --- teacher-forced figures on the decoded continuations ----------------------------------
@@ -237,7 +233,7 @@ class Evaluator:
             self._turn += 1  # drifts in machine speed hit every K alike
             turn = self._turn % len(modes)
             for k in modes[turn:] + modes[:turn]:
-                (res,), secs = self.decode([ids], k, self.s.k_sweep_tokens,
+                (res,), secs = self.decode([ids], self.choice(k), self.s.k_sweep_tokens,
                                             stats.get(k, plain_stats), self.s.seed + i)
                 timed[k].append((secs, len(res.tokens)))
                 self.progress(1)
@@ -260,7 +256,7 @@ class Evaluator:
         auto, a fresh policy per decode as a server starting at that load), interleaved, after
         the first is warmed up (a new batch size means new kernel shapes and a larger KV
         cache). Tokens/s pool the batches; the speedup's interval resamples them. The rows'
-        verdicts are left to the caller (:func:`draftkit.evaluate.summary.sweep_verdict`)."""
+        verdicts are left to the caller (:func:`draftkit.evaluate.analysis.sweep_verdict`)."""
         rows = []
         for bsz in sizes:
             groups = batches(prompts, bsz, self.s.batch_groups)
@@ -271,8 +267,8 @@ class Evaluator:
                 timed = {}
                 for mode in self.order():
                     kk, stats = (0, plain_stats) if mode == "plain" else (k, spec_stats)
-                    timed[mode] = self.decode(batch, kk, self.s.sweep_tokens, stats,
-                                              self.s.seed)
+                    timed[mode] = self.decode(batch, self.choice(kk), self.s.sweep_tokens,
+                                              stats, self.s.seed)
                 (res_p, t_p), (res_s, t_s) = timed["plain"], timed["spec"]
                 pairs.append((t_p, t_s, sum(len(r.tokens) for r in res_p),
                               sum(len(r.tokens) for r in res_s)))
