@@ -40,6 +40,10 @@ COMMANDS: list[tuple[str, str, str, str, str]] = [
      "tokens/s of our decoder against HF generate and assisted generation"),
     ("serve", "draftkit.serve.command", "ServeArgs", "serve",
      "serve a bundle over an OpenAI-compatible HTTP API"),
+    ("traffic", "draftkit.traffic.command", "TrafficArgs", "traffic",
+     "served acceptance per domain beside the bundle's eval, with drift flagged"),
+    ("refresh", "draftkit.traffic.refresh", "RefreshArgs", "refresh",
+     "retrain a bundle's draft on its recorded traffic; export it only where it is faster"),
 ]
 
 

@@ -193,6 +193,20 @@ def one_builder(lock: Path, what: str) -> Iterator[None]:
         held.release()
 
 
+def take_lock(lock: Path, busy: str) -> Any:
+    """The file lock ``lock``, held now (released by the caller, from any thread), or a
+    one-line DraftkitError ``busy`` where another process holds it: for work that must not run
+    twice at once (two servers recording into one folder, two refreshes writing one bundle)."""
+    from filelock import FileLock, Timeout
+
+    held = FileLock(lock, thread_local=False)
+    try:
+        held.acquire(timeout=0)
+    except Timeout:
+        raise DraftkitError(busy) from None
+    return held
+
+
 def recover_writes(folder: Path, names: Iterable[str] = ("*",)) -> None:
     """Undo what kills inside :func:`atomic_dir` and :func:`atomic_write_bytes` left in
     ``folder`` for the files and folders ``names`` (glob patterns): one set aside by

@@ -21,6 +21,13 @@ Fields added later are optional, so a bundle exported before them still checks: 
 :mod:`draftkit.export.engines`), within it vLLM's ``sampled_broken``, and the draft's
 ``dtype``. Where present they are range-checked as the rest; where absent they read as None and
 are written back absent.
+
+Every command that loads a bundle checks its files against their hashes (:func:`check_files`,
+once per file per process) and every value the bundle states in two places against the other
+(:func:`check_consistent`), as ``draftkit check`` does.
+
+Long: the record and its checks, against itself and against the files it lists, are one
+concept, what a bundle says it is; apart, a field added to one would be missed by the other.
 """
 
 from __future__ import annotations
@@ -218,6 +225,154 @@ def read_manifest(bundle: str | Path) -> Manifest:
         raise ModelError(f"{path} was edited after export: its content does not match its "
                          f"{HASH}; {_REMEDY}")
     return Manifest.from_dict(manifest)
+
+
+# --- files ----------------------------------------------------------------------------------------
+
+def bundle_files(root: str | Path) -> list[Path]:
+    """Every file in the bundle at ``root`` but the manifest: what ``files`` must list."""
+    return sorted(p for p in Path(root).rglob("*") if p.is_file() and p.name != NAME)
+
+
+_VERIFIED: set[tuple] = set()  # (path, size, mtime_ns, sha256) of files hashed in this process
+
+
+def check_files(root: str | Path, manifest: Manifest) -> None:
+    """Every file the manifest lists present with its sha256 and none it does not list, or one
+    ModelError line naming the file. Each file is hashed once per process while its size and
+    mtime stay (a bundle's head is ~15 MB: ~30 ms)."""
+    from draftkit.io import sha256_file
+
+    root = Path(root)
+    for rel, digest in manifest.files.items():
+        path = root / rel
+        try:
+            stat = path.stat()
+        except OSError:
+            stat = None
+        if stat is None or not path.is_file():
+            raise ModelError(f"bundle file {rel} is missing; {_REMEDY}")
+        key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, digest)
+        if key in _VERIFIED:
+            continue
+        if sha256_file(path) != digest:
+            raise ModelError(f"bundle file {rel} does not match its sha256 in {NAME} "
+                             f"(modified or truncated); {_REMEDY}")
+        _VERIFIED.add(key)
+    extra = [p.relative_to(root).as_posix() for p in bundle_files(root)
+             if p.relative_to(root).as_posix() not in manifest.files]
+    if extra:
+        raise ModelError(f"bundle holds a file its manifest does not list: {extra[0]}; remove it "
+                         f"or {_REMEDY}")
+
+
+# --- one value, two places -----------------------------------------------------------------------
+
+_SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+
+def check_consistent(root: str | Path, manifest: Manifest) -> None:
+    """Every value the bundle at ``root`` states in two places stated the same in both, or one
+    ModelError line naming both places: K (the top level, the serving entry, serving/vllm.json),
+    the draft path vLLM is given, the dtype (the draft entry, the serving entry, the draft's
+    config.json, its stored weights), an EAGLE-3 head's tapped layers and vocabulary size (the
+    draft entry, its config.json, its tensors), the serving target and the target entry, the
+    measured temperature and the report entry. Reads the draft's config.json and safetensors
+    headers only (milliseconds). Figures measured apart (a domain's alpha and tau: tau counts
+    the rounds adaptive K drafted nothing in) are range-checked, not compared."""
+    root = Path(root)
+
+    def differ(a: str, b: str) -> ModelError:
+        return ModelError(f"{root}: {a} but {b}; the bundle disagrees with itself: {_REMEDY}")
+
+    serving, draft, k = manifest.serving, manifest.draft, manifest.num_speculative_tokens
+    if serving is not None:
+        if serving.num_speculative_tokens != max(k, 1):
+            raise differ(f"{NAME} num_speculative_tokens is {k}",
+                         f"serving.num_speculative_tokens is {serving.num_speculative_tokens}")
+        if draft.dtype is not None and draft.dtype != serving.dtype:
+            raise differ(f"{NAME} draft.dtype is {draft.dtype}",
+                         f"serving.dtype is {serving.dtype}")
+        if manifest.target.kind != "hub" and serving.target != manifest.target.path:
+            raise differ(f"serving.target is {serving.target}",
+                         f"target.path is {manifest.target.path}")
+        temperature = manifest.report.temperature if manifest.report is not None else None
+        if None not in (temperature, serving.measured_temperature) and \
+                temperature != serving.measured_temperature:
+            raise differ(f"serving.measured_temperature is {serving.measured_temperature}",
+                         f"report.temperature is {temperature}")
+        _check_vllm_json(root, serving, differ)
+    if (manifest.report is not None or manifest.domains) and manifest.measured is False:
+        raise differ(f"{NAME} measured is false", "it records a report's figures")
+    config_path = root / "draft" / "config.json"
+    config = read_json(config_path, "draft config", _REMEDY, ModelError) \
+        if config_path.is_file() else {}
+    stored = config.get("torch_dtype") or config.get("dtype")
+    if draft.dtype is not None and stored not in (None, draft.dtype):
+        raise differ(f"{NAME} draft.dtype is {draft.dtype}",
+                     f"draft/config.json says {stored}")
+    tensors = _tensor_headers(root / "draft")
+    floats = sorted({_SAFETENSORS_DTYPES.get(t["dtype"], t["dtype"]) for t in tensors.values()
+                     if t["dtype"] in _SAFETENSORS_DTYPES})
+    if draft.dtype is not None and floats and floats != [draft.dtype]:
+        raise differ(f"{NAME} draft.dtype is {draft.dtype}",
+                     f"draft/'s weights are stored as {', '.join(floats)}")
+    if draft.kind != "eagle3":
+        return
+    layers = config.get("eagle_aux_hidden_state_layer_ids")
+    if draft.eagle_aux_hidden_state_layer_ids != layers:
+        raise differ(f"{NAME} records tapped layers {draft.eagle_aux_hidden_state_layer_ids}",
+                     f"draft/config.json {layers}")
+    n = draft.draft_vocab_size
+    if n is not None and config.get("draft_vocab_size") != n:
+        raise differ(f"{NAME} draft.draft_vocab_size is {n}",
+                     f"draft/config.json says {config.get('draft_vocab_size')}")
+    rows = tensors.get("lm_head.weight", {}).get("shape", [n])[0]
+    if n is not None and rows != n:
+        raise differ(f"{NAME} draft.draft_vocab_size is {n}",
+                     f"draft/model.safetensors' lm_head.weight has {rows} rows")
+
+
+def _check_vllm_json(root: Path, serving: ServingEntry, differ) -> None:
+    """serving/vllm.json as export writes it from the serving entry
+    (:func:`draftkit.export.serving.vllm_speculative_config`, not imported: importing
+    draftkit.export costs seconds), the draft it names this bundle's draft/ (wherever the
+    bundle now is: a moved bundle's scripts find it there)."""
+    path = root / "serving" / "vllm.json"
+    if not path.is_file():
+        return
+    written = read_json(path, "serving config", _REMEDY, ModelError)
+    named = written.get("model")
+    if not (isinstance(named, str) and Path(named).name == "draft"):
+        raise differ(f"serving/vllm.json names the draft at {named!r}",
+                     f"the bundle's draft is {root / 'draft'}")
+    table = serving.k_per_batch_size
+    want = {"method": serving.engines.vllm.method,
+            "num_speculative_tokens": max([serving.num_speculative_tokens] +
+                                          [k for _, _, k in table or []]),
+            "num_speculative_tokens_per_batch_size": table or None}
+    for key, value in want.items():
+        if written.get(key) != value:
+            raise differ(f"serving/vllm.json says {key} {written.get(key)!r}",
+                         f"{NAME}'s serving entry makes it {value!r}")
+
+
+def _tensor_headers(folder: Path) -> dict[str, dict]:
+    """name -> {"dtype", "shape"} of every tensor in ``folder``'s safetensors files, read from
+    their headers (the standard library only: no weights, no torch)."""
+    import struct
+
+    out: dict[str, dict] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with open(file, "rb") as f:
+                size = struct.unpack("<Q", f.read(8))[0]
+                header = json.loads(f.read(size))
+        except (OSError, ValueError, struct.error):
+            raise ModelError(f"{file} is not a safetensors file (its header does not read); "
+                             f"{_REMEDY}") from None
+        out.update({k: v for k, v in header.items() if k != "__metadata__"})
+    return out
 
 
 # --- keys -----------------------------------------------------------------------------------------

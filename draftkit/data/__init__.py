@@ -60,7 +60,8 @@ def split_heldout(by_domain: dict[str, list[Example]], per_domain: int,
 
 def _prompt_of(ex: Example) -> str:
     """What an example asks (its chat up to the response, or its text), as a comparable key."""
-    return json.dumps({"messages": ex.messages, "text": ex.text}, sort_keys=True)
+    return json.dumps({"messages": ex.messages, "text": ex.text, "ids": ex.prompt_ids},
+                      sort_keys=True)
 
 
 def _by_prompt(examples: list[Example]) -> list[list[Example]]:
@@ -185,6 +186,9 @@ class _FixedDate:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._tokenizer(*args, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self._tokenizer)
 
     def apply_chat_template(self, conversation: Any, *args: Any, chat_template: str | None = None,
                             **kwargs: Any) -> Any:

@@ -125,6 +125,9 @@ def tokenize_example(tokenizer: Any, ex: Example, response_only: bool = True,
     if ex.text is not None:
         ids = tokenizer(ex.text)["input_ids"]
         return Tokenized(list(ids), [True] * len(ids), ex.domain, ex.origin, splittable=True)
+    if ex.prompt_ids is not None:  # ids as served: trained as they are, nothing re-rendered
+        prompt, response_ids = ex.prompt_ids, response_ids or ex.response_ids
+        _check_ids(ex, prompt + response_ids, len(tokenizer))
     if prompt is None:
         prompt = encode_example_prompt(tokenizer, ex)
     if response_ids is not None:
@@ -151,6 +154,12 @@ def tokenize_example(tokenizer: Any, ex: Example, response_only: bool = True,
                             f"target to have the target answer it")
     target = [(not response_only) or i >= start for i in range(len(ids))]
     return Tokenized(ids, target, ex.domain, ex.origin)
+
+
+def _check_ids(ex: Example, ids: list[int], vocab: int) -> None:
+    if max(ids) >= vocab:
+        raise DraftkitError(f"{ex.origin}: token id {max(ids)} is outside the target's "
+                            f"vocabulary of {vocab}; the ids come from another tokenizer")
 
 
 def pack(examples: list[Tokenized], seq_len: int, pad_id: int, domains: list[str],

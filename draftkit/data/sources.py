@@ -5,7 +5,9 @@ Each row becomes an :class:`Example` of one domain, in one of three shapes:
 - ``messages``: an OpenAI-style chat; a final assistant turn is the response;
 - ``prompt`` (and optionally ``response``): a user prompt and the answer to it;
 - ``text``: plain text, every token trained; a ``.txt`` file is one such row, a ``document``
-  that :func:`draftkit.data.pack.passages` cuts into runs of whole lines.
+  that :func:`draftkit.data.pack.passages` cuts into runs of whole lines;
+- ``prompt_ids`` and ``response_ids``: a rendered prompt and its answer as the target's token
+  ids (served traffic, as ``draftkit serve --record`` keeps it), trained as they are.
 
 The domain comes from the source (``domain: code``) or from the row's ``domain`` column. A
 source's ``columns`` renames other columns to these first (``{question: prompt}``).
@@ -33,6 +35,8 @@ class Example:
     origin: str = ""  # "file:row" for error messages
     heldout: bool = True  # may be drawn for the held-out split (its source's ``heldout``)
     document: bool = False  # a whole text file, cut into passages before the held-out split
+    prompt_ids: list[int] | None = None  # a prompt already rendered and tokenized
+    response_ids: list[int] | None = None  # ... and its answer's ids
 
 
 def source_format(src: Any) -> str:
@@ -182,6 +186,8 @@ def to_example(row: dict, domain: str | None, origin: str) -> Example:
         if not messages:
             raise DraftkitError(f"{origin}: the chat has only an assistant turn")
         return Example(str(domain), messages=messages, response=response, origin=origin)
+    if row.get("prompt_ids") is not None:
+        return _ids_example(row, str(domain), origin)
     row = dict(row)
     for key in ("prompt", "response", "text"):
         value = row.get(key)
@@ -195,8 +201,20 @@ def to_example(row: dict, domain: str | None, origin: str) -> Example:
                        response=row.get("response") or None, origin=origin)
     if row.get("text"):
         return Example(str(domain), text=row["text"], origin=origin)
-    raise DraftkitError(f"{origin}: the row has no non-empty 'messages', 'prompt' or 'text' "
-                        f"column (columns: {', '.join(row) or 'none'})")
+    raise DraftkitError(f"{origin}: the row has no non-empty 'messages', 'prompt', 'text' or "
+                        f"'prompt_ids' column (columns: {', '.join(row) or 'none'})")
+
+
+def _ids_example(row: dict, domain: str, origin: str) -> Example:
+    """A row of token ids: a rendered prompt and the answer to it, both non-empty."""
+    ids = {key: row.get(key) for key in ("prompt_ids", "response_ids")}
+    for key, value in ids.items():
+        if not (isinstance(value, list) and value and
+                all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)):
+            raise DraftkitError(f"{origin}: '{key}' must be a non-empty list of token ids "
+                                f"(non-negative integers); fix the row")
+    return Example(domain, prompt_ids=ids["prompt_ids"], response_ids=ids["response_ids"],
+                   origin=origin)
 
 
 def load_examples(sources: list) -> dict[str, list[Example]]:

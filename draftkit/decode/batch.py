@@ -36,12 +36,15 @@ def round_margin(k_max: int) -> int:
 
 @dataclass
 class RowStats:
-    """One row's counts: target calls (the prefill's included) and drafted tokens."""
+    """One row's counts: target calls (the prefill's included) and drafted tokens, and each
+    decoding round's [K, accepted] (K 0: a plain step; the prefill is no round), which a
+    served request's record and per-domain metrics read."""
 
     target_calls: int = 0
     drafted: int = 0
     accepted: int = 0
     rejections: int = 0
+    rounds: list[list[int]] = field(default_factory=list)
 
     @property
     def alpha(self) -> float:
@@ -52,6 +55,8 @@ class RowStats:
     def count(self, k: int, accepted: int) -> None:
         """One target call that tested K drafted tokens (none for a plain step or the prefill)
         and accepted the first ``accepted`` of them."""
+        if self.target_calls:  # a row's first call is its prefill (seat gives fresh counts)
+            self.rounds.append([k, accepted])
         self.target_calls += 1
         self.drafted += k
         self.accepted += accepted

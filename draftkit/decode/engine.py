@@ -34,7 +34,9 @@ round over the live rows, ``release`` frees a slot, ``free_slots`` says how many
 now and ``output`` reads a slot. :meth:`~SpeculativeEngine.start` is ``open`` plus ``admit`` of
 a fixed batch. The Llama-family fast path admits at any round; the general transformers path
 cannot write one row of a ``DynamicCache``, so it admits only into an empty batch (cohorts)
-and every round computes the whole cohort (:meth:`SpeculativeEngine.free_slots`).
+and every round computes the whole cohort (:meth:`SpeculativeEngine.free_slots`). A server
+takes a new draft between batches (:meth:`SpeculativeEngine.swap_draft`, then ``open``): a
+batch never holds rows of two drafts.
 
 Sampling parameters are per row (temperature, top-k, top-p; greedy rows stay exact argmax).
 Random numbers come from one seeded ``torch.Generator`` for the batch (``start``/``generate``:
@@ -91,20 +93,26 @@ class SpeculativeEngine:
 
     def __init__(self, target_model, draft_model=None, *, eos_token_id: int | list[int] | None
                  = "auto", fast_path: bool | None = None):
-        tv = text_config(target_model).vocab_size
+        self.target_model, self.fast_path = target_model, fast_path
+        self.target = make_runner(target_model, fast_path)
+        self.device = next(target_model.parameters()).device
+        self.eos = set(stop_token_ids(target_model) if eos_token_id == "auto"
+                       else token_ids(eos_token_id))
+        self._set_draft(draft_model)
+
+    def _set_draft(self, draft_model) -> None:
+        """The draft (None: plain decoding) and what follows from it: its drafter, the
+        context, slots or cohorts. Nothing changes until the draft has passed its checks."""
+        tv = text_config(self.target_model).vocab_size
         if draft_model is not None and text_config(draft_model).vocab_size != tv:
             raise DraftkitError(f"draft vocab_size {text_config(draft_model).vocab_size} differs "
                                 f"from the target's {tv}; speculative decoding compares the two "
                                 f"distributions token id by token id, so the draft must share "
                                 f"the target's vocabulary")
-        self.target_model, self.draft_model = target_model, draft_model
-        self.target = make_runner(target_model, fast_path)
-        self.draft = (make_drafter(draft_model, target_model, fast_path)
-                      if draft_model is not None else None)
-        self.device = next(target_model.parameters()).device
-        self.eos = set(stop_token_ids(target_model) if eos_token_id == "auto"
-                       else token_ids(eos_token_id))
-        self.context = decoding_context(target_model, draft_model)
+        draft = (make_drafter(draft_model, self.target_model, self.fast_path)
+                 if draft_model is not None else None)
+        self.draft_model, self.draft = draft_model, draft
+        self.context = decoding_context(self.target_model, draft_model)
         # slots (admit at any round) need runners that can write a subset of cache rows
         self.slotted = self.target.supports_rows and (
             self.draft is None or self.draft.supports_rows)
@@ -112,7 +120,24 @@ class SpeculativeEngine:
         # general cache holds padding and rolled-back holes besides a row's tokens: only a
         # batch of one keeps columns and positions equal, so decoding_context's cap is exact
         self.one_row_cohorts = not self.slotted and any(
-            sliding_window(m) for m in (target_model, draft_model) if m is not None)
+            sliding_window(m) for m in (self.target_model, draft_model) if m is not None)
+
+    def swap_draft(self, draft_model, max_len: int) -> None:
+        """Decode with ``draft_model`` from the next :meth:`open` on (a server taking a new
+        draft). The caller has released every row first: a batch's per-slot draft state (its
+        cache, an EAGLE-3 head's pending features) is the draft's it opened with, so the rows
+        of a new draft need a new batch. ``max_len``: the positions that batch's slots will
+        hold, which the new draft must reach. Checked before anything changes: a draft refused
+        leaves the engine decoding with the old one."""
+        if draft_model is None or self.draft is None:
+            raise DraftkitError("a draft swap replaces one draft with another; this engine "
+                                "decodes without a draft" if self.draft is None else
+                                "no draft given to swap in")
+        context = decoding_context(self.target_model, draft_model)
+        if context is not None and context < max_len:
+            raise DraftkitError(f"the new draft decodes exactly up to {context} positions; "
+                                f"this batch's slots hold {max_len}")
+        self._set_draft(draft_model)
 
     # --- one-call API ---------------------------------------------------------------------
 

@@ -179,6 +179,23 @@ class DecodeStats:
         return (self.seconds_prefill + self.seconds_draft + self.seconds_catchup
                 + self.seconds_verify + self.seconds_other)
 
+    def merge(self, other: DecodeStats) -> None:
+        """Add ``other``'s counts, times and per-position lists into these."""
+        for name, value in vars(other).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                setattr(self, name, getattr(self, name) + value)
+            elif isinstance(value, list):
+                mine = getattr(self, name)
+                for i, x in enumerate(value):
+                    if i < len(mine):
+                        mine[i] += x
+                    else:
+                        mine.append(x)
+            elif isinstance(value, dict):
+                mine = getattr(self, name)
+                for key, x in value.items():
+                    mine[key] = mine.get(key, 0) + x
+
     def alpha(self) -> float:
         """accepted / tested positions (the truncation correction; see metrics)."""
         return metrics.alpha_from_counts(self.accepted, self.rejections)

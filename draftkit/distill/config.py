@@ -72,7 +72,11 @@ class DraftSection:
                            "target, one decoder layer over three of its hidden states, drafting "
                            "over draft.draft_vocab_size tokens, trained with training-time test")
     model: str | None = option(None, help="draft model: HF directory, hub id or bundle; null to "
-                                          "derive it from the target (derive_layers / num_layers)")
+                                          "derive it from the target (derive_layers / num_layers)"
+                                          "; eagle3: a head (folder, hub id or bundle; "
+                                          "draftkit's, SpecForge's, vLLM speculators' or the "
+                                          "EAGLE repository's) to start from, keeping its "
+                                          "layers and vocabulary")
     derive_layers: list[int] | None = option(None, help="copy these target layers into the "
                                                         "draft, e.g. [0, 1, 2, 29]")
     num_layers: int | None = option(None, help="random-init draft with this many layers "
@@ -154,7 +158,7 @@ class DraftSection:
 
     def _validate_eagle3(self) -> None:
         # what builds or changes a standalone draft means nothing for a head built on the target
-        standalone = {"model": self.model, "derive_layers": self.derive_layers,
+        standalone = {"derive_layers": self.derive_layers,
                       "num_layers": self.num_layers, "hidden_size": self.hidden_size,
                       "intermediate_size": self.intermediate_size, "freeze": self.freeze or None,
                       "lora.enabled": self.lora.enabled or None,
@@ -166,13 +170,15 @@ class DraftSection:
                               f"of standalone drafts; an eagle3 head is built on the target "
                               f"(draft.kind: eagle3): drop {'it' if len(given) == 1 else 'them'} "
                               f"(or override with null, [] or false)")
-        if self.draft_vocab_size is None:
+        if self.draft_vocab_size is None and self.model is None:
             raise ConfigError("draft.kind: eagle3 drafts over the N tokens the target emits "
                               "most: set draft.draft_vocab_size (EAGLE-3's references use 32000)")
         if self.steps < 1:
             raise ConfigError(f"draft.ttt_steps must be at least 1, got {self.steps}")
-        if self.decay <= 0:
-            raise ConfigError(f"draft.ttt_decay must be positive, got {self.decay}")
+        if not 0 < self.decay <= 1:  # also refuses nan; above 1 the later, noisier steps
+            # would outweigh the first, the one every draft makes (EAGLE-3 weights 0.8^i)
+            raise ConfigError(f"draft.ttt_decay must be in (0, 1] (step i's loss is weighted "
+                              f"ttt_decay^i), got {self.decay}")
         layers = self.aux_layers
         if layers is not None and (len(layers) != 3 or layers != sorted(set(layers))
                                    or layers[0] < 1):

@@ -48,7 +48,10 @@ def aux_layers(cfg: DistillConfig, target: Any) -> list[int]:
 
 def check_target(cfg: DistillConfig, target: Any) -> None:
     """An eagle3 recipe against its target (a model or its HF config, as a dry run has it): a
-    Llama-family target, N within its vocabulary, the tapped layers within its depth."""
+    Llama-family target, N within its vocabulary, the tapped layers within its depth. A head
+    to start from (``draft.model``) is checked against the target as it loads."""
+    if cfg.draft.model is not None:
+        return
     n, v = cfg.draft.draft_vocab_size, text_config(target).vocab_size
     if n > v:
         raise DraftkitError(f"draft.draft_vocab_size={n} is more than the target's {v} tokens; "
@@ -57,6 +60,37 @@ def check_target(cfg: DistillConfig, target: Any) -> None:
         eagle3_config(target, ReducedHead(range(n), v), cfg.draft.aux_layers)
     except ModelError as e:
         raise DraftkitError(f"draft.kind eagle3: {e}") from None
+
+
+def warm_start(cfg: DistillConfig, target: Any, target_ref: Any = None) -> Any:
+    """The head ``draft.model`` names (a head folder, or a bundle holding one), trained on from
+    where it is: its tapped layers and its vocabulary stay, as its weights are fitted to them,
+    so the recipe leaves them null or names the head's own. It is checked as every command
+    checks a head (:mod:`draftkit.models.head_check`), and against ``target_ref``, the target
+    it records."""
+    from draftkit.models.head_check import load_head
+    from draftkit.models.load import check_bundle_target
+    from draftkit.models.resolve import resolve_model
+
+    ref = resolve_model(cfg.draft.model, "draft")
+    try:
+        if target_ref is not None:
+            check_bundle_target(target_ref, ref)
+        head = load_head(ref.path, target, cfg.draft.model)
+    except ModelError as e:
+        raise DraftkitError(f"draft.model: {e}") from None
+    except FileNotFoundError:
+        raise DraftkitError(f"draft.model {cfg.draft.model} holds no EAGLE-3 head "
+                            f"(config.json and weights); give a head folder or a bundle") from None
+    if cfg.draft.draft_vocab_size is not None:
+        raise DraftkitError(f"draft.model starts from a head over its own {len(head.reduced_head)} "
+                            f"tokens; set draft.draft_vocab_size=null (a head cannot change its "
+                            f"vocabulary and keep its weights)")
+    if cfg.draft.aux_layers not in (None, head.aux_layers):
+        raise DraftkitError(f"draft.aux_layers {cfg.draft.aux_layers} differ from the layers "
+                            f"{head.aux_layers} the head in draft.model reads; set "
+                            f"draft.aux_layers=null")
+    return head
 
 
 class Unrolled(torch.nn.Module):
@@ -78,29 +112,34 @@ class Eagle3:
     """An EAGLE-3 head on the target, as a draft kind (module docstring)."""
 
     score = "tau"  # what picks best/: expected tokens per target call over K positions
-    kept_head = None  # the draft vocabulary is always chosen (draft.draft_vocab_size)
+    kept_head = None  # the head's own vocabulary, on a warm start; else it is chosen
     online = None  # no on-policy rows: the head cannot draft without the target
 
     def __init__(self, cfg: DistillConfig, target: Any, tokenizer: Any, target_ref: Any,
                  device: str):
         check_target(cfg, target)
-        self.cfg, self.device, self.target = cfg, device, target
-        self.layers, self.steps, self.decay = aux_layers(cfg, target), cfg.draft.steps, \
-            cfg.draft.decay
+        self.cfg, self.device, self.target, self.target_ref = cfg, device, target, target_ref
+        self.init = None if cfg.draft.model is None else warm_start(cfg, target, target_ref)
+        if self.init is not None:
+            self.kept_head = self.init.reduced_head
+        self.layers = self.init.aux_layers if self.init is not None else aux_layers(cfg, target)
+        self.steps, self.decay = cfg.draft.steps, cfg.draft.decay
 
     @property
     def identity(self) -> dict:
         """What a checkpoint records, so that a resume on other layers or another draft
         vocabulary (whose weights would load all the same) is refused."""
         return {"kind": "eagle3", "aux_layers": self.layers,
-                "draft_vocab_size": self.cfg.draft.draft_vocab_size}
+                "draft_vocab_size": self.cfg.draft.draft_vocab_size if self.init is None
+                else len(self.kept_head)}
 
     def start(self, target: Any, key: str, rows: Rows, reduced_head: ReducedHead | None,
               dist: Any, progress: bool, autocast: Any) -> None:
         """The head over the chosen draft vocabulary, its features and teacher, the student."""
         cfg, self.autocast = self.cfg, autocast
         # its context is the target's (models/eagle3.eagle3_config), which the rows fit
-        self.draft = from_target(target, reduced_head, self.layers, cfg.seed).float()
+        self.draft = (from_target(target, reduced_head, self.layers, cfg.seed)
+                      if self.init is None else self.init).float()
         self.draft.to(self.device)
         self.head = self.draft.reduced_head  # (its ids sorted, as draft ids are)
         self.head.covered, self.head.source = reduced_head.covered, reduced_head.source
@@ -198,9 +237,14 @@ class Eagle3:
 
     def export(self, path: Path, row: dict) -> None:
         """``path`` as models/eagle3.save_eagle3 writes a head, with the evaluation that chose
-        it (best.json), in one rename."""
+        it (best.json) and the target it reads (target.json: models/head_check), in one
+        rename."""
+        from draftkit.models.head_check import record_target
+
         with atomic_dir(path, overwrite=True) as tmp:
             save_eagle3(self.draft, tmp)
+            if self.target_ref is not None:
+                record_target(tmp, self.target_ref)
             atomic_write_json(tmp / "best.json", row)
 
     @staticmethod

@@ -15,12 +15,19 @@ killed mid-way resumes from the last finished batch.
 :class:`RowCache` is what it shares with the cache of an EAGLE-3 head's features
 (draftkit/distill/features.py): spans of positions per row in memory-mapped files, keyed,
 resumable, built by one run and read by all; :func:`build_teacher` picks a recipe's teacher.
+Each shard of a cache (:data:`SHARD_ROWS` rows) has a content hash (``sha256.bin``), written
+once it is built and checked before any run reads the cache: a shard damaged on disk (zeroed,
+overwritten) is named and built again, never trained on.
+
+Long: the cache's building, hashing and reading share its offsets, files and shards; apart they
+would drift.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -119,10 +126,19 @@ def cache_key(target_id: str, rows: Rows, top_k: int, temperature: float,
     return h.hexdigest()[:16]
 
 
+def _warn(line: str) -> None:
+    print(f"draftkit: warning: {line}", file=sys.stderr, flush=True)
+
+
+SHARD_ROWS = 64  # rows per hashed shard of a cache: sha256.bin holds 32 bytes per shard
+HASHES = "sha256.bin"
+
+
 class RowCache:
     """Spans of positions per row of a run's rows, in memory-mapped files under ``directory``:
     built once (a build killed mid-way resumes from its last finished batch; one builder at a
-    time) and read back by row, by every run whose ``key`` matches.
+    time) and read back by row, by every run whose ``key`` matches, each shard of
+    :data:`SHARD_ROWS` rows checked against its content hash first.
 
     ``counts`` (R,): positions kept per row, in row order. A subclass names its files
     (:meth:`files`), fills a batch of rows (:meth:`fill`) and records its settings in
@@ -137,6 +153,8 @@ class RowCache:
         self.n_positions = int(self.offsets[-1])
         self.n_rows = len(counts)
         self.meta_path = self.dir / "meta.json"
+        self.n_shards = -(-self.n_rows // SHARD_ROWS)
+        self._verified = False  # every shard checked in this process
 
     def files(self) -> dict[str, tuple[Any, tuple[int, ...]]]:
         """File name -> (numpy dtype, shape of one position's entry)."""
@@ -205,9 +223,27 @@ class RowCache:
 
     def _build(self, model: Any, rows: Rows, batch_size: int, progress: bool) -> None:
         start = self.filled_rows()
+        if start > 0 and not (self.dir / HASHES).is_file():
+            _warn(f"{self.what} {self.dir} records no content hashes (built by an earlier "
+                  f"draftkit); building it again")
+            start = 0
+        arrays = self._arrays("r+" if start > 0 else "w+")
+        hashes = self._hashes("r+" if start > 0 else "w+")
+        for shard in self._bad_shards(arrays, hashes, start):
+            b, e = self._shard_rows(shard)
+            _warn(f"{self.what} {self.dir}: rows {b}..{e - 1} (shard {shard}) do not match "
+                  f"their content hash (damaged on disk); building them again")
+            for bb in range(b, e, batch_size):
+                ee = min(bb + batch_size, e)
+                if self.offsets[ee] > self.offsets[bb]:
+                    with torch.no_grad():
+                        self.fill(arrays, model, rows, bb, ee)
+            for array in arrays.values():
+                array.flush()
+            self._seal(arrays, hashes, shard)
+        self._verified = True
         if start >= self.n_rows:
             return
-        arrays = self._arrays("r+" if start > 0 else "w+")
         bar = None
         if progress:
             from tqdm import tqdm
@@ -221,7 +257,12 @@ class RowCache:
                     self.fill(arrays, model, rows, b, e)
                 for array in arrays.values():
                     array.flush()
-            self._write_meta(e)  # only after the data is on disk
+            for shard in range(b // SHARD_ROWS, self.n_shards):  # the shards this batch ends
+                if self._shard_rows(shard)[1] > e:
+                    break
+                if self._shard_rows(shard)[1] > b:
+                    self._seal(arrays, hashes, shard)
+            self._write_meta(e)  # only after the data (and its shards' hashes) is on disk
             if bar is not None:
                 bar.update(e - b)
         if bar is not None:
@@ -247,7 +288,54 @@ class RowCache:
         if self.filled_rows() < self.n_rows:
             raise DraftkitError(f"{self.what} {self.dir} is incomplete; rerun to finish it")
         self._arrays_r = self._arrays("r")
+        if not self._verified:  # another rank's build, or a cache opened without building
+            if not (self.dir / HASHES).is_file():
+                raise DraftkitError(f"{self.what} {self.dir} records no content hashes (built "
+                                    f"by an earlier draftkit); delete it and rerun to rebuild "
+                                    f"it")
+            bad = self._bad_shards(self._arrays_r, self._hashes("r"), self.n_rows)
+            if bad:
+                b, e = self._shard_rows(bad[0])
+                raise DraftkitError(f"{self.what} {self.dir}: rows {b}..{e - 1} (shard "
+                                    f"{bad[0]}) do not match their content hash (damaged on "
+                                    f"disk); rerun to rebuild them, or delete {self.dir}")
+            self._verified = True
         return self
+
+    # --- content hashes ----------------------------------------------------------------------
+
+    def _shard_rows(self, shard: int) -> tuple[int, int]:
+        return shard * SHARD_ROWS, min((shard + 1) * SHARD_ROWS, self.n_rows)
+
+    def _hashes(self, mode: str) -> np.memmap:
+        """(shards, 32) sha256 of each shard's entries in every file, in ``sha256.bin``."""
+        path = self.dir / HASHES
+        shape = (max(1, self.n_shards), 32)
+        if mode != "w+" and (not path.is_file() or path.stat().st_size != 32 * shape[0]):
+            raise DraftkitError(f"{self.what} {self.dir} is damaged ({HASHES} is not "
+                                f"{32 * shape[0]} bytes); delete {self.dir} and rerun to "
+                                f"rebuild it")
+        return np.memmap(path, dtype=np.uint8, mode=mode, shape=shape)
+
+    def _digest(self, arrays: dict[str, np.memmap], shard: int) -> bytes:
+        b, e = self._shard_rows(shard)
+        lo, hi = int(self.offsets[b]), int(self.offsets[e])
+        h = hashlib.sha256()
+        for name in sorted(arrays):
+            h.update(name.encode())
+            h.update(np.ascontiguousarray(arrays[name][lo:hi]).data)
+        return h.digest()
+
+    def _seal(self, arrays: dict[str, np.memmap], hashes: np.memmap, shard: int) -> None:
+        hashes[shard] = np.frombuffer(self._digest(arrays, shard), dtype=np.uint8)
+        hashes.flush()
+
+    def _bad_shards(self, arrays: dict[str, np.memmap], hashes: np.memmap, filled: int
+                    ) -> list[int]:
+        """The shards wholly among the first ``filled`` rows whose entries no longer match
+        their hash."""
+        return [s for s in range(self.n_shards) if self._shard_rows(s)[1] <= filled and
+                bytes(hashes[s]) != self._digest(arrays, s)]
 
     def read(self, name: str, rows_idx: torch.Tensor) -> np.ndarray:
         """File ``name``'s entries for rows ``rows_idx``, row after row, each row's positions

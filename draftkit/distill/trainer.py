@@ -230,7 +230,8 @@ class _Run:
         if self.reduced_head is not None and self.dist.is_main:
             print(f"draft vocabulary: {len(self.reduced_head)} tokens cover "
                   f"{self.reduced_head.covered:.1%} of the held-out target tokens"
-                  + ("" if cfg.draft.draft_vocab_size else " (the draft's own; set "
+                  + ("" if cfg.draft.draft_vocab_size else " (the head's own: a warm start "
+                     "keeps it)" if cfg.draft.kind == "eagle3" else " (the draft's own; set "
                      "draft.draft_vocab_size to choose again)"), flush=True)
 
     def _start_draft(self, target: Any, key: str, device: str, progress: bool) -> None:

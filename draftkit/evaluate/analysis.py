@@ -199,8 +199,8 @@ def aggregate(domains: dict[str, DomainFigures], runs: dict[str, DomainRun],
     sweep's rows of every domain (their v(K) price the verdict's predictions)."""
     total, plain = DecodeStats(), DecodeStats()
     for run in runs.values():
-        _merge(total, run.stats)
-        _merge(plain, run.plain_stats)
+        total.merge(run.stats)
+        plain.merge(run.plain_stats)
     merged = DomainRun(
         [sum(r.plain_seconds[i] for r in runs.values()) for i in range(settings.repeats)],
         [sum(r.spec_seconds[i] for r in runs.values()) for i in range(settings.repeats)],
@@ -236,31 +236,14 @@ def plain_step(runs: dict[str, DomainRun], overall: DomainFigures, target_model,
     rate = floor.read_bytes_per_second(device)
     ran = DecodeStats()
     for r in runs.values():
-        _merge(ran, r.plain_stats)
-        _merge(ran, r.stats)
+        ran.merge(r.plain_stats)
+        ran.merge(r.stats)
     return PlainStep(ms_per_token=1000 / overall.plain_tokens_per_s,
                      forward_ms=1000 * secs / calls if calls else None,
                      floor_ms=1000 * floor.floor_seconds(target_model, rate),
                      weights_gb=floor.weight_bytes(target_model) / 1e9, read_gb_per_s=rate / 1e9,
                      decode_path=ran.path_text())
 
-
-def _merge(into: DecodeStats, other: DecodeStats) -> None:
-    """Add one DecodeStats into another (counts, times and per-position lists)."""
-    for name, value in vars(other).items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            setattr(into, name, getattr(into, name) + value)
-        elif isinstance(value, list):
-            mine = getattr(into, name)
-            for i, x in enumerate(value):
-                if i < len(mine):
-                    mine[i] += x
-                else:
-                    mine.append(x)
-        elif isinstance(value, dict):
-            mine = getattr(into, name)
-            for key, x in value.items():
-                mine[key] = mine.get(key, 0) + x
 
 def break_even(batch_rows: list[BatchRow], domains: dict[str, DomainFigures]) -> BreakEven:
     """Where speculation stops (or starts) paying along the batch sweep, measured, and per

@@ -39,13 +39,14 @@ from draftkit.errors import DraftkitError, ModelError
 from draftkit.evaluate.figures import EvalReport
 from draftkit.evaluate.analysis import shown_speedup
 from draftkit.export import engines
-from draftkit.export.eagle3 import (LAYER_IDS, Eagle3Export, check_against_target,
+from draftkit.export.eagle3 import (Eagle3Export, check_against_target,
                                     check_served_layout)
 from draftkit.export.k import REPORT, ExportKValue, check_export_k, recommended_k
 from draftkit.export.serving import serving_entry, write_serving
 from draftkit.io import atomic_dir, read_json, sha256_file
 from draftkit.manifest import (FORMAT, DomainEntry, DraftEntry, Manifest, RecipeEntry,
-                               ReportEntry, ServingEntry, TargetEntry, read_manifest,
+                               ReportEntry, ServingEntry, TargetEntry, bundle_files,
+                               check_consistent, check_files, read_manifest,
                                write_manifest)
 from draftkit.manifest import NAME as MANIFEST
 from draftkit.models import check_compatible, load_tokenizer, resolve_model
@@ -58,8 +59,7 @@ from draftkit.models.save import save_model, save_tokenizer
 
 # --- hashing ------------------------------------------------------------------------------------
 
-def _bundle_files(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
+_bundle_files = bundle_files
 
 
 def target_reference(ref) -> TargetEntry:
@@ -193,7 +193,11 @@ def export_bundle(target: str, draft: str, out: str | Path,
     recipe_data = _read_recipe(recipe) if recipe else None
     figures = _figures(report_data)
     with atomic_dir(out, overwrite=force) as tmp:
-        source.write(tmp / "draft", target_tok, k, dtype)
+        try:
+            source.write(tmp / "draft", target_tok, k, dtype)
+        except DraftkitError as e:  # the hidden temporary folder means nothing to the user
+            e.args = (str(e).replace(str(tmp), str(out)),)
+            raise
         write_serving(tmp / "serving", serving, final_draft, source.kind, k, figures["domains"])
         write_manifest(tmp, Manifest(
             format=FORMAT,
@@ -304,25 +308,14 @@ def check_bundle(bundle: str | Path, check_target: bool = True,
         raise ModelError(f"{root} is not a draftkit bundle (no {MANIFEST}); pass the folder "
                          f"`draftkit export` wrote")
     manifest = read_manifest(root)
-    files = manifest.files
-    for rel, digest in files.items():
-        path = root / rel
-        if not path.is_file():
-            raise ModelError(f"bundle file {rel} is missing; re-export the bundle")
-        if sha256_file(path) != digest:
-            raise ModelError(f"bundle file {rel} does not match its sha256 (modified or "
-                             f"truncated); re-export the bundle")
-    extra = [str(p.relative_to(root)) for p in _bundle_files(root) if
-             str(p.relative_to(root)) not in files]
-    if extra:
-        raise ModelError(f"bundle holds a file its manifest does not list: {extra[0]}; remove it "
-                         f"or re-export the bundle")
+    check_files(root, manifest)
     try:
         draft_cfg = AutoConfig.from_pretrained(root / "draft")
     except Exception as e:
         raise ModelError(f"bundle draft/config.json does not load ({type(e).__name__}); "
                          f"re-export the bundle") from None
     head = _check_kind(root, manifest)
+    check_consistent(root, manifest)  # after the layout: a broken head is named as such
     if check_target:
         target_ref = resolve_model(target or str(root), "target")
         target_cfg = AutoConfig.from_pretrained(target_ref.path)
@@ -340,8 +333,7 @@ def check_bundle(bundle: str | Path, check_target: bool = True,
 
 def _check_kind(root: Path, manifest: Manifest) -> dict | None:
     """The draft's kind as the manifest records it and as draft/ holds it, the same; for an
-    EAGLE-3 head, its config, checked against what vLLM and SGLang read, with the tapped
-    layers the manifest records."""
+    EAGLE-3 head, its config, checked against what vLLM and SGLang read."""
     recorded = manifest.draft
     kind = recorded.kind or StandaloneExport.kind  # bundles before EAGLE-3 record none
     held = Eagle3Export.kind if is_eagle3_dir(root / "draft") else StandaloneExport.kind
@@ -350,9 +342,4 @@ def _check_kind(root: Path, manifest: Manifest) -> dict | None:
                          f"a {held!r} draft; re-export the bundle")
     if held != Eagle3Export.kind:
         return None
-    config = check_served_layout(root / "draft")
-    if recorded.eagle_aux_hidden_state_layer_ids != config[LAYER_IDS]:
-        raise ModelError(f"{MANIFEST} records tapped layers "
-                         f"{recorded.eagle_aux_hidden_state_layer_ids}, "
-                         f"draft/config.json {config[LAYER_IDS]}; re-export the bundle")
-    return config
+    return check_served_layout(root / "draft")  # the manifest's layers: check_consistent

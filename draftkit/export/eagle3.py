@@ -45,6 +45,7 @@ from draftkit.export.engines import check_context
 from draftkit.io import read_json
 from draftkit.manifest import DraftEntry
 from draftkit.models.facts import text_config
+from draftkit.models.head_check import check_vocab_maps
 from draftkit.models.load import check_bundle_target, load_causal_lm
 from draftkit.models.resolve import ResolvedModel
 from draftkit.models.save import save_tokenizer
@@ -180,12 +181,7 @@ def _check_tensors(folder: Path, config: dict) -> None:
     if d2t.dtype != torch.int64 or t2d.dtype != torch.bool:
         raise ModelError(f"{path}: d2t is {d2t.dtype} and t2d {t2d.dtype}, not int64 offsets "
                          f"and a bool mask; re-export the head")
-    ids = torch.arange(d2t.numel()) + d2t  # target id of draft id i
-    if not (bool((ids[1:] > ids[:-1]).all()) and int(ids[0]) >= 0
-            and int(ids[-1]) < t2d.numel()) or not torch.equal(t2d.nonzero().flatten(), ids):
-        raise ModelError(f"{path}: d2t and t2d do not describe the same draft vocabulary "
-                         f"(target ids i + d2t[i], ascending, are t2d's true entries); "
-                         f"re-export the head")
+    check_vocab_maps(d2t, t2d, path)
 
 
 # --- the head against its target ---------------------------------------------------------------
@@ -254,17 +250,18 @@ class Eagle3Export:
                  target_sha256: str):
         import torch
 
-        from draftkit.models.eagle3 import load_eagle3
+        from draftkit.models.eagle3_layouts import head_config
+        from draftkit.models.head_check import load_head
 
         folder = Path(draft_ref.path)
-        config = read_json(folder / "config.json", "EAGLE-3 head config", "re-save the head",
-                           ModelError)
+        config = head_config(folder, target_config)  # draftkit's, whatever layout it is in
         check_against_target(config, target_config, folder)
         check_context(config, target_config, f"EAGLE-3 head {folder}")
         check_bundle_target(target_ref, draft_ref, target_sha256)
         self.ref, self.target_config, self.config = draft_ref, target_config, config
         self.target = target_embedding(target_ref.path, target_config)
-        self.head = load_eagle3(folder, self.target)  # float32, as the target's embedding
+        self.head = load_head(folder, self.target, draft_ref.spec)  # float32, as the target's
+        # embedding; checked (layers, vocabulary maps) before anything is written
         stored = getattr(torch, stored_dtype(config), None)
         if not (isinstance(stored, torch.dtype) and stored.is_floating_point):
             raise ModelError(f"{folder}/config.json: torch_dtype {stored_dtype(config)!r} is "

@@ -4,14 +4,15 @@ not have draftkit).
 
     python3 serving/preflight.py vllm|sglang INSTALLED_VERSION [--target PATH] [ENGINE ARGS...]
 
-It reads what export recorded (``draftkit.json``'s ``serving`` entry, beside ``serving/``) and
-prints the engine's command, one argument a line, or one line on stderr and exit status 1 when
-the engine would not serve the bundle as measured: a release older than the bundle needs, a
-target other than the one exported for (its content hash), a tensor-parallel size the draft
-does not shard at, an engine that rewrites this draft into another kind of model, a bundle
-moved under a path vLLM reads as another method. Settings a newer release has (vLLM's
-``draft_sample_method`` and K per batch size, SGLang's rejection sampling) are added where the
-installed release has them, and said on stderr where it does not.
+It checks ``draftkit.json``'s own seal (``manifest_sha256``) and the sha256 of every file it
+lists before it reads any value, then reads what export recorded (its ``serving`` entry, beside
+``serving/``) and prints the engine's command, one argument a line, or one line on stderr and
+exit status 1 when the engine would not serve the bundle as measured: a release older than the
+bundle needs, a target other than the one exported for (its content hash), a tensor-parallel
+size the draft does not shard at, an engine that rewrites this draft into another kind of
+model, a bundle moved under a path vLLM reads as another method. Settings a newer release has
+(vLLM's ``draft_sample_method`` and K per batch size, SGLang's rejection sampling) are added
+where the installed release has them, and said on stderr where it does not.
 """
 
 from __future__ import annotations
@@ -47,13 +48,43 @@ def target_hash(folder: Path) -> str:
     safetensors file's name and sha256, in that order (draftkit.models.resolve.content_hash)."""
     h = hashlib.sha256()
     for f in sorted(folder.glob("config.json")) + sorted(folder.glob("*.safetensors")):
-        digest = hashlib.sha256()
-        with open(f, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
         h.update(f.name.encode())
-        h.update(digest.hexdigest().encode())
+        h.update(file_hash(f).encode())
     return h.hexdigest()
+
+
+def file_hash(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_sealed(bundle: Path) -> dict:
+    """``draftkit.json`` with its seal checked (``manifest_sha256``: sha256 of the manifest
+    without that key, as canonical JSON: keys sorted, no spaces; draftkit.manifest.content_hash),
+    and every file it lists with its sha256, before any value of it is used."""
+    path = bundle / "draftkit.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise Refused(f"{path} does not read as JSON ({type(e).__name__}); re-export the "
+                      f"bundle") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise Refused(f"{path} is not a draftkit bundle manifest; re-export the bundle")
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    if manifest.get("manifest_sha256") != hashlib.sha256(text.encode()).hexdigest():
+        raise Refused(f"{path} was edited after export: its content does not match its "
+                      f"manifest_sha256; re-export the bundle")
+    for rel, want in manifest["files"].items():
+        if not (bundle / rel).is_file():
+            raise Refused(f"bundle file {rel} is missing; re-export the bundle")
+        if file_hash(bundle / rel) != want:
+            raise Refused(f"bundle file {rel} does not match its sha256 in draftkit.json "
+                          f"(modified or truncated); re-export the bundle")
+    return manifest
 
 
 def split_target(args: list[str]) -> tuple[str | None, list[str]]:
@@ -221,7 +252,7 @@ def main(argv: list[str]) -> int:
                           "[ENGINE ARGS...]")
         engine, installed, *rest = argv
         given, args = split_target(rest)
-        manifest = json.loads((BUNDLE / "draftkit.json").read_text())
+        manifest = read_sealed(BUNDLE)
         if "serving" not in manifest:
             raise Refused("this bundle's draftkit.json records no serving entry (exported by "
                           "an earlier draftkit); re-export it")

@@ -29,6 +29,11 @@ both engines share the target's when the draft ships none. The tapped layers are
 both engines' conventions: ``eagle_aux_hidden_state_layer_ids`` counts the layer the hidden
 state enters (vLLM), ``eagle_config.eagle_aux_hidden_state_layer_ids`` the layer it leaves
 (SGLang adds one).
+
+:func:`load_eagle3` also reads a head as SpecForge, vLLM's speculators or the EAGLE repository
+publish it (:mod:`draftkit.models.eagle3_layouts`): their config keys, tensor names and weight
+files, the embedding some of them ship dropped for the target's, and the references' default
+tapped layers (with a warning) where a layout records none.
 """
 
 from __future__ import annotations
@@ -42,25 +47,12 @@ from torch import nn
 
 from draftkit.errors import ModelError
 from draftkit.models.compat import check_eagle3_family
+from draftkit.models.eagle3_layouts import (ARCHITECTURE, VOCAB_MAPS, WEIGHTS,
+                                            default_aux_layers, head_config, head_state,
+                                            layout)
 from draftkit.models.facts import text_config
 from draftkit.models.reduced_head import ReducedHead
 from draftkit.models.save import add_legacy_keys
-
-ARCHITECTURE = "LlamaForCausalLMEagle3"
-WEIGHTS = "model.safetensors"
-
-
-def default_aux_layers(num_layers: int) -> list[int]:
-    """The tapped layers as the reference implementations pick them, in the "enters layer i"
-    convention: [2, L // 2, L - 3], i.e. the outputs of layers 1, L // 2 - 1 and L - 4 (for
-    targets too shallow for three distinct ones there, [1, L // 2, L - 1])."""
-    if num_layers < 3:
-        raise ModelError(f"an EAGLE-3 head taps three distinct layers; a target of "
-                         f"{num_layers} layers has too few")
-    ids = [2, num_layers // 2, num_layers - 3]
-    return ids if len(set(ids)) == 3 and ids == sorted(ids) else \
-        [1, num_layers // 2, num_layers - 1]
-
 
 def tapped(hidden_states: Any, layers: list[int]) -> torch.Tensor:
     """aux (B, T, 3 Ht), what a head's ``fuse`` reads: the residual stream entering each of
@@ -70,10 +62,12 @@ def tapped(hidden_states: Any, layers: list[int]) -> torch.Tensor:
 
 
 def is_eagle3(config: Any) -> bool:
-    """Whether a config (a dict or an HF config) describes an EAGLE-3 head."""
-    arch = config.get("architectures") if isinstance(config, dict) else \
-        getattr(config, "architectures", None)
-    return ARCHITECTURE in (arch or [])
+    """Whether a config (a head folder's config.json as a dict, or a loaded head's config)
+    describes an EAGLE-3 head: draftkit's, or one in a layout
+    :mod:`draftkit.models.eagle3_layouts` reads."""
+    if isinstance(config, dict):
+        return layout(config) is not None
+    return ARCHITECTURE in (getattr(config, "architectures", None) or [])
 
 
 def eagle3_config(target: Any, head: ReducedHead, aux_layers: list[int] | None = None,
@@ -264,9 +258,6 @@ def from_target(target: Any, head: ReducedHead, aux_layers: list[int] | None = N
 
 # --- on disk -------------------------------------------------------------------------------------
 
-VOCAB_MAPS = ("d2t", "t2d")
-
-
 def writes_vocab_maps(config: Any) -> bool:
     """Whether a head of ``config`` (an HF config or config.json dict) carries d2t and t2d: only
     where its vocabulary is a part of the target's. A head over the whole vocabulary has none,
@@ -300,16 +291,14 @@ def save_eagle3(draft: Eagle3Draft, folder: str | Path, dtype: torch.dtype | Non
 
 
 def load_eagle3(folder: str | Path, target: Any) -> Eagle3Draft:
-    """The head in ``folder`` (as :func:`save_eagle3` wrote it) on ``target``'s device and
-    dtype, reading the target's embedding. Every tensor must be there with its shape."""
-    from safetensors.torch import load_file
+    """The head in ``folder`` on ``target``'s device and dtype, reading the target's
+    embedding: as :func:`save_eagle3` wrote it, or in a layout SpecForge, vLLM's speculators or
+    the EAGLE repository publish (:mod:`draftkit.models.eagle3_layouts`). Every tensor must be
+    there with its shape."""
     from transformers import LlamaConfig
 
     folder = Path(folder)
-    data = json.loads((folder / "config.json").read_text())
-    if not is_eagle3(data):
-        raise ModelError(f"{folder} is not an EAGLE-3 head (architectures is not "
-                         f"[{ARCHITECTURE!r}])")
+    data = head_config(folder, target)
     config = LlamaConfig(**data)
     tc = text_config(target)
     if (config.vocab_size, config.target_hidden_size) != (tc.vocab_size, tc.hidden_size):
@@ -317,8 +306,12 @@ def load_eagle3(folder: str | Path, target: Any) -> Eagle3Draft:
                          f"{config.vocab_size} and hidden size {config.target_hidden_size}; "
                          f"this target has {tc.vocab_size} and {tc.hidden_size}: pass the target "
                          f"it was trained on")
+    if config.hidden_size != tc.hidden_size:
+        raise ModelError(f"{folder} is an EAGLE-3 head {config.hidden_size} wide on a target "
+                         f"{tc.hidden_size} wide; draftkit's head reads the target's embedding, "
+                         f"so it is as wide as the target")
     draft = Eagle3Draft(config)
-    state = load_file(str(folder / WEIGHTS))
+    state = head_state(folder, data)
     maps = writes_vocab_maps(config)
     expected = {k: v.shape for k, v in draft.state_dict().items()
                 if not k.startswith(("embed_tokens.", "rotary_emb.")) and
@@ -326,11 +319,11 @@ def load_eagle3(folder: str | Path, target: Any) -> Eagle3Draft:
     missing = sorted(set(expected) - set(state))
     unknown = sorted(set(state) - set(expected))
     if missing or unknown:
-        raise ModelError(f"{folder}/{WEIGHTS}: " + (f"missing {missing[0]}" if missing else
+        raise ModelError(f"{folder}: " + (f"missing {missing[0]}" if missing else
                          f"unknown tensor {unknown[0]}") + "; re-export the head")
     bad = [k for k, shape in expected.items() if state[k].shape != shape]
     if bad:
-        raise ModelError(f"{folder}/{WEIGHTS}: {bad[0]} has shape {tuple(state[bad[0]].shape)}, "
+        raise ModelError(f"{folder}: {bad[0]} has shape {tuple(state[bad[0]].shape)}, "
                          f"expected {tuple(expected[bad[0]])}; re-export the head")
     param = next(target.parameters())
     draft.to(dtype=param.dtype)

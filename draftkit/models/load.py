@@ -170,7 +170,8 @@ def load_another_draft(pair: ModelPair, draft: str, device: str | None = None,
 
 
 def is_eagle3_dir(path: str | Path) -> bool:
-    """Whether a model folder holds an EAGLE-3 head (its config.json says so)."""
+    """Whether a model folder holds an EAGLE-3 head (its config.json says so, in any layout
+    :mod:`draftkit.models.eagle3_layouts` reads)."""
     from draftkit.models.eagle3 import is_eagle3
 
     config = Path(path) / "config.json"
@@ -184,20 +185,24 @@ def _load_draft(draft_ref: ResolvedModel, target: "PreTrainedModel", device: str
     embedding; any other draft as :func:`load_model` loads it."""
     if not is_eagle3_dir(draft_ref.path):
         return load_model(draft_ref, "draft", device, dtype)
-    from draftkit.models.eagle3 import load_eagle3
+    from draftkit.models.head_check import load_head
 
-    return load_eagle3(draft_ref.path, target)
+    return load_head(draft_ref.path, target, draft_ref.spec)
 
 
 def check_bundle_target(target_ref: ResolvedModel, draft_ref: ResolvedModel,
                         target_sha256: str | None = None) -> None:
     """A head taken from a bundle reads the hidden states of the target it was exported with,
     which the bundle records by content hash: another target of the same shape would load and
-    decode, losslessly but with next to no acceptance, so it is refused. ``target_sha256``:
-    the target's :func:`content_hash`, where the caller has it already."""
+    decode, losslessly but with next to no acceptance, so it is refused. A loose head is
+    checked against the target its ``target.json`` records (:mod:`draftkit.models.head_check`).
+    ``target_sha256``: the target's :func:`content_hash`, where the caller has it already."""
     from draftkit.manifest import read_manifest
 
-    if draft_ref.kind != "bundle":
+    if draft_ref.kind != "bundle":  # a loose head: the target its target.json records
+        from draftkit.models.head_check import check_recorded_target
+
+        check_recorded_target(draft_ref.path, target_ref, draft_ref.spec)
         return
     recorded = read_manifest(Path(draft_ref.path).parent).target
     if recorded.sha256 and (target_sha256 or content_hash(target_ref)) != recorded.sha256:
@@ -215,8 +220,9 @@ def _check_draft(tokenizer: Any, target_ref: ResolvedModel, draft_ref: ResolvedM
 
     target_config = AutoConfig.from_pretrained(target_ref.path)
     if is_eagle3_dir(draft_ref.path):
-        check_eagle3(target_config, read_json(Path(draft_ref.path) / "config.json",
-                                              "model config", "re-save the model", ModelError))
+        from draftkit.models.eagle3_layouts import head_config
+
+        check_eagle3(target_config, head_config(draft_ref.path, target_config))
         check_bundle_target(target_ref, draft_ref)
         return
     check_compatible(tokenizer, load_tokenizer(draft_ref, "draft"), target_config,

@@ -22,7 +22,7 @@ from typing import Literal
 from draftkit.errors import ModelError
 from draftkit.io import sha256_file
 from draftkit.manifest import NAME as MANIFEST
-from draftkit.manifest import read_manifest
+from draftkit.manifest import check_consistent, check_files, read_manifest
 from draftkit.models.embedded import EMBEDDED_NAME, embedded_dir, gguf_to_dir
 
 Role = Literal["target", "draft"]
@@ -86,6 +86,8 @@ def resolve_model(spec: str, role: Role = "target") -> ResolvedModel:
 
 def _resolve_bundle(spec: str, path: Path, role: Role) -> ResolvedModel:
     manifest = read_manifest(path)  # its figures and target reference, as exported
+    check_files(path, manifest)  # draft/ as exported: every command that loads one checks
+    check_consistent(path, manifest)  # and every value it states twice stated alike
     draft, target = manifest.draft, manifest.target
     if role == "draft":
         if not (path / "draft" / "config.json").is_file():
@@ -120,8 +122,11 @@ def _download(repo_id: str, role: Role) -> Path:
                          f"HF_HUB_OFFLINE is set; download it where the hub is reachable, or pass "
                          f"a local directory or 'embedded'")
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=[
+        path = Path(snapshot_download(repo_id, allow_patterns=[
             "*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.py"]))
+        if not any(path.glob("*.safetensors")):  # EAGLE repository heads: pytorch_model.bin
+            path = Path(snapshot_download(repo_id, allow_patterns=["*.bin"]))
+        return path
     except Exception as e:
         name = type(e).__name__
         if "NotFound" in name or "RepositoryNotFound" in name or "401" in str(e):

@@ -8,6 +8,7 @@ The pipeline, one concept per module::
     metrics.py    Prometheus counters named like vLLM's (prefix ``draftkit:``)
     http.py       the OpenAI error answer, the request body limit, the SSE response
     service.py    a completions request as a scheduler job, and its answer (body or stream)
+    swap.py       POST /admin/draft: a new bundle's draft checked, loaded and swapped in
     app.py        the FastAPI app and its routes over a scheduler (tests build it on tiny
                   models)
     command.py    ``ServeArgs`` and ``serve()``: load a bundle and run uvicorn

@@ -6,15 +6,34 @@ Commands::
     draftkit serve BUNDLE --k 3 --max-batch 8 --port 8001  # fixed K, 8 slots
     draftkit serve --target embedded --draft drafts/smol-4l --k auto
     draftkit serve --target embedded --k 0                 # plain decoding, no draft
+    draftkit serve BUNDLE --record traffic/ --route-labels code,math,chat
 
 Then ``curl localhost:8000/v1/chat/completions -d '{"model": "...", "messages": [...]}'`` or
 any OpenAI client with ``base_url="http://localhost:8000/v1"``; see serve/README.md.
+
+``--record DIR`` appends each finished request to traffic shards in DIR
+(:mod:`draftkit.traffic.recorder`; read by ``draftkit traffic`` and ``draftkit refresh``):
+token ids, sampling, finish reason, each round's K and accepted count, the models'
+identities and a domain label; never text nor a header. The label is the request's
+``metadata.domain`` (OpenAI's ``metadata``, accepted on both endpoints), else its ``user``,
+else its route's: with ``--route-labels code,math`` the API is served under ``/code/v1`` and
+``/math/v1`` too (``base_url="http://host:8000/code/v1"``), else "unlabeled". A request with
+``metadata: {"draftkit_record": "off"}`` is served but not recorded; aborted requests are not
+recorded. The label also splits /metrics' acceptance per domain (serve/metrics.py).
 SIGINT / SIGTERM stop admitting, let in-flight requests finish (up to
 ``--shutdown-timeout`` seconds), cancel the rest and exit 0.
+
+A new draft without a restart: start with ``--admin-token`` (or ``DRAFTKIT_ADMIN_TOKEN`` in the
+environment, which ``ps`` does not show), then ``POST /admin/draft`` with ``{"bundle": DIR}``
+and ``Authorization: Bearer TOKEN``. The bundle is checked as ``draftkit check`` checks it and
+must record this server's target; requests in flight finish on the old draft, later ones get
+the new; a refused bundle leaves the old draft serving (:mod:`draftkit.serve.swap`).
 """
 
 from __future__ import annotations
 
+import copy
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,12 +46,15 @@ from draftkit.errors import ConfigError, DraftkitError
 from draftkit.manifest import NAME as MANIFEST
 from draftkit.models import load_pair
 from draftkit.models.args import ModelArgs
+from draftkit.traffic.record import LABEL_CHARS, UNLABELED, clean_label
+from draftkit.traffic.recorder import MB, Recorder, check_folder
 
 NO_DRAFT = "none"  # --draft none: plain decoding, even when the bundle holds a draft
 
 # Slots' caches are allocated up front: 16 x 8192 positions of a 30-layer model is ~6 GB in
 # fp32, too much for a default on a CPU box; --max-model-len raises it.
 DEFAULT_MAX_MODEL_LEN = 2048
+RECORD = "recording served traffic"  # the --help group of --record and its flags
 
 
 @dataclass
@@ -63,6 +85,24 @@ class ServeArgs(ModelArgs, SpeculationArgs):
                                         "(--no-fast-path: general path, cohort batching)")
     log_level: str = option("info", help="uvicorn log level",
                             choices=("critical", "error", "warning", "info", "debug"))
+    admin_token: str | None = option(None, metavar="TOKEN", help="turn on POST /admin/draft "
+                                     "(swap in a new bundle's draft), authorized by "
+                                     "'Authorization: Bearer TOKEN'; default: the environment's "
+                                     "DRAFTKIT_ADMIN_TOKEN (safer: ps shows the flag); neither: "
+                                     "the endpoint is off")
+    record: str | None = option(None, metavar="DIR", group=RECORD, help="append each finished "
+                                "request to traffic shards in DIR (token ids, sampling, each "
+                                "round's K and accepted count, a domain label; no text, no "
+                                "header), for `draftkit traffic`; a request opts out with "
+                                "metadata {\"draftkit_record\": \"off\"}")
+    record_shard_mb: float = option(64.0, group=RECORD, help="a shard is sealed (renamed "
+                                    "traffic-*.jsonl, readable) once it passes this many MB")
+    record_quota_mb: float = option(10240.0, group=RECORD, help="recording stops once DIR's "
+                                    "shards reach this many MB; a full DIR is refused at start")
+    route_labels: list[str] = option([], metavar="LABEL,...", group=RECORD, help="serve the API "
+                                     "under /LABEL/v1 too, for each label (code,math,chat): a "
+                                     "request that comes by one is labelled with it unless its "
+                                     "metadata.domain or user names a label")
 
     def validate(self) -> None:
         super().validate()
@@ -77,6 +117,17 @@ class ServeArgs(ModelArgs, SpeculationArgs):
                                   f"{getattr(self, name)}")
         if self.max_model_len is not None and self.max_model_len < 8:
             raise ConfigError(f"--max-model-len must be >= 8, got {self.max_model_len}")
+        for name in ("record_shard_mb", "record_quota_mb"):
+            if not 0 < getattr(self, name) < float("inf"):
+                raise ConfigError(f"--{name.replace('_', '-')} must be a number of MB > 0, got "
+                                  f"{getattr(self, name)}")
+        for label in self.route_labels:
+            if label != clean_label(label) or label in (UNLABELED, "v1"):
+                raise ConfigError(f"--route-labels: '{label}' cannot be a route label; use "
+                                  f"lower-case letters, digits, _ . - (up to {LABEL_CHARS}), "
+                                  f"not 'v1' or '{UNLABELED}'")
+        if len(set(self.route_labels)) < len(self.route_labels):
+            raise ConfigError(f"--route-labels names a label twice: {self.route_labels}")
 
 
 def resolve_models(args: ServeArgs) -> tuple[str, str | None, str]:
@@ -102,29 +153,57 @@ def resolve_models(args: ServeArgs) -> tuple[str, str | None, str]:
 
 def build(args: ServeArgs):
     """Load the models and build the app (no server started): (app, description)."""
+    from draftkit.models.resolve import model_identity
     from draftkit.serve.app import create_app
+    from draftkit.serve.swap import TOKEN_ENV
 
     target, draft, name = resolve_models(args)
+    if args.record is not None:  # before the models load: a full folder is refused at once
+        check_folder(args.record, int(args.record_quota_mb * MB))
     pair = load_pair(target, draft, device=args.device, dtype=args.dtype)
     engine = SpeculativeEngine(pair.target, pair.draft, fast_path=None if args.fast_path
                                else False)
     max_model_len = args.max_model_len or min(engine.context or DEFAULT_MAX_MODEL_LEN,
                                               DEFAULT_MAX_MODEL_LEN)
     k = KChoice.of(args.k, args.k_max, has_draft=engine.draft is not None)  # validated above
+    recorder = open_recorder(args, pair) if args.record else None
     app = create_app(engine, pair.tokenizer, model_name=name, k=k,
                      max_batch=args.max_batch, max_model_len=max_model_len,
-                     max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes)
+                     max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
+                     route_labels=tuple(args.route_labels), recorder=recorder,
+                     draft=model_identity(pair.draft_ref) if pair.draft_ref and k.k_max > 0
+                     else NO_DRAFT, target_path=str(pair.target_ref.path),
+                     admin_token=args.admin_token or os.environ.get(TOKEN_ENV) or None)
     sched = app.state.scheduler
     batching = "continuous" if engine.slotted else "cohorts (general runner)"
     caches = [getattr(r, "cache", None) for r in (engine.target, engine.draft)]
     kv = sum(c.k.numel() * c.k.element_size() * 2 for c in caches
              if c is not None and hasattr(c, "k"))
     desc = (f"model '{name}': target {pair.target_ref.path}"
-            + (f", draft {pair.draft_ref.path}" if pair.draft_ref else ", no draft")
+            + (f", draft {pair.draft_ref.path} ({sched.draft})" if pair.draft_ref
+               else ", no draft")
             + f"; K {sched.k_choice.label}; {args.max_batch} slots x {sched.batch.max_len} "
               f"positions, {batching} batching ({kv / 2**30:.2f} GiB KV cache); device "
               f"{engine.device}")
+    if recorder is not None:
+        desc += (f"; recording into {recorder.folder} ({recorder.used / MB:.1f} of "
+                 f"{args.record_quota_mb:g} MB used)")
     return app, desc
+
+
+def open_recorder(args: ServeArgs, pair) -> Recorder:
+    """The traffic folder of ``--record``, taken (locked, a killed server's shards sealed):
+    its records carry the target's and its tokenizer's identities (and each the identity of
+    the draft it decoded with, the scheduler's)."""
+    from draftkit.models.resolve import model_identity
+    from draftkit.traffic.record import tokenizer_identity
+
+    recorder = Recorder(args.record, target=model_identity(pair.target_ref),
+                        tokenizer=tokenizer_identity(pair.tokenizer),
+                        shard_bytes=int(args.record_shard_mb * MB),
+                        quota_bytes=int(args.record_quota_mb * MB))
+    recorder.open()
+    return recorder
 
 
 def serve(args: ServeArgs) -> None:
@@ -143,9 +222,14 @@ def serve(args: ServeArgs) -> None:
     app, desc = build(args)
     print(f"draftkit serve: {desc}", file=sys.stderr, flush=True)
     print(f"draftkit serve: http://{args.host}:{args.port}/v1 (OpenAI-compatible), /metrics, "
-          f"/health", file=sys.stderr, flush=True)
+          f"/health" + (", POST /admin/draft (draft swaps)" if app.state.admin.token else ""),
+          file=sys.stderr, flush=True)
+    log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)  # draftkit.serve's lines too
+    log_config["loggers"]["draftkit"] = {"handlers": ["default"], "propagate": False,
+                                         "level": args.log_level.upper()}
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=args.shutdown_timeout)
+                            timeout_graceful_shutdown=args.shutdown_timeout,
+                            log_config=log_config)
     server = GracefulServer(config)
     try:
         server.run()

@@ -15,12 +15,32 @@ counter. As in vLLM, the per-position series for positions 0..K-1 exist at zero 
 ``--k auto``), so a dashboard's ratios are defined before the first request and a position no
 round reached reads 0 rather than missing.
 
+The draft is named by its identity (:func:`draftkit.models.resolve.model_identity`, 16 hex
+characters; ``none`` for plain decoding): the gauge ``draftkit:draft_info{draft=}`` is 1 for
+the draft serving now and 0 for each one it replaced (``POST /admin/draft``, serve/README.md),
+and ``draftkit:request_success_by_draft{draft=, finished_reason=}`` counts the requests
+finished on each, so a dashboard splits acceptance and latency at a swap.
+
+Per domain: a request's label (``metadata.domain``, else ``user``, else its route's
+``--route-labels`` label, else ``unlabeled``; cleaned by
+:func:`draftkit.traffic.record.clean_label`, as records keep it) labels
+``draftkit:spec_decode_num_drafts_by_domain{domain=}``,
+``..._num_draft_tokens_by_domain{domain=}`` and
+``..._num_accepted_tokens_per_pos_by_domain{domain=, position=}``, counted from a request's
+rounds when it finishes (not per round, as the series above; an aborted request counts in none).
+The first MAX_DOMAINS labels get series of their own, later ones share ``other``: a label is a
+client's text, and each one a series. The gauge ``draftkit:traffic_recording`` is 1 while
+``--record`` writes finished requests, 0 without it or once it stopped (its quota, a failed
+write).
+
 Each app gets its own registry, so several servers (tests) live in one process.
 """
 
 from __future__ import annotations
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+MAX_DOMAINS = 64  # domain labels with series of their own; later ones count as OTHER
+OTHER = "other"
 
 
 class ServeMetrics:
@@ -63,8 +83,26 @@ class ServeMetrics:
                                     "accepted drafted tokens per draft position",
                                     ["position"])
         self.accepted_at: list = []  # the per-position children, 0..K-1 (open_positions)
+        self.drafts_by_domain = counter("spec_decode_num_drafts_by_domain", "rows times "
+                                        "speculative rounds, by the request's domain label",
+                                        ["domain"])
+        self.draft_tokens_by_domain = counter("spec_decode_num_draft_tokens_by_domain",
+                                              "drafted tokens, by domain label", ["domain"])
+        self.accepted_pos_by_domain = counter(
+            "spec_decode_num_accepted_tokens_per_pos_by_domain", "accepted drafted tokens per "
+            "draft position, by domain label", ["domain", "position"])
+        self.domains: dict[str, tuple] = {}  # label -> (drafts, draft tokens, per position)
+        self.recording = gauge("traffic_recording", "1 while --record writes finished "
+                                                    "requests to its folder")
         self.k = gauge("spec_decode_k", "K (num_speculative_tokens) of the latest round")
         self.rounds = counter("engine_rounds", "decoding rounds run by the scheduler")
+        self.draft_info = Gauge("draftkit:draft_info", "1 for the draft serving now (by its "
+                                "identity), 0 for the drafts it replaced", names + ["draft"],
+                                registry=r)
+        self.by_draft = counter("request_success_by_draft", "finished requests by the draft "
+                                "they decoded with and finish reason",
+                                ["draft", "finished_reason"])
+        self.draft: str | None = None  # the identity serving now
 
     def open_positions(self, k_max: int) -> None:
         """Create the per-position series 0..``k_max`` - 1 at zero (the scheduler calls this
@@ -85,8 +123,51 @@ class ServeMetrics:
             for counter, n in zip(self.accepted_at, r.accepted_per_position):
                 counter.inc(n)
 
-    def finished(self, reason: str) -> None:
+    def finished(self, reason: str, draft: str | None = None) -> None:
+        """A request finished; ``draft``: the identity it decoded with (None: it never ran)."""
         self.success.labels(finished_reason=reason, **self.label).inc()
+        if draft is not None:
+            self.by_draft.labels(draft=draft, finished_reason=reason, **self.label).inc()
+
+    def serving_draft(self, draft: str) -> None:
+        """``draft`` (an identity) serves from now on; the one before it reads 0."""
+        if self.draft is not None:
+            self.draft_info.labels(draft=self.draft, **self.label).set(0)
+        self.draft_info.labels(draft=draft, **self.label).set(1)
+        self.draft = draft
+
+    def domain_rounds(self, domain: str, rounds: list[list[int]]) -> None:
+        """A finished request's rounds ([K, accepted] each; K 0: a plain step) under its
+        domain label (already cleaned)."""
+        domain, (drafts, tokens, at) = self._domain(domain)
+        drafted = [(k, n) for k, n in rounds if k]
+        if not drafted:
+            return
+        passed = [0] * max(k for k, _ in drafted)  # rounds that accepted position i
+        for _, n in drafted:
+            for i in range(n):
+                passed[i] += 1
+        drafts.inc(len(drafted))
+        tokens.inc(sum(k for k, _ in drafted))
+        for i, n in enumerate(passed):
+            while len(at) <= i:  # a K above open_positions' (a caller driving K itself)
+                at.append(self.accepted_pos_by_domain.labels(domain=domain, position=str(
+                    len(at)), **self.label))
+            at[i].inc(n)
+
+    def _domain(self, domain: str) -> tuple[str, tuple]:
+        """(the label counted, its children), made at zero for positions 0..K-1 the first time
+        it is seen; past MAX_DOMAINS labels, OTHER's."""
+        if domain not in self.domains and len(self.domains) >= MAX_DOMAINS:
+            domain = OTHER
+        if domain not in self.domains:
+            labels = dict(domain=domain, **self.label)
+            self.domains[domain] = (
+                self.drafts_by_domain.labels(**labels),
+                self.draft_tokens_by_domain.labels(**labels),
+                [self.accepted_pos_by_domain.labels(position=str(i), **labels)
+                 for i in range(len(self.accepted_at))])
+        return domain, self.domains[domain]
 
     def reject(self, status: int) -> None:
         self.rejected.labels(status=str(status), **self.label).inc()

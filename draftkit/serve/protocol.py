@@ -5,7 +5,9 @@ Requests follow the OpenAI API reference for ``/v1/completions`` and ``/v1/chat/
 (``extra="forbid"``) and a field sent as null takes its default, as OpenAI's API does. The
 fields the official client commonly sends are accepted, and those we do not implement are
 accepted only at their no-op value (``n=1``, penalties 0, no logprobs), anything else is a
-400 that names the field. ``top_k`` is accepted as vLLM does.
+400 that names the field. ``top_k`` is accepted as vLLM does. ``metadata`` (OpenAI's: up to 16
+strings) is accepted on both endpoints; ``metadata.domain`` labels the request (records and
+per-domain metrics) and ``metadata.draftkit_record: "off"`` keeps it out of ``--record``.
 
 Responses are plain dicts built here, with one extra field per choice-level response:
 ``"draftkit": {"drafted", "accepted", "tau", "k", ...}`` (speculation stats of the request).
@@ -18,6 +20,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo,
                       field_validator, model_validator)
+
+
+DOMAIN_KEY = "domain"  # metadata key of a request's domain label
+RECORD_KEY = "draftkit_record"  # metadata key: "off" keeps the request out of --record
 
 
 def _whole_characters(v: str) -> str:
@@ -76,6 +82,32 @@ class _Sampling(_Body):
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    metadata: dict[str, str] | None = None  # OpenAI's: up to 16 strings; see label()
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, v):
+        if v is None:
+            return v
+        if len(v) > 16 or any(len(k) > 64 or len(x) > 512 for k, x in v.items()):
+            raise ValueError("metadata takes up to 16 pairs, keys up to 64 characters, values "
+                             "up to 512")
+        if v.get(RECORD_KEY, "on") not in ("on", "off"):
+            raise ValueError(f'metadata.{RECORD_KEY} is "on" or "off"')
+        return v
+
+    def label(self, route: str | None = None) -> str:
+        """The request's domain label, as records and /metrics keep it: ``metadata.domain``,
+        else ``user``, else the label of the route it came by, else "unlabeled"."""
+        from draftkit.traffic.record import clean_label
+
+        meta = self.metadata or {}
+        return clean_label(meta.get(DOMAIN_KEY) or self.user or route)
+
+    @property
+    def recorded(self) -> bool:
+        """False when the request opts out of ``--record``: ``metadata.draftkit_record`` "off"."""
+        return (self.metadata or {}).get(RECORD_KEY) != "off"
 
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod

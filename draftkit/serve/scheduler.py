@@ -11,12 +11,20 @@ loop:
    ``KPolicy.choose(live rows)`` under ``--k auto``, whose timing tables are keyed by batch
    size, so K falls to 0 when the batch makes speculation a loss (SmartSpec, arXiv
    2406.14066), and sends each request its new text;
-4. frees the slot of every request that finished (EOS, its token budget, a stop string).
+4. frees the slot of every request that finished (EOS, its token budget, a stop string),
+   counts its rounds under its domain label and, under ``--record``, hands it to the
+   recorder (a queue put: the disk is the recorder's thread's).
 
 How many requests may join is the batch's to say (``Batch.free_slots``): on the general
 (non-Llama) runner the engine admits only into an empty batch, so requests are admitted in
 cohorts, a new one when the last has left (one row at a time for a model with a sliding
 window).
+
+A new draft (``POST /admin/draft``, :mod:`draftkit.serve.swap`) comes in between batches:
+once it is loaded, the loop stops admitting, lets the live requests finish on the draft they
+started with (new ones wait in the queue), then swaps the engine's draft, opens a fresh batch
+on it (the batch's per-slot draft state is its draft's) and admits again. Each request keeps
+the identity of the draft it decoded with (``Job.draft``, its ``draftkit.draft`` stat).
 
 Requests talk to the thread through :class:`Job`: the event loop puts it in the waiting
 queue and reads its events from an ``asyncio.Queue`` the thread fills with
@@ -30,15 +38,18 @@ import logging
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from draftkit.decode.batch import round_margin
 from draftkit.decode.choice import KChoice
+from draftkit.decode.k import AUTO
 from draftkit.decode.sampling import SamplingParams
 from draftkit.errors import ConfigError
 from draftkit.serve.detok import TextStream
 from draftkit.serve.metrics import ServeMetrics
+from draftkit.traffic.record import UNLABELED, SamplingEntry
 
 log = logging.getLogger("draftkit.serve")
 
@@ -60,6 +71,9 @@ class Job:
     slot: int | None = None
     seen: int = 0  # tokens of the slot's output already fed to ``stream``
     first_token: float | None = None
+    draft: str | None = None  # identity of the draft it decodes with, set at admission
+    domain: str = UNLABELED  # the request's label (protocol's label()), cleaned
+    record: bool = True  # False: the request opted out of --record
 
     def push(self, *event: Any) -> None:
         try:
@@ -68,12 +82,30 @@ class Job:
             pass
 
 
+@dataclass
+class DraftSwap:
+    """A new draft waiting to come in. ``place`` puts it on the serving device; the scheduler
+    thread calls it, as the only thread that runs the engine's kernels (while it captures a
+    CUDA graph, another thread's allocation would break the capture). ``done`` resolves to
+    ``identity`` once the draft serves, or to the error that left the old one serving."""
+
+    identity: str
+    place: Callable[[], Any]
+    source: str = ""  # where it comes from (a bundle), for the log
+    done: Future = field(default_factory=Future)
+
+
 class Scheduler:
     def __init__(self, engine, metrics: ServeMetrics, *, k: KChoice, max_batch: int = 16,
-                 max_model_len: int | None = None):
+                 max_model_len: int | None = None, recorder=None, draft: str = "none"):
         """``k``: each round's K, fixed or the policy's for the live batch size (the serve
-        command's, validated there; K = 0 without a draft)."""
+        command's, validated there; K = 0 without a draft). ``recorder``: a
+        :class:`~draftkit.traffic.recorder.Recorder` each finished request is handed to."""
         self.engine, self.metrics = engine, metrics
+        self.recorder = recorder
+        # draft: the serving draft's identity (none: plain decoding); pending: a DraftSwap
+        self.draft, self.pending = draft, None
+        metrics.serving_draft(draft)
         self.k_choice = k
         k_max = k.k_max
         metrics.open_positions(k_max)
@@ -123,6 +155,20 @@ class Scheduler:
                 self.metrics.finished("abort")
         self.wake.set()
 
+    def swap(self, new: DraftSwap) -> None:
+        """Bring ``new`` in once the requests decoding now have finished on the draft they
+        started with; requests arriving meanwhile wait in the queue (``new.done`` says when
+        it serves). One swap at a time."""
+        with self.lock:
+            if self.stopping:
+                raise RuntimeError("the server is shutting down")
+            if self.pending is not None:
+                raise RuntimeError("a draft swap is in progress already")
+            self.pending = new
+        log.info("draft swap: %s (%s) comes in once %d requests in flight finish on %s",
+                 new.identity, new.source, len(self.jobs), self.draft)
+        self.wake.set()
+
     def stop(self, timeout: float = 30.0) -> None:
         """Stop admitting; cancel what is still queued or decoding; join the thread."""
         with self.lock:
@@ -170,10 +216,14 @@ class Scheduler:
             if job.cancelled:
                 self.batch.release(slot)
                 del self.jobs[slot]
-                self.metrics.finished("abort")
+                self.metrics.finished("abort", job.draft)
         self.metrics.running.set(len(self.jobs))
 
     def _admit(self) -> None:
+        if self.pending is not None:  # no admission until the live rows have finished
+            if self.jobs:
+                return
+            self._swap()
         free = self.batch.free_slots()
         batch: list[Job] = []
         with self.lock:
@@ -192,7 +242,7 @@ class Scheduler:
                 job.push("error", f"decoding failed: {type(e).__name__}: {e}")
             raise
         for job, slot in zip(batch, slots):
-            job.slot = slot
+            job.slot, job.draft = slot, self.draft
             self.jobs[slot] = job
             self.metrics.queue.observe(now - job.arrived)
             self.metrics.prompt_tokens.inc(len(job.prompt))
@@ -220,13 +270,52 @@ class Scheduler:
         rounds = max(row.target_calls - 1, 0)  # the prefill is not a round
         spec = {"drafted": row.drafted, "accepted": row.accepted, "tau": round(out.tau, 4),
                 "alpha": round(row.alpha, 4), "k": round(row.drafted / rounds, 4) if rounds
-                else 0.0, "target_calls": row.target_calls}
+                else 0.0, "target_calls": row.target_calls, "draft": job.draft}
         self.batch.release(slot)
         del self.jobs[slot]
         self.metrics.running.set(len(self.jobs))
-        self.metrics.finished(reason)
+        self.metrics.finished(reason, job.draft)
         self.metrics.e2e.observe(time.perf_counter() - job.arrived)
+        self.metrics.domain_rounds(job.domain, row.rounds)
+        if self.recorder is not None and job.record:
+            self._record(job, out.tokens[:job.stream.tokens], reason, row.rounds)
         job.push("done", reason, job.stream.tokens, spec)  # none after a stop string
+
+    def _record(self, job: Job, completion: list[int], reason: str,
+                rounds: list[list[int]]) -> None:
+        """Hand a finished request to the recorder: ids as served (cut after the token that
+        completed a stop string, as ``usage`` counts them), never text. A queue put."""
+        p = job.params
+        sampling = SamplingEntry(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
+                                 seed=job.seed, max_tokens=job.max_tokens)
+        self.recorder.add(domain=job.domain, prompt_ids=list(job.prompt),
+                          completion_ids=completion, sampling=sampling, finish_reason=reason,
+                          rounds=list(rounds),
+                          draft=None if job.draft == "none" else job.draft)  # none: plain
+
+    def _swap(self) -> None:
+        """No row is live: put the pending draft in and open a fresh batch on it. Under
+        ``--k auto`` the policy starts afresh: what it learnt was the old draft's alpha and c.
+        A draft that fails to come in leaves the old one serving."""
+        new, self.pending = self.pending, None
+        engine, batch, k = self.engine, self.batch, self.k_choice
+        old = engine.draft_model
+        try:
+            engine.swap_draft(new.place(), batch.max_len)
+            if k.policy is not None:
+                k = KChoice.of(AUTO, k.k_max, has_draft=True)
+            self.batch, self.k_choice = engine.open(batch.slots, k, batch.max_len), k
+        except Exception as e:
+            log.exception("draft swap to %s failed; %s serves on", new.identity, self.draft)
+            if engine.draft_model is not old:  # the new batch did not open: back to the old
+                engine.swap_draft(old, batch.max_len)
+                self.batch = engine.open(batch.slots, self.k_choice, batch.max_len)
+            new.done.set_exception(e)
+            return
+        log.info("draft swap: %s serves, replacing %s", new.identity, self.draft)
+        self.draft = new.identity
+        self.metrics.serving_draft(new.identity)
+        new.done.set_result(new.identity)
 
     def _fail_all(self, message: str) -> None:
         for slot, job in list(self.jobs.items()):
@@ -238,6 +327,9 @@ class Scheduler:
     def _shutdown(self) -> None:
         with self.lock:
             waiting, self.waiting = list(self.waiting), deque()
+            pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.done.set_exception(RuntimeError("the server is shutting down"))
         for job in waiting:
             job.push("error", "the server is shutting down")
         self._fail_all("the server is shutting down")

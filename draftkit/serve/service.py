@@ -40,14 +40,20 @@ class Completions:
     scheduler: Scheduler
     metrics: ServeMetrics
     max_tokens_limit: int = 2048
+    route_labels: tuple[str, ...] = ()  # --route-labels: served as /<label>/v1/...
 
-    async def answer(self, request: Request, req, chat: bool) -> Response:
-        """The whole request: check, encode, submit, then answer (one body or a stream)."""
+    async def answer(self, request: Request, req, chat: bool,
+                     route: str | None = None) -> Response:
+        """The whole request: check, encode, submit, then answer (one body or a stream).
+        ``route``: the label of the ``/<label>/v1`` route it came by."""
+        if route is not None:
+            self.check_route(route)
         self.check_model(req.model)
         if chat:
             job = self.job(req, self.encode(req.chat(), raw=False), default_max=None)
         else:
             job = self.job(req, self.encode(req.prompt, raw=True), default_max=16)
+        job.domain, job.record = req.label(route), req.recorded
         rid, created = new_id("chatcmpl" if chat else "cmpl"), int(time.time())
         try:
             self.scheduler.submit(job)
@@ -57,6 +63,12 @@ class Completions:
             return Stream(self.stream(rid, created, req, job, chat),
                           on_exit=lambda: self.scheduler.cancel(job))
         return await self.wait(request, rid, created, job, chat)
+
+    def check_route(self, route: str) -> None:
+        if route not in self.route_labels:
+            served = ", ".join(f"/{r}/v1" for r in self.route_labels) or "none"
+            raise RequestError(f"no route /{route}/v1 on this server (labelled routes: "
+                               f"{served}; --route-labels); use /v1", status=404)
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:

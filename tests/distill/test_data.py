@@ -85,7 +85,7 @@ def test_bad_inputs_are_clear(tmp_path):
     with pytest.raises(DraftkitError, match="no 'domain' column"):
         load_examples([DataSource(path=str(nodom))])
     odd = _jsonl(tmp_path / "o.jsonl", [{"foo": "bar"}])
-    with pytest.raises(DraftkitError, match="no non-empty 'messages', 'prompt' or 'text'"):
+    with pytest.raises(DraftkitError, match="no non-empty 'messages', 'prompt', 'text' or 'prompt_ids'"):
         load_examples([DataSource(path=str(odd), domain="x")])
     chat = _jsonl(tmp_path / "c.jsonl", [{"messages": [{"role": "user", "content": "hi"}]},
                                          {"messages": [{"role": "user", "text": "hi"}]}])
@@ -442,3 +442,26 @@ def test_a_templateless_targets_prompts_keep_its_bos_as_its_text_rows_do():
     assert tokenize_example(tok, Example("t", text="def x", origin="t")).ids[0] == bos
     assert encode_prompt(tok, "def x", raw=True)[0] == bos
     assert encode_prompt(tok, "def x") == encode_prompt(tok, "def x", raw=True)
+
+
+def test_token_id_rows_train_their_answer_as_served_and_bad_ids_are_named(tmp_path, tok):
+    """Rows of served traffic: the prompt's and the answer's ids as they are; only the answer
+    is trained, with no template rendered again; ids another tokenizer made are refused."""
+    rows = [{"prompt_ids": [5, 6, 7 + i], "response_ids": [9, 10, 11, 12], "domain": "chat"}
+            for i in range(6)]
+    src = _jsonl(tmp_path / "ids.jsonl", rows)
+    data = DataSection(sources=[DataSource(path=str(src))], regime="fixed", seq_len=32,
+                       heldout_per_domain=2)
+    train, held = build_rows(data, tok, seed=0)
+    assert train.loss_mask.sum() == 4 * 4 and (held.loss_mask.sum(1) == 4).all()
+    first = held.input_ids[0][:7].tolist()
+    assert first[:2] == [5, 6] and first[3:] == [9, 10, 11, 12]
+    # the mask is shifted: the prediction made at the prompt's last token (of the answer's first)
+    assert held.loss_mask[0][:7].tolist() == [False, False, True, True, True, True, False]
+    for bad, said in (({"prompt_ids": [5, "x"], "response_ids": [9]}, "'prompt_ids' must be"),
+                      ({"prompt_ids": [5], "response_ids": []}, "'response_ids' must be"),
+                      ({"prompt_ids": [5], "response_ids": [len(tok) + 3]},
+                       f"token id {len(tok) + 3} is outside the target's vocabulary")):
+        _jsonl(src, [dict(bad, domain="chat")] + rows)
+        with pytest.raises(DraftkitError, match=f"ids.jsonl:1: {said}"):
+            build_rows(data, tok, seed=0)

@@ -175,9 +175,12 @@ def test_a_few_steps_raise_heldout_alpha_and_best_holds_the_head_tau_chose(tmp_p
     row = json.loads((best / "best.json").read_text())
     assert row["tau"] == max(x["tau"] for x in lines)  # best/ is chosen by tau
     assert sorted(p.name for p in best.iterdir()) == ["best.json", "config.json",
-                                                      "model.safetensors"]
-    # best/ is the head as save_eagle3 writes it, loadable with its target, the one scored
+                                                      "model.safetensors", "target.json"]
+    # best/ is the head as save_eagle3 writes it (and the target it reads: target.json),
+    # loadable with its target, the one scored
     ref, tok, target = _load_target(cfg, "cpu")
+    from draftkit.models.resolve import model_identity
+    assert json.loads((best / "target.json").read_text())["identity"] == model_identity(ref)
     head = load_eagle3(best, target)
     assert head.aux_layers == [1, 2, 3] and len(head.reduced_head) == 40
     kind = Eagle3(cfg, target, tok, ref, "cpu")
@@ -402,3 +405,29 @@ def test_dry_run_checks_the_target_and_prepare_builds_the_feature_cache(tmp_path
         meta = json.loads((built / "meta.json").read_text())
         assert meta["filled_rows"] == meta["rows"] > 0
     assert not out.exists()
+
+
+def test_a_head_warm_starts_from_a_trained_one_keeping_its_layers_and_vocabulary(tmp_path,
+                                                                                tiny_dirs):
+    """draft.model on an eagle3 recipe: the run starts where the head is (its step-0 held-out
+    tau is the one that chose it, not a new head's), over the head's own tokens and layers."""
+    from draftkit.distill.trainer import train
+
+    best = train(_cfg(tmp_path, tiny_dirs), progress=False)
+    chose = json.loads((best / "best.json").read_text())["tau"]
+    fresh = _metrics(tmp_path / "run")[0]["tau"]
+    warm = {**EAGLE3, "draft_vocab_size": None, "model": str(best)}
+    again = train(distill_config(tmp_path, tiny_dirs, "warm", draft=warm), progress=False)
+    first = _metrics(tmp_path / "warm")[0]
+    assert first["tau"] == pytest.approx(chose, abs=1e-4) and chose > fresh + 0.01
+    assert json.loads((again / "best.json").read_text())["tau"] >= chose - 1e-4
+    with pytest.raises(DraftkitError, match="set draft.draft_vocab_size=null"):
+        train(distill_config(tmp_path, tiny_dirs, "w2", draft={**warm, "draft_vocab_size": 40}),
+              progress=False)
+    with pytest.raises(DraftkitError, match=r"draft.aux_layers \[1, 2, 4\] differ from the "
+                                            r"layers \[1, 2, 3\]"):
+        train(distill_config(tmp_path, tiny_dirs, "w3", draft={**warm, "aux_layers": [1, 2, 4]}),
+              progress=False)
+    with pytest.raises(DraftkitError, match="draft.model: .* is not an EAGLE-3 head"):
+        train(distill_config(tmp_path, tiny_dirs, "w4", draft={**warm, "model": str(
+            tiny_dirs[1])}), progress=False)

@@ -320,8 +320,10 @@ BROKEN = [  # (edit of the bundle's draft/, what check says)
     (_config_edit(eagle_aux_hidden_state_layer_ids=None), "not three ascending layer ids"),
     (_config_edit(max_position_embeddings=64), "max_position_embeddings 64 is below the "
                                                "target's 256"),
-    (_config_edit(architectures=["LlamaForCausalLM"]),
+    (_config_edit(architectures=["LlamaForCausalLM"], draft_vocab_size=None),
      "records the draft's kind as 'eagle3' but draft/ holds a 'standalone' draft"),
+    (_config_edit(architectures=["LlamaForCausalLM"]),  # the EAGLE repository's layout
+     r"architectures is \['LlamaForCausalLM'\], not \['LlamaForCausalLMEagle3'\]"),
     (_tensor_edit(lambda s: s.pop("midlayer.hidden_norm.weight")),
      "lacks midlayer.hidden_norm.weight: SGLang would serve that weight random"),
     (_tensor_edit(lambda s: s.update({"model.fc.weight": s["fc.weight"].clone()})),
@@ -366,6 +368,6 @@ def test_check_refuses_another_target_and_a_stale_manifest(saved, tmp_path):
     manifest = json.loads((out / "draftkit.json").read_text())
     manifest["draft"]["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]
     write_manifest(out, manifest)  # as a faulty exporter would seal it
-    with pytest.raises(ModelError, match=r"records tapped layers \[1, 2, 3\], "
+    with pytest.raises(ModelError, match=r"records tapped layers \[1, 2, 3\] but "
                                          r"draft/config.json \[2, 4, 5\]"):
         check_bundle(out)

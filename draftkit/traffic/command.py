@@ -1,0 +1,200 @@
+"""``draftkit traffic``: served acceptance per domain beside the bundle's eval, drift flagged.
+
+    draftkit serve BUNDLE --record runs/traffic                  # keep what is served
+    draftkit traffic runs/traffic --bundle BUNDLE                # the table
+    draftkit traffic runs/traffic --bundle BUNDLE --out runs/traffic-report --min-requests 50
+
+The figures and the flag rule: :mod:`draftkit.traffic.drift`. With ``--bundle`` the traffic
+must have been recorded with the bundle's target and tokenizer (their identities are checked);
+``--out`` writes ``report.json``, ``report.md``, ``report.html`` and a plot of the served
+alpha_i beside the eval's alpha.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftkit.config import option
+from draftkit.errors import ConfigError, DraftkitError, ModelError
+from draftkit.evaluate.figures import now
+from draftkit.evaluate.render import (fmt, html_image, html_page, html_table, markdown_table,
+                                      save_png, write_files)
+from draftkit.evaluate.report import format_text_table
+from draftkit.manifest import NAME as MANIFEST
+from draftkit.manifest import Manifest, read_manifest
+from draftkit.traffic.drift import (DRIFT, MIN_REQUESTS, DomainDrift, Estimate,
+                                    TrafficReport, traffic_drift)
+from draftkit.traffic.record import read_traffic
+
+PLOT = ("alpha_per_position.png", "Served alpha_i against the eval's alpha")
+
+
+@dataclass
+class TrafficArgs:
+    """Served acceptance per domain from the traffic `draftkit serve --record DIR` kept:
+    alpha_i, alpha, tau and the predicted speedup with 95% intervals over requests, beside the
+    bundle's eval figures, each domain whose served alpha lies below its eval's flagged."""
+
+    folder: str = option(help="the folder `draftkit serve --record DIR` wrote", positional=True,
+                         metavar="DIR")
+    bundle: str | None = option(None, help="the bundle that served the traffic: its eval "
+                                           "figures and c; the traffic must have been recorded "
+                                           "with its target and tokenizer")
+    out: str | None = option(None, help="folder for report.json, report.md, report.html and "
+                                        "the plot")
+    min_requests: int = option(MIN_REQUESTS, help="fewest requests a domain needs to be "
+                                                  "flagged; fewer are reported as too few")
+    domain: str | None = option(None, help="only this domain label")
+
+    def validate(self) -> None:
+        if self.min_requests < 1:
+            raise ConfigError("--min-requests must be >= 1")
+
+
+def traffic(args: TrafficArgs) -> TrafficReport:
+    """``draftkit traffic``: read the traffic, compare it with the bundle, print the table."""
+    manifest = target = tokenizer = draft = None
+    if args.bundle:
+        manifest, target, tokenizer, draft = bundle_identities(args.bundle)
+    records = read_traffic(args.folder, target=target, tokenizer=tokenizer)
+    if args.domain is not None:
+        labels = sorted({r.domain for r in records})
+        records = [r for r in records if r.domain == args.domain]
+        if not records:
+            raise DraftkitError(f"no request in {args.folder} is labelled {args.domain!r}; its "
+                                f"labels: {', '.join(labels)}")
+    report = traffic_drift(records, manifest, folder=str(args.folder), bundle=args.bundle,
+                           draft=draft, min_requests=args.min_requests, created=now())
+    print(summary(report))
+    print(format_text_table(*drift_table(report)))
+    for line in conclusions(report):
+        print(line)
+    if args.out:
+        plots, files = write_files(report, args.out, write_plot, render_markdown, render_html)
+        print(f"report: {files['md']} (also {files['html'].name}, {files['json'].name}"
+              f"{', the plot' if plots else ''})")
+    return report
+
+
+def bundle_identities(bundle: str) -> tuple[Manifest, str, str, str | None]:
+    """The bundle's manifest, and the identities of its target, tokenizer and draft (None:
+    no draft/ to fingerprint), as ``draftkit serve`` records them."""
+    from draftkit.models import load_tokenizer, resolve_model
+    from draftkit.models.resolve import model_identity
+    from draftkit.traffic.record import tokenizer_identity
+
+    path = Path(bundle)
+    if not (path / MANIFEST).is_file():
+        raise ModelError(f"{bundle} is not a bundle (no {MANIFEST}); pass the folder "
+                         f"`draftkit export` wrote, the one that served the traffic")
+    manifest = read_manifest(path)
+    target = resolve_model(str(path), "target")
+    tokenizer = load_tokenizer(target, "target")
+    draft = model_identity(resolve_model(str(path), "draft")) \
+        if (path / "draft" / "config.json").is_file() else None
+    return manifest, model_identity(target), tokenizer_identity(tokenizer), draft
+
+
+# --- text ----------------------------------------------------------------------------------------
+
+def _estimate(e: Estimate | None, pattern: str) -> str:
+    """A figure and its 95% interval: ``0.612 (0.580-0.641)``, or "-"."""
+    if e is None:
+        return "-"
+    return f"{pattern.format(e.value)} ({pattern.format(e.low)}-{pattern.format(e.high)})"
+
+
+def drift_table(report: TrafficReport) -> tuple[list[str], list[list[str]]]:
+    """Header and rows: each domain, then all the traffic together (no status: the eval has
+    no overall row in the manifest)."""
+    header = ["domain", "requests", "tokens", "alpha_1", "alpha (95%)", "eval alpha",
+              "tau (95%)", "eval tau", "c", "speedup predicted (95%)", "status"]
+
+    def row(name: str, d: DomainDrift) -> list[str]:
+        e = d.eval
+        c = fmt(d.c, "{:.3f}") + ("*" if d.c_source == "bundle" and name != "overall" else "")
+        return [name, str(d.requests), str(d.completion_tokens),
+                fmt(d.alpha_1.value if d.alpha_1 else None, "{:.3f}"),
+                _estimate(d.alpha, "{:.3f}"), fmt(e.alpha if e else None, "{:.3f}"),
+                _estimate(d.tau, "{:.2f}"), fmt(e.tau if e else None, "{:.2f}"), c,
+                _estimate(d.speedup_predicted, "{:.2f}").replace(" (", "x ("),
+                d.status or "-"]
+
+    rows = [row(name, d) for name, d in report.domains.items()]
+    if len(report.domains) > 1:
+        rows.append(row("overall", report.overall))
+    return header, rows
+
+
+def summary(report: TrafficReport) -> str:
+    bundle = f"bundle {report.bundle}" if report.bundle else "no bundle"
+    return (f"traffic {report.folder}: {report.requests} requests from {report.first} to "
+            f"{report.last}, target {report.target}, {bundle}")
+
+
+def conclusions(report: TrafficReport) -> list[str]:
+    """The lines under the table: the flags (or that there are none), the rule, the notes."""
+    flagged = report.flagged()
+    lines = [f"drift: {name}: {report.domains[name].why}" for name in flagged] or \
+        ["no domain flagged" + ("" if report.bundle else " (nothing to compare: no bundle)")]
+    lines.append(f"rule: {report.rule}")
+    if any(d.c_source == "bundle" for d in report.domains.values()):
+        lines.append("c*: the mean over the bundle's domains (its eval measured none for this "
+                     "one)")
+    lines.append("alpha_1: served only (the bundle keeps no eval alpha_1); predicted speedup: "
+                 "the served alpha_i at the served K, v = 1")
+    return lines + [f"note: {n}" for n in report.notes]
+
+
+# --- files ---------------------------------------------------------------------------------------
+
+def write_plot(report: TrafficReport, out_dir: Path) -> dict[str, Path]:
+    """Served alpha_i per domain, and each domain's eval alpha as a dashed line of its colour;
+    no plot where nothing was drafted."""
+    drafted = {n: d for n, d in report.domains.items() if d.alpha_per_position}
+    if not drafted:
+        return {}
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for i, (name, d) in enumerate(drafted.items()):
+        color = f"C{i % 10}"
+        positions = range(1, len(d.alpha_per_position) + 1)
+        served = [a if t else math.nan  # a position no round reached has no rate
+                  for a, t in zip(d.alpha_per_position, d.tested_per_position)]
+        ax.plot(positions, served, "o-", color=color, label=f"{name} served")
+        if d.eval is not None and d.eval.alpha is not None:
+            ax.axhline(d.eval.alpha, color=color, ls="--", alpha=0.7,
+                       label=f"{name} eval alpha")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel("draft position i")
+    ax.set_ylabel("conditional alpha_i")
+    ax.set_ylim(0, 1)
+    ax.set_title("served alpha_i (points); the eval's alpha over all positions (dashed)",
+                 fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    return {PLOT[1]: save_png(fig, out_dir / PLOT[0])}
+
+
+def render_markdown(report: TrafficReport, plots: dict[str, Path]) -> str:
+    lines = ["# Served traffic against the bundle's eval", "", summary(report), ""]
+    lines += markdown_table(*drift_table(report))
+    lines += [""] + [f"- {line}" for line in conclusions(report)]
+    lines += [f"- {name}: {d.status}: {d.why}" for name, d in report.domains.items()
+              if d.status and d.status != DRIFT]
+    for title, path in plots.items():
+        lines += ["", f"## {title}", "", f"![{title}]({path.name})"]
+    return "\n".join(lines) + "\n"
+
+
+def render_html(report: TrafficReport, plots: dict[str, Path]) -> str:
+    body = [f"<p>{html.escape(summary(report))}</p>", html_table(*drift_table(report)), "<ul>"]
+    body += [f"<li>{html.escape(line)}</li>" for line in conclusions(report)] + ["</ul>"]
+    body += [f"<h2>{title}</h2>{html_image(title, path)}" for title, path in plots.items()]
+    return html_page("Served traffic against the bundle's eval", body)

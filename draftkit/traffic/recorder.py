@@ -1,0 +1,274 @@
+"""``draftkit serve --record DIR``: finished requests appended to a traffic folder, off the
+scheduler's thread.
+
+The scheduler hands each finished request to :meth:`Recorder.add`, a queue put that never
+waits on the disk; a writer thread makes it a :class:`~draftkit.traffic.record.TrafficRecord`
+and appends it to the open shard ``.traffic-<start>-<n>.open`` as one JSON line (one write,
+no buffer left behind). A shard past ``shard_bytes`` is fsynced and renamed
+``traffic-<start>-<n>.jsonl``: sealed, and :func:`~draftkit.traffic.record.read_traffic` reads
+only those. The open shard is sealed too when the server stops. Where it can go wrong:
+
+- the server is killed: the next server recording into the folder seals its ``.open`` shard,
+  keeping the whole lines (the one being written when it died is dropped);
+- the folder reaches ``quota_bytes`` (all its shards counted): recording stops, the log says so
+  once, ``Recorder.recording`` (the gauge ``draftkit:traffic_recording``) turns False; a server
+  started on a folder at its quota refuses to start (:func:`check_folder`);
+- a write fails (disk full): the shard is cut back to its last whole line and sealed, and
+  recording stops, as at the quota;
+- a second server on the same folder: it refuses to start (a lock held while recording).
+
+So a line in a shard is a whole record, and a record accepted is written unless recording had
+to stop (said in the log).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from pathlib import Path
+
+from draftkit.errors import ConfigError, DraftkitError
+from draftkit.io import fsync_path, take_lock
+from draftkit.traffic.record import (OPEN_GLOB, SHARD_GLOB, SamplingEntry, TrafficRecord,
+                                     sealed_path)
+
+log = logging.getLogger("draftkit.traffic")
+
+LOCK = ".traffic.lock"
+MAX_PENDING = 10_000  # records waiting for the writer; past it (a stalled disk) one is dropped
+MB = 1 << 20
+_STOP = object()
+
+
+def folder_bytes(folder: Path) -> int:
+    """Bytes of every shard in ``folder``, sealed or open: what the quota counts."""
+    return sum(p.stat().st_size for pattern in (SHARD_GLOB, OPEN_GLOB)
+               for p in Path(folder).glob(pattern))
+
+
+def check_folder(folder: str | Path, quota_bytes: int) -> Path:
+    """The traffic folder ``--record`` names, if a server may record into it: a folder (or
+    nothing yet) below its quota; else a one-line error."""
+    path = Path(folder).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--record {path} is a file; give a folder (created if missing)")
+    used = folder_bytes(path) if path.is_dir() else 0
+    if used >= quota_bytes:
+        raise ConfigError(f"--record {path} already holds {used / MB:.1f} MB of traffic, its "
+                          f"quota (--record-quota-mb {quota_bytes / MB:g}); move its shards "
+                          f"elsewhere or raise --record-quota-mb")
+    return path
+
+
+def seal_leftover(path: Path) -> Path | None:
+    """Seal the ``.open`` shard a killed server left: cut to its last whole line, fsynced, then
+    renamed into place; an open shard without a whole line is removed. -> the sealed shard."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        end = _whole_lines_end(f, size)
+    if end == 0:
+        path.unlink()
+        return None
+    if end < size:
+        os.truncate(path, end)  # the line being written when the server died
+    fsync_path(path)
+    sealed = sealed_path(path)
+    os.replace(path, sealed)
+    fsync_path(path.parent)
+    return sealed
+
+
+def _whole_lines_end(f, size: int, chunk: int = 1 << 16) -> int:
+    """Offset just past the last newline of file ``f`` (0: none), read from its end."""
+    pos = size
+    while pos > 0:
+        start = max(0, pos - chunk)
+        f.seek(start)
+        i = f.read(pos - start).rfind(b"\n")
+        if i >= 0:
+            return start + i + 1
+        pos = start
+    return 0
+
+
+class Recorder:
+    """A traffic folder being filled: :meth:`open` takes it (the serve command, before the
+    server starts, so a refusal is one line), :meth:`start` / :meth:`stop` run the writer with
+    the app's lifespan, :meth:`add` is the scheduler's hand-off.
+
+    ``target``, ``tokenizer``: the identities every record carries
+    (:func:`~draftkit.models.resolve.model_identity`,
+    :func:`~draftkit.traffic.record.tokenizer_identity`); the draft's comes with each record
+    (the draft it decoded with: a server may swap its draft)."""
+
+    def __init__(self, folder: str | Path, *, target: str, tokenizer: str,
+                 shard_bytes: int = 64 * MB, quota_bytes: int = 10240 * MB):
+        self.folder = Path(folder).expanduser()
+        self.target, self.tokenizer = target, tokenizer
+        self.shard_bytes, self.quota_bytes = shard_bytes, quota_bytes
+        self.recording = False  # from open() until stop(), the quota or a failed write
+        self.written = self.dropped = 0  # records
+        self.used = 0  # bytes of all shards in the folder
+        self._queue: queue.Queue = queue.Queue(MAX_PENDING)
+        self._thread: threading.Thread | None = None
+        self._lock = None
+        self._stamp = ""
+        self._n = 0  # the next shard's number
+        self._file = None  # the open shard (unbuffered)
+        self._path: Path | None = None
+        self._size = 0  # bytes of whole lines in the open shard
+
+    # --- the server's side -------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Take the folder: create it, lock it against a second server, seal what a killed one
+        left open, check that its traffic is this target's and that it is below its quota.
+        Raises a one-line DraftkitError; a no-op once open."""
+        if self._lock is not None:
+            return
+        check_folder(self.folder, self.quota_bytes)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        lock = take_lock(self.folder / LOCK, f"another server is recording into {self.folder}; "
+                                             f"give each server a --record folder of its own")
+        try:
+            for leftover in sorted(self.folder.glob(OPEN_GLOB)):
+                sealed = seal_leftover(leftover)
+                log.warning(f"sealed {sealed or leftover}, left open by a server that did not "
+                            f"stop cleanly (its whole lines kept)")
+            self._check_identity()
+            check_folder(self.folder, self.quota_bytes)
+        except BaseException:
+            lock.release()
+            raise
+        self._lock, self.used, self.recording = lock, folder_bytes(self.folder), True
+        self._stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+
+    def start(self) -> None:
+        self.open()
+        self._thread = threading.Thread(target=self._run, name="draftkit-recorder", daemon=True)
+        self._thread.start()
+
+    def add(self, *, domain: str, prompt_ids: list[int], completion_ids: list[int],
+            sampling: SamplingEntry, finish_reason: str, rounds: list[list[int]],
+            draft: str | None) -> None:
+        """A finished request, queued for the writer (never waits on the disk); ``draft``: the
+        identity of the draft it decoded with (None: plain decoding)."""
+        if not self.recording:
+            return
+        item = dict(time=time.time(), draft=draft, domain=domain, prompt_ids=prompt_ids,
+                    completion_ids=completion_ids, sampling=sampling,
+                    finish_reason=finish_reason, rounds=rounds)
+        try:
+            self._queue.put_nowait(item)
+        except queue.Full:
+            self.dropped += 1
+            if self.dropped == 1:
+                log.warning(f"traffic recording falls behind ({MAX_PENDING} records wait for "
+                            f"{self.folder}'s disk); records are dropped until it catches up")
+
+    def stop(self) -> None:
+        """Write what is queued, seal the open shard, release the folder."""
+        if self._thread is not None:
+            self._queue.put(_STOP)
+            self._thread.join()
+            self._thread = None
+        self._seal()
+        self.recording = False
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    # --- the writer thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not _STOP:
+            if not self.recording:
+                continue
+            try:
+                self._write(self._line(item))
+            except Exception as e:  # a full disk, a bug: stop recording, keep serving
+                log.exception("writing a traffic record failed")
+                self._halt(f"a write failed ({type(e).__name__}: {e})")
+
+    def _line(self, item: dict) -> bytes:
+        from datetime import datetime, timezone
+
+        when = datetime.fromtimestamp(item.pop("time"), timezone.utc)
+        record = TrafficRecord(time=when.isoformat(timespec="milliseconds"), target=self.target,
+                               tokenizer=self.tokenizer, **item)
+        return (json.dumps(record.to_dict(), separators=(",", ":")) + "\n").encode()
+
+    def _write(self, line: bytes) -> None:
+        if self.used + len(line) > self.quota_bytes:
+            self._halt(f"{self.folder} reached its quota of {self.quota_bytes / MB:g} MB "
+                       f"(--record-quota-mb)")
+            return
+        if self._file is None:
+            self._new_shard()
+        try:
+            view = memoryview(line)
+            while view:  # one write; a short one (rare) goes on where it stopped
+                view = view[self._file.write(view):]
+        except BaseException:
+            os.ftruncate(self._file.fileno(), self._size)  # back to the last whole line
+            raise
+        self._size += len(line)
+        self.used += len(line)
+        self.written += 1
+        if self._size >= self.shard_bytes:
+            self._seal()
+
+    def _new_shard(self) -> None:
+        # a number no shard of this folder has (a server started in the same second before)
+        while any((self.folder / name).exists() for name in self._names(self._n)):
+            self._n += 1
+        self._path = self.folder / self._names(self._n)[0]
+        self._file = open(self._path, "xb", buffering=0)
+        self._size = 0
+
+    def _names(self, n: int) -> tuple[str, str]:
+        """(open, sealed) file names of shard ``n`` of this server's run."""
+        stem = f"traffic-{self._stamp}-{n:05d}"
+        return f".{stem}.open", f"{stem}.jsonl"
+
+    def _seal(self) -> None:
+        if self._file is None:
+            return
+        f, self._file = self._file, None
+        os.fsync(f.fileno())
+        f.close()
+        os.replace(self._path, self.folder / self._names(self._n)[1])
+        fsync_path(self.folder)
+        self._n += 1
+
+    def _halt(self, reason: str) -> None:
+        """Stop recording for good (the server keeps serving), saying why once."""
+        if not self.recording:
+            return
+        self.recording = False
+        log.warning(f"traffic recording stopped: {reason}; requests are still served, not "
+                    f"recorded ({self.written} records written)")
+        try:
+            self._seal()
+        except OSError:
+            log.exception(f"sealing {self._path} failed; the next server recording into "
+                          f"{self.folder} seals it")
+
+    def _check_identity(self) -> None:
+        """The folder's traffic is this target's (and tokenizer's): :func:`read_traffic` takes
+        a folder of one. The first line of each shard says whose it is."""
+        for shard in sorted(self.folder.glob(SHARD_GLOB)):
+            with open(shard, encoding="utf-8") as f:
+                try:
+                    first = json.loads(f.readline())
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    continue  # read_traffic names a damaged shard
+            for field, mine in (("target", self.target), ("tokenizer", self.tokenizer)):
+                theirs = first.get(field) if isinstance(first, dict) else None
+                if theirs is not None and theirs != mine:
+                    raise DraftkitError(f"{shard} was recorded with {field} {theirs}, not this "
+                                        f"server's ({mine}); give --record a folder of its own")

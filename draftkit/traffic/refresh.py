@@ -1,0 +1,220 @@
+"""``draftkit refresh``: retrain a bundle's draft on the traffic it served; export it only if faster.
+
+Online speculative decoding (Liu et al., arXiv 2310.07177) distils the draft on the queries a
+server actually answers. Served traffic is the best data a draft can get: its completions are
+samples of the target itself (speculative decoding is lossless), on the prompts users send.
+
+1. The traffic ``draftkit serve --record`` kept is read and checked against the bundle's
+   target and tokenizer; per domain, the most recent ``--heldout`` share of requests is set
+   aside, never trained on. A domain with fewer than ``--min-requests`` requests is measured
+   but not trained.
+2. The bundle's own recipe (the manifest records it) trains its draft from where it is (a
+   warm start: an EAGLE-3 head keeps its layers and vocabulary) for ``--steps`` steps, on
+   the older requests' token ids as they were served, beside the recipe's own data
+   (``--replay``), so domains the traffic lacks are not forgotten.
+3. The old and the new draft decode the held-out requests side by side
+   (:mod:`draftkit.traffic.compare`); ``--out`` is written only where the new one is faster
+   beyond noise on the traffic mix and loses beyond noise on no domain the old one served
+   well, by the cost model priced at the drafts' measured c and v (the wall-clock figures are
+   reported beside: on a shared machine their intervals carry other processes' bursts).
+   Otherwise nothing is written there, the command says why and exits non-zero.
+
+The training run, its data and ``refresh.md`` (the comparison) stay in ``--work``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftkit.config import option
+from draftkit.errors import ConfigError, DraftkitError
+from draftkit.io import atomic_write_text, take_lock
+from draftkit.traffic.record import TrafficRecord
+
+
+@dataclass
+class RefreshArgs:
+    """Retrain a bundle's draft on its recorded traffic; export it only where it is faster."""
+
+    bundle: str = option(help="the bundle that served the traffic", positional=True)
+    traffic: str = option(help="the folder `draftkit serve --record` wrote")
+    out: str = option(help="where the new bundle goes (written only if it is faster)")
+    overrides: list[str] = option([], help="key=value overrides of the bundle's recipe "
+                                           "(train.lr=3e-4)", positional=True, nargs="*",
+                                  metavar="KEY=VALUE")
+    work: str | None = option(None, help="the training run, its data and the comparison "
+                                         "(default: OUT.work beside --out)")
+    steps: int = option(120, help="training steps (fixed work: the same draft on any machine)")
+    minutes: float | None = option(None, help="also stop training after this many minutes")
+    heldout: float = option(0.25, help="share of each domain's most recent requests held out "
+                                       "to compare the drafts on")
+    min_requests: int = option(8, help="requests a domain needs to be trained on")
+    max_new_tokens: int = option(64, help="tokens per compared decode, at most (each held-out "
+                                          "request decodes as many as it was served, up to this)")
+    k: int | None = option(None, help="K both drafts run in the comparison (default: the "
+                                      "bundle's num_speculative_tokens)")
+    replay: bool = option(True, help="train on the recipe's own data too (--no-replay: traffic "
+                                     "only)")
+    recipe: str | None = option(None, help="distillation recipe (default: the one the bundle "
+                                           "records)")
+    device: str | None = option(None, help="device for training and the comparison")
+
+    def validate(self) -> None:
+        if self.steps < 1:
+            raise ConfigError(f"--steps must be >= 1, got {self.steps}")
+        if not 0 < self.heldout < 1:
+            raise ConfigError(f"--heldout is a share of the requests, in (0, 1); got "
+                              f"{self.heldout}")
+        if self.min_requests < 2:
+            raise ConfigError(f"--min-requests must be >= 2, got {self.min_requests}")
+        if self.k is not None and self.k < 1:
+            raise ConfigError(f"--k must be >= 1, got {self.k}")
+        if self.minutes is not None and self.minutes <= 0:
+            raise ConfigError(f"--minutes must be positive, got {self.minutes}")
+
+
+def split(records: list[TrafficRecord], heldout: float, min_requests: int
+          ) -> tuple[list[TrafficRecord], list[TrafficRecord], list[str]]:
+    """(train, held out, trained domains): per domain, the most recent ``heldout`` share
+    (at least one request) held out; a domain with fewer than ``min_requests`` requests is
+    held out whole."""
+    by_domain: dict[str, list[TrafficRecord]] = {}
+    for r in sorted(records, key=lambda r: r.time):
+        by_domain.setdefault(r.domain, []).append(r)
+    train, held, trained = [], [], []
+    for domain, rs in by_domain.items():
+        if len(rs) < min_requests:
+            held += rs
+            continue
+        n = max(1, int(len(rs) * heldout + 0.5))  # half up: 10 x 0.25 holds out 3
+        train += rs[:-n]
+        held += rs[-n:]
+        trained.append(domain)
+    return train, held, trained
+
+
+def refresh(args: RefreshArgs) -> Path:
+    out = Path(args.out)
+    if out.exists():
+        raise DraftkitError(f"{out} already exists; choose another --out (refresh never "
+                            f"replaces a bundle)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = take_lock(out.parent / f".{out.name}.refresh.lock", f"another `draftkit refresh` is "
+                     f"writing {out}; wait for it or choose another --out")
+    try:
+        return _refresh(args, out)
+    finally:
+        lock.release()
+
+
+def _refresh(args: RefreshArgs, out: Path) -> Path:
+    from draftkit.manifest import read_manifest
+    from draftkit.models import load_tokenizer, resolve_model
+    from draftkit.models.resolve import model_identity
+    from draftkit.traffic.record import read_traffic, tokenizer_identity
+
+    bundle = Path(args.bundle)
+    manifest = read_manifest(bundle)  # its seal checked before anything is used
+    target_ref = resolve_model(str(bundle), "target")
+    tokenizer = load_tokenizer(target_ref, "target")
+    records = read_traffic(args.traffic, target=model_identity(target_ref),
+                           tokenizer=tokenizer_identity(tokenizer))
+    train_rs, held, trained = split(records, args.heldout, args.min_requests)
+    if not trained:
+        raise DraftkitError(f"{args.traffic}: no domain has {args.min_requests} requests to "
+                            f"train on ({len(records)} in all); record more traffic or lower "
+                            f"--min-requests")
+    work = Path(args.work) if args.work else out.parent / f"{out.name}.work"
+    print(f"traffic: {len(records)} requests; training on {len(train_rs)} of "
+          f"{', '.join(trained)}, comparing on the {len(held)} most recent", flush=True)
+    cfg = _config(args, manifest, bundle, work, train_rs)
+    from draftkit.distill.trainer import train
+
+    best = train(cfg)
+    k = args.k or max(1, manifest.num_speculative_tokens)
+    rows, (ok, why) = _compare(args, bundle, best, held, k)
+    _write_comparison(work, rows, ok, why, k)
+    if not ok:
+        raise DraftkitError(f"{out} not written: {why}; the comparison is in "
+                            f"{work / 'refresh.md'}")
+    from draftkit.export import export_bundle
+
+    target = "embedded" if manifest.target.kind == "embedded" else manifest.target.path
+    written = export_bundle(target, str(best), out, k=k, recipe=work / "distill" / "config.yaml")
+    print(f"{why}: wrote {written} (serve it, or swap it into a running server)")
+    return written
+
+
+def _config(args: RefreshArgs, manifest, bundle: Path, work: Path,
+            train_rs: list[TrafficRecord]):
+    """The bundle's recipe, warm-starting its draft on the training requests' ids."""
+    import yaml
+
+    from draftkit.distill.command import load_config
+
+    if args.recipe:
+        recipe = Path(args.recipe)
+        base = yaml.safe_load(recipe.read_text())
+    elif manifest.recipe is not None and manifest.recipe.config:
+        base = manifest.recipe.config
+    else:
+        raise DraftkitError(f"{bundle} records no distillation recipe; pass --recipe")
+    rows = "".join(json.dumps({"domain": r.domain, "prompt_ids": r.prompt_ids,
+                               "response_ids": r.completion_ids}) + "\n"
+                   for r in train_rs if r.completion_ids)
+    data = work / "data" / "traffic.jsonl"
+    atomic_write_text(data, rows)
+    sources = [{"path": str(data)}]
+    replayed = [s for s in (base.get("data") or {}).get("sources", []) if args.replay
+                and Path(s.get("path", "")).is_file()]
+    sources += replayed  # their held-out rows too: best/ must not forget what they teach
+    recipe = work / "recipe.yaml"
+    atomic_write_text(recipe, yaml.safe_dump(base, sort_keys=False))
+    per_domain = {}
+    for r in train_rs:
+        per_domain[r.domain] = per_domain.get(r.domain, 0) + 1
+    heldout = max(1, min((base.get("data") or {}).get("heldout_per_domain", 6),
+                         min(per_domain.values()) // 4))
+    every = max(1, args.steps // 6)
+    draft = ["draft.draft_vocab_size=null"] if (base.get("draft") or {}).get("kind") == \
+        "eagle3" else ["draft.derive_layers=null", "draft.num_layers=null"]
+    return load_config(recipe, [
+        f"out_dir={work / 'distill'}", f"target={bundle}", f"draft.model={bundle}", *draft,
+        f"data.sources={json.dumps(sources)}", f"data.heldout_per_domain={heldout}",
+        "data.truncate=true", f"max_steps={args.steps}",
+        f"max_minutes={'null' if args.minutes is None else args.minutes}",
+        f"eval.every={every}", f"train.checkpoint_every={every}", "resume=true",
+        *args.overrides])
+
+
+def _compare(args: RefreshArgs, bundle: Path, best: Path, held: list[TrafficRecord], k: int):
+    from draftkit.decode.engine import SpeculativeEngine
+    from draftkit.models import load_another_draft, load_pair
+    from draftkit.traffic import compare
+
+    pair = load_pair(str(bundle), str(bundle), device=args.device)
+    engines = {"old": SpeculativeEngine(pair.target, pair.draft),
+               "new": SpeculativeEngine(pair.target, load_another_draft(pair, str(best),
+                                                                         device=args.device))}
+    warm = held[:1]  # one untimed pass, so one-time costs land in no measurement
+    compare.measure(engines, warm, k, 4, progress=False)
+    rows = compare.measure(engines, held, k, args.max_new_tokens)
+    return rows, compare.decide(rows)
+
+
+def _write_comparison(work: Path, rows, ok: bool, why: str, k: int) -> None:
+    from draftkit.traffic.compare import table
+
+    text = (f"# Refresh: old vs new draft on held-out traffic\n\nK = {k} for both; speedups "
+            f"are paired over requests, 95% intervals: first by the cost model (each request's "
+            f"rounds priced at the draft's measured c and v), which decides, then measured by "
+            f"the wall clock.\n\n{table(rows)}\n\n"
+            f"**{'exported' if ok else 'not exported'}**: {why}\n")
+    atomic_write_text(work / "refresh.md", text)
+    atomic_write_text(work / "refresh.json", json.dumps(
+        {"k": k, "exported": ok, "why": why, "domains": [r.to_dict() for r in rows]},
+        indent=2) + "\n")
+    print(table(rows))
+    print(("exported: " if ok else "not exported: ") + why, flush=True)
