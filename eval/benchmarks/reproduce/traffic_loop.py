@@ -51,7 +51,7 @@ def prompts(domain: str) -> list[list[dict]]:
     return [r.get("messages") or [{"role": "user", "content": r["prompt"]}] for r in rows]
 
 
-def start_server(bundle: str, *extra: str):
+def start_server(bundle: str, k: str, *extra: str):
     """``draftkit serve BUNDLE`` on a free port, as serve/load_test.py starts one: (process,
     base URL of the API) once /health answers."""
     import importlib.util
@@ -62,7 +62,7 @@ def start_server(bundle: str, *extra: str):
     spec.loader.exec_module(load_test)
     args = SimpleNamespace(bundle=bundle, target=None, draft=None, max_model_len=None,
                            serve_arg=list(extra), startup_timeout=600, max_batch=4)
-    return load_test.start_server(args, "auto")
+    return load_test.start_server(args, k)
 
 
 def send(client, model: str, domain: str, texts: list[list[dict]], max_tokens: int, phase: str
@@ -121,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heldout-requests", type=int, default=10, help="per domain, after")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--steps", type=int, default=120, help="refresh training steps")
+    ap.add_argument("--k", default="auto", help="the servers' --k: auto, or a fixed K (the "
+                                                "bundle's, to compare drafts by acceptance alone)")
     args = ap.parse_args(argv)
 
     from openai import OpenAI
@@ -140,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     servers = []
 
-    def serve(bundle: str, *extra: str):
-        proc, api = start_server(bundle, *extra)
+    def serve(bundle: str, *extra: str, k: str = args.k):
+        proc, api = start_server(bundle, k, *extra)
         servers.append(proc)
         return OpenAI(base_url=api, api_key="none"), api.removesuffix("/v1")
 
@@ -164,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         swap = swap_under_load(live, url, model, token, new, heldout[:4], args.max_tokens)
         # B: the old draft, C: plain decoding; the held-out requests go to A, B and C in turn
         old, _ = serve(args.bundle, "--record", str(out / "traffic-old"))
-        plain, _ = serve(args.bundle, "--draft", "none")
+        plain, _ = serve(args.bundle, "--draft", "none", k="0")
         timed = interleaved({"new": live, "old": old, "plain": plain}, model, heldout,
                             args.max_tokens)
     finally:
@@ -265,8 +267,8 @@ def markdown(rows, args, swap: dict, seconds: float) -> str:
     def band(v):
         return "-" if not v or v[1] is None else f"{v[0]:.2f}x ({v[1]:.2f}-{v[2]:.2f})"
 
-    lines = [f"# Traffic loop: {args.bundle}, {args.train_requests} requests per domain "
-             f"recorded, refresh {args.steps} steps, {args.heldout_requests} held-out requests "
+    lines = [f"# Traffic loop: {args.bundle}, K {args.k}, {args.train_requests} requests per "
+             f"domain recorded, refresh {args.steps} steps, {args.heldout_requests} held-out requests "
              f"per domain ({seconds / 60:.1f} min in all)", "",
              "| domain | shifted | alpha_1 old | alpha_1 new | gain | old vs plain | new vs plain "
              "| new vs old |", "|---|---|---|---|---|---|---|---|"]
