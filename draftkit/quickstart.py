@@ -7,7 +7,8 @@
    standalone recipe: to every domain of ``eval/train_prompts`` plus real Python source), the
    top-k teacher cache and, for a head, the target's features; all stay on disk, so only the
    first run pays for them;
-3. distill the draft within the time budget, which the set-up above does not eat into;
+3. distill the draft for the recipe's steps (fixed work: the same draft on a slower machine,
+   which only takes longer; ``--minutes`` adds a time budget);
 4. evaluate after distillation on the eval suites: the trained domains and two it was not
    trained on (a derived draft: every domain, with the undistilled draft's acceptance on the
    same continuations as "alpha before");
@@ -33,6 +34,7 @@ from draftkit.config import option
 from draftkit.decode.k import AUTO
 from draftkit.distill.command import load_config
 from draftkit.errors import ConfigError, DraftkitError
+from draftkit.estimate import Timing, write_timing
 from draftkit.evaluate.command import EvalArgs, run_eval
 from draftkit.evaluate.figures import EvalReport
 from draftkit.evaluate.report import (domain_table, format_text_table, headline,
@@ -44,6 +46,9 @@ from draftkit.models.derive import derive_by_layers, save_draft
 from draftkit.tracking import Tracker
 
 RECIPE = Path("smollm2-135m-instruct_to_eagle3") / "quickstart_ttt.yaml"
+# The run the README's quickstart figures come from: its timing.json is what a new run's time
+# estimate is scaled from, and its machine's speed is printed beside this one's.
+REFERENCE_RUN = ("eval", "results", "reports", "2026-12-05-make-demo-fresh-clone")
 # Domains an EAGLE-3 quickstart evaluates beside the ones it trained: traffic it was not trained
 # for (the domain-mismatch regime), in the same report.
 UNTRAINED_SHOWN = ("chat", "creative")
@@ -54,10 +59,10 @@ class QuickstartArgs:
     """Derive, distill, evaluate and export a draft for the embedded SmolLM2-135M-Instruct."""
 
     out: str = option("runs/quickstart", help="output directory")
-    minutes: float = option(6.0, help="time budget for distillation; before it, the first run "
-                                      "spends a few minutes on the target's answers and the "
-                                      "teacher cache (kept for later runs), after it evaluation "
-                                      "takes about 5 minutes on 2 CPU cores")
+    minutes: float | None = option(None, help="also stop distillation after M minutes (a time "
+                                              "budget: the head then depends on how fast the "
+                                              "machine is); default: the recipe's steps, the "
+                                              "same head on any machine")
     recipe: str | None = option(None, help="distillation recipe (default: the quickstart recipe "
                                            f"recipes/{RECIPE})")
     eval_limit: int = option(8, help="eval prompts per domain")
@@ -72,7 +77,7 @@ class QuickstartArgs:
                                      "run's files aside")
 
     def validate(self) -> None:
-        if self.minutes <= 0:
+        if self.minutes is not None and self.minutes <= 0:
             raise ConfigError(f"--minutes must be positive, got {self.minutes}")
         if min(self.eval_limit, self.eval_tokens, self.prompts_per_domain) < 1:
             raise ConfigError("--eval-limit, --eval-tokens and --prompts-per-domain must be >= 1")
@@ -112,26 +117,29 @@ def write_code_text(path: Path, chunks: int, lines: int = 40) -> Path:
 def distill_config(args: QuickstartArgs, recipe: Path, out: Path, init_dir: Path,
                    sources: list[Path], group: str):
     """The quickstart's distillation: ``recipe`` on the draft in ``init_dir``, reading the
-    prompt files and the code text (the last of ``sources``) within the time budget."""
+    prompt files and the code text (the last of ``sources``), for a fixed number of steps."""
     *prompt_files, code_text = sources
     rows = [f"{{path: {p}, max_rows: {args.prompts_per_domain}}}" for p in prompt_files]
     rows.append(f"{{path: {code_text}, domain: code}}")
     return load_config(recipe, [
         f"out_dir={out / 'distill'}", f"draft.model={init_dir}", "draft.derive_layers=null",
-        f"data.sources=[{', '.join(rows)}]", f"max_minutes={args.minutes}",
-        # Train until the budget runs out rather than for the recipe's fixed step count; the
-        # best draft by held-out alpha is kept whenever the clock stops.
+        f"data.sources=[{', '.join(rows)}]", *_budget(args),
         "max_steps=200", "eval.every=20", "train.checkpoint_every=20",
         # Summarization prompts carry a paragraph: rows need room for it and the answer.
         "data.seq_len=320", "data.truncate=true",
         f"resume={str(args.resume).lower()}", f"wandb.group={group}"])
 
 
+def _budget(args: QuickstartArgs) -> list[str]:
+    """``--minutes``, where given, as the recipe's time budget; else the recipe's own."""
+    return [] if args.minutes is None else [f"max_minutes={args.minutes}"]
+
+
 def head_config(args: QuickstartArgs, recipe: Path, out: Path, group: str):
     """The quickstart's distillation of an EAGLE-3 head: ``recipe`` as it is (its data, its
-    head), within the time budget, in ``out``."""
+    head, its steps), in ``out``."""
     return load_config(recipe, [
-        f"out_dir={out / 'distill'}", f"max_minutes={args.minutes}",
+        f"out_dir={out / 'distill'}", *_budget(args),
         f"resume={str(args.resume).lower()}", f"wandb.group={group}"])
 
 
@@ -168,6 +176,13 @@ def quickstart(args: QuickstartArgs) -> EvalReport:
     def stamp(msg: str) -> None:
         print(f"[{(time.perf_counter() - t_start) / 60:5.1f} min] {msg}", flush=True)
 
+    actual: dict[str, float] = {}  # minutes per stage, as they end
+    ended = [t_start]
+
+    def done(stage: str) -> None:
+        now = time.perf_counter()
+        actual[stage], ended[0] = (now - ended[0]) / 60, now
+
     recipe = Path(args.recipe) if args.recipe else _repo_file("recipes", str(RECIPE))
     cfg0 = load_config(recipe)
     head = cfg0.draft.kind == "eagle3"
@@ -179,31 +194,44 @@ def quickstart(args: QuickstartArgs) -> EvalReport:
     else:
         cfg, init_dir = _derive_draft(args, cfg0, recipe, out, group, stamp)
     trained = sorted({s.domain for s in cfg.data.sources if s.domain})
+    domains = trained + [d for d in UNTRAINED_SHOWN if d not in trained] if head else None
+    # the default (EAGLE-3) recipe's stages are timed on this machine before they run
+    timing = _estimate(cfg, args, len(domains), (time.perf_counter() - t_start) / 60) \
+        if head else None
+    done("set-up")
     # The set-up is kept on disk (a second quickstart skips it); built first so that a slow or
     # busy machine spends the budget on training steps, not on generation.
     stamp("2/6 data: the target's answers to the training prompts and the teacher cache")
     built = prepare(cfg)
+    done("data")
     stamp(f"    {built['rows']} training rows, {built['heldout_rows']} held out")
-    stamp(f"3/6 distill ({args.minutes:g} min budget): {recipe.name}, "
+    budget = "" if cfg.max_minutes is None else f", at most {cfg.max_minutes:g} min"
+    stamp(f"3/6 distill ({cfg.max_steps} steps{budget}): {recipe.name}, "
           f"{cfg.loss.divergence} loss, {cfg.teacher.mode} teacher")
     best = train(cfg)
+    done("distill")
 
     stamp("4/6 evaluate on the eval suites (before vs after distillation)")
-    domains = trained + [d for d in UNTRAINED_SHOWN if d not in trained] if head else None
     eval_args = EvalArgs(draft=str(best), target="embedded", out=str(out), domains=domains,
                          baseline_draft=None if init_dir is None else str(init_dir),
                          limit=args.eval_limit,
                          max_new_tokens=args.eval_tokens, k=AUTO, k_max=6,
-                         k_sweep=[1, 2, 4], batch_sizes=[1, 2, 4, 8], repeats=1)
+                         # the table and its intervals only: the K and batch sweeps are
+                         # `draftkit eval`'s (README: what a longer run adds)
+                         k_sweep=[], batch_sizes=[], repeats=1)
     with Tracker("eval", vars(eval_args), out_dir=out, group=group) as tracker:
         report = run_eval(eval_args)
+        if timing is not None:
+            report.machine = machine_text(timing)
         write_report(report, out, tracker)
+    done("evaluate")
 
     stamp("5/6 export the bundle")
     bundle = export_bundle("embedded", str(best), out / "bundle", report=report,
                            recipe=out / "distill" / "config.yaml", force=True)
     with Tracker("export", {"bundle": str(bundle)}, out_dir=out, group=group) as tracker:
         tracker.log_artifact(bundle, name="quickstart-bundle", type="model")
+    done("export")
 
     stamp("6/6 done")
     print()
@@ -219,4 +247,59 @@ def quickstart(args: QuickstartArgs) -> EvalReport:
     print(f"report: {out / 'report.md'}   bundle: {bundle}   "
           f"(serve it: {bundle / 'serving'}; verify: draftkit check {bundle})")
     print(f"total {(time.perf_counter() - t_start) / 60:.1f} min")
+    if timing is not None:
+        timing.actual_minutes = actual
+        write_timing(out, timing)
+        if timing.estimate_minutes:
+            off = timing.total_actual / timing.total_estimate - 1
+            print(f"estimated {timing.total_estimate:.1f} min before the long stages, "
+                  f"{off:+.0%} off (each stage's estimate and actual minutes: "
+                  f"{out / 'timing.json'})")
     return report
+
+
+def _estimate(cfg, args: QuickstartArgs, domains: int, already: float) -> Timing:
+    """Time this machine (:mod:`draftkit.estimate`) and print how long each stage will take,
+    scaled from the reference run's ``timing.json``; the record the run's actual minutes go
+    into."""
+    from draftkit.estimate import estimate, estimate_text, probe, read_timing
+    from draftkit.models.eagle3 import default_aux_layers, from_target
+    from draftkit.models.reduced_head import ReducedHead
+
+    target = load_model(resolve_model(cfg.target, "target"), "target", device="cpu"
+                        if cfg.train.device == "auto" else cfg.train.device,
+                        dtype=cfg.teacher.dtype)
+    layers = cfg.draft.aux_layers or default_aux_layers(target.config.num_hidden_layers)
+    head = from_target(target, ReducedHead(range(cfg.draft.draft_vocab_size),
+                                           target.config.vocab_size), layers)
+    here = probe(target, head, cfg.train.batch_size, cfg.data.seq_len, cfg.draft.steps)
+    del target, head
+    timing = Timing(probe=here, steps=cfg.max_steps,
+                    decodes=domains * args.eval_limit * args.eval_tokens)
+    where = "/".join(REFERENCE_RUN)
+    reference = read_timing(Path(draftkit.__file__).resolve().parent.parent / where)
+    if reference is None or not reference.actual_minutes:
+        print(f"    no reference run to scale an estimate from ({where}/timing.json); this "
+              f"run's timing.json can be one", flush=True)
+        return timing
+    timing.reference, timing.reference_probe = where, reference.probe
+    reference.reference = where
+    timing.estimate_minutes = {"set-up": already, **{
+        k: v for k, v in estimate(here, timing.steps, timing.decodes, reference).items()
+        if k != "set-up"}}
+    print(estimate_text(timing.estimate_minutes, reference, here, already), flush=True)
+    return timing
+
+
+def machine_text(timing: Timing) -> str:
+    """The report's line on this machine's speed beside the reference run's."""
+    here = timing.probe
+    text = (f"this machine (the quickstart's probe): a plain step of the target "
+            f"{here.plain_step_ms:.1f} ms, a training step {here.train_step_s:.2f} s, memory "
+            f"read at {here.read_gb_per_s:.1f} GB/s")
+    ref = timing.reference_probe
+    if ref is not None:
+        text += (f"; the machine the README's figures came from ({timing.reference}): "
+                 f"{ref.plain_step_ms:.1f} ms, {ref.train_step_s:.2f} s, "
+                 f"{ref.read_gb_per_s:.1f} GB/s")
+    return text

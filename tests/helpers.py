@@ -264,6 +264,18 @@ def fit_eagle3(target, rows: int = 512, steps: int = 150, seed: int = 0,
     return draft.eval()
 
 
+def save_head(head, folder: Path, target_dir: Path, **kw) -> Path:
+    """An EAGLE-3 head saved as distill's best/ is: beside the target it reads, recorded in
+    its target.json (commands refuse a loose head that records none)."""
+    from draftkit.models.eagle3 import save_eagle3
+    from draftkit.models.head_check import record_target
+    from draftkit.models.resolve import resolve_model
+
+    save_eagle3(head, folder, **kw)
+    record_target(folder, resolve_model(str(target_dir), "target"))
+    return Path(folder)
+
+
 def eagle3_greedy_drafts(draft, target, seq: list[int], k: int) -> list[int]:
     """The K tokens an EAGLE-3 head drafts greedily after the committed tokens ``seq``,
     without a cache: one causal pass over [target features of seq ; its own outputs]."""

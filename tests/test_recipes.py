@@ -265,6 +265,10 @@ def test_the_default_quickstart_trains_an_eagle3_head_on_its_recipes_own_data(tm
     assert cfg.draft == own.draft and cfg.data.sources == own.data.sources
     assert cfg.max_minutes == 2.5 and cfg.resume is False
     assert cfg.out_dir == str(tmp_path / "distill")
+    # fixed work: by default the recipe's steps and no time budget, the same head anywhere
+    default = head_config(QuickstartArgs(), recipe, tmp_path, "g")
+    assert own.max_minutes is None and default.max_minutes is None
+    assert default.max_steps == own.max_steps == cfg.max_steps
     trained = {s.domain for s in cfg.data.sources}
     assert trained == {"code", "math"} and not trained & set(UNTRAINED_SHOWN)
     check_config(cfg, str(recipe))

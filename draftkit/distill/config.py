@@ -92,7 +92,9 @@ class DraftSection:
         None, help="decode with the draft's head cut to the N tokens the target emits most "
                    "in the training data (FR-Spec; best/draft_vocab.json), N being what "
                    "EAGLE-3, SpecForge and vLLM call draft_vocab_size; null keeps the full "
-                   "head. Required for eagle3 heads, whose head has these N rows only")
+                   "head. Required for eagle3 heads, whose head has these N rows only; on an "
+                   "eagle3 warm start (draft.model) null keeps the head's own vocabulary and N "
+                   "chooses again, the tokens it keeps keeping their trained rows")
     train_reduced_head: bool = option(
         False, help="train over the draft.draft_vocab_size tokens it decodes with, as EAGLE-3 "
                     "does: the head and its softmax then cost N / V of the whole head's, most "

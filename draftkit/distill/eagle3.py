@@ -35,7 +35,8 @@ from draftkit.distill.ttt import step_masks, teacher_rows, ttt_loss, unroll
 from draftkit.errors import DraftkitError, ModelError
 from draftkit.io import atomic_dir, atomic_write_json
 from draftkit.metrics import tau
-from draftkit.models.eagle3 import default_aux_layers, eagle3_config, from_target, save_eagle3
+from draftkit.models.eagle3 import (default_aux_layers, eagle3_config, from_target, save_eagle3,
+                                    with_vocabulary)
 from draftkit.models.facts import text_config
 from draftkit.models.load import dtype_name
 from draftkit.models.reduced_head import ReducedHead
@@ -64,8 +65,11 @@ def check_target(cfg: DistillConfig, target: Any) -> None:
 
 def warm_start(cfg: DistillConfig, target: Any, target_ref: Any = None) -> Any:
     """The head ``draft.model`` names (a head folder, or a bundle holding one), trained on from
-    where it is: its tapped layers and its vocabulary stay, as its weights are fitted to them,
-    so the recipe leaves them null or names the head's own. It is checked as every command
+    where it is: its tapped layers stay, as its weights are fitted to them, so the recipe
+    leaves them null or names the head's own. Its vocabulary stays too, unless the recipe sets
+    ``draft.draft_vocab_size``: then the vocabulary is chosen again on the training rows and
+    the tokens it keeps keep their rows (:func:`draftkit.models.eagle3.with_vocabulary`). It is
+    checked as every command
     checks a head (:mod:`draftkit.models.head_check`), and against ``target_ref``, the target
     it records."""
     from draftkit.models.head_check import load_head
@@ -74,18 +78,14 @@ def warm_start(cfg: DistillConfig, target: Any, target_ref: Any = None) -> Any:
 
     ref = resolve_model(cfg.draft.model, "draft")
     try:
+        head = load_head(ref.path, target, cfg.draft.model)  # first: is it a head at all
         if target_ref is not None:
             check_bundle_target(target_ref, ref)
-        head = load_head(ref.path, target, cfg.draft.model)
     except ModelError as e:
         raise DraftkitError(f"draft.model: {e}") from None
     except FileNotFoundError:
         raise DraftkitError(f"draft.model {cfg.draft.model} holds no EAGLE-3 head "
                             f"(config.json and weights); give a head folder or a bundle") from None
-    if cfg.draft.draft_vocab_size is not None:
-        raise DraftkitError(f"draft.model starts from a head over its own {len(head.reduced_head)} "
-                            f"tokens; set draft.draft_vocab_size=null (a head cannot change its "
-                            f"vocabulary and keep its weights)")
     if cfg.draft.aux_layers not in (None, head.aux_layers):
         raise DraftkitError(f"draft.aux_layers {cfg.draft.aux_layers} differ from the layers "
                             f"{head.aux_layers} the head in draft.model reads; set "
@@ -130,16 +130,22 @@ class Eagle3:
         """What a checkpoint records, so that a resume on other layers or another draft
         vocabulary (whose weights would load all the same) is refused."""
         return {"kind": "eagle3", "aux_layers": self.layers,
-                "draft_vocab_size": self.cfg.draft.draft_vocab_size if self.init is None
-                else len(self.kept_head)}
+                "draft_vocab_size": len(self.kept_head) if self.init is not None and
+                self.cfg.draft.draft_vocab_size is None else self.cfg.draft.draft_vocab_size}
 
     def start(self, target: Any, key: str, rows: Rows, reduced_head: ReducedHead | None,
               dist: Any, progress: bool, autocast: Any) -> None:
         """The head over the chosen draft vocabulary, its features and teacher, the student."""
         cfg, self.autocast = self.cfg, autocast
         # its context is the target's (models/eagle3.eagle3_config), which the rows fit
-        self.draft = (from_target(target, reduced_head, self.layers, cfg.seed)
-                      if self.init is None else self.init).float()
+        if self.init is None:
+            self.draft = from_target(target, reduced_head, self.layers, cfg.seed)
+        elif not torch.equal(reduced_head.ids.sort().values.cpu(),
+                             self.init.reduced_head.ids.cpu()):  # draft.draft_vocab_size chose again
+            self.draft = with_vocabulary(self.init, reduced_head, target)
+        else:
+            self.draft = self.init
+        self.draft = self.draft.float()
         self.draft.to(self.device)
         self.head = self.draft.reduced_head  # (its ids sorted, as draft ids are)
         self.head.covered, self.head.source = reduced_head.covered, reduced_head.source

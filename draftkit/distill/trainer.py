@@ -230,9 +230,17 @@ class _Run:
         if self.reduced_head is not None and self.dist.is_main:
             print(f"draft vocabulary: {len(self.reduced_head)} tokens cover "
                   f"{self.reduced_head.covered:.1%} of the held-out target tokens"
-                  + ("" if cfg.draft.draft_vocab_size else " (the head's own: a warm start "
-                     "keeps it)" if cfg.draft.kind == "eagle3" else " (the draft's own; set "
+                  + (self._vocab_note(kept) if cfg.draft.draft_vocab_size else
+                     " (the head's own: a warm start keeps it; set draft.draft_vocab_size to "
+                     "choose again)" if cfg.draft.kind == "eagle3" else " (the draft's own; set "
                      "draft.draft_vocab_size to choose again)"), flush=True)
+
+    def _vocab_note(self, kept: Any) -> str:
+        """How much of a warm-started head's vocabulary a new choice keeps."""
+        if kept is None:
+            return ""
+        same = int((kept.index.cpu()[self.reduced_head.ids.cpu()] >= 0).sum())
+        return f" ({same} of them the warm-started head's, which keep their trained rows)"
 
     def _start_draft(self, target: Any, key: str, device: str, progress: bool) -> None:
         """The draft on its device and the teacher that scores its rows (a cache the draft

@@ -205,6 +205,8 @@ class EvalReport(Record):
     # the K the batch sweep decoded with, a number or 'auto' (reports before it: the sweep's
     # rows' K, fixed)
     batch_sweep_k: int | str | None = added_later()
+    # the machine's measured speed beside the reference run's (the quickstart's probe)
+    machine: str | None = added_later()
 
 
 # --- draftkit regimes ----------------------------------------------------------------------------

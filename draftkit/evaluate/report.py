@@ -401,6 +401,8 @@ def _summary_lines(report: EvalReport) -> list[str]:
     lines.append(headline(report))  # the batch sweep's break-even included
     if report.plain_step is not None:
         lines.append(plain_step_text(report))
+    if report.machine:
+        lines.append(report.machine)
     return lines
 
 

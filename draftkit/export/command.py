@@ -21,6 +21,7 @@ from draftkit.export.bundle import check_bundle, export_bundle
 from draftkit.export.k import REPORT, ExportK
 from draftkit.export.eagle3 import KIND as EAGLE3
 from draftkit.io import read_json
+from draftkit.manifest import NAME as MANIFEST
 from draftkit.manifest import Manifest, read_manifest
 from draftkit.models.args import ModelArgs
 from draftkit.tracking import Tracker
@@ -53,12 +54,18 @@ class ExportArgs:
 @dataclass
 class CheckArgs:
     """Verify a bundle: every file's hash, the draft's config (an EAGLE-3 head's as vLLM and
-    SGLang read it), and the pairing with its target."""
+    SGLang read it), and the pairing with its target; or a loose EAGLE-3 head folder against
+    --target."""
 
-    bundle: str = option(help="bundle directory", positional=True)
+    bundle: str = option(help="bundle directory, or a loose EAGLE-3 head folder (a run's best/, "
+                              "a published head)", positional=True)
     target: str | None = reuse(ModelArgs, "target", None, note="; give it where the bundle's "
                                "recorded one is not found on this machine (it is checked "
-                               "against its recorded sha256)")
+                               "against its recorded sha256); a loose head needs it")
+    record_target: bool = option(False, help="a loose EAGLE-3 head that records no target "
+                                             "(saved by another trainer): check it against "
+                                             "--target and record that target in its "
+                                             "target.json, so commands that load it take it")
 
 
 def export(args: ExportArgs) -> Path:
@@ -87,7 +94,15 @@ def export(args: ExportArgs) -> Path:
 
 
 def check(args: CheckArgs) -> Manifest:
-    """``draftkit check BUNDLE``."""
+    """``draftkit check BUNDLE``, or ``draftkit check HEAD --target T [--record-target]``."""
+    from draftkit.models.load import is_eagle3_dir
+
+    root = Path(args.bundle)
+    if not (root / MANIFEST).is_file() and root.is_dir() and is_eagle3_dir(root):
+        return check_head_folder(root, args.target, args.record_target)
+    if args.record_target:
+        raise ModelError(f"--record-target is for a loose EAGLE-3 head folder; {root} is not "
+                         f"one (a bundle records its target's content hash already)")
     manifest = check_bundle(args.bundle, target=args.target)
     entry = manifest.draft
     head = f", EAGLE-3 head tapping target layers {entry.eagle_aux_hidden_state_layer_ids}" \
@@ -101,3 +116,34 @@ def check(args: CheckArgs) -> Manifest:
         print(f"note: the bundle has moved; serving/vllm.json names the draft at {named}, now "
               f"at {draft} (serving/vllm.sh and sglang.sh find it where it is)")
     return manifest
+
+
+def check_head_folder(folder: Path, target: str | None, record: bool) -> None:
+    """A loose EAGLE-3 head against ``target``: its config (widths, attention shape, tapped
+    layers) and its tensors (:func:`draftkit.models.head_check.check_head`), then the target it
+    records, or with ``record`` the one it is given, written to its target.json."""
+    from transformers import AutoConfig
+
+    from draftkit.export.eagle3 import check_against_target, target_embedding
+    from draftkit.models.eagle3_layouts import head_config
+    from draftkit.models.head_check import (TARGET_FILE, check_recorded_target, load_head,
+                                            record_target, recorded_target)
+    from draftkit.models.resolve import resolve_model
+
+    if target is None:
+        raise ModelError(f"{folder} is a loose EAGLE-3 head; pass --target, the target it was "
+                         f"trained for")
+    target_ref = resolve_model(target, "target")
+    target_config = AutoConfig.from_pretrained(target_ref.path)
+    check_against_target(head_config(folder, target_config), target_config, folder)
+    head = load_head(folder, target_embedding(target_ref.path, target_config), folder)
+    what = f"EAGLE-3 head {folder} OK: taps target layers {head.aux_layers}, drafts over " \
+           f"{head.d2t.numel()} tokens"
+    if recorded_target(folder) is not None:
+        check_recorded_target(folder, target_ref, folder)  # refused if it records another
+        print(f"{what}; trained for {target_ref.path} ({TARGET_FILE})")
+    elif record:
+        record_target(folder, target_ref)
+        print(f"{what}; recorded {target_ref.path} as its target in {folder / TARGET_FILE}")
+    else:
+        check_recorded_target(folder, target_ref, folder)  # the refusal that says --record-target

@@ -194,19 +194,19 @@ def check_against_target(config: dict, target_config: Any, where: str | Path) ->
     from draftkit.models.reduced_head import ReducedHead
 
     tc = text_config(target_config)
-    # what models.eagle3 builds for this target (a one-token vocabulary: only the target's
-    # own fields matter); it refuses a target outside the Llama family
-    want = eagle3_config(target_config, ReducedHead([0], tc.vocab_size))
     fix = "pass the target it was trained on"
+    layers, top = config.get(LAYER_IDS) or [], tc.num_hidden_layers - 1
+    if layers and max(layers) > top:  # first: the default layers of a shallow one would not do
+        raise ModelError(f"{where} taps target layers {layers}; this target has "
+                         f"{tc.num_hidden_layers} layers (ids within 1..{top}): {fix}")
+    # what models.eagle3 builds for this target (a one-token vocabulary: only the target's
+    # own fields matter) over the head's layers; it refuses a target outside the Llama family
+    want = eagle3_config(target_config, ReducedHead([0], tc.vocab_size), layers or None)
     for key in ("vocab_size", "hidden_size", "target_hidden_size", "num_attention_heads",
                 "num_key_value_heads", "head_dim"):
         if config.get(key, getattr(want, key)) != getattr(want, key):
             raise ModelError(f"{where} is an EAGLE-3 head for a target with {key} "
                              f"{config.get(key)}; this target has {getattr(want, key)}: {fix}")
-    layers, top = config.get(LAYER_IDS) or [], tc.num_hidden_layers - 1
-    if layers and max(layers) > top:
-        raise ModelError(f"{where} taps target layers {layers}; this target has "
-                         f"{tc.num_hidden_layers} layers (ids within 1..{top}): {fix}")
     t_max, d_max = want.max_position_embeddings, config.get("max_position_embeddings")
     if t_max and d_max and d_max < t_max:
         raise ModelError(f"{where}: max_position_embeddings {d_max} is below the target's "

@@ -256,6 +256,28 @@ def from_target(target: Any, head: ReducedHead, aux_layers: list[int] | None = N
     return draft.to(param.device)
 
 
+def with_vocabulary(draft: Eagle3Draft, head: ReducedHead, target: Any) -> Eagle3Draft:
+    """``draft`` over another draft vocabulary ``head`` (a warm start on traffic whose tokens
+    the old vocabulary missed): a token it already had keeps its trained lm_head row, a new
+    token's row starts from the target's head row, as :func:`from_target` starts every row.
+    The layer, fc and tapped layers are untouched: only which tokens it proposes changes."""
+    head = ReducedHead(head.ids.sort().values, head.vocab_size)  # draft ids in target-id order
+    old, weight = draft.reduced_head, draft.lm_head.weight  # (N_old, H)
+    with torch.no_grad():
+        rows = head.restrict(target.get_output_embeddings().weight, dim=0).to(weight)  # (N, H)
+        at = old.index.to(head.ids.device)[head.ids]  # (N,) each token's old row, -1 if new
+        kept = at >= 0
+        rows[kept.to(rows.device)] = weight[at[kept].to(weight.device)]
+    n = len(head)
+    draft.lm_head = nn.Linear(rows.shape[1], n, bias=False).to(rows)
+    with torch.no_grad():
+        draft.lm_head.weight.copy_(rows)
+    draft.d2t = torch.zeros(n, dtype=torch.long, device=draft.d2t.device)
+    draft.config.draft_vocab_size = n
+    draft.set_vocabulary(head)
+    return draft
+
+
 # --- on disk -------------------------------------------------------------------------------------
 
 def writes_vocab_maps(config: Any) -> bool:

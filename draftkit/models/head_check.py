@@ -15,13 +15,15 @@ must be and against its target:
   (:func:`draftkit.models.load.check_bundle_target`); a loose head records its target's
   :func:`~draftkit.models.resolve.model_identity` in ``target.json`` when it is saved
   (:func:`record_target`), checked by :func:`check_recorded_target`. A head that records none
-  (saved before, or published by another trainer) is named in a warning: nothing says which
-  target it reads.
+  (saved before, or published by another trainer: SpecForge, speculators, the EAGLE
+  repository) is refused, as nothing says which target it reads and beside another target of
+  the same shape it decodes with next to no acceptance, until the user says which target it
+  was trained for: ``draftkit check HEAD --target T --record-target`` checks it against T and
+  writes the record.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -92,18 +94,24 @@ def record_target(folder: str | Path, target_ref: Any) -> None:
         "identity": model_identity(target_ref)})
 
 
+def recorded_target(folder: str | Path) -> dict | None:
+    """The target record of the loose head in ``folder`` (:func:`record_target`), if any."""
+    file = Path(folder) / TARGET_FILE
+    return read_json(file, "head's target record", _FIX, ModelError) if file.is_file() else None
+
+
 def check_recorded_target(folder: str | Path, target_ref: Any, where: str | Path) -> None:
     """The loose head in ``folder`` beside the target ``target_ref``: refused where it records
-    another target; a warning where it records none."""
+    another target, or none (module docstring)."""
     from draftkit.models.resolve import model_identity
 
-    file = Path(folder) / TARGET_FILE
-    if not file.is_file():
-        print(f"draftkit: warning: the EAGLE-3 head {where} records no target ({TARGET_FILE}: "
-              f"saved before draftkit recorded one, or by another trainer), so nothing checks "
-              f"that it was trained for {target_ref.path}", file=sys.stderr, flush=True)
-        return
-    recorded = read_json(file, "head's target record", _FIX, ModelError)
+    recorded = recorded_target(folder)
+    if recorded is None:
+        raise ModelError(f"the EAGLE-3 head {where} records no target ({TARGET_FILE}: saved "
+                         f"before draftkit recorded one, or by another trainer), so nothing "
+                         f"says it reads {target_ref.path}; if it was trained for that target, "
+                         f"say so once: draftkit check {where} --target {target_ref.spec} "
+                         f"--record-target")
     if recorded.get("identity") != model_identity(target_ref):
         raise ModelError(f"the EAGLE-3 head {where} was trained for the target "
                          f"{recorded.get('name')!r} at {recorded.get('path')}, and "

@@ -232,6 +232,8 @@ class Scheduler:
             self.metrics.waiting.set(len(self.waiting))
         if not batch:
             return
+        # being prefilled is running (as vLLM counts it): off the queue, never in neither gauge
+        self.metrics.running.set(len(self.jobs) + len(batch))
         try:
             now = time.perf_counter()
             slots = self.batch.admit([j.prompt for j in batch], [j.params for j in batch],

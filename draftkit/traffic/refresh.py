@@ -9,7 +9,9 @@ samples of the target itself (speculative decoding is lossless), on the prompts 
    aside, never trained on. A domain with fewer than ``--min-requests`` requests is measured
    but not trained.
 2. The bundle's own recipe (the manifest records it) trains its draft from where it is (a
-   warm start: an EAGLE-3 head keeps its layers and vocabulary) for ``--steps`` steps, on
+   warm start: an EAGLE-3 head keeps its layers; its vocabulary is chosen again at its size
+   on the training rows, the tokens it keeps keeping their rows, so traffic in words the
+   first data lacked can be drafted; ``--keep-vocab`` keeps it) for ``--steps`` steps, on
    the older requests' token ids as they were served, beside the recipe's own data
    (``--replay``), so domains the traffic lacks are not forgotten.
 3. The old and the new draft decode the held-out requests side by side
@@ -57,6 +59,9 @@ class RefreshArgs:
                                       "bundle's num_speculative_tokens)")
     replay: bool = option(True, help="train on the recipe's own data too (--no-replay: traffic "
                                      "only)")
+    keep_vocab: bool = option(False, help="an EAGLE-3 head keeps its draft vocabulary "
+                                          "(default: chosen again at its size on the training "
+                                          "rows; tokens it keeps keep their rows)")
     recipe: str | None = option(None, help="distillation recipe (default: the one the bundle "
                                            "records)")
     device: str | None = option(None, help="device for training and the comparison")
@@ -178,8 +183,10 @@ def _config(args: RefreshArgs, manifest, bundle: Path, work: Path,
     heldout = max(1, min((base.get("data") or {}).get("heldout_per_domain", 6),
                          min(per_domain.values()) // 4))
     every = max(1, args.steps // 6)
-    draft = ["draft.draft_vocab_size=null"] if (base.get("draft") or {}).get("kind") == \
-        "eagle3" else ["draft.derive_layers=null", "draft.num_layers=null"]
+    n = manifest.draft.draft_vocab_size  # an EAGLE-3 head's N: chosen again at that size
+    draft = [f"draft.draft_vocab_size={'null' if args.keep_vocab or n is None else n}"] \
+        if (base.get("draft") or {}).get("kind") == "eagle3" else \
+        ["draft.derive_layers=null", "draft.num_layers=null"]
     return load_config(recipe, [
         f"out_dir={work / 'distill'}", f"target={bundle}", f"draft.model={bundle}", *draft,
         f"data.sources={json.dumps(sources)}", f"data.heldout_per_domain={heldout}",

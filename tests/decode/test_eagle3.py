@@ -15,11 +15,11 @@ from draftkit.decode.runners import HFRunner, LlamaRunner
 from draftkit.decode.sampling import SamplingParams
 from draftkit.decode.stats import DecodeStats
 from draftkit.errors import DraftkitError
-from draftkit.models.eagle3 import from_target, save_eagle3
+from draftkit.models.eagle3 import from_target
 from draftkit.models.reduced_head import ReducedHead
 from tests.helpers import (broken_verify, chi_square_p, decodes_alone_as_batched,
                            eagle3_greedy_drafts, exact_marginals, fit_eagle3, hf_greedy,
-                           make_llama, make_tokenizer)
+                           make_llama, make_tokenizer, save_head)
 
 PROMPTS = [[5, 9, 22, 31, 7], [11, 12], [40, 41, 42, 43, 44, 45, 46, 47, 8, 50, 51]]
 N_NEW = 16
@@ -293,9 +293,10 @@ def saved(models, tmp_path_factory):
     root = tmp_path_factory.mktemp("eagle3")
     target, _, fitted = models
     tok = make_tokenizer()
-    save_eagle3(fitted, root / "head")
+    target_dir = save_model(target, tok, root / "target")
+    save_head(fitted, root / "head", target_dir)
     shallow = make_llama(target.config.vocab_size, num_layers=3)
-    return (save_model(target, tok, root / "target"), root / "head",
+    return (target_dir, root / "head",
             save_model(shallow, tok, root / "shallow"))
 
 

@@ -421,9 +421,9 @@ def test_a_head_warm_starts_from_a_trained_one_keeping_its_layers_and_vocabulary
     first = _metrics(tmp_path / "warm")[0]
     assert first["tau"] == pytest.approx(chose, abs=1e-4) and chose > fresh + 0.01
     assert json.loads((again / "best.json").read_text())["tau"] >= chose - 1e-4
-    with pytest.raises(DraftkitError, match="set draft.draft_vocab_size=null"):
-        train(distill_config(tmp_path, tiny_dirs, "w2", draft={**warm, "draft_vocab_size": 40}),
-              progress=False)
+    wider = train(distill_config(tmp_path, tiny_dirs, "w2", max_steps=1,
+                                 draft={**warm, "draft_vocab_size": 48}), progress=False)
+    assert json.loads((wider / "config.json").read_text())["draft_vocab_size"] == 48
     with pytest.raises(DraftkitError, match=r"draft.aux_layers \[1, 2, 4\] differ from the "
                                             r"layers \[1, 2, 3\]"):
         train(distill_config(tmp_path, tiny_dirs, "w3", draft={**warm, "aux_layers": [1, 2, 4]}),
@@ -431,3 +431,25 @@ def test_a_head_warm_starts_from_a_trained_one_keeping_its_layers_and_vocabulary
     with pytest.raises(DraftkitError, match="draft.model: .* is not an EAGLE-3 head"):
         train(distill_config(tmp_path, tiny_dirs, "w4", draft={**warm, "model": str(
             tiny_dirs[1])}), progress=False)
+
+
+def test_a_head_over_another_vocabulary_keeps_the_rows_of_the_tokens_it_had(tiny_dirs):
+    """with_vocabulary: kept tokens keep their trained lm_head rows, new ones start from the
+    target's head rows, and d2t / t2d describe the new vocabulary."""
+    from draftkit.models.eagle3 import with_vocabulary
+    from draftkit.models.load import load_model
+
+    target = load_model(str(tiny_dirs[0]), device="cpu", dtype="float32")
+    v = target.config.vocab_size
+    draft = from_target(target, ReducedHead(range(10, 50), v))
+    with torch.no_grad():
+        draft.lm_head.weight.normal_()  # "trained": no longer the target's rows
+    before = draft.lm_head.weight.clone()  # (40, H): tokens 10..49
+    new = with_vocabulary(draft, ReducedHead([5, 12, 49, 60, 7], v), target)
+    assert new.reduced_head.ids.tolist() == [5, 7, 12, 49, 60]
+    assert int(new.t2d.sum()) == 5 and new.config.draft_vocab_size == 5
+    w, out = new.lm_head.weight, target.get_output_embeddings().weight
+    assert torch.equal(w[2], before[12 - 10]) and torch.equal(w[3], before[49 - 10])
+    for row, token in ((0, 5), (1, 7), (4, 60)):
+        assert torch.equal(w[row], out[token])
+    assert new.logits(torch.zeros(1, w.shape[1])).shape == (1, 5)

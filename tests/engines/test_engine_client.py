@@ -133,13 +133,12 @@ def test_a_target_the_engine_cannot_tap_for_an_eagle3_head_is_refused(tmp_path, 
     tap): one line, before any engine starts."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from draftkit.models.eagle3 import save_eagle3
-    from tests.helpers import fit_eagle3, make_llama, make_tokenizer, save_model
+    from tests.helpers import fit_eagle3, make_llama, make_tokenizer, save_head, save_model
 
     tok = make_tokenizer()
     target = make_llama(len(tok), num_layers=8)
     target_dir = save_model(target, tok, tmp_path / "target")
-    save_eagle3(fit_eagle3(target, rows=16, steps=1), tmp_path / "head")
+    save_head(fit_eagle3(target, rows=16, steps=1), tmp_path / "head", target_dir)
     b = export_bundle(str(target_dir), str(tmp_path / "head"), tmp_path / "bundle", k=2,
                       dtype="float32")
     gpt2 = save_model(GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=8,

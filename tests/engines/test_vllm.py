@@ -61,11 +61,12 @@ def bundles(tmp_path_factory):
         target_dir = save_model(target, tok, root / f"{family}-target")
         drafts = {"standalone": save_model(noisy_copy(target, scale=0.05), tok,
                                            root / f"{family}-draft")}
-        from draftkit.models.eagle3 import save_eagle3
+        from tests.helpers import save_head
 
         # a draft vocabulary of most of the target's (d2t maps it), as EAGLE-3 heads have
         vocab = [i for i in range(len(tok)) if i % 7 != 3]
-        save_eagle3(fit_eagle3(target, rows=128, steps=60, vocab=vocab), root / f"{family}-head")
+        save_head(fit_eagle3(target, rows=128, steps=60, vocab=vocab), root / f"{family}-head",
+                  target_dir)
         drafts["eagle3"] = root / f"{family}-head"
         for kind, draft in drafts.items():
             out[family, kind] = (target_dir, export_bundle(

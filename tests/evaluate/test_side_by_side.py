@@ -11,12 +11,12 @@ SCRIPT = Path(__file__).parents[2] / "eval" / "benchmarks" / "reproduce" / \
 
 
 def test_a_standalone_draft_and_an_eagle3_head_side_by_side(suite, tmp_path, capsys):
-    from draftkit.models.eagle3 import save_eagle3
+    from tests.helpers import save_head
 
     tok = make_tokenizer()
     target = make_llama(len(tok), num_layers=4, seed=0)
     save_model(target, tok, tmp_path / "target")
-    save_eagle3(fit_eagle3(target, steps=30), tmp_path / "head")
+    save_head(fit_eagle3(target, steps=30), tmp_path / "head", tmp_path / "target")
     standalone = save_model(make_llama(len(tok), num_layers=1, seed=3), tok, tmp_path / "d1")
     script = load_script(SCRIPT)
     out = tmp_path / "side"

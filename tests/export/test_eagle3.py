@@ -19,10 +19,10 @@ from draftkit.export import check_bundle, export_bundle
 from draftkit.export.bundle import target_reference
 from draftkit.io import sha256_file
 from draftkit.models import resolve_model
-from draftkit.models.eagle3 import from_target, load_eagle3, save_eagle3
+from draftkit.models.eagle3 import from_target, load_eagle3
 from draftkit.models.reduced_head import ReducedHead
-from tests.helpers import (fake_engines, make_llama, make_qwen3, make_tokenizer, save_model,
-                           write_manifest)
+from tests.helpers import (fake_engines, make_llama, make_qwen3, make_tokenizer, save_head,
+                           save_model, write_manifest)
 
 IDS = [1, 2, 5, 9, 40, 60, 77]  # the draft vocabulary, N = 7
 LAYERS = [2, 4, 5]  # the references' default for an 8-layer target: [2, L // 2, L - 3]
@@ -47,7 +47,7 @@ def _saved(tmp_path: Path, family: str = "llama", layers: int = 8, seed: int = 0
         for p in head.midlayer.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.2)
-    save_eagle3(head, tmp_path / f"{name}-head", dtype=dtype)
+    save_head(head, tmp_path / f"{name}-head", target_dir, dtype=dtype)
     return target, target_dir, tmp_path / f"{name}-head"
 
 
@@ -226,7 +226,9 @@ def test_a_bundled_head_decodes_only_beside_the_target_it_was_exported_for(saved
                                          r"target 'target' at .*; the head reads its target's "
                                          r"hidden states: pass that target"):
         load_pair(str(twin), str(bundle), device="cpu")
-    assert load_pair(str(twin), str(head_dir), device="cpu").draft is not None  # no record
+    # the loose head records its target as well, so it is refused beside the twin too
+    with pytest.raises(ModelError, match="was trained for the target 'target'"):
+        load_pair(str(twin), str(head_dir), device="cpu")
 
 
 def test_export_refuses_a_head_for_another_target(saved, tmp_path):

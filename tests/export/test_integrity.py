@@ -205,11 +205,33 @@ def test_a_loose_head_is_refused_beside_another_target(head, tmp_path, capsys):
                       str(tmp_path / "b"), "--k", "2"], "was trained for the target")
 
 
-def test_a_loose_head_without_a_record_is_named_in_a_warning(head, capsys):
+def test_a_loose_head_without_a_record_is_refused_until_the_user_records_one(head, tmp_path,
+                                                                             capsys):
+    """A head that records no target (a published one) decodes and exports nowhere until
+    ``draftkit check HEAD --target T --record-target`` says which target it reads; that
+    check refuses a target the head does not fit, and a head that records another."""
     folder, target = head
+    (folder / TARGET_FILE).unlink()
+    for argv in (_generate(folder, target), ["export", "--target", str(target), "--draft",
+                                             str(folder), "--out", str(tmp_path / "b"),
+                                             "--k", "2"]):
+        _refused(capsys, argv, "records no target (target.json")
+    assert not (tmp_path / "b").exists()
+    _refused(capsys, ["check", str(folder), "--target", str(target)], "--record-target")
+    _refused(capsys, ["check", str(folder)], "pass --target")
+    tok = make_tokenizer()
+    shallow = save_model(make_llama(len(tok), num_layers=3, seed=9), tok, tmp_path / "shallow")
+    _refused(capsys, ["check", str(folder), "--target", str(shallow), "--record-target"],
+             "this target has 3 layers")
+    assert not (folder / TARGET_FILE).exists()
+    assert main(["check", str(folder), "--target", str(target), "--record-target"]) == 0
+    assert "recorded" in capsys.readouterr().out
     assert main(_generate(folder, target)) == 0
-    err = capsys.readouterr().err
-    assert "records no target (target.json" in err
+    other = save_model(make_llama(len(tok), num_layers=8, seed=9), tok, tmp_path / "other")
+    _refused(capsys, ["check", str(folder), "--target", str(other), "--record-target"],
+             "was trained for the target")
+    _refused(capsys, ["check", str(tmp_path / "shallow"), "--record-target"],
+             "--record-target is for a loose EAGLE-3 head folder")
 
 
 # --- 3. the manifest consistent with itself and its files ---------------------------------------

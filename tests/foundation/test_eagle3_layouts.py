@@ -153,6 +153,10 @@ def test_a_published_head_pairs_with_its_target_and_exports_in_draftkits_layout(
     target_dir = save_model(target, tok, tmp_path / "target")
     head = _head(target, layout)
     folder = _publish(head, tmp_path / layout, layout)
+    from draftkit.cli import main
+
+    # a published head records no target: the user says which one, once, and check records it
+    assert main(["check", str(folder), "--target", str(target_dir), "--record-target"]) == 0
     pair = load_pair(str(target_dir), str(folder), device="cpu", dtype="float32")
     out = export_bundle(str(target_dir), str(folder), tmp_path / "bundle", k=3, dtype="float32")
     _same(pair.draft, head, target)
@@ -221,27 +225,35 @@ def test_a_variant_draftkits_head_does_not_compute_is_refused(target, tmp_path, 
 @pytest.mark.parametrize("layout", ["specforge", "speculators", "eagle"])
 def test_training_warm_starts_from_a_published_head_as_from_draftkits(tmp_path, tiny_dirs,
                                                                       layout):
-    """draft.model=<a published head>: the same run, step for step, as from the same head in
-    draftkit's layout."""
+    """draft.model=<a published head>: refused until the user records the target it was
+    trained for (a published head records none), then the same run, step for step, as from
+    the same head in draftkit's layout."""
+    from draftkit.cli import main
     from draftkit.distill.trainer import train
     from draftkit.models import load_model
+    from tests.helpers import save_head
 
     target = load_model(str(tiny_dirs[0]), device="cpu", dtype="float32")
     head = _head(target, layout, seed=1)
-    save_eagle3(head, tmp_path / "draftkit-head")
+    save_head(head, tmp_path / "draftkit-head", tiny_dirs[0])
     published = _publish(head, tmp_path / f"{layout}-head", layout)
+
+    def warm(folder):
+        return {"kind": "eagle3", "ttt_steps": 3, "draft_vocab_size": None, "model": str(folder)}
+
+    with pytest.raises(DraftkitError, match=r"draft.model: the EAGLE-3 head .* records no "
+                                            r"target .* --record-target"):
+        train(distill_config(tmp_path, tiny_dirs, "refused", draft=warm(published)),
+              progress=False)
+    assert main(["check", str(published), "--target", str(tiny_dirs[0]), "--record-target"]) == 0
     runs = {}
     for name, folder in (("ours", tmp_path / "draftkit-head"), ("theirs", published)):
-        warm = {"kind": "eagle3", "ttt_steps": 3, "draft_vocab_size": None,
-                "model": str(folder)}
-        runs[name] = train(distill_config(tmp_path, tiny_dirs, name, draft=warm), progress=False)
+        runs[name] = train(distill_config(tmp_path, tiny_dirs, name, draft=warm(folder)),
+                           progress=False)
     first = [json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0])
              for name in runs]
     assert first[0]["tau"] == first[1]["tau"]  # step 0: the same head
     _same(load_eagle3(runs["theirs"], target), load_eagle3(runs["ours"], target), target)
-    with pytest.raises(DraftkitError, match="set draft.draft_vocab_size=null"):
-        train(distill_config(tmp_path, tiny_dirs, "n", draft={
-            "kind": "eagle3", "draft_vocab_size": 4, "model": str(published)}), progress=False)
 
 
 def test_a_hub_head_without_safetensors_brings_its_pytorch_model_bin(tmp_path, monkeypatch):

@@ -354,6 +354,33 @@ def test_models_health_metrics(server):
     assert 'position="0"' in text
 
 
+def test_a_request_being_prefilled_counts_as_running(tiny_models):
+    """While its prompt is prefilled a request is off the queue and counted running, as vLLM
+    counts it: /metrics never shows an admitted request in neither gauge."""
+    from draftkit.decode.engine import SpeculativeEngine
+    from draftkit.serve.app import create_app
+    from tests.helpers import LiveServer
+
+    tok, target, draft = tiny_models
+    srv = LiveServer(create_app(SpeculativeEngine(target, draft), tok, model_name="tiny", k=2,
+                                max_batch=2))
+    try:
+        seen = []
+        batch = srv.scheduler.batch
+        admit = batch.admit
+
+        def slow_admit(*args, **kw):  # /metrics read while the prompt is being prefilled
+            seen.append((metric(srv.base, "draftkit:num_requests_running"),
+                         metric(srv.base, "draftkit:num_requests_waiting")))
+            return admit(*args, **kw)
+
+        batch.admit = slow_admit
+        srv.client().completions.create(model="tiny", prompt="hello", max_tokens=3)
+        assert seen == [(1.0, 0.0)]
+    finally:
+        srv.stop()
+
+
 def test_client_gone_mid_stream_frees_its_slot(tiny_models):
     """Close a stream after two chunks: the row is aborted and its slot freed at the next
     round, and the server keeps serving. Rounds are slowed so the row cannot finish first."""
@@ -591,14 +618,13 @@ def test_an_eagle3_head_serves_concurrent_requests_exactly(tiny_models, tmp_path
     can rule speculation out for these short requests), concurrent greedy requests of unequal
     prompts and budgets equal the target's own greedy text, rounds draft and accept, and a
     sampled request is answered too."""
-    from draftkit.models.eagle3 import save_eagle3
     from draftkit.serve.command import ServeArgs, build
-    from tests.helpers import LiveServer, fit_eagle3, hf_greedy, make_llama, save_model
+    from tests.helpers import LiveServer, fit_eagle3, hf_greedy, make_llama, save_head, save_model
 
     tok = tiny_models[0]
     target = make_llama(len(tok), num_layers=4, seed=0)  # three distinct layers to tap
-    save_eagle3(fit_eagle3(target, steps=60), tmp_path / "head")
     save_model(target, tok, tmp_path / "target")
+    save_head(fit_eagle3(target, steps=60), tmp_path / "head", tmp_path / "target")
     app, desc = build(ServeArgs(bundle=str(tmp_path / "target"), draft=str(tmp_path / "head"),
                                 k=2, k_max=4, max_batch=4, max_model_len=96,
                                 device="cpu", dtype="float32", served_model_name="tiny"))

@@ -126,6 +126,11 @@ def test_a_refresh_trains_from_the_served_head_and_writes_the_bundle_only_if_fas
     metrics = [json.loads(x) for x in (work / "distill" / "metrics.jsonl").read_text()
                .splitlines()]
     assert metrics[-1]["step"] == 4  # fixed work
+    import yaml
+
+    recipe = yaml.safe_load((work / "distill" / "config.yaml").read_text())["draft"]
+    # the head's vocabulary is chosen again on the traffic, at the head's size
+    assert recipe["model"] == str(bundle) and recipe["draft_vocab_size"] == 40
     if exported:
         check_bundle(out)
 
