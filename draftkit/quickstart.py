@@ -279,8 +279,8 @@ def _estimate(cfg, args: QuickstartArgs, domains: int, already: float) -> Timing
     where = "/".join(REFERENCE_RUN)
     reference = read_timing(Path(draftkit.__file__).resolve().parent.parent / where)
     if reference is None or not reference.actual_minutes:
-        print(f"    no reference run to scale an estimate from ({where}/timing.json); this "
-              f"run's timing.json can be one", flush=True)
+        print(f"    {machine_text(timing)}; no reference run to scale an estimate from "
+              f"({where}/timing.json): this run's timing.json can be one", flush=True)
         return timing
     timing.reference, timing.reference_probe = where, reference.probe
     reference.reference = where
