@@ -196,8 +196,7 @@ def quickstart(args: QuickstartArgs) -> EvalReport:
     trained = sorted({s.domain for s in cfg.data.sources if s.domain})
     domains = trained + [d for d in UNTRAINED_SHOWN if d not in trained] if head else None
     # the default (EAGLE-3) recipe's stages are timed on this machine before they run
-    timing = _estimate(cfg, args, len(domains), (time.perf_counter() - t_start) / 60) \
-        if head else None
+    timing = _estimate(cfg, args, len(domains), t_start) if head else None
     done("set-up")
     # The set-up is kept on disk (a second quickstart skips it); built first so that a slow or
     # busy machine spends the budget on training steps, not on generation.
@@ -258,10 +257,10 @@ def quickstart(args: QuickstartArgs) -> EvalReport:
     return report
 
 
-def _estimate(cfg, args: QuickstartArgs, domains: int, already: float) -> Timing:
+def _estimate(cfg, args: QuickstartArgs, domains: int, started: float) -> Timing:
     """Time this machine (:mod:`draftkit.estimate`) and print how long each stage will take,
-    scaled from the reference run's ``timing.json``; the record the run's actual minutes go
-    into."""
+    scaled from the reference run's ``timing.json`` (the set-up: what has passed since
+    ``started``, the probe included); the record the run's actual minutes go into."""
     from draftkit.estimate import estimate, estimate_text, probe, read_timing
     from draftkit.models.eagle3 import default_aux_layers, from_target
     from draftkit.models.reduced_head import ReducedHead
@@ -274,6 +273,7 @@ def _estimate(cfg, args: QuickstartArgs, domains: int, already: float) -> Timing
                                            target.config.vocab_size), layers)
     here = probe(target, head, cfg.train.batch_size, cfg.data.seq_len, cfg.draft.steps)
     del target, head
+    already = (time.perf_counter() - started) / 60
     timing = Timing(probe=here, steps=cfg.max_steps,
                     decodes=domains * args.eval_limit * args.eval_tokens)
     where = "/".join(REFERENCE_RUN)
