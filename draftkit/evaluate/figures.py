@@ -1,9 +1,8 @@
 """What ``draftkit eval`` and ``draftkit regimes`` report, as typed records.
 
 Each record is one JSON object of ``report.json`` (:class:`draftkit.records.Record`): its
-fields are the object's keys in the order they are written, so ``to_dict`` gives the JSON the
-writers write and ``from_dict`` reads it back (``draftkit export --report``, tests), also from
-a report an earlier version wrote (a figure it lacks reads as None).
+fields are the object's keys in the order written: ``to_dict`` gives the JSON the writers
+write, ``from_dict`` reads it back, also from an earlier version's (a missing figure is None).
 
 - eval: :class:`EvalReport`, with :class:`DomainFigures` per domain and overall (and their
   :class:`EntropyTable`), the K sweep's :class:`KSweepRow`, the batch sweep's :class:`BatchRow`
@@ -205,8 +204,7 @@ class EvalReport(Record):
     # the K the batch sweep decoded with, a number or 'auto' (reports before it: the sweep's
     # rows' K, fixed)
     batch_sweep_k: int | str | None = added_later()
-    # the machine's measured speed beside the reference run's (the quickstart's probe)
-    machine: str | None = added_later()
+    machine: str | None = added_later()  # the quickstart's probe beside its reference run's
 
 
 # --- draftkit regimes ----------------------------------------------------------------------------
