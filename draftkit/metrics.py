@@ -104,13 +104,23 @@ def speedup(alpha: AlphaLike, c: float, k: int, v: VLike = 1.0, overhead: float 
     return tau(alpha, k) / (k * c + _v_at(v, k) + overhead)
 
 
+def draft_forwards(k: int, per_round: bool = False) -> int:
+    """Draft forwards a round of K drafted tokens takes: K, one a token, or with ``per_round``
+    one, as a parallel head (P-EAGLE, arXiv 2602.01469) drafts all K in one forward; c and
+    T_draft are the cost of one such forward."""
+    return min(k, 1) if per_round else k
+
+
 def speedup_from_times(tau_value: float, t_target: float, t_draft: float, t_verify: float,
-                       t_overhead: float, k: int) -> float:
+                       t_overhead: float, k: int, per_round: bool = False) -> float:
     """The general model (README.md, "How speculation pays"), in seconds at one batch and context:
 
-    S = tau * T_target / (K T_draft + T_verify(K + 1) + T_overhead).
+    S = tau * T_target / (F(K) T_draft + T_verify(K + 1) + T_overhead),
+
+    F(K) the draft's forwards a round (:func:`draft_forwards`: K, or 1 with ``per_round``).
     """
-    return tau_value * t_target / (k * t_draft + t_verify + t_overhead)
+    return tau_value * t_target / (draft_forwards(k, per_round) * t_draft + t_verify
+                                   + t_overhead)
 
 
 def optimal_k(alpha: AlphaLike, c: float, k_max: int = 16, v: VLike = 1.0,

@@ -8,6 +8,7 @@ this module holds the plain functions they and the tests call.
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.util
 import json
 import random
@@ -227,20 +228,22 @@ def exact_marginals(model, prompt: list[int], params, steps: int = 3):
 
 
 def fit_eagle3(target, rows: int = 512, steps: int = 150, seed: int = 0,
-               vocab: list[int] | None = None):
+               vocab: list[int] | None = None, parallel: int = 0):
     """An EAGLE-3 head for ``target`` (over its whole vocabulary, or the target ids ``vocab``)
     fitted to the target's greedy continuations of random prompts, its first step only: a
     draft that agrees with the target often enough that rounds accept several tokens (alpha
-    about 0.3 on a 4-layer tiny target)."""
+    about 0.3 on a 4-layer tiny target). ``parallel`` K: a parallel head, fitted at its
+    positions 1..K (distill/ttt.parallel_pass)."""
     import torch
     import torch.nn.functional as F
 
+    from draftkit.distill.ttt import parallel_pass
     from draftkit.models.eagle3 import from_target
     from draftkit.models.reduced_head import ReducedHead
 
     v = target.config.vocab_size
     ids = sorted(vocab) if vocab is not None else list(range(v))
-    draft = from_target(target, ReducedHead(ids, v), seed=seed)
+    draft = from_target(target, ReducedHead(ids, v), seed=seed, parallel=bool(parallel))
     to_draft = torch.full((v,), -100, dtype=torch.long)  # target id -> draft id (-100: none)
     to_draft[torch.tensor(ids)] = torch.arange(len(ids))
     gen = torch.Generator().manual_seed(seed)
@@ -254,14 +257,74 @@ def fit_eagle3(target, rows: int = 512, steps: int = 150, seed: int = 0,
         labels = to_draft[out.logits.argmax(-1)]  # (R, T): the target's next token, as a draft id
     t = seqs.shape[1]
     opt = torch.optim.Adam([p for p in draft.parameters() if p.requires_grad], lr=1e-2)
+    pos = torch.arange(t).expand(64, t)
     for _ in range(steps):
         idx = torch.randint(0, rows, (64,), generator=gen)
-        logits, _ = draft(aux[idx, :t - 1], seqs[idx, 1:])  # position i scores token i + 2
-        loss = F.cross_entropy(logits.reshape(-1, len(ids)), labels[idx, 1:].reshape(-1))
+        if parallel:  # draft position 1 + d at i scores token i + 2 + d
+            hs = parallel_pass(draft, aux[idx], seqs[idx], pos, parallel)
+            loss = sum(F.cross_entropy(draft.logits(h[:, :t - 1 - d]).reshape(-1, len(ids)),
+                                       labels[idx, 1 + d:].reshape(-1)) for d, h in enumerate(hs))
+        else:
+            logits, _ = draft(aux[idx, :t - 1], seqs[idx, 1:])  # position i scores token i + 2
+            loss = F.cross_entropy(logits.reshape(-1, len(ids)), labels[idx, 1:].reshape(-1))
         opt.zero_grad()
         loss.backward()
         opt.step()
     return draft.eval()
+
+
+@functools.lru_cache(maxsize=None)
+def eagle3_models(parallel: int = 0):
+    """(a 4-layer target (three distinct layers to tap), a random head over every third
+    token, a head fitted to the target (:func:`fit_eagle3`)); ``parallel`` K: both parallel
+    heads, the fitted one at its positions 1..K. Built once per process."""
+    from draftkit.models.eagle3 import from_target
+    from draftkit.models.reduced_head import ReducedHead
+
+    target = make_llama(len(make_tokenizer()), num_layers=4, seed=0)
+    v = target.config.vocab_size
+    head = from_target(target, ReducedHead(list(range(0, v, 3)), v), seed=1,
+                       parallel=bool(parallel))
+    fit = {"rows": 256, "steps": 120, "parallel": parallel} if parallel else {}
+    return target, head.eval(), fit_eagle3(target, **fit)
+
+
+SMALL_VOCAB = 10  # small enough that 20,000 samples test every token's probability
+
+
+def small_vocab_eagle3(parallel: bool = False):
+    """(a 4-layer target over SMALL_VOCAB tokens with flat distributions, many tokens carrying
+    probability, and a random EAGLE-3 head over all of them; ``parallel``: a parallel one)."""
+    import torch
+
+    from draftkit.models.eagle3 import from_target
+    from draftkit.models.reduced_head import ReducedHead
+
+    target = make_llama(SMALL_VOCAB, num_layers=4, seed=3)
+    with torch.no_grad():
+        target.model.norm.weight.mul_(0.3)
+    head = from_target(target, ReducedHead(list(range(SMALL_VOCAB)), SMALL_VOCAB), seed=4,
+                       parallel=parallel)
+    return target, head.eval()
+
+
+def head_marginals(target, head, params, k: int, seed: int = 11, n_rows: int = 20_000):
+    """Chi-square p-values of the first three new tokens' marginals, decoded with ``head`` at
+    K = ``k`` under ``params`` from ``n_rows`` copies of one prompt, against the target's
+    exact ones (:func:`exact_marginals`); and the run's DecodeStats."""
+    import torch
+
+    from draftkit.decode.engine import SpeculativeEngine
+    from draftkit.decode.stats import DecodeStats
+
+    engine = SpeculativeEngine(target, head, eos_token_id=None)
+    prompt, stats = [1, 4, 7], DecodeStats()
+    res = engine.generate([prompt] * n_rows, k=k, max_new_tokens=3, seed=seed, stats=stats,
+                          temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
+    toks = torch.tensor([r.tokens for r in res])  # (N, 3)
+    exact = exact_marginals(target, prompt, params, steps=3)
+    return [chi_square_p(torch.bincount(toks[:, i], minlength=SMALL_VOCAB), exact[i])
+            for i in range(3)], stats
 
 
 def save_head(head, folder: Path, target_dir: Path, **kw) -> Path:
@@ -274,6 +337,20 @@ def save_head(head, folder: Path, target_dir: Path, **kw) -> Path:
     save_eagle3(head, folder, **kw)
     record_target(folder, resolve_model(str(target_dir), "target"))
     return Path(folder)
+
+
+def parallel_head(tmp_path: Path):
+    """(an 8-layer tiny target, its folder, a random parallel EAGLE-3 head for it over every
+    third token, saved beside it as distill's best/ is)."""
+    from draftkit.models.eagle3 import from_target
+    from draftkit.models.reduced_head import ReducedHead
+
+    tok = make_tokenizer()
+    target = make_llama(len(tok), num_layers=8)
+    target_dir = save_model(target, tok, tmp_path / "target")
+    head = from_target(target, ReducedHead(list(range(0, len(tok), 3)), len(tok)), seed=1,
+                       parallel=True)
+    return target, target_dir, save_head(head, tmp_path / "head", target_dir)
 
 
 def eagle3_greedy_drafts(draft, target, seq: list[int], k: int) -> list[int]:
@@ -297,6 +374,26 @@ def eagle3_greedy_drafts(draft, target, seq: list[int], k: int) -> list[int]:
             out.append(int(d))
             hidden, tokens = torch.cat([hidden, h], 1), torch.cat([tokens, d], 1)
     return out
+
+
+def parallel_greedy_drafts(draft, target, seq: list[int], k: int) -> list[int]:
+    """The K tokens a parallel EAGLE-3 head drafts greedily after the committed tokens ``seq``,
+    without a cache: one causal pass over [target features of seq ; K - 1 placeholders]."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.tensor([seq])
+    with torch.inference_mode():
+        hs = target(x, output_hidden_states=True).hidden_states
+        aux = torch.cat([hs[i] for i in draft.aux_layers], -1)[:, :-1]  # positions 0..L-2
+        token, place = draft.placeholder()
+        hidden = torch.cat([draft.fuse(aux), place.expand(1, k - 1, -1)], 1)
+        tokens = torch.cat([x[:, 1:], torch.full((1, k - 1), token)], 1)
+        q, kk, vv = draft.attention_inputs(tokens, hidden, torch.arange(tokens.shape[1])[None])
+        o = F.scaled_dot_product_attention(q, kk, vv, is_causal=True,
+                                           enable_gqa=kk.shape[1] != q.shape[1])
+        h = draft.after_attention(o, hidden)[:, -k:]  # (1, K, H): d_1..d_K
+        return draft.reduced_head.expand(draft.logits(h)).argmax(-1)[0].tolist()
 
 
 def broken_verify(draft_tokens, q, p, generator=None):
@@ -492,3 +589,66 @@ def decodes_alone_as_batched(engine, prompts, reference, k, max_new_tokens):
     if k == 0:
         assert stats.draft_steps == 0 and stats.drafted == 0
     return stats
+
+
+def slots_decode_as_the_target(engine, prompts, k: int) -> None:
+    """Rows join a running batch of an EAGLE-3 head (their prompts' features wait while the
+    others draft) and leave it, at K up to ``k``: assert each greedy row produces exactly the
+    target's own tokens, a freed slot starting afresh."""
+    import torch
+
+    from draftkit.decode.choice import resolve_k
+    from draftkit.decode.sampling import SamplingParams
+
+    target, (a, b, c), d = engine.target_model, prompts, [60, 61, 62]
+    with torch.inference_mode():
+        state = engine.open(3, resolve_k(k, has_draft=True), max_len=96)
+        (sa,) = state.admit([a], SamplingParams(), 20)
+        (sb,) = state.admit([b], SamplingParams(0.9), 30, [1])
+        for _ in range(3):
+            state.step(k)
+        (sc,) = state.admit([c], SamplingParams(), 12)  # joins mid-flight
+        state.step(2)
+        state.release(sb)
+        (sd,) = state.admit([d], SamplingParams(), 15)  # the freed slot
+        assert sd == sb and engine.draft.features[sd] and engine.draft.lengths[sd] == 0
+        step = 0
+        while state.live:
+            state.step(step)
+            step = (step + 1) % (k + 1)
+    for slot, prompt, n in ((sa, a, 20), (sc, c, 12), (sd, d, 15)):
+        assert state.output(slot).tokens == hf_greedy(target, prompt, n)
+    assert state.output(sa).stats.accepted > 0
+
+
+def drafts_are_the_heads_own(engine, prompts, ks: list[int], drafts) -> list[int]:
+    """Decode ``prompts`` greedily round by round at the K of ``ks`` (cycled; 0: plain rounds,
+    after which the head catches up), asserting every row's drafted block equals
+    ``drafts(head, target, committed tokens, K)`` (a cacheless reference) and the output the
+    target's own; returns the K of every block checked."""
+    import torch
+
+    from draftkit.decode.choice import resolve_k
+    from draftkit.decode.sampling import SamplingParams
+
+    head, target, real, checked = engine.draft_model, engine.target_model, engine._draft, []
+
+    def spy(state, rows, lengths, k):
+        seqs = [state.tokens[b, :n].tolist() for b, n in zip(rows, lengths)]
+        drafted, q = real(state, rows, lengths, k)
+        for b, seq, d in zip(rows, seqs, drafted.tolist()):
+            if not state.done[b]:
+                assert d == drafts(head, target, seq, k), (b, len(seq), k)
+                checked.append(k)
+        return drafted, q
+
+    engine._draft = spy
+    with torch.inference_mode():
+        state = engine.start(prompts, SamplingParams(), 20,
+                             k=resolve_k(max(ks), has_draft=True))
+        rounds = 0
+        while not state.finished:
+            state.step(ks[rounds % len(ks)])
+            rounds += 1
+    assert [r.tokens for r in state.results()] == [hf_greedy(target, p, 20) for p in prompts]
+    return checked

@@ -112,8 +112,11 @@ def build_rows(data: Any, tokenizer: Any, seed: int, generate: Callable | None =
                            seed, generate)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else \
         tokenizer.eos_token_id
-    train_rows = pack(tokens[:n] + extra, data.seq_len, pad_id, domains, data.pack,
-                      data.truncate)
+    # a source's ``repeat`` weighs it: its rows enter the epoch that many times, each copy a
+    # pass of its own over the data, so copies are packed beside other rows
+    passes = max((ex.repeat for ex in train), default=1)
+    trained = [t for r in range(passes) for ex, t in zip(train, tokens[:n]) if ex.repeat > r]
+    train_rows = pack(trained + extra, data.seq_len, pad_id, domains, data.pack, data.truncate)
     train_rows.prompts = [prompts[i] for i in train_prompts]
     train_rows.prompt_domains = [domains.index(examples[i].domain) for i in train_prompts]
     # Held-out rows are never packed together: alpha is a mean over whole examples.

@@ -37,6 +37,7 @@ class Example:
     document: bool = False  # a whole text file, cut into passages before the held-out split
     prompt_ids: list[int] | None = None  # a prompt already rendered and tokenized
     response_ids: list[int] | None = None  # ... and its answer's ids
+    repeat: int = 1  # trained this many times an epoch (its source's ``repeat``)
 
 
 def source_format(src: Any) -> str:
@@ -225,7 +226,7 @@ def load_examples(sources: list) -> dict[str, list[Example]]:
         document = fmt == "text"
         for origin, row in load_rows(src, fmt):
             ex = to_example(row, src.domain, origin)
-            ex.heldout, ex.document = src.heldout, document
+            ex.heldout, ex.document, ex.repeat = src.heldout, document, src.repeat
             by_domain.setdefault(ex.domain, []).append(ex)
     if not by_domain:
         raise DraftkitError("the dataset is empty; list data files under data.sources")

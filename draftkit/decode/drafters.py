@@ -21,7 +21,10 @@ pending features), sized by ``open(slots)`` when the engine opens a batch; the b
 state it only reads.
 
 :class:`StandaloneDrafter` is a small causal LM over tokens. :class:`Eagle3Drafter` is an
-EAGLE-3 head (Li et al., arXiv 2503.01840), which drafts from the target's own features.
+EAGLE-3 head (Li et al., arXiv 2503.01840), which drafts from the target's own features;
+:class:`ParallelEagle3Drafter` a parallel one (P-EAGLE, arXiv 2602.01469), which drafts the
+round's K tokens in its first forward (``per_round``: its cost is one forward a round, not one
+per drafted token, and the K policy prices it so).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ def make_drafter(model, target_model, fast: bool | None = None
     if not is_eagle3(getattr(model, "config", {})):
         return StandaloneDrafter(model, fast)
     check_eagle3(target_model.config, model.config)
-    return Eagle3Drafter(model)
+    return ParallelEagle3Drafter(model) if model.parallel else Eagle3Drafter(model)
 
 
 class _Drafter:
@@ -56,6 +59,7 @@ class _Drafter:
 
     runner: "Eagle3Runner | object"
     lengths: list[int]  # per slot, positions the draft's cache holds
+    per_round = False  # a forward per drafted token (True: one forward drafts the round)
 
     @property
     def cache(self):
@@ -199,21 +203,30 @@ class Eagle3Drafter(_Drafter):
             elif kept[i]:
                 self.features[b].append(aux[i, :kept[i]])
 
-    def _inputs(self, state: "BatchState", rows: list[int], counts: list[int]):
+    def _inputs(self, state: "BatchState", rows: list[int], counts: list[int],
+                extra: int = 0):
         """Take the first counts[i] pending features of each row: (fused features (b, W, H),
-        tokens (b, W), start positions), right-padded to the longest row."""
+        tokens (b, W), start positions), right-padded to the longest row; ``extra``: that
+        many placeholders behind each row's (a parallel head's positions 2..K)."""
         import torch
         from torch.nn.utils.rnn import pad_sequence
 
         dev = state.tokens.device
         start = [self.lengths[b] for b in rows]
-        aux = pad_sequence([self._take(b, n) for b, n in zip(rows, counts)],
-                           batch_first=True)  # (b, W, 3 Ht)
+        feats = [self._take(b, n) for b, n in zip(rows, counts)]  # (n, 3 Ht) each
+        if extra:
+            feats = [torch.cat([f, self.model.mask_hidden.to(f).expand(extra, -1)]) for f in feats]
+        aux = pad_sequence(feats, batch_first=True)  # (b, W, 3 Ht)
         width = aux.shape[1]
         # position t reads token t + 1
         idx = (torch.tensor(start, device=dev)[:, None] + 1
                + torch.arange(width, device=dev)).clamp(max=state.max_len - 1)
         tokens = state.tokens[torch.tensor(rows, device=dev)[:, None], idx]  # (b, W)
+        if extra:  # the placeholders read the placeholder token, not what lies there
+            real = torch.tensor([f.shape[0] - extra for f in feats], device=dev)[:, None]
+            t = torch.arange(width, device=dev)
+            tokens = tokens.masked_fill((t >= real) & (t < real + extra),
+                                        self.model.config.ptd_token_id)
         return self.runner.fuse(aux), tokens, start
 
     def _take(self, b: int, n: int) -> "torch.Tensor":
@@ -233,6 +246,34 @@ class Eagle3Drafter(_Drafter):
     def _pending(self, b: int) -> int:
         """Target features row b has that the head has not read."""
         return sum(f.shape[0] for f in self.features[b])
+
+
+class ParallelEagle3Drafter(Eagle3Drafter):
+    """A parallel EAGLE-3 head (P-EAGLE, arXiv 2602.01469; :mod:`draftkit.models.eagle3`): the
+    round's K tokens from one forward.
+
+    That forward feeds the pending features as :class:`Eagle3Drafter`'s first does, the last
+    (position L - 2, token L - 1) scoring d_1, and behind them K - 1 placeholders (the learned
+    feature and token) at positions L - 1 .. L + K - 3 scoring d_2..d_K, each attending to the
+    context and the placeholders before it. None reads a drafted token, so the engine samples
+    the K drafts from these logits one by one (:meth:`next_logits` hands them out) and verifies
+    them as any draft's. The placeholders' keys lie where the next round writes the target's
+    features, as an autoregressive head's own outputs do.
+    """
+
+    per_round = True
+
+    def first_logits(self, state: "BatchState", rows: list[int], lengths: list[int],
+                     k: int) -> "torch.Tensor":
+        counts = [self._pending(b) for b in rows]  # <= K + 1 after catch_up; 0: a done row
+        hidden, tokens, start = self._inputs(state, rows, counts, extra=k - 1)
+        self._block, _ = self.runner.forward_span(hidden, tokens, start,
+                                                  [max(c, 1) - 1 for c in counts], k, rows)
+        return self._block[:, 0]  # (b, V); _block (b, K, V)
+
+    def next_logits(self, tokens: "torch.Tensor", i: int, rows: list[int],
+                    lengths: list[int]) -> "torch.Tensor":
+        return self._block[:, i + 1]  # d_(i+2)'s, computed with d_1's: it reads no draft
 
 
 def teacher_forced_logits(draft_model, target_model, seq: "torch.Tensor") -> "torch.Tensor":

@@ -94,27 +94,38 @@ class Eagle3Runner:
                 ) -> tuple["torch.Tensor", "torch.Tensor"]:
         """:meth:`feed`, then the head's output at index last[b] of each row: logits (b, V)
         over the draft vocabulary (-inf elsewhere) and the layer output h (b, H)."""
+        logits, h = self.forward_span(hidden, tokens, start, last, 1, rows)
+        return logits[:, 0], h[:, 0]
+
+    def forward_span(self, hidden: "torch.Tensor", tokens: "torch.Tensor", start: list[int],
+                     first: list[int], span: int, rows: list[int] | None = None
+                     ) -> tuple["torch.Tensor", "torch.Tensor"]:
+        """:meth:`feed`, then the head's outputs at indices first[b] .. first[b] + span - 1 of
+        each row, each attending causally to its row's keys: logits (b, span, V) and h
+        (b, span, H). A parallel head drafts a round so, its span the K positions."""
         import torch
         import torch.nn.functional as F
 
         q, index = self._write(hidden, tokens, start, rows)
         b, dev = tokens.shape[0], tokens.device
-        pick = (torch.arange(b, device=dev), torch.tensor(last, device=dev))
-        q = q[pick[0], :, pick[1]][:, :, None]  # (b, nh, 1, hd)
-        queries = [s + i for s, i in zip(start, last)]
-        kv_len = max(queries) + 1
-        if all(p == kv_len - 1 for p in queries):
+        steps = torch.arange(span, device=dev)
+        at = torch.tensor(first, device=dev)[:, None] + steps  # (b, span): indices in the input
+        bi = torch.arange(b, device=dev)[:, None]
+        q = q[bi, :, at].transpose(1, 2)  # (b, nh, span, hd)
+        queries = [s + i for s, i in zip(start, first)]  # each row's first query position
+        kv_len = max(queries) + span
+        if span == 1 and all(p == kv_len - 1 for p in queries):
             mask = None  # every query is at the newest position: it sees every key
         else:
-            keys = torch.arange(kv_len, device=dev)
-            mask = (keys[None] <= index.positions[pick][:, None])[:, None, None]  # (b, 1, 1, S)
+            pos = torch.tensor(queries, device=dev)[:, None] + steps  # (b, span)
+            mask = (torch.arange(kv_len, device=dev) <= pos[..., None])[:, None]  # (b,1,span,S)
         k_all, v_all = self.cache.view(0, kv_len, index)  # (b, nkv, S, hd)
         with sdpa_backends(self.param.device):
             o = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,
                                                enable_gqa=self.kv_heads != self.num_heads)
         layer = self.model.midlayer
         # the layer's output, as Eagle3Draft.after_attention computes it
-        h = hidden[pick] + self.w_o(o.reshape(b, -1))  # (b, H)
+        h = hidden[bi, at] + self.w_o(o.transpose(1, 2).reshape(b, span, -1))  # (b, span, H)
         gate, up = self.w_gate_up(layer.post_attention_layernorm(h)).chunk(2, -1)
         h = h + self.w_down(self.act(gate) * up)
         return self.head.expand(self.w_head(self.model.norm(h))), h

@@ -290,6 +290,7 @@ class SpeculativeEngine:
         if self.draft is not None and state.k_max > 0:
             self.draft.after_round(state, rows, k, kept, self.target.aux)
         r = RoundStats.from_verdict(verdict, accepted=accepted, active=active, kept=kept)
+        r.draft_per_round = bool(k) and self.draft.per_round  # c: a forward's, K or one a round
         r.set_paths(target_path, draft_path)
         clock.lap("other")  # sampling, acceptance, commit and counting are overhead too
         r.set_seconds(clock.laps)

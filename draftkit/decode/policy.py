@@ -11,7 +11,9 @@ speculation pays"),
     S(K) = tau(alpha_1..K) * (T_target(1) + T_overhead)
            / (K T_draft + T_target(K + 1) + T_overhead),
 
-with tau = 1 + sum_i prod_{j<=i} alpha_j, and moves off the current K only for a gain above a
+with tau = 1 + sum_i prod_{j<=i} alpha_j (K T_draft is T_draft for a parallel head, P-EAGLE,
+arXiv 2602.01469, which drafts the round in one forward: a longer K then costs only its
+verify, and pays sooner), and moves off the current K only for a gain above a
 small margin (hysteresis), so noise in the clocks does not make it thrash. T_target of a verify
 length not yet timed is extrapolated along a line through T(1); since that line can overstate a
 cost that is concave in length, a K whose length is not yet timed in ``timed_samples`` rounds
@@ -111,6 +113,9 @@ class KPolicy:
         self.gain = math.inf  # the predicted speedup of the K now chosen
         self.stale_rounds = stale_rounds  # memory of an undrafted position, in rounds
         self.timed_samples = timed_samples  # rounds before a verify length's time is trusted
+        # the draft's time is one forward a round whatever K (a parallel head), not one a
+        # drafted token: known from the first speculative round (RoundStats.draft_per_round)
+        self.per_round = False
 
     # --- estimates ----------------------------------------------------------------------------
 
@@ -134,8 +139,10 @@ class KPolicy:
         # and a K that looked bad while the text was hard is tried again once it may pay
         for est in self.long[max(r.k, 1):]:
             est.weight *= 1 - 1 / self.stale_rounds
-        if r.k:
-            self.timings.record("draft", r.rows, r.seconds_draft / r.k, self.rounds)
+        if r.k:  # per draft forward: one a token, or one a round for a parallel head
+            self.per_round = r.draft_per_round
+            self.timings.record("draft", r.rows, r.seconds_draft / metrics.draft_forwards(
+                r.k, r.draft_per_round), self.rounds)
         self.timings.record("target", (r.rows, r.k + 1), r.seconds_verify, self.rounds)
         self.timings.record("other", r.rows, r.seconds_other, self.rounds)
 
@@ -173,7 +180,7 @@ class KPolicy:
         if t1 is None or tv is None or td is None:
             return None
         tau = metrics.tau((alphas or self.alphas())[:k], k)
-        return metrics.speedup_from_times(tau, t1 + to, td, tv, to, k)
+        return metrics.speedup_from_times(tau, t1 + to, td, tv, to, k, self.per_round)
 
     # --- the choice ---------------------------------------------------------------------------
 

@@ -40,6 +40,8 @@ class RoundStats:
     bonus: int  # rows that accepted all K and kept the bonus token (not cut at EOS / budget)
     tokens: int  # tokens kept (after EOS / length truncation)
     seconds_draft: float = 0.0  # the K drafting steps, catch-up excluded
+    # the draft drafted the round in one forward (a parallel head), not one forward a token
+    draft_per_round: bool = False
     seconds_verify: float = 0.0  # the target call (a plain step when K = 0)
     seconds_other: float = 0.0  # set-up (lengths, last tokens), sampling, acceptance, bookkeeping
     # the draft reading tokens decoded while it sat out (K = 0 rounds): no token is drafted,
@@ -111,6 +113,7 @@ class DecodeStats:
     row_steps: int = 0  # sum over rounds of active rows: target calls counted per row
     target_calls: int = 0  # target forwards, prefill included
     draft_steps: int = 0  # draft forwards
+    draft_per_round: bool = False  # one draft forward a round (a parallel head), K not K
     drafted: int = 0  # drafted tokens over active rows
     accepted: int = 0
     rejections: int = 0
@@ -139,7 +142,8 @@ class DecodeStats:
         self.rounds += 1
         self.row_steps += r.rows
         self.target_calls += 1
-        self.draft_steps += r.k
+        self.draft_steps += metrics.draft_forwards(r.k, r.draft_per_round)
+        self.draft_per_round |= r.draft_per_round
         self.drafted += r.k * r.rows
         self.accepted += sum(r.accepted_per_position)
         self.rejections += r.rejections
@@ -182,7 +186,9 @@ class DecodeStats:
     def merge(self, other: DecodeStats) -> None:
         """Add ``other``'s counts, times and per-position lists into these."""
         for name, value in vars(other).items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if isinstance(value, bool):
+                setattr(self, name, getattr(self, name) or value)
+            elif isinstance(value, (int, float)):
                 setattr(self, name, getattr(self, name) + value)
             elif isinstance(value, list):
                 mine = getattr(self, name)
@@ -232,6 +238,7 @@ class DecodeStats:
 
     def c(self, target_step: float | None = None) -> float | None:
         """Draft step / target step; ``target_step`` from a K = 0 run when this one had none.
+        A draft step is a draft forward: for a parallel head (``draft_per_round``) a round's.
 
         Catch-up after K = 0 rounds is left out (``seconds_catchup``): c is the cost of one
         drafting step, the same figure whether K was fixed or chosen per round."""
@@ -259,7 +266,8 @@ class DecodeStats:
 
         A round at K yields tau(alpha_1..alpha_K) tokens for K c + v(K) target steps
         (Leviathan et al., arXiv 2211.17192, Theorem 3.8, with the measured verify inflation
-        v); a K = 0 round yields one token for one step. Summing both over the rounds gives
+        v; c + v(K) for a parallel head, one forward a round); a K = 0 round yields one
+        token for one step. Summing both over the rounds gives
         expected tokens over expected time, so under ``--k auto`` the prediction covers the
         same mix of K (plain stretches included) as the measured speedup; at a fixed K it is
         ``metrics.speedup``. None when c or some v(K) is unknown.
@@ -272,7 +280,7 @@ class DecodeStats:
             if k and (c is None or v is None):
                 return None
             tokens += n * metrics.tau(alphas, k)
-            steps += n * (k * c + v if k else 1.0)
+            steps += n * (metrics.draft_forwards(k, self.draft_per_round) * c + v if k else 1.0)
         return tokens / steps if steps else 1.0  # no round at all: plain decoding by definition
 
     def path(self) -> dict:

@@ -203,8 +203,8 @@ def distill(args: DistillArgs):
         start = (f"started from {d.model} (its layers and vocabulary)" if d.model else
                  f"over {d.draft_vocab_size} tokens reading layers {layers}")
         head = "" if d.kind != "eagle3" else (
-            f", an EAGLE-3 head {start}, {d.steps} training-time-test steps weighted "
-            f"{d.decay:g}^i")
+            f", {'a parallel (P-EAGLE)' if d.parallel else 'an'} EAGLE-3 head {start}, "
+            f"{d.steps} training-time-test steps weighted {d.decay:g}^i")
         print(f"recipe {args.recipe} is valid: target {cfg.target}{head}, {cfg.max_steps} "
               f"steps of {cfg.train.batch_size}x{cfg.train.grad_accum}x{cfg.data.seq_len} "
               f"tokens, {cfg.loss.divergence} at temperature {cfg.loss.temperature}, teacher "

@@ -112,6 +112,13 @@ class DraftSection:
     ttt_decay: float | None = option(
         None, help=f"eagle3: step i's loss is weighted ttt_decay^i; null: {TTT_DECAY}, as "
                    f"EAGLE-3's references")
+    parallel: bool = option(
+        False, help="eagle3: a parallel head (P-EAGLE, arXiv 2602.01469) that drafts all K "
+                    "tokens in one forward, positions 2..K reading a learned placeholder "
+                    "(mask_hidden, as vLLM loads it with parallel_drafting: true) where an "
+                    "autoregressive head reads its own previous output; trained on all "
+                    "ttt_steps positions in one pass (at least 2); a warm start (draft.model) "
+                    "from an autoregressive head gains a new placeholder")
     # draft_vocab_size was vocab_size, which read as the whole vocabulary's size V (what
     # vocab_size means in HF configs and draft_vocab.json); the old name still loads
     RENAMED = {"vocab_size": "draft_vocab_size"}
@@ -134,7 +141,7 @@ class DraftSection:
             self._validate_eagle3()
             return
         only = [k for k in ("aux_layers", "ttt_steps", "ttt_decay")
-                if getattr(self, k) is not None]
+                if getattr(self, k) is not None] + ["parallel"] * self.parallel
         if only:
             raise ConfigError(f"draft.{only[0]} is a setting of eagle3 heads and this draft is "
                               f"standalone: set draft.kind: eagle3, or drop draft.{only[0]}")
@@ -177,6 +184,10 @@ class DraftSection:
                               "most: set draft.draft_vocab_size (EAGLE-3's references use 32000)")
         if self.steps < 1:
             raise ConfigError(f"draft.ttt_steps must be at least 1, got {self.steps}")
+        if self.parallel and self.steps < 2:  # positions 2..K are where the placeholder trains
+            raise ConfigError(f"draft.parallel trains the placeholder at draft positions "
+                              f"2..ttt_steps: set draft.ttt_steps to at least 2, got "
+                              f"{self.steps}")
         if not 0 < self.decay <= 1:  # also refuses nan; above 1 the later, noisier steps
             # would outweigh the first, the one every draft makes (EAGLE-3 weights 0.8^i)
             raise ConfigError(f"draft.ttt_decay must be in (0, 1] (step i's loss is weighted "
@@ -214,12 +225,18 @@ class DataSource:
     max_rows: int | None = option(None, help="read at most this many rows")
     heldout: bool = option(True, help="false: train-only rows (for example templated or "
                                       "augmented prompts), never drawn for the held-out split")
+    repeat: int = option(1, help="each training row of this source is trained this many "
+                                 "times an epoch, to weigh a small source (served traffic) "
+                                 "against larger ones; held-out rows are drawn once")
 
     def validate(self) -> None:
         if not self.path.strip():
             raise ConfigError("data.sources: a source has an empty path")
         if self.max_rows is not None and self.max_rows <= 0:
             raise ConfigError(f"data.sources: max_rows must be positive, got {self.max_rows}")
+        if self.repeat < 1:
+            raise ConfigError(f"data.sources: {self.path}: repeat must be 1 or more, got "
+                              f"{self.repeat}")
         for src, dst in self.columns.items():
             if dst not in ROW_COLUMNS:
                 raise ConfigError(f"data.sources: columns renames '{src}' to '{dst}', which is "

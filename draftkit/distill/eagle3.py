@@ -16,6 +16,10 @@ one is) it is:
 - kept in ``best/`` by tau = 1 + sum_k prod_(i <= k) alpha_i, the expected tokens per target
   call (draftkit.metrics.tau), in the layout vLLM and SGLang load (models/eagle3.save_eagle3),
   with the evaluation that chose it in best.json.
+
+With ``draft.parallel`` the head is a parallel one (P-EAGLE, arXiv 2602.01469): the same loss,
+held-out alpha per position and tau, its K positions computed in one forward over its learned
+placeholder (distill/ttt.parallel_pass), so the placeholder trains with the layer.
 """
 
 from __future__ import annotations
@@ -35,8 +39,8 @@ from draftkit.distill.ttt import step_masks, teacher_rows, ttt_loss, unroll
 from draftkit.errors import DraftkitError, ModelError
 from draftkit.io import atomic_dir, atomic_write_json
 from draftkit.metrics import tau
-from draftkit.models.eagle3 import (default_aux_layers, eagle3_config, from_target, save_eagle3,
-                                    with_vocabulary)
+from draftkit.models.eagle3 import (as_parallel, default_aux_layers, eagle3_config, from_target,
+                                    save_eagle3, with_vocabulary)
 from draftkit.models.facts import text_config
 from draftkit.models.load import dtype_name
 from draftkit.models.reduced_head import ReducedHead
@@ -90,7 +94,10 @@ def warm_start(cfg: DistillConfig, target: Any, target_ref: Any = None) -> Any:
         raise DraftkitError(f"draft.aux_layers {cfg.draft.aux_layers} differ from the layers "
                             f"{head.aux_layers} the head in draft.model reads; set "
                             f"draft.aux_layers=null")
-    return head
+    if head.parallel and not cfg.draft.parallel:  # its layer is fitted to the placeholder
+        raise DraftkitError(f"draft.model {cfg.draft.model} is a parallel head: set "
+                            f"draft.parallel: true")
+    return as_parallel(head, cfg.seed) if cfg.draft.parallel else head
 
 
 class Unrolled(torch.nn.Module):
@@ -129,9 +136,10 @@ class Eagle3:
     def identity(self) -> dict:
         """What a checkpoint records, so that a resume on other layers or another draft
         vocabulary (whose weights would load all the same) is refused."""
-        return {"kind": "eagle3", "aux_layers": self.layers,
-                "draft_vocab_size": len(self.kept_head) if self.init is not None and
-                self.cfg.draft.draft_vocab_size is None else self.cfg.draft.draft_vocab_size}
+        out = {"kind": "eagle3", "aux_layers": self.layers,
+               "draft_vocab_size": len(self.kept_head) if self.init is not None and
+               self.cfg.draft.draft_vocab_size is None else self.cfg.draft.draft_vocab_size}
+        return {**out, "parallel": True} if self.cfg.draft.parallel else out
 
     def start(self, target: Any, key: str, rows: Rows, reduced_head: ReducedHead | None,
               dist: Any, progress: bool, autocast: Any) -> None:
@@ -139,7 +147,8 @@ class Eagle3:
         cfg, self.autocast = self.cfg, autocast
         # its context is the target's (models/eagle3.eagle3_config), which the rows fit
         if self.init is None:
-            self.draft = from_target(target, reduced_head, self.layers, cfg.seed)
+            self.draft = from_target(target, reduced_head, self.layers, cfg.seed,
+                                     parallel=cfg.draft.parallel)
         elif not torch.equal(reduced_head.ids.sort().values.cpu(),
                              self.init.reduced_head.ids.cpu()):  # draft.draft_vocab_size chose again
             self.draft = with_vocabulary(self.init, reduced_head, target)

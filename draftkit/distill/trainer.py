@@ -558,7 +558,8 @@ def _draft_words(identity: dict | None) -> str:
     """A draft kind's identity (kind.identity) in words."""
     if identity is None:
         return "a standalone draft"
-    return (f"an eagle3 head over {identity['draft_vocab_size']} tokens reading layers "
+    kind = "a parallel eagle3 head" if identity.get("parallel") else "an eagle3 head"
+    return (f"{kind} over {identity['draft_vocab_size']} tokens reading layers "
             f"{identity['aux_layers']}")
 
 

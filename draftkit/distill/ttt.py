@@ -26,6 +26,13 @@ only where t + 1 + i is a trained position of the same example (:func:`step_mask
 The loss (:func:`ttt_loss`) is the references' (EAGLE's and SpecForge's training loops): step
 i's divergence against the target restricted to the draft vocabulary and renormalised, weighted
 decay^i (0.8), summed over positions and divided by the batch's trained positions.
+
+A parallel head (P-EAGLE, arXiv 2602.01469; draftkit/models/eagle3.py) trains on the same
+positions, masks and loss, but its steps i >= 1 read the learned placeholder (token and
+feature) instead of token t + 1 + i and h_(i-1)[t]: no step waits for another's output, so all
+K run as one forward over K x T inputs (:func:`parallel_pass`), the attention the same as above
+(a step-i query at t reads the causal step-0 keys and the placeholders 1..i at t: the keys its
+one drafting forward has in front of it).
 """
 
 from __future__ import annotations
@@ -86,7 +93,10 @@ def unroll(draft: Any, aux: Tensor, input_ids: Tensor, position_ids: Tensor,
            steps: int) -> list[Tensor]:
     """The head's layer outputs h_0..h_(steps-1), each (B, T, H), unrolled over its own
     outputs. aux (B, T, 3 Ht): the target's tapped hidden states after tokens 0..T-1;
-    input_ids (B, T): the row (step i reads token t + 1 + i at t); position_ids (B, T)."""
+    input_ids (B, T): the row (step i reads token t + 1 + i at t); position_ids (B, T).
+    A parallel head's steps read its placeholder instead (:func:`parallel_pass`)."""
+    if draft.parallel:
+        return parallel_pass(draft, aux, input_ids, position_ids, steps)
     causal = block_causal(position_ids)
     hidden = draft.fuse(aux)  # (B, T, H): f_t
     keys, values, out = [], [], []
@@ -97,6 +107,24 @@ def unroll(draft: Any, aux: Tensor, input_ids: Tensor, position_ids: Tensor,
         hidden = draft.after_attention(ttt_attention(q, keys, values, causal), hidden)
         out.append(hidden)
     return out
+
+
+def parallel_pass(draft: Any, aux: Tensor, input_ids: Tensor, position_ids: Tensor,
+                  steps: int) -> list[Tensor]:
+    """A parallel head's layer outputs at draft positions 1..K (K = ``steps``), each (B, T, H),
+    from one forward: position 1 at t reads (f_t, token t + 1), position 1 + i the placeholder
+    at p_t + i (module docstring). Arguments as :func:`unroll`'s."""
+    b, t = input_ids.shape
+    causal = block_causal(position_ids)
+    token, place = draft.placeholder()  # the placeholder's token id, its feature (H,)
+    ids = torch.cat([shift(input_ids, 1), input_ids.new_full((b, (steps - 1) * t), token)], 1)
+    hidden = torch.cat([draft.fuse(aux), place.expand(b, (steps - 1) * t, -1)], 1)  # (B, KT, H)
+    pos = torch.cat([position_ids + i for i in range(steps)], 1)  # (B, K T)
+    q, k, v = draft.attention_inputs(ids, hidden, pos)  # (B, nh | nkv, K T, hd)
+    qs, ks, vs = q.split(t, 2), list(k.split(t, 2)), list(v.split(t, 2))
+    o = torch.cat([ttt_attention(qs[i], ks[:i + 1], vs[:i + 1], causal) for i in range(steps)],
+                  2)  # (B, nh, K T, hd)
+    return list(draft.after_attention(o, hidden).split(t, 1))
 
 
 def step_masks(loss_mask: Tensor, position_ids: Tensor, steps: int) -> list[Tensor]:

@@ -34,6 +34,15 @@ state enters (vLLM), ``eagle_config.eagle_aux_hidden_state_layer_ids`` the layer
 publish it (:mod:`draftkit.models.eagle3_layouts`): their config keys, tensor names and weight
 files, the embedding some of them ship dropped for the target's, and the references' default
 tapped layers (with a warning) where a layout records none.
+
+A parallel head ("P-EAGLE: Parallel-Drafting EAGLE with Scalable Training", arXiv 2602.01469;
+``parallel_drafting`` in config.json) drafts all K tokens in one forward: draft position 1 reads
+(f_t, token t + 1) as above, positions 2..K a learned placeholder for the unknown feature and
+token: ``mask_hidden`` (1, 3 Ht), fused by ``fc`` like the target's features, and the token
+``ptd_token_id`` (its embedding the target's), at RoPE positions t + 1 .. t + K - 1, each
+attending causally to the context and to the placeholders before it. Both names are what vLLM
+loads with ``parallel_drafting: true`` (``llama_eagle3.py``, and the spec-decode proposer's
+``_init_parallel_drafting_params``).
 """
 
 from __future__ import annotations
@@ -71,9 +80,11 @@ def is_eagle3(config: Any) -> bool:
 
 
 def eagle3_config(target: Any, head: ReducedHead, aux_layers: list[int] | None = None,
-                  intermediate_size: int | None = None):
+                  intermediate_size: int | None = None, parallel: bool = False):
     """The head's config for ``target`` (a model or its config): the target's attention shape
-    (heads, KV heads, head_dim), RoPE and context, one layer, untied, over ``head``'s N tokens.
+    (heads, KV heads, head_dim), RoPE and context, one layer, untied, over ``head``'s N tokens;
+    ``parallel``: a parallel head's (module docstring), its placeholder token the vocabulary's
+    last id (a reserved or rare token in most vocabularies, unlike what real positions read).
 
     vLLM places the head's layer in the target's KV cache groups, so KV heads and head_dim must
     equal the target's; the width must equal the embedding's, which both engines share."""
@@ -108,6 +119,8 @@ def eagle3_config(target: Any, head: ReducedHead, aux_layers: list[int] | None =
     cfg.target_hidden_size = tc.hidden_size
     cfg.eagle_aux_hidden_state_layer_ids = layers
     cfg.eagle_config = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in layers]}
+    if parallel:
+        cfg.parallel_drafting, cfg.ptd_token_id = True, tc.vocab_size - 1
     return cfg
 
 
@@ -153,6 +166,18 @@ class Eagle3Draft(nn.Module):
         self.rotary_emb = LlamaRotaryEmbedding(config)
         self.register_buffer("d2t", torch.zeros(n, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+        if self.parallel:  # unit variance, as P-EAGLE's trainers start it
+            self.mask_hidden = nn.Parameter(torch.randn(1, 3 * config.target_hidden_size))
+
+    @property
+    def parallel(self) -> bool:
+        """Whether the head drafts all K tokens in one forward (module docstring)."""
+        return bool(getattr(self.config, "parallel_drafting", False))
+
+    def placeholder(self) -> tuple[int, torch.Tensor]:
+        """What a parallel head's positions 2..K read: the placeholder token id and the fused
+        placeholder feature (H,)."""
+        return self.config.ptd_token_id, self.fuse(self.mask_hidden)[0]
 
     # --- the draft vocabulary -----------------------------------------------------------------
 
@@ -239,14 +264,14 @@ class Eagle3Draft(nn.Module):
 
 
 def from_target(target: Any, head: ReducedHead, aux_layers: list[int] | None = None,
-                seed: int = 0) -> Eagle3Draft:
+                seed: int = 0, parallel: bool = False) -> Eagle3Draft:
     """A new head for ``target`` (a loaded model): random layer, fc and lm_head (seeded), the
     target's embedding copied in and frozen, the lm_head rows started from the target's head
     rows for the draft vocabulary (a draft that starts from the target's own head agrees with
-    it sooner)."""
+    it sooner); ``parallel``: a parallel head, its placeholder random too."""
     torch.manual_seed(seed)
     head = ReducedHead(head.ids.sort().values, head.vocab_size)  # draft ids in target-id order
-    draft = Eagle3Draft(eagle3_config(target, head, aux_layers))
+    draft = Eagle3Draft(eagle3_config(target, head, aux_layers, parallel=parallel))
     param = next(target.parameters())
     draft.to(dtype=param.dtype)
     with torch.no_grad():
@@ -275,6 +300,17 @@ def with_vocabulary(draft: Eagle3Draft, head: ReducedHead, target: Any) -> Eagle
     draft.d2t = torch.zeros(n, dtype=torch.long, device=draft.d2t.device)
     draft.config.draft_vocab_size = n
     draft.set_vocabulary(head)
+    return draft
+
+
+def as_parallel(draft: Eagle3Draft, seed: int = 0) -> Eagle3Draft:
+    """``draft`` made a parallel head (a warm start of P-EAGLE from an autoregressive head):
+    its layer, fc and vocabulary as they are, a new placeholder (seeded) for positions 2..K."""
+    if draft.parallel:
+        return draft
+    draft.config.parallel_drafting, draft.config.ptd_token_id = True, draft.config.vocab_size - 1
+    torch.manual_seed(seed)
+    draft.mask_hidden = nn.Parameter(torch.randn(1, draft.fc.in_features).to(draft.fc.weight))
     return draft
 
 
@@ -332,6 +368,11 @@ def load_eagle3(folder: str | Path, target: Any) -> Eagle3Draft:
         raise ModelError(f"{folder} is an EAGLE-3 head {config.hidden_size} wide on a target "
                          f"{tc.hidden_size} wide; draftkit's head reads the target's embedding, "
                          f"so it is as wide as the target")
+    token = getattr(config, "ptd_token_id", None)
+    if getattr(config, "parallel_drafting", False) and \
+            not 0 <= (-1 if token is None else token) < tc.vocab_size:
+        raise ModelError(f"{folder} is a parallel head whose placeholder token ptd_token_id "
+                         f"{token} is no id of the target's {tc.vocab_size}; re-export the head")
     draft = Eagle3Draft(config)
     state = head_state(folder, data)
     maps = writes_vocab_maps(config)

@@ -12,8 +12,9 @@ samples of the target itself (speculative decoding is lossless), on the prompts 
    warm start: an EAGLE-3 head keeps its layers; its vocabulary is chosen again at its size
    on the training rows, the tokens it keeps keeping their rows, so traffic in words the
    first data lacked can be drafted; ``--keep-vocab`` keeps it) for ``--steps`` steps, on
-   the older requests' token ids as they were served, beside the recipe's own data
-   (``--replay``), so domains the traffic lacks are not forgotten.
+   the older requests' token ids as they were served, each trained ``--traffic-repeat``
+   times an epoch, beside the recipe's own data once (``--replay``), so domains the traffic
+   lacks are not forgotten.
 3. The old and the new draft decode the held-out requests side by side
    (:mod:`draftkit.traffic.compare`); ``--out`` is written only where the new one is faster
    beyond noise on the traffic mix and loses beyond noise on no domain the old one served
@@ -59,6 +60,9 @@ class RefreshArgs:
                                       "bundle's num_speculative_tokens)")
     replay: bool = option(True, help="train on the recipe's own data too (--no-replay: traffic "
                                      "only)")
+    traffic_repeat: int = option(3, help="each traffic request is trained this many times an "
+                                         "epoch beside the replayed rows once: the traffic is "
+                                         "what the draft will serve, and it is the smaller set")
     keep_vocab: bool = option(False, help="an EAGLE-3 head keeps its draft vocabulary "
                                           "(default: chosen again at its size on the training "
                                           "rows; tokens it keeps keep their rows)")
@@ -72,6 +76,8 @@ class RefreshArgs:
         if not 0 < self.heldout < 1:
             raise ConfigError(f"--heldout is a share of the requests, in (0, 1); got "
                               f"{self.heldout}")
+        if self.traffic_repeat < 1:
+            raise ConfigError(f"--traffic-repeat must be >= 1, got {self.traffic_repeat}")
         if self.min_requests < 2:
             raise ConfigError(f"--min-requests must be >= 2, got {self.min_requests}")
         if self.k is not None and self.k < 1:
@@ -171,7 +177,7 @@ def _config(args: RefreshArgs, manifest, bundle: Path, work: Path,
                    for r in train_rs if r.completion_ids)
     data = work / "data" / "traffic.jsonl"
     atomic_write_text(data, rows)
-    sources = [{"path": str(data)}]
+    sources = [{"path": str(data), "repeat": args.traffic_repeat}]
     replayed = [s for s in (base.get("data") or {}).get("sources", []) if args.replay
                 and Path(s.get("path", "")).is_file()]
     sources += replayed  # their held-out rows too: best/ must not forget what they teach

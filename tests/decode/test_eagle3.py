@@ -2,7 +2,6 @@
 the way, the head's own cache, greedy equality, the drafts themselves, batching, slots, the
 output distribution, loading and the commands."""
 
-import functools
 import json
 
 import pytest
@@ -15,28 +14,18 @@ from draftkit.decode.runners import HFRunner, LlamaRunner
 from draftkit.decode.sampling import SamplingParams
 from draftkit.decode.stats import DecodeStats
 from draftkit.errors import DraftkitError
-from draftkit.models.eagle3 import from_target
-from draftkit.models.reduced_head import ReducedHead
-from tests.helpers import (broken_verify, chi_square_p, decodes_alone_as_batched,
-                           eagle3_greedy_drafts, exact_marginals, fit_eagle3, hf_greedy,
-                           make_llama, make_tokenizer, save_head)
+from tests.helpers import (broken_verify, decodes_alone_as_batched, drafts_are_the_heads_own,
+                           eagle3_greedy_drafts, eagle3_models, head_marginals, hf_greedy,
+                           make_llama, make_tokenizer, save_head, slots_decode_as_the_target,
+                           small_vocab_eagle3)
 
 PROMPTS = [[5, 9, 22, 31, 7], [11, 12], [40, 41, 42, 43, 44, 45, 46, 47, 8, 50, 51]]
 N_NEW = 16
 
 
-@functools.lru_cache(maxsize=None)
-def _models():
-    """(target, a random head, a fitted head): a 4-layer target (three distinct layers to tap)."""
-    target = make_llama(len(make_tokenizer()), num_layers=4, seed=0)
-    v = target.config.vocab_size
-    return target, from_target(target, ReducedHead(list(range(0, v, 3)), v), seed=1), \
-        fit_eagle3(target)
-
-
 @pytest.fixture(scope="module")
 def models():
-    return _models()
+    return eagle3_models()
 
 
 @pytest.fixture(scope="module")
@@ -129,28 +118,9 @@ def test_each_draft_is_the_heads_own_after_plain_rounds_and_changing_k(models, f
     a batch of unequal rows, after K = 0 rounds (catch-up) and with K changing per round."""
     target, _, fitted = models
     engine = SpeculativeEngine(target, fitted, eos_token_id=None, fast_path=fast)
-    checked = []
-    real = engine._draft
-
-    def spy(state, rows, lengths, k):
-        seqs = [state.tokens[b, :n].tolist() for b, n in zip(rows, lengths)]
-        drafted, q = real(state, rows, lengths, k)
-        for b, seq, d in zip(rows, seqs, drafted.tolist()):
-            if not state.done[b]:
-                assert d == eagle3_greedy_drafts(fitted, target, seq, k), (b, len(seq), k)
-                checked.append(k)
-        return drafted, q
-
-    engine._draft = spy
-    with torch.inference_mode():
-        state = engine.start(PROMPTS, SamplingParams(), 20, k=resolve_k(4, has_draft=True))
-        ks = [0, 0, 3, 1, 0, 4, 2, 0, 0, 0, 3, 4, 4, 2, 1]
-        rounds = 0
-        while not state.finished:
-            state.step(ks[rounds % len(ks)])
-            rounds += 1
+    checked = drafts_are_the_heads_own(engine, PROMPTS, [0, 0, 3, 1, 0, 4, 2, 0, 0, 0, 3, 4, 4,
+                                                         2, 1], eagle3_greedy_drafts)
     assert len(checked) > 20 and {1, 2, 3, 4} <= set(checked)
-    assert [r.tokens for r in state.results()] == [hf_greedy(target, p, 20) for p in PROMPTS]
 
 
 def test_k_auto_and_stats_as_for_standalone_drafts(models, reference):
@@ -176,26 +146,7 @@ def test_slots_admit_and_release_with_an_eagle3_head(models):
     """Rows join a running batch (their prompts' features wait while the others draft) and
     leave it; each greedy row produces exactly the target's own tokens."""
     target, _, fitted = models
-    engine = SpeculativeEngine(target, fitted, eos_token_id=None)
-    a, b, c = PROMPTS
-    with torch.inference_mode():
-        state = engine.open(3, resolve_k(3, has_draft=True), max_len=96)
-        (sa,) = state.admit([a], SamplingParams(), 20)
-        (sb,) = state.admit([b], SamplingParams(0.9), 30, [1])
-        for _ in range(3):
-            state.step(3)
-        (sc,) = state.admit([c], SamplingParams(), 12)  # joins mid-flight
-        state.step(2)
-        state.release(sb)
-        (sd,) = state.admit([[60, 61, 62]], SamplingParams(), 15)  # the freed slot
-        assert sd == sb and engine.draft.features[sd] and engine.draft.lengths[sd] == 0
-        k = 0
-        while state.live:
-            state.step(k)
-            k = (k + 1) % 4
-    for slot, prompt, n in ((sa, a, 20), (sc, c, 12), (sd, [60, 61, 62], 15)):
-        assert state.output(slot).tokens == hf_greedy(target, prompt, n)
-    assert state.output(sa).stats.accepted > 0
+    slots_decode_as_the_target(SpeculativeEngine(target, fitted, eos_token_id=None), PROMPTS, 3)
 
 
 def test_a_rows_pending_features_are_what_the_target_read(models):
@@ -216,41 +167,22 @@ def test_a_rows_pending_features_are_what_the_target_read(models):
 
 # --- the output distribution ----------------------------------------------------------------
 
-VOCAB = 10
-
-
 @pytest.fixture(scope="module")
 def small_vocab():
-    target = make_llama(VOCAB, num_layers=4, seed=3)
-    with torch.no_grad():  # flatter distributions: many tokens carry probability
-        target.model.norm.weight.mul_(0.3)
-    head = from_target(target, ReducedHead(list(range(VOCAB)), VOCAB), seed=4)
-    return target, head
-
-
-def _marginals(target, head, params, k, seed, n_rows=20_000):
-    engine = SpeculativeEngine(target, head, eos_token_id=None)
-    prompt = [1, 4, 7]
-    stats = DecodeStats()
-    res = engine.generate([prompt] * n_rows, k=k, max_new_tokens=3, seed=seed, stats=stats,
-                          temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
-    toks = torch.tensor([r.tokens for r in res])  # (N, 3)
-    exact = exact_marginals(target, prompt, params, steps=3)
-    return [chi_square_p(torch.bincount(toks[:, i], minlength=VOCAB), exact[i])
-            for i in range(3)], stats
+    return small_vocab_eagle3()
 
 
 @pytest.mark.parametrize("params,k", [(SamplingParams(1.0), 2),
                                       (SamplingParams(0.7, top_p=0.9), 1)])
 def test_output_distribution_equals_the_targets(small_vocab, params, k):
-    ps, stats = _marginals(*small_vocab, params, k, seed=11)
+    ps, stats = head_marginals(*small_vocab, params, k)
     assert stats.accepted > 1000 and stats.rejections > 1000
     assert min(ps) > 0.01, ps
 
 
 def test_chi_square_catches_a_broken_verify_with_an_eagle3_head(small_vocab, monkeypatch):
     monkeypatch.setattr("draftkit.decode.verify.verify_sampled", broken_verify)
-    ps, _ = _marginals(*small_vocab, SamplingParams(1.0), 2, seed=11)
+    ps, _ = head_marginals(*small_vocab, SamplingParams(1.0), 2)
     assert ps[1] < 0.01
 
 

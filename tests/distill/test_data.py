@@ -465,3 +465,28 @@ def test_token_id_rows_train_their_answer_as_served_and_bad_ids_are_named(tmp_pa
         _jsonl(src, [dict(bad, domain="chat")] + rows)
         with pytest.raises(DraftkitError, match=f"ids.jsonl:1: {said}"):
             build_rows(data, tok, seed=0)
+
+
+def test_a_sources_repeat_weighs_its_training_rows_and_never_its_heldout_ones(tmp_path, tok):
+    """``repeat: 3`` trains each of a source's rows three times an epoch, the copies packed
+    apart (one pass each), beside another source's single rows; its held-out rows are drawn
+    once, and no copy of a held-out prompt is trained. A repeat below 1 is refused."""
+    traffic = _jsonl(tmp_path / "traffic.jsonl", [
+        {"prompt_ids": [5, 6, 7 + i], "response_ids": [9, 10, 11], "domain": "chat"}
+        for i in range(6)])
+    replay = _jsonl(tmp_path / "replay.jsonl", [
+        {"prompt_ids": [5, 6, 20 + i], "response_ids": [9, 10], "domain": "chat"}
+        for i in range(4)])
+    data = DataSection(sources=[DataSource(path=str(traffic), repeat=3),
+                                DataSource(path=str(replay), heldout=False)],
+                       regime="fixed", seq_len=32, heldout_per_domain=2, pack=False)
+    train, held = build_rows(data, tok, seed=0)
+    third = train.input_ids[:, 2].tolist()  # the token that tells the rows apart
+    traffic_ids = [t for t in third if t < 20]
+    assert len(held) == 2 and len(set(traffic_ids)) == 4 and len(traffic_ids) == 12
+    assert sorted(t for t in third if t >= 20) == [20, 21, 22, 23]
+    assert not set(held.input_ids[:, 2].tolist()) & set(traffic_ids)
+    # a pass each: the four traffic rows, the replay, then the traffic's copies twice over
+    assert len(set(third[:4])) == 4 and third[8:12] == third[:4] == third[12:16]
+    with pytest.raises(Exception, match="repeat must be 1 or more, got 0"):
+        DataSource(path=str(traffic), repeat=0).validate()

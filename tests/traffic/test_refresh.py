@@ -128,9 +128,12 @@ def test_a_refresh_trains_from_the_served_head_and_writes_the_bundle_only_if_fas
     assert metrics[-1]["step"] == 4  # fixed work
     import yaml
 
-    recipe = yaml.safe_load((work / "distill" / "config.yaml").read_text())["draft"]
+    recorded = yaml.safe_load((work / "distill" / "config.yaml").read_text())
+    recipe = recorded["draft"]
     # the head's vocabulary is chosen again on the traffic, at the head's size
     assert recipe["model"] == str(bundle) and recipe["draft_vocab_size"] == 40
+    # the traffic weighs --traffic-repeat times (default 3) beside the replayed rows
+    assert recorded["data"]["sources"][0]["repeat"] == 3
     if exported:
         check_bundle(out)
 
@@ -162,6 +165,9 @@ def test_refresh_bad_inputs_are_one_line_and_write_nothing(served, capsys):
     code = main(["refresh", str(bundle), "--traffic", str(traffic), "--out", str(tmp / "o4"),
                  "--min-requests", "40"])
     assert code == 2 and "no domain has 40 requests" in capsys.readouterr().err
+    code = main(["refresh", str(bundle), "--traffic", str(traffic), "--out", str(tmp / "o5"),
+                 "--traffic-repeat", "0"])
+    assert code == 2 and "--traffic-repeat must be >= 1, got 0" in capsys.readouterr().err
 
 
 def test_two_refreshes_cannot_write_one_out(served):

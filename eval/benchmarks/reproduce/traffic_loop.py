@@ -121,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heldout-requests", type=int, default=10, help="per domain, after")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--steps", type=int, default=120, help="refresh training steps")
+    ap.add_argument("--traffic-repeat", type=int, default=3,
+                    help="refresh: times each traffic request is trained an epoch")
     ap.add_argument("--k", default="auto", help="the servers' --k: auto, or a fixed K (the "
                                                 "bundle's, to compare drafts by acceptance alone)")
     args = ap.parse_args(argv)
@@ -159,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         # A stays up (idle) while the draft retrains on what it recorded
         refreshed = run([sys.executable, "-m", "draftkit", "refresh", args.bundle, "--traffic",
                          str(out / "traffic"), "--out", str(new), "--steps",
-                         str(args.steps)]) == 0
+                         str(args.steps), "--traffic-repeat", str(args.traffic_repeat)]) == 0
         if not refreshed:
             print("the refresh exported no bundle; nothing to swap", flush=True)
             return 1
@@ -268,8 +270,9 @@ def markdown(rows, args, swap: dict, seconds: float) -> str:
         return "-" if not v or v[1] is None else f"{v[0]:.2f}x ({v[1]:.2f}-{v[2]:.2f})"
 
     lines = [f"# Traffic loop: {args.bundle}, K {args.k}, {args.train_requests} requests per "
-             f"domain recorded, refresh {args.steps} steps, {args.heldout_requests} held-out requests "
-             f"per domain ({seconds / 60:.1f} min in all)", "",
+             f"domain recorded, refresh {args.steps} steps (traffic x{args.traffic_repeat}), "
+             f"{args.heldout_requests} held-out requests per domain ({seconds / 60:.1f} min in "
+             f"all)", "",
              "| domain | shifted | alpha_1 old | alpha_1 new | gain | old vs plain | new vs plain "
              "| new vs old |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
