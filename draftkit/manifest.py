@@ -18,9 +18,9 @@ trusting an edited figure is not.
 
 Fields added later are optional, so a bundle exported before them still checks: ``serving``
 (what the engines need: dtype, tensor-parallel sizes, K per batch size, releases;
-:mod:`draftkit.export.engines`), within it vLLM's ``sampled_broken``, and the draft's
-``dtype``. Where present they are range-checked as the rest; where absent they read as None and
-are written back absent.
+:mod:`draftkit.export.engines`), within it vLLM's ``sampled_broken`` and ``parallel_drafting``
+(a parallel head's), and the draft's ``dtype``. Where present they are range-checked as the
+rest; where absent they read as None and are written back absent.
 
 Every command that loads a bundle checks its files against their hashes (:func:`check_files`,
 once per file per process) and every value the bundle states in two places against the other
@@ -129,6 +129,9 @@ class VllmEntry(Record):
     sampled_broken: list[list[str]] | None = added_later()
     path_rule: list[str]  # draft-path parts that make vLLM switch the method
     refused: str | None  # why vLLM would not serve this draft as one, where it would not
+    # true for a parallel EAGLE-3 head (P-EAGLE), which drafts all K tokens in one forward:
+    # speculative_config's parallel_drafting (no key for other drafts)
+    parallel_drafting: bool | None = added_later()
 
 
 @dataclass(kw_only=True)
@@ -274,7 +277,8 @@ _SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 def check_consistent(root: str | Path, manifest: Manifest) -> None:
     """Every value the bundle at ``root`` states in two places stated the same in both, or one
     ModelError line naming both places: K (the top level, the serving entry, serving/vllm.json),
-    the draft path vLLM is given, the dtype (the draft entry, the serving entry, the draft's
+    the draft path vLLM is given, parallel drafting (the serving entry, serving/vllm.json, the
+    draft's config.json), the dtype (the draft entry, the serving entry, the draft's
     config.json, its stored weights), an EAGLE-3 head's tapped layers and vocabulary size (the
     draft entry, its config.json, its tensors), the serving target and the target entry, the
     measured temperature and the report entry. Reads the draft's config.json and safetensors
@@ -327,6 +331,11 @@ def check_consistent(root: str | Path, manifest: Manifest) -> None:
     if n is not None and config.get("draft_vocab_size") != n:
         raise differ(f"{NAME} draft.draft_vocab_size is {n}",
                      f"draft/config.json says {config.get('draft_vocab_size')}")
+    parallel = serving.engines.vllm.parallel_drafting if serving is not None else None
+    if serving is not None and bool(parallel) != bool(config.get("parallel_drafting")):
+        raise differ(f"{NAME} serving.engines.vllm.parallel_drafting is {parallel}",
+                     f"draft/config.json parallel_drafting is "
+                     f"{config.get('parallel_drafting')}")
     rows = tensors.get("lm_head.weight", {}).get("shape", [n])[0]
     if n is not None and rows != n:
         raise differ(f"{NAME} draft.draft_vocab_size is {n}",
@@ -350,7 +359,8 @@ def _check_vllm_json(root: Path, serving: ServingEntry, differ) -> None:
     want = {"method": serving.engines.vllm.method,
             "num_speculative_tokens": max([serving.num_speculative_tokens] +
                                           [k for _, _, k in table or []]),
-            "num_speculative_tokens_per_batch_size": table or None}
+            "num_speculative_tokens_per_batch_size": table or None,
+            "parallel_drafting": serving.engines.vllm.parallel_drafting}
     for key, value in want.items():
         if written.get(key) != value:
             raise differ(f"serving/vllm.json says {key} {written.get(key)!r}",

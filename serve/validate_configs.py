@@ -23,9 +23,10 @@ Without an accelerator the engines are pointed at their CPU platforms (``VLLM_TA
 SGLang ``--device cpu``), which the output says; checks an engine makes only on its GPU
 platform are then not made.
 
-One line per config. An engine that cannot be imported here is one line saying it was
-skipped and why. Exit status: 0 when nothing failed (skips included), 1 when an engine refused
-or rewrote a config, 2 for a folder that is not a bundle.
+One line per config. An engine that cannot be imported here, or that the bundle's script
+refuses to start (a parallel head in SGLang), is one line saying it was skipped and why. Exit
+status: 0 when nothing failed (skips included), 1 when an engine refused or rewrote a config, 2
+for a folder that is not a bundle.
 """
 
 from __future__ import annotations
@@ -261,6 +262,10 @@ def check_engine(engine: str, bundle: Path, manifest: dict, target: str | None,
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines bury ours
         if not accelerator:
             os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    refused = manifest["serving"]["engines"][engine].get("refused")
+    if refused:  # export said so; its script stops before the engine reads anything
+        print(f"skipped {name}: the bundle's {engine}.sh refuses to start: {refused}")
+        return True
     why = importable(engine)
     if why:
         print(f"skipped {name}: {why}")

@@ -86,6 +86,7 @@ class StandaloneExport:
     counterpart is :class:`draftkit.export.eagle3.Eagle3Export`."""
 
     kind = "standalone"
+    parallel = False  # parallel drafting is an EAGLE-3 head's mode (Eagle3Export.parallel)
 
     def __init__(self, draft_ref, target_tok, target_cfg):
         import torch
@@ -221,20 +222,21 @@ def _serving(source, draft_dir: str, target: str, k: int, dtype: str,
                             f"{rewrite!r}, not draft_model (SpeculativeConfig reads the method "
                             f"off the draft's path); choose an --out without "
                             f"{', '.join(repr(p) for p, _ in engines.VLLM_PATH_METHODS)}")
-    refused = engines.refused_engines(source.config) if source.kind == \
-        StandaloneExport.kind else {}
+    refused = engines.refused_engines(source.config)
     tp = engines.tp_sizes(source.config)
     for line in refused.values():
         _warn(f"{line}; its serving script will refuse to start")
     missing = [n for n in engines.COMMON_TP if n not in tp]
     if missing:
+        sglang = "" if "sglang" in refused else \
+            "SGLang cannot serve it beside a target at those; "
         _warn(f"the draft shards at tensor-parallel sizes {tp} only, not "
               f"{', '.join(map(str, missing))} (its attention heads, KV heads and MLP width do "
-              f"not divide them): SGLang cannot serve it beside a target at those; vLLM runs "
-              f"it at draft_tensor_parallel_size 1")
+              f"not divide them): {sglang}vLLM runs it at draft_tensor_parallel_size 1")
     table = engines.k_per_batch_size(report.batch_sweep, shown_speedup) if report else None
     return serving_entry(source.kind, target, k, dtype, tp, table, refused,
-                         report.temperature if report else None)
+                         report.temperature if report else None,
+                         parallel=source.parallel)
 
 
 def _warn(line: str) -> None:

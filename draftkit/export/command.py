@@ -83,8 +83,11 @@ def export(args: ExportArgs) -> Path:
     print(f"  needs:  vllm >= {serving.engines.vllm.min_version}, sglang >= "
           f"{serving.engines.sglang.min_version} (serving/README.md says which figures hold "
           f"where)")
-    print(f"  vLLM:   bash {out / 'serving' / 'vllm.sh'}")
-    print(f"  SGLang: bash {out / 'serving' / 'sglang.sh'}")
+    for name, engine in (("vLLM:  ", "vllm"), ("SGLang:", "sglang")):
+        refused = getattr(serving.engines, engine).refused  # export warned why, in one line
+        print(f"  {name} " + ("will not serve this draft: its script refuses to start "
+                              "(serving/README.md says why)" if refused else
+                              f"bash {out / 'serving' / f'{engine}.sh'}"))
     if manifest.draft.kind == EAGLE3:
         print(f"  HF:     cannot run an EAGLE-3 head; python "
               f"{out / 'serving' / 'hf_transformers.py'} decodes with draftkit")
@@ -105,8 +108,9 @@ def check(args: CheckArgs) -> Manifest:
                          f"one (a bundle records its target's content hash already)")
     manifest = check_bundle(args.bundle, target=args.target)
     entry = manifest.draft
-    head = f", EAGLE-3 head tapping target layers {entry.eagle_aux_hidden_state_layer_ids}" \
-        if entry.kind == EAGLE3 else ""
+    parallel = manifest.serving is not None and manifest.serving.engines.vllm.parallel_drafting
+    head = f", {'parallel ' if parallel else ''}EAGLE-3 head tapping target layers " \
+        f"{entry.eagle_aux_hidden_state_layer_ids}" if entry.kind == EAGLE3 else ""
     print(f"bundle {args.bundle} OK: {len(manifest.files)} files verified, target "
           f"{manifest.target.name}{head}, K={manifest.num_speculative_tokens}")
     draft, spec = Path(args.bundle).resolve() / "draft", Path(args.bundle) / "serving/vllm.json"

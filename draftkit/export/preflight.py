@@ -10,9 +10,10 @@ lists before it reads any value, then reads what export recorded (its ``serving`
 exit status 1 when the engine would not serve the bundle as measured: a release older than the
 bundle needs, a target other than the one exported for (its content hash), a tensor-parallel
 size the draft does not shard at, an engine that rewrites this draft into another kind of
-model, a bundle moved under a path vLLM reads as another method. Settings a newer release has
-(vLLM's ``draft_sample_method`` and K per batch size, SGLang's rejection sampling) are added
-where the installed release has them, and said on stderr where it does not.
+model (or drafts a parallel head autoregressively), a bundle moved under a path vLLM reads as
+another method. vLLM is told ``parallel_drafting`` for a parallel head. Settings a newer
+release has (vLLM's ``draft_sample_method`` and K per batch size, SGLang's rejection sampling)
+are added where the installed release has them, and said on stderr where it does not.
 """
 
 from __future__ import annotations
@@ -168,6 +169,8 @@ def vllm_command(manifest: dict, version, given: str | None, args: list[str],
                           f"reads the method off the path); move the bundle elsewhere")
     spec = {"method": entry["method"], "model": draft,
             "num_speculative_tokens": serving["num_speculative_tokens"]}
+    if entry.get("parallel_drafting"):  # a parallel head: all K tokens in one forward
+        spec["parallel_drafting"] = True
     features = entry.get("features", {})
     tp = tp_size(args, ("--tensor-parallel-size", "-tp"))
     if tp not in serving["tp_sizes"]:

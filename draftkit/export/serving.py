@@ -2,7 +2,8 @@
 
 The flag names follow each project's documented conventions (serve/README.md shows them):
 vLLM's ``speculative_config`` with ``method`` ``draft_model`` for a standalone draft and
-``eagle3`` for an EAGLE-3 head (always said: vLLM guesses a method from the path otherwise);
+``eagle3`` for an EAGLE-3 head (always said: vLLM guesses a method from the path otherwise),
+with ``parallel_drafting`` for a parallel one (P-EAGLE, arXiv 2602.01469);
 SGLang's STANDALONE or EAGLE3 speculative algorithm, drafting a single chain (top-k 1); HF's
 ``assistant_model`` with a constant ``num_assistant_tokens``, which cannot run an EAGLE-3 head.
 
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from draftkit.export import preflight
 from draftkit.export.engines import (BROKEN_SAMPLED_VERIFY, FEATURES, MIN_VERSIONS,
-                                     VLLM_PATH_METHODS)
+                                     PARALLEL_DRAFTING, VLLM_PATH_METHODS)
 from draftkit.export.serving_readme import readme
 from draftkit.manifest import DomainEntry, EnginesEntry, ServingEntry, SglangEntry, VllmEntry
 
@@ -31,24 +32,31 @@ from draftkit.manifest import DomainEntry, EnginesEntry, ServingEntry, SglangEnt
 METHODS = {"standalone": ("draft_model", "STANDALONE"), "eagle3": ("eagle3", "EAGLE3")}
 _WHY = {("vllm", "standalone"): "the first release whose V1 engine runs method draft_model",
         ("vllm", "eagle3"): "the first that taps the layers the head records",
+        ("vllm", "parallel"): "the first with parallel_drafting, which this parallel head "
+                              "needs to draft all K tokens in one forward",
         ("sglang", "standalone"): "the first release with the STANDALONE algorithm",
         ("sglang", "eagle3"): "the first that taps the layers the head records"}
 
 
 def serving_entry(kind: str, target: str, k: int, dtype: str, tp: list[int],
                   k_table: list[list[int]] | None, refused: dict[str, str],
-                  temperature: float | None) -> ServingEntry:
+                  temperature: float | None, parallel: bool = False) -> ServingEntry:
     """The manifest's ``serving`` entry: what the scripts check and launch with. ``k`` is the
     recommended K (0: speculation did not pay; the engines need K >= 1 to load a draft at all,
-    so they are given 1)."""
+    so they are given 1); ``parallel``: the draft is a parallel EAGLE-3 head."""
     vllm_features = dict(FEATURES["vllm"])
+    # a parallel head needs a later vLLM than any EAGLE-3 head: without parallel_drafting it
+    # drafts positions 2..K autoregressively, as it was not trained to
+    vllm_first = (PARALLEL_DRAFTING, _WHY["vllm", "parallel"]) if parallel else \
+        (MIN_VERSIONS["vllm", kind], _WHY["vllm", kind])
     sglang_features = dict(FEATURES["sglang"]) if kind == "eagle3" else {}  # EAGLE-3 only
     return ServingEntry(
         target=target, dtype=dtype, tp_sizes=tp, num_speculative_tokens=max(k, 1),
         k_per_batch_size=k_table, measured_temperature=temperature,
         engines=EnginesEntry(
-            vllm=VllmEntry(method=METHODS[kind][0], min_version=MIN_VERSIONS["vllm", kind],
-                           why=_WHY["vllm", kind], features=vllm_features,
+            vllm=VllmEntry(method=METHODS[kind][0], min_version=vllm_first[0],
+                           why=vllm_first[1], features=vllm_features,
+                           parallel_drafting=True if parallel else None,
                            # builds whose sampled verification rejects every draft: the
                            # scripts warn
                            sampled_broken=[list(b) for b in BROKEN_SAMPLED_VERIFY],
@@ -66,6 +74,8 @@ def vllm_speculative_config(draft_dir: str, entry: ServingEntry) -> dict:
     spec = {"method": entry.engines.vllm.method, "model": draft_dir,
             "num_speculative_tokens": entry.num_speculative_tokens,
             "draft_sample_method": "probabilistic"}
+    if entry.engines.vllm.parallel_drafting:
+        spec["parallel_drafting"] = True
     if entry.k_per_batch_size:
         spec["num_speculative_tokens_per_batch_size"] = entry.k_per_batch_size
         spec["num_speculative_tokens"] = max([spec["num_speculative_tokens"]] +

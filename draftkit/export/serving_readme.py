@@ -42,11 +42,12 @@ def sampling_rows(entry: ServingEntry, kind: str) -> list[tuple[str, str]]:
                      f"of them is broken ({what}): there speculation only costs time. "
                      f"`draftkit eval --engine vllm` measures a bundle in the vLLM you have, "
                      f"with a control"))
-    if kind == "eagle3":
+    sglang = not entry.engines.sglang.refused  # a refused engine holds no figure: no row
+    if sglang and kind == "eagle3":
         rs = FEATURES["sglang"]["speculative_use_rejection_sampling"]
         rows += [(f"SGLang >= {rs} (the script adds --speculative-use-rejection-sampling)", same),
                  (f"SGLang older than {rs} (target-only verification)", lower)]
-    else:
+    elif sglang:
         rows.append(("SGLang STANDALONE (target-only verification; it takes no rejection "
                      "sampling for a standalone draft)", lower))
     rows.append(("HF transformers assisted generation" if kind == "standalone" else
@@ -62,13 +63,18 @@ def readme(entry: ServingEntry, kind: str, k: int, figures: dict[str, DomainEntr
     vllm, sglang = entry.engines.vllm, entry.engines.sglang
     out = ["# Serving this bundle", "",
            "| engine | command | needs |", "|---|---|---|",
-           f"| vLLM | `bash serving/vllm.sh [--target PATH] [flags]` | vllm >= "
-           f"{vllm.min_version} ({vllm.why}) |",
-           f"| SGLang | `bash serving/sglang.sh [--target PATH] [flags]` | sglang >= "
-           f"{sglang.min_version} ({sglang.why}) |",
+           f"| vLLM | `bash serving/vllm.sh [--target PATH] [flags]` | {_needs('vllm', vllm)} |",
+           f"| SGLang | `bash serving/sglang.sh [--target PATH] [flags]` | "
+           f"{_needs('sglang', sglang)} |",
            "| HF transformers | `python serving/hf_transformers.py [--target PATH] [--device D] "
            "[--dtype T]` | " + ("transformers" if kind == "standalone" else
                                 "draftkit (HF cannot run an EAGLE-3 head)") + " |", ""]
+    if vllm.parallel_drafting:
+        out += ["The draft is a parallel EAGLE-3 head (P-EAGLE, arXiv 2602.01469): it drafts "
+                "all K tokens in one forward, its positions 2..K reading the learned placeholder "
+                "`mask_hidden` and the token `ptd_token_id` (draft/config.json). vLLM does so "
+                "with `parallel_drafting: true` in its speculative config (vllm.sh and "
+                f"vllm.json set it; from vLLM {vllm.min_version}).", ""]
     for name, e in (("vLLM", vllm), ("SGLang", sglang)):
         if e.refused:
             out += [f"**{name} will not serve this draft**: {e.refused}; its script says so "
@@ -106,6 +112,13 @@ def readme(entry: ServingEntry, kind: str, k: int, figures: dict[str, DomainEntr
         out += ["No batch sweep was measured: every engine runs K "
                 f"{entry.num_speculative_tokens} at every batch size."]
     return "\n".join(out) + "\n"
+
+
+def _needs(engine: str, e) -> str:
+    """The README table's cell for ``engine``'s entry ``e``: the release it needs, or that it
+    will not serve the draft at all (said below the table)."""
+    return "will not serve this draft (below)" if e.refused else \
+        f"{engine} >= {e.min_version} ({e.why})"
 
 
 def _fmt(x) -> str:

