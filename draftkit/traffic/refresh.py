@@ -60,7 +60,7 @@ class RefreshArgs:
                                       "bundle's num_speculative_tokens)")
     replay: bool = option(True, help="train on the recipe's own data too (--no-replay: traffic "
                                      "only)")
-    traffic_repeat: int = option(3, help="each traffic request is trained this many times an "
+    traffic_repeat: int = option(5, help="each traffic request is trained this many times an "
                                          "epoch beside the replayed rows once: the traffic is "
                                          "what the draft will serve, and it is the smaller set")
     keep_vocab: bool = option(False, help="an EAGLE-3 head keeps its draft vocabulary "

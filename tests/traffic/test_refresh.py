@@ -132,8 +132,8 @@ def test_a_refresh_trains_from_the_served_head_and_writes_the_bundle_only_if_fas
     recipe = recorded["draft"]
     # the head's vocabulary is chosen again on the traffic, at the head's size
     assert recipe["model"] == str(bundle) and recipe["draft_vocab_size"] == 40
-    # the traffic weighs --traffic-repeat times (default 3) beside the replayed rows
-    assert recorded["data"]["sources"][0]["repeat"] == 3
+    # the traffic weighs --traffic-repeat times (default 5) beside the replayed rows
+    assert recorded["data"]["sources"][0]["repeat"] == 5
     if exported:
         check_bundle(out)
 

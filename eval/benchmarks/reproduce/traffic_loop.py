@@ -117,11 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bundle", default="runs/quickstart/bundle")
     ap.add_argument("--out", default="runs/traffic-loop")
-    ap.add_argument("--train-requests", type=int, default=24, help="per domain, before refresh")
-    ap.add_argument("--heldout-requests", type=int, default=10, help="per domain, after")
+    ap.add_argument("--train-requests", type=int, default=46, help="per domain, before refresh")
+    ap.add_argument("--heldout-requests", type=int, default=12, help="per domain, after")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=120, help="refresh training steps")
-    ap.add_argument("--traffic-repeat", type=int, default=3,
+    ap.add_argument("--steps", type=int, default=320, help="refresh training steps")
+    ap.add_argument("--traffic-repeat", type=int, default=5,
                     help="refresh: times each traffic request is trained an epoch")
     ap.add_argument("--k", default="auto", help="the servers' --k: auto, or a fixed K (the "
                                                 "bundle's, to compare drafts by acceptance alone)")
