@@ -92,16 +92,18 @@ def v_between(measured: dict[int, float]) -> Callable[[int], float] | None:
     return v_of
 
 
-def speedup(alpha: AlphaLike, c: float, k: int, v: VLike = 1.0, overhead: float = 0.0) -> float:
+def speedup(alpha: AlphaLike, c: float, k: int, v: VLike = 1.0, overhead: float = 0.0,
+            per_round: bool = False) -> float:
     """Predicted walltime speedup over plain decoding (K = 0 has speedup 1 by definition).
 
-    S(K) = tau(K) / (K c + v(K) + overhead). With v = 1 and no overhead this is
-    (1 - alpha^(K+1)) / ((1 - alpha)(1 + cK)) (Leviathan et al., Theorem 3.8).
-    ``v`` is a float, a sequence indexed by K, or a function of K.
+    S(K) = tau(K) / (F(K) c + v(K) + overhead), F(K) the draft forwards a round
+    (:func:`draft_forwards`: K, or one with ``per_round``, a parallel head). With F(K) = K,
+    v = 1 and no overhead this is (1 - alpha^(K+1)) / ((1 - alpha)(1 + cK)) (Leviathan et al.,
+    Theorem 3.8). ``v`` is a float, a sequence indexed by K, or a function of K.
     """
     if k == 0:
         return 1.0
-    return tau(alpha, k) / (k * c + _v_at(v, k) + overhead)
+    return tau(alpha, k) / (draft_forwards(k, per_round) * c + _v_at(v, k) + overhead)
 
 
 def draft_forwards(k: int, per_round: bool = False) -> int:
@@ -124,14 +126,14 @@ def speedup_from_times(tau_value: float, t_target: float, t_draft: float, t_veri
 
 
 def optimal_k(alpha: AlphaLike, c: float, k_max: int = 16, v: VLike = 1.0,
-              overhead: float = 0.0) -> tuple[int, float]:
+              overhead: float = 0.0, per_round: bool = False) -> tuple[int, float]:
     """(K, speedup) maximising :func:`speedup` over integers 0..k_max.
 
     There is no closed form, so search. K = 0 wins when speculation loses.
     """
     best = (0, 1.0)
     for k in range(1, k_max + 1):
-        s = speedup(alpha, c, k, v, overhead)
+        s = speedup(alpha, c, k, v, overhead, per_round)
         if s > best[1] + 1e-12:
             best = (k, s)
     return best
@@ -148,7 +150,8 @@ def _bisect(f: Callable[[float], float], lo: float, hi: float, iters: int = 80) 
     return (lo + hi) / 2
 
 
-def break_even_alpha(c: float, k: int = 1, v: VLike = 1.0, overhead: float = 0.0) -> float:
+def break_even_alpha(c: float, k: int = 1, v: VLike = 1.0, overhead: float = 0.0,
+                     per_round: bool = False) -> float:
     """Smallest i.i.d. alpha at which K drafted tokens beat plain decoding (speedup = 1).
 
     Returns math.inf when even alpha = 1 does not pay. With v = 1 and K = 1 this is alpha = c:
@@ -156,24 +159,25 @@ def break_even_alpha(c: float, k: int = 1, v: VLike = 1.0, overhead: float = 0.0
     """
     if k < 1:
         raise ValueError("break-even needs K >= 1")
-    if speedup(1.0, c, k, v, overhead) <= 1.0:
+    if speedup(1.0, c, k, v, overhead, per_round) <= 1.0:
         return math.inf
-    if speedup(0.0, c, k, v, overhead) >= 1.0:
+    if speedup(0.0, c, k, v, overhead, per_round) >= 1.0:
         return 0.0
-    return _bisect(lambda a: speedup(a, c, k, v, overhead) - 1.0, 0.0, 1.0)
+    return _bisect(lambda a: speedup(a, c, k, v, overhead, per_round) - 1.0, 0.0, 1.0)
 
 
 def break_even_alpha_any_k(c: float, k_max: int = 16, v: VLike = 1.0,
-                           overhead: float = 0.0) -> float:
+                           overhead: float = 0.0, per_round: bool = False) -> float:
     """Smallest alpha at which some K in 1..k_max beats plain decoding."""
-    return min(break_even_alpha(c, k, v, overhead) for k in range(1, k_max + 1))
+    return min(break_even_alpha(c, k, v, overhead, per_round) for k in range(1, k_max + 1))
 
 
-def max_draft_cost(alpha: AlphaLike, k: int, v: VLike = 1.0, overhead: float = 0.0) -> float:
+def max_draft_cost(alpha: AlphaLike, k: int, v: VLike = 1.0, overhead: float = 0.0,
+                   per_round: bool = False) -> float:
     """Largest c at which K drafted tokens still break even (the crossover in draft cost)."""
     if k < 1:
         raise ValueError("crossover needs K >= 1")
-    return max(0.0, (tau(alpha, k) - _v_at(v, k) - overhead) / k)
+    return max(0.0, (tau(alpha, k) - _v_at(v, k) - overhead) / draft_forwards(k, per_round))
 
 
 def crossover(xs: Sequence[float], ys: Sequence[float | None], level: float = 1.0,

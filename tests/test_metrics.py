@@ -44,6 +44,17 @@ def test_speedup_general_model():
     assert m.optimal_k(0.6, 0.2, v=2.0)[0] == 0
 
 
+def test_a_parallel_heads_draft_is_priced_once_a_round():
+    # one forward drafts the round: K = 5 costs c, not 5c, so a longer K pays and breaks even
+    # lower, and the largest c that still pays is K times as large
+    assert m.speedup(0.8, 0.1, 5, per_round=True) == pytest.approx(m.tau(0.8, 5) / 1.1)
+    assert m.speedup(0.8, 0.1, 5, per_round=True) > m.speedup(0.8, 0.1, 5)
+    assert m.optimal_k(0.8, 0.1, k_max=8, per_round=True)[0] > m.optimal_k(0.8, 0.1, k_max=8)[0]
+    assert m.break_even_alpha(0.1, 5, per_round=True) < m.break_even_alpha(0.1, 5)
+    assert m.max_draft_cost(0.7, 3, per_round=True) == pytest.approx(3 * m.max_draft_cost(0.7, 3))
+    assert m.speedup(0.8, 0.1, 0, per_round=True) == 1.0
+
+
 def test_break_even_and_crossovers():
     assert m.break_even_alpha(0.2, k=1) == pytest.approx(0.2)  # alpha <= c: no K helps
     assert m.break_even_alpha_any_k(0.2) == pytest.approx(0.2, abs=1e-6)

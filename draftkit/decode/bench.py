@@ -128,7 +128,8 @@ def _speedups(tps: dict[str, float], stats: dict, k: int) -> dict:
                     "overhead_per_round_s": spec.overhead_per_round(),
                     "target_step_s": t1})
         measured = tps["ours_spec"] / tps["ours_k0"]
-        predicted = metrics.speedup(alphas or 0.0, c, k, v) if (c and v) else None
+        predicted = (metrics.speedup(alphas or 0.0, c, k, v, per_round=spec.draft_per_round)
+                     if (c and v) else None)
         out.update({"measured_speedup": measured, "predicted_speedup": predicted,
                     "measured_over_predicted": measured / predicted if predicted else None})
     if "ours_k0" in tps and "hf_generate" in tps:

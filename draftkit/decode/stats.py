@@ -304,20 +304,6 @@ class DecodeStats:
         """Seconds per round outside the draft and target forwards."""
         return self.seconds_other / self.rounds if self.rounds else 0.0
 
-    def summary(self, target_step: float | None = None) -> dict:
-        ks = [k for k in self.target_calls_by_tokens if k > 1]
-        k = max(ks) - 1 if ks else 0
-        return {
-            "rounds": self.rounds, "target_calls": self.target_calls, "tokens": self.tokens,
-            "drafted": self.drafted, "accepted": self.accepted, "bonus": self.bonus,
-            "alpha": self.alpha(), "alpha_tv": self.alpha_tv(), "alpha_i": self.alphas(),
-            "tau": self.tau(), "c": self.c(target_step), "v": self.v(k, target_step) if k else None,
-            "seconds": self.seconds, "seconds_prefill": self.seconds_prefill,
-            "seconds_draft": self.seconds_draft, "seconds_catchup": self.seconds_catchup,
-            "seconds_verify": self.seconds_verify, "seconds_other": self.seconds_other,
-            "decode_path": self.path(),
-        }
-
 
 def path_line(path: dict) -> str:
     """A :meth:`DecodeStats.path` in one line: ``target cuda-graph, draft eager (draft: why)``."""

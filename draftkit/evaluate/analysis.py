@@ -57,7 +57,8 @@ def domain_figures(run: DomainRun, n_prompts: int, settings: EvalSettings) -> Do
         prompts_to_decide=to_decide,
         plain_tokens_per_s=plain_tps, spec_tokens_per_s=spec_tps,
         target_entropy=None, by_entropy=None, overhead_per_round_ms=overhead_ms,
-        verdict=None)  # the teacher-forced figures and the verdict are set by the caller
+        verdict=None,  # the teacher-forced figures and the verdict are set by the caller
+        draft_per_round=stats.draft_per_round or None)
 
 
 def measured_speedup(run: DomainRun) -> tuple[float, float, float | None, float | None,
@@ -90,6 +91,7 @@ def verdict(fig: DomainFigures, k_max: int, v: Callable[[int], float] | None = N
     ``at_k`` the predictions are at ``fig.k`` alone (a sweep's row, :func:`sweep_verdict`),
     else at the best K up to ``k_max``."""
     measured, alpha, c = fig.speedup_measured, fig.alpha, fig.c
+    per_round = bool(fig.draft_per_round)  # c prices a round, not a token (a parallel head)
     low, high = fig.speedup_low, fig.speedup_high
     interval = "" if low is None else f", 95% interval {low:.2f}-{high:.2f}x"
     if measured > 1.0 and fig.k and low is not None and low > 1.0:
@@ -102,7 +104,7 @@ def verdict(fig: DomainFigures, k_max: int, v: Callable[[int], float] | None = N
         v_run = fig.v if fig.v is not None else 1.0
         v = lambda k: v_run  # noqa: E731
     ks = [fig.k] if at_k and fig.k else list(range(1, k_max + 1))
-    be = min(metrics.break_even_alpha(c, k, v) for k in ks)
+    be = min(metrics.break_even_alpha(c, k, v, per_round=per_round) for k in ks)
     if not math.isfinite(be):  # no alpha below 1 pays at this c and v
         vs = [v(k) for k in ks]
         span = f"{min(vs):.2f}" if max(vs) - min(vs) < 5e-3 else f"{min(vs):.2f}-{max(vs):.2f}"
@@ -114,8 +116,9 @@ def verdict(fig: DomainFigures, k_max: int, v: Callable[[int], float] | None = N
             why += " (the draft is too slow)"
         return f"do not speculate: {why}"
     alphas = fig.alpha_per_position or alpha
-    best_k, best_s = ((fig.k, metrics.speedup(alphas, c, fig.k, v)) if len(ks) == 1 else
-                      metrics.optimal_k(alphas, c, k_max, v))
+    best_k, best_s = ((fig.k, metrics.speedup(alphas, c, fig.k, v, per_round=per_round))
+                      if len(ks) == 1 else
+                      metrics.optimal_k(alphas, c, k_max, v, per_round=per_round))
     if best_k == 0 or best_s <= 1.0:
         return "do not speculate: no K pays at this alpha, c and v"
     predicted = f"predicted {best_s:.2f}x at K={best_k}"
@@ -146,6 +149,7 @@ def sweep_verdict(row: KSweepRow | BatchRow, k_max: int, fig: DomainFigures | No
     own = {name: getattr(row, name) for name in ("k", "c", "v", "speedup_measured",
                                                    "speedup_low", "speedup_high",
                                                    "prompts_to_decide")}
+    own["draft_per_round"] = getattr(row, "draft_per_round", None) or base.draft_per_round
     return verdict(dataclasses.replace(base, **own, overhead_per_round_ms=None), k_max,
                    v if fig is not None else None, at_k=True,
                    unit="prompt" if batch == 1 else f"batch of {batch} prompts")
@@ -180,7 +184,7 @@ def k_sweep_rows(domain: str, fig: DomainFigures, measured: list[KMeasurement],
         if alpha is not None:  # None: nothing was drafted
             tau = metrics.tau(alpha, k)
             if fig.c is not None:
-                pred = metrics.speedup(alpha, fig.c, k, v)
+                pred = metrics.speedup(alpha, fig.c, k, v, per_round=bool(fig.draft_per_round))
         m = by_k.get(k)  # the sweep's measurement at this K: None (and so its figures) if none
         row = KSweepRow(
             domain=domain, k=k, tau=tau, tau_measured=m and m.tau, c=m and m.c, v=m and m.v,
@@ -259,7 +263,7 @@ def break_even(batch_rows: list[BatchRow], domains: dict[str, DomainFigures]) ->
     per_domain = {}
     for name, fig in domains.items():
         alpha = fig.alpha_per_position or fig.alpha
-        predicted = [metrics.speedup(alpha, r.c, r.k, r.v)
+        predicted = [metrics.speedup(alpha, r.c, r.k, r.v, per_round=bool(r.draft_per_round))
                      if None not in (alpha, r.c, r.v) else None for r in rows]
         per_domain[name] = break_even_batch(bs, predicted)
     return BreakEven.of(break_even_batch(bs, [shown_speedup(r) for r in rows]),

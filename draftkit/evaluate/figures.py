@@ -1,8 +1,7 @@
 """What ``draftkit eval`` and ``draftkit regimes`` report, as typed records.
 
-Each record is one JSON object of ``report.json`` (:class:`draftkit.records.Record`): its
-fields are the object's keys in the order written: ``to_dict`` gives the JSON the writers
-write, ``from_dict`` reads it back, also from an earlier version's (a missing figure is None).
+Each record is one JSON object of ``report.json`` (:class:`draftkit.records.Record`), its fields
+the keys in order; ``from_dict`` reads an earlier version's too (a missing figure is None).
 
 - eval: :class:`EvalReport`, with :class:`DomainFigures` per domain and overall (and their
   :class:`EntropyTable`), the K sweep's :class:`KSweepRow`, the batch sweep's :class:`BatchRow`
@@ -47,9 +46,7 @@ class Crossover(Record):
 class BatchBreakEven(Crossover):
     """A crossover of speedup against batch size (x in batch size, interpolated in log2 B)."""
 
-    # the first measured B from which every larger one is on the final side of 1.0 (the
-    # smallest for below; None for above and empty)
-    batch_size: int | None
+    batch_size: int | None  # from it every larger B is on the final side (None: above, empty)
 
 
 @dataclass(kw_only=True)
@@ -110,6 +107,7 @@ class DomainFigures(Record):
     by_entropy: EntropyTable | None
     overhead_per_round_ms: float
     verdict: str | None
+    draft_per_round: bool | None = added_later()  # True: c is a round's (a parallel head)
     # each baseline draft's teacher-forced acceptance on the same continuations, by its key
     # (ALPHA_BEFORE for --baseline-draft); no key at all, not a null, without a baseline
     baselines: dict[str, float | None] = extra_keys()
@@ -164,6 +162,7 @@ class BatchRow(Record):
     prompts_to_decide: int | None = added_later()  # batches to decide x the batch size
     batches: int | None = added_later()  # the batches measured (batch size 1: the prompts)
     verdict: str | None = added_later()  # the table's verdict rule, at this row's K and B
+    draft_per_round: bool | None = added_later()  # as DomainFigures'
 
 
 @dataclass(kw_only=True)
@@ -234,6 +233,7 @@ class PointFigures(Record):
     speedup_low: float | None = added_later()
     speedup_high: float | None = added_later()
     prompts_to_decide: int | None = added_later()
+    draft_per_round: bool | None = added_later()  # as DomainFigures'
 
 
 @dataclass(kw_only=True)

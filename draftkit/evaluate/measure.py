@@ -284,7 +284,8 @@ class Evaluator:
                 plain_tokens_per_s=plain_n / plain_s, spec_tokens_per_s=spec_n / spec_s,
                 speedup_predicted=spec_stats.predicted_speedup(step) if drafted
                 else None, speedup_measured=speedup, speedup_low=low, speedup_high=high,
-                prompts_to_decide=to_decide and to_decide * bsz, batches=len(groups)))
+                prompts_to_decide=to_decide and to_decide * bsz, batches=len(groups),
+                draft_per_round=spec_stats.draft_per_round or None))
         return rows
 
 

@@ -46,11 +46,16 @@ from typing import Any
 from draftkit.errors import ModelError
 from draftkit.models.facts import text_config
 
-# (engine, the draft's kind) -> the first release that serves the bundle as written
-MIN_VERSIONS = {("vllm", "standalone"): "0.15.0", ("vllm", "eagle3"): "0.11.1",
-                ("sglang", "standalone"): "0.5.2", ("sglang", "eagle3"): "0.4.9"}
-# the first vLLM release with parallel drafting: a parallel head's bundle needs it (docstring)
-PARALLEL_DRAFTING = "0.16.0"
+# (engine, the draft's kind) -> (the first release that serves the bundle as written, why);
+# "parallel" is a parallel EAGLE-3 head, which SGLang is refused (refused_engines)
+MIN_VERSIONS = {
+    ("vllm", "standalone"): ("0.15.0", "the first release whose V1 engine runs method "
+                                       "draft_model"),
+    ("vllm", "eagle3"): ("0.11.1", "the first that taps the layers the head records"),
+    ("vllm", "parallel"): ("0.16.0", "the first with parallel_drafting, which this parallel "
+                                     "head needs to draft all K tokens in one forward"),
+    ("sglang", "standalone"): ("0.5.2", "the first release with the STANDALONE algorithm"),
+    ("sglang", "eagle3"): ("0.4.9", "the first that taps the layers the head records")}
 # settings the scripts add only where the installed release has them: name -> first release
 FEATURES = {"vllm": {"draft_sample_method": "0.22.0",
                      "num_speculative_tokens_per_batch_size": "0.24.0"},

@@ -136,7 +136,10 @@ def check_common(engine: str, manifest: dict, version: tuple[int, ...] | None,
     """The checks both engines share; returns the engine's recorded entry."""
     name, entry = NAMES[engine], manifest["serving"]["engines"][engine]
     if entry.get("refused"):
-        raise Refused(f"{entry['refused']}; serve this bundle with the other engine, HF or "
+        # HF transformers' assisted generation runs a standalone draft, not an EAGLE-3 head
+        hf = ", HF" if manifest["serving"]["engines"]["vllm"].get("method") == "draft_model" \
+            else ""
+        raise Refused(f"{entry['refused']}; serve this bundle with the other engine{hf} or "
                       f"`draftkit serve`")
     if version is None:
         raise Refused(f"{name} is not installed where this script runs (no version found); "

@@ -24,18 +24,12 @@ from pathlib import Path
 
 from draftkit.export import preflight
 from draftkit.export.engines import (BROKEN_SAMPLED_VERIFY, FEATURES, MIN_VERSIONS,
-                                     PARALLEL_DRAFTING, VLLM_PATH_METHODS)
+                                     VLLM_PATH_METHODS)
 from draftkit.export.serving_readme import readme
 from draftkit.manifest import DomainEntry, EnginesEntry, ServingEntry, SglangEntry, VllmEntry
 
 # the draft's kind -> (vLLM's speculative method, SGLang's speculative algorithm)
 METHODS = {"standalone": ("draft_model", "STANDALONE"), "eagle3": ("eagle3", "EAGLE3")}
-_WHY = {("vllm", "standalone"): "the first release whose V1 engine runs method draft_model",
-        ("vllm", "eagle3"): "the first that taps the layers the head records",
-        ("vllm", "parallel"): "the first with parallel_drafting, which this parallel head "
-                              "needs to draft all K tokens in one forward",
-        ("sglang", "standalone"): "the first release with the STANDALONE algorithm",
-        ("sglang", "eagle3"): "the first that taps the layers the head records"}
 
 
 def serving_entry(kind: str, target: str, k: int, dtype: str, tp: list[int],
@@ -47,8 +41,8 @@ def serving_entry(kind: str, target: str, k: int, dtype: str, tp: list[int],
     vllm_features = dict(FEATURES["vllm"])
     # a parallel head needs a later vLLM than any EAGLE-3 head: without parallel_drafting it
     # drafts positions 2..K autoregressively, as it was not trained to
-    vllm_first = (PARALLEL_DRAFTING, _WHY["vllm", "parallel"]) if parallel else \
-        (MIN_VERSIONS["vllm", kind], _WHY["vllm", kind])
+    vllm_first = MIN_VERSIONS["vllm", "parallel" if parallel else kind]
+    sglang_first = MIN_VERSIONS["sglang", kind]
     sglang_features = dict(FEATURES["sglang"]) if kind == "eagle3" else {}  # EAGLE-3 only
     return ServingEntry(
         target=target, dtype=dtype, tp_sizes=tp, num_speculative_tokens=max(k, 1),
@@ -64,7 +58,7 @@ def serving_entry(kind: str, target: str, k: int, dtype: str, tp: list[int],
                            path_rule=[p for p, _ in VLLM_PATH_METHODS] if kind == "standalone"
                            else [], refused=refused.get("vllm")),
             sglang=SglangEntry(algorithm=METHODS[kind][1],
-                               min_version=MIN_VERSIONS["sglang", kind], why=_WHY["sglang", kind],
+                               min_version=sglang_first[0], why=sglang_first[1],
                                features=sglang_features, refused=refused.get("sglang"))))
 
 

@@ -124,7 +124,6 @@ def test_on_cpu_the_path_is_eager_and_the_figures_say_why(models, tmp_path):
     path = stats.path()
     assert path["target"] == "eager" and path["draft"] == "eager"
     assert path["eager_reasons"] == [f"target: {CPU_REASON}", f"draft: {CPU_REASON}"]
-    assert stats.summary()["decode_path"] == path
     assert stats.path_text().startswith("target eager, draft eager (target: the model is on cpu")
     assert engine.target.graphs.forwards == {}  # nothing static ran
     r = run_bench(target, close, PROMPTS[:1], k=2, max_new_tokens=6, repeats=1,

@@ -1,5 +1,6 @@
 """``draftkit eval`` end to end on tiny random models: the report's schema and its arithmetic."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -181,6 +182,12 @@ def test_verdicts_say_why():
     assert verdict(hopeless, 8).startswith("do not speculate: alpha 0.10 is below")
     costly = fig(speedup_measured=0.5, alpha=0.8, c=2.0, k=1)
     assert verdict(costly, 8).endswith("no acceptance rate pays")  # not "break-even inf"
+    # a parallel head's c is a round's: at K = 5, 5 x 0.2 loses, one 0.2 a round pays
+    serial = fig(speedup_measured=1.1, speedup_low=0.9, speedup_high=1.3, alpha=0.3, c=0.2,
+                 k=5)
+    assert verdict(serial, 8, at_k=True).startswith("do not speculate")
+    parallel = dataclasses.replace(serial, draft_per_round=True)
+    assert verdict(parallel, 8, at_k=True).startswith("inconclusive")
 
 
 def test_a_baseline_draft_of_another_vocabulary_is_refused(tiny_dirs, suite, tmp_path):
@@ -445,3 +452,21 @@ def test_a_sweep_rows_verdict_is_the_tables_rule_at_its_k():
                                               "prompts, which gives no interval")
     batch.speedup_low, batch.speedup_high = 0.85, 0.95  # a loss the model does not explain
     assert sweep_verdict(batch, 4).endswith("; per-round overhead eats the gain")
+
+
+def test_a_parallel_heads_report_prices_its_draft_once_a_round(suite, tmp_path):
+    """eval of a parallel EAGLE-3 head says its c is a round's, and its figures use it so."""
+    from tests.helpers import parallel_head
+
+    _, target_dir, head_dir = parallel_head(tmp_path)
+    report = evaluate(tiny_args(target_dir, head_dir, suite, tmp_path / "out", k=3,
+                                batch_sizes=[1], k_sweep=[], repeats=1))
+    for fig in (*report.domains.values(), report.overall):
+        assert fig.draft_per_round is True
+    for row in report.k_sweep:  # predicted at every K for one draft forward a round: c, not K c
+        fig = report.domains[row.domain]
+        assert row.speedup_predicted == pytest.approx(row.tau / (fig.c + fig.v))
+    (row,) = report.batch_sweep
+    assert row.draft_per_round is True
+    on_disk = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert on_disk["overall"]["draft_per_round"] is True

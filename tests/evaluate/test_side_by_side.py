@@ -35,6 +35,8 @@ def test_a_standalone_draft_and_an_eagle3_head_side_by_side(suite, tmp_path, cap
         assert abs(r["speedup"] - spec / plain) < 1e-9
         assert r["speedup_low"] <= r["speedup"] <= r["speedup_high"]
         assert r["tau"] >= 1 and r["c"] > 0
+        if r["domain"] != "overall":  # K = 2 fixed: two draft forwards a round, each a c
+            assert abs(r["c_round"] - 2 * r["c"]) < 1e-9 and not r["draft_per_round"]
     by = {(r["domain"], r["draft"]): r for r in rows}
     for domain in ("code", "chat", "overall"):
         # the head over the standalone draft: their two speedups over the same plain decodes
@@ -46,3 +48,24 @@ def test_a_standalone_draft_and_an_eagle3_head_side_by_side(suite, tmp_path, cap
     assert all(r["k_used"] == 2 for r in rows if r["domain"] != "overall")
     assert (out / "speedup.png").is_file()
     assert "| code | e3 | 2 |" in capsys.readouterr().out
+
+
+def test_a_parallel_head_beside_the_autoregressive_one_drafts_a_round_in_one_forward(
+        suite, tmp_path):
+    from draftkit.models.eagle3 import from_target, load_eagle3
+    from tests.helpers import parallel_head, save_head
+
+    target, target_dir, head_dir = parallel_head(tmp_path)
+    ar = from_target(target, load_eagle3(head_dir, target).reduced_head)
+    ar_dir = save_head(ar, tmp_path / "ar", target_dir)
+    out = tmp_path / "side"
+    assert load_script(SCRIPT).main([
+        "--target", str(target_dir), "--draft", f"ar={ar_dir}", "--draft", f"p={head_dir}",
+        "--suite", str(suite), "--domains", "code", "--k", "3", "--max-new-tokens", "8",
+        "--device", "cpu", "--out", str(out)]) == 0
+    by = {(r["domain"], r["draft"]): r for r in
+          json.loads((out / "side_by_side.json").read_text())}
+    ar_row, parallel = by["code", "ar"], by["code", "p"]
+    assert not ar_row["draft_per_round"] and abs(ar_row["c_round"] - 3 * ar_row["c"]) < 1e-9
+    assert parallel["draft_per_round"] and abs(parallel["c_round"] - parallel["c"]) < 1e-9
+    assert parallel["vs_first"]["draft"] == "ar" and parallel["k_used"] == 3

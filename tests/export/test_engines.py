@@ -80,8 +80,8 @@ def test_versions_are_recorded_and_the_scripts_check_the_installed_one(tiny_dirs
     target_dir, draft_dir = tiny_dirs
     out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "b", k=2)
     recorded = check_bundle(out).serving.engines
-    assert recorded.vllm.min_version == engines.MIN_VERSIONS["vllm", "standalone"]
-    assert recorded.sglang.min_version == engines.MIN_VERSIONS["sglang", "standalone"]
+    assert recorded.vllm.min_version == engines.MIN_VERSIONS["vllm", "standalone"][0]
+    assert recorded.sglang.min_version == engines.MIN_VERSIONS["sglang", "standalone"][0]
     assert (recorded.vllm.method, recorded.sglang.algorithm) == \
         ("draft_model", "STANDALONE")
     vllm, sglang = out / "serving" / "vllm.sh", out / "serving" / "sglang.sh"

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from draftkit.cli import main
 from draftkit.errors import ModelError
 from draftkit.export import check_bundle, export_bundle
-from draftkit.export.engines import PARALLEL_DRAFTING
+from draftkit.export.engines import MIN_VERSIONS
 from draftkit.models.eagle3 import load_eagle3
 from tests.helpers import fake_engines, parallel_head, write_manifest
 
@@ -53,7 +53,8 @@ def test_export_tells_vllm_and_refuses_sglang_in_one_line(saved, tmp_path, capsy
     assert json.loads((out / "serving" / "vllm.json").read_text()) == spec
     manifest = check_bundle(out)
     vllm, sglang = manifest.serving.engines.vllm, manifest.serving.engines.sglang
-    assert vllm.parallel_drafting is True and vllm.min_version == PARALLEL_DRAFTING == "0.16.0"
+    assert vllm.parallel_drafting is True
+    assert vllm.min_version == MIN_VERSIONS["vllm", "parallel"][0] == "0.16.0"
     assert "#23171" in sglang.refused
     readme = (out / "serving" / "README.md").read_text()
     assert "parallel EAGLE-3 head (P-EAGLE, arXiv 2602.01469)" in readme
@@ -70,6 +71,9 @@ def test_export_tells_vllm_and_refuses_sglang_in_one_line(saved, tmp_path, capsy
     sglang_sh = _launched(out / "serving" / "sglang.sh", fake_engines(tmp_path))
     assert sglang_sh.returncode == 1 and sglang_sh.stdout == ""
     assert "SGLang has no parallel drafting" in sglang_sh.stderr
+    # the way out it names serves an EAGLE-3 head: HF's assisted generation does not
+    assert sglang_sh.stderr.strip().endswith("serve this bundle with the other engine or "
+                                             "`draftkit serve`")
 
     capsys.readouterr()
     assert main(["check", str(out)]) == 0

@@ -118,7 +118,7 @@ def cost_regime(drafts: list[DraftInfo], at_zero: dict[str, PromptFigures],
             continue
         fig = at_zero[d.name].overall
         alphas = fig.alpha_per_position or fig.alpha
-        max_c = (metrics.max_draft_cost(alphas, k, fig.v)
+        max_c = (metrics.max_draft_cost(alphas, k, fig.v, per_round=bool(fig.draft_per_round))
                  if fig.v is not None and alphas is not None else None)
         rows.append(DraftPoint.of(fig, name=d.name, layers=d.layers, derived=d.derived,
                                   main=d.main, max_c=max_c))

@@ -47,7 +47,8 @@ class Measurements:
 def point(fig: DomainFigures) -> PointFigures:
     """What the regime map keeps of eval's figures (the rest is noise here), and the
     break-even alpha at their c, K and v."""
-    be = (_finite(metrics.break_even_alpha(fig.c, fig.k, fig.v))
+    be = (_finite(metrics.break_even_alpha(fig.c, fig.k, fig.v,
+                                           per_round=bool(fig.draft_per_round)))
           if fig.c is not None and fig.k else None)
     return PointFigures.of(fig, break_even_alpha=be)
 
@@ -93,7 +94,8 @@ def measure_batches(ev: Evaluator, prompts: list[list[int]], k: int) -> list[Pol
             res, t = ev.decode(batch, ev.choice(AUTO), ev.s.sweep_tokens, stats, ev.s.seed)
             secs, tokens = secs + t, tokens + sum(len(r.tokens) for r in res)
         ev.progress(1)
-        be = (_finite(metrics.break_even_alpha(row.c, k, row.v))
+        be = (_finite(metrics.break_even_alpha(row.c, k, row.v,
+                                               per_round=bool(row.draft_per_round)))
               if row.c is not None and row.v is not None else None)
         rows.append(PolicyBatchRow.of(row, policy_k=stats.k_used(),
                                       speedup_policy=tokens / secs / row.plain_tokens_per_s,

@@ -1,7 +1,9 @@
 """Several drafts of one target, measured side by side in one run, per domain.
 
 Each draft's speedup over plain decoding and over the first draft, each with a 95% interval,
-tau, alpha at positions 1-4 and c.
+tau, alpha at positions 1-4, c (a draft forward over a target step) and the draft's time per
+speculative round in target steps (K c for a draft that takes a forward a token; c for a
+parallel head, which drafts the round in one forward), and the K it used.
 
 Each prompt is decoded plainly and with every draft, in an order that rotates from prompt to
 prompt, so the machine's drifts fall on all of them alike; each draft keeps one K policy per
@@ -143,11 +145,15 @@ def figures(domain: str, name: str, stats, plain_step: float | None, pairs: list
     if len(pairs) < 2:  # one prompt: no interval, as in draftkit eval
         low = high = None
     alphas = stats.alphas()
+    # the draft's forwards per speculative round, in target steps: what drafting costs a round
+    spec_rounds = sum(n for k, n in stats.rounds_by_k().items() if k)
+    c_round = (stats.seconds_draft / spec_rounds / plain_step
+               if spec_rounds and plain_step else None)
     return {"domain": domain, "draft": name, "prompts": len(pairs), "speedup": est,
             "speedup_low": low, "speedup_high": high, "tau": stats.tau(),
             "alpha": stats.alpha() if stats.accepted + stats.rejections else None,
             "alpha_per_position": alphas[:POSITIONS], "c": stats.c(plain_step),
-            "k_used": stats.k_used(), "rounds_by_k": {str(k): n for k, n in
+            "c_round": c_round, "draft_per_round": stats.draft_per_round, "k_used": stats.k_used(), "rounds_by_k": {str(k): n for k, n in
                                                       sorted(stats.rounds_by_k().items())},
             "pairs": pairs}
 
@@ -161,7 +167,8 @@ def overall(name: str, rows: list[dict]) -> dict:
     mean = lambda key: sum(r[key] * r["prompts"] for r in rows if r[key] is not None) / weight  # noqa: E731
     return {"domain": "overall", "draft": name, "prompts": weight, "speedup": est,
             "speedup_low": low, "speedup_high": high, "tau": mean("tau"), "alpha": mean("alpha"),
-            "alpha_per_position": [], "c": mean("c"), "k_used": None, "rounds_by_k": {},
+            "alpha_per_position": [], "c": mean("c"), "c_round": mean("c_round"),
+            "draft_per_round": rows[0]["draft_per_round"], "k_used": None, "rounds_by_k": {},
             "pairs": pairs}
 
 
@@ -171,11 +178,13 @@ def markdown(rows: list[dict], args) -> str:
 
     lines = [f"target {args.target}, --k {args.k}, temperature {args.temperature}, "
              f"{args.max_new_tokens} new tokens a prompt; speedup over plain decoding of the same "
-             f"prompts, 95% interval a paired bootstrap over prompts", "",
+             f"prompts, 95% interval a paired bootstrap over prompts; c: a draft forward over a "
+             f"target step; draft per round: the draft's time a speculative round, in target "
+             f"steps", "",
              "| domain | draft | prompts | speedup | 95% interval | over the first draft | tau | "
              "alpha | " + " | ".join(f"alpha_{i}" for i in range(1, POSITIONS + 1))
-             + " | c | K used |",
-             "|" + "---|" * (10 + POSITIONS)]
+             + " | c | draft per round | K used |",
+             "|" + "---|" * (11 + POSITIONS)]
     for r in rows:
         pos = (r["alpha_per_position"] + [None] * POSITIONS)[:POSITIONS]
         interval = "-" if r["speedup_low"] is None else \
@@ -186,7 +195,7 @@ def markdown(rows: list[dict], args) -> str:
         lines.append(f"| {r['domain']} | {r['draft']} | {r['prompts']} | "
                      f"{r['speedup']:.2f}x | {interval} | {over} | {f(r['tau'], '{:.2f}')} | "
                      f"{f(r['alpha'])} | " + " | ".join(f(a) for a in pos)
-                     + f" | {f(r['c'])} | {f(r['k_used'], '{}')} |")
+                     + f" | {f(r['c'])} | {f(r['c_round'])} | {f(r['k_used'], '{}')} |")
     return "\n".join(lines)
 
 
