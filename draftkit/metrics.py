@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections.abc import Callable, Sequence
 
 AlphaLike = float | Sequence[float]
@@ -280,6 +281,18 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], weights: Sequence[f
         return sum(diff[i] for i in idx) / w if w else 0.0
 
     return bootstrap(delta, len(diff), resamples, level, seed)
+
+
+def median_ratio(num: Sequence[float], den: Sequence[float], resamples: int = 2000,
+                 level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """median(num) / median(den) over rounds timed in pairs (``num[i]`` beside ``den[i]``),
+    with a percentile interval from resampling whole rounds (:func:`bootstrap`): how much
+    slower one way is than another on a machine whose speed drifts. Returns (ratio, low,
+    high)."""
+    if not len(num) == len(den) or not len(num):
+        raise ValueError("median_ratio needs two sequences of one non-zero length")
+    return bootstrap(lambda idx: statistics.median(num[i] for i in idx)
+                     / statistics.median(den[i] for i in idx), len(num), resamples, level, seed)
 
 
 def speedup_interval(plain_seconds: Sequence[float], spec_seconds: Sequence[float],

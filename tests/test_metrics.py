@@ -136,3 +136,30 @@ def test_units_to_decide():
     assert m.units_to_decide(12, 1.2, 1.05, 1.35) is None  # already clear of 1.0
     assert m.units_to_decide(12, 1.0, 0.9, 1.1) is None  # no number decides
     assert m.units_to_decide(4, 1.5, 0.5, 2.5) > 4
+
+
+def test_median_ratio_of_rounds_timed_in_pairs():
+    """The ratio of the medians, its interval from resampling whole rounds: it holds the
+    true ratio of two ways timed with noise, and a constant ratio has no spread."""
+    rng = random.Random(0)
+    slow = [2.0 * (1 + 0.1 * rng.random()) for _ in range(200)]
+    fast = [1.0 * (1 + 0.1 * rng.random()) for _ in range(200)]
+    ratio, lo, hi = m.median_ratio(slow, fast)
+    assert lo < ratio < hi and lo < 2.0 < hi and hi - lo < 0.2
+    assert m.median_ratio([3.0] * 5, [1.5] * 5) == (2.0, 2.0, 2.0)
+    with pytest.raises(ValueError, match="one non-zero length"):
+        m.median_ratio([1.0], [1.0, 2.0])
+
+
+def test_interleaved_ms_times_every_way_each_round_in_alternating_order():
+    import torch
+
+    from draftkit.decode.clock import interleaved_ms
+
+    calls = []
+    times = interleaved_ms({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                           rounds=3, reps=2, device=torch.device("cpu"), warm=1)
+    assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3}
+    assert all(t >= 0 for v in times.values() for t in v)
+    # warm-up round 0 reversed, then a, b / b, a / a, b: two calls a way each round
+    assert calls == list("bbaa" "aabb" "bbaa" "aabb")

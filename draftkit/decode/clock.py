@@ -8,6 +8,7 @@ at the end of every lap, once; a round takes exactly as many synchronisations as
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -40,3 +41,22 @@ class RoundClock:
         seconds, self._last = now - self._last, now
         self.laps[name] = self.laps.get(name, 0.0) + seconds
         return seconds
+
+
+def interleaved_ms(ways: dict[str, Callable[[], object]], rounds: int, reps: int,
+                   device: "torch.device", warm: int = 2) -> dict[str, list[float]]:
+    """Milliseconds a call of each way, per round: every round times ``reps`` calls of each way
+    in turn, the order reversed every other round, so a drift in the machine's speed reaches
+    all of them alike; the first ``warm`` rounds are not kept. Returns way -> ``rounds`` times
+    (for :func:`draftkit.metrics.median_ratio`)."""
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    for r in range(rounds + warm):
+        for name in (list(ways) if r % 2 else list(reversed(ways))):
+            synchronize(device)
+            start = time.perf_counter()
+            for _ in range(reps):
+                ways[name]()
+            synchronize(device)
+            if r >= warm:
+                times[name].append((time.perf_counter() - start) / reps * 1e3)
+    return times

@@ -9,8 +9,13 @@ reads, and that lives here, behind one interface:
   drafting lap reads itself; True when there was any. Timed apart from drafting, so c stays
   the cost of one drafting step whatever came before the round;
 - ``first_logits(state, rows, lengths, k)``: the drafting lap's first forward: d_1's logits
-  (b, V);
+  (b, V), or (b, N) over the draft's reduced head (``vocab``);
 - ``next_logits(tokens, i, rows, lengths)``: having read d_(i+1) (b,), d_(i+2)'s logits;
+- ``vocab``: the draft's reduced head, or None: the tokens its logits score. The engine
+  chooses the drafts among them and maps them to the target's ids, rather than over V with
+  -inf outside: the same tokens and q where the head's ids are sorted (draftkit's are), and on
+  a CPU a greedy token of SmolLM2's 4096-token head costs 0.011 ms against 0.094
+  (``eval/benchmarks/probes/sampler_cost.py``; 2026-12-06, one core, batch 1);
 - ``after_round(state, rows, k, kept, aux)``: what the round leaves the draft to read.
 
 ``aux_layers`` names the target layers whose input hidden states the draft reads (None: it
@@ -39,6 +44,7 @@ if TYPE_CHECKING:
     import torch
 
     from draftkit.decode.batch import BatchState
+    from draftkit.models.reduced_head import ReducedHead
 
 
 def make_drafter(model, target_model, fast: bool | None = None
@@ -65,6 +71,11 @@ class _Drafter:
     def cache(self):
         return self.runner.cache
 
+    @property
+    def vocab(self) -> "ReducedHead | None":
+        """The reduced head the draft's logits are over (None: the whole vocabulary)."""
+        return self.runner.vocab
+
     def open(self, slots: int) -> None:
         """Per-slot state for a new batch of ``slots``."""
         self.lengths = [0] * slots
@@ -83,7 +94,7 @@ class StandaloneDrafter(_Drafter):
     aux_layers = None
 
     def __init__(self, model, fast: bool | None = None):
-        self.runner = make_runner(model, fast)
+        self.runner = make_runner(model, fast, reduced=True)
         self.supports_rows = self.runner.supports_rows
 
     def prefill(self, state: "BatchState", slots: list[int], inp: "torch.Tensor",
@@ -117,7 +128,7 @@ class StandaloneDrafter(_Drafter):
         starts = [n - 2 for n in lengths]
         idx = torch.tensor(starts, device=dev)[:, None] + torch.arange(2, device=dev)
         inp = state.tokens[torch.tensor(rows, device=dev)[:, None], idx]  # (b, 2)
-        return self.runner.forward(inp, starts, last=[1] * len(rows), rows=rows)  # (b, V)
+        return self.runner.forward(inp, starts, last=[1] * len(rows), rows=rows)  # (b, V | N)
 
     def next_logits(self, tokens: "torch.Tensor", i: int, rows: list[int],
                     lengths: list[int]) -> "torch.Tensor":
@@ -203,30 +214,20 @@ class Eagle3Drafter(_Drafter):
             elif kept[i]:
                 self.features[b].append(aux[i, :kept[i]])
 
-    def _inputs(self, state: "BatchState", rows: list[int], counts: list[int],
-                extra: int = 0):
+    def _inputs(self, state: "BatchState", rows: list[int], counts: list[int]):
         """Take the first counts[i] pending features of each row: (fused features (b, W, H),
-        tokens (b, W), start positions), right-padded to the longest row; ``extra``: that
-        many placeholders behind each row's (a parallel head's positions 2..K)."""
+        tokens (b, W), start positions), right-padded to the longest row."""
         import torch
         from torch.nn.utils.rnn import pad_sequence
 
         dev = state.tokens.device
         start = [self.lengths[b] for b in rows]
-        feats = [self._take(b, n) for b, n in zip(rows, counts)]  # (n, 3 Ht) each
-        if extra:
-            feats = [torch.cat([f, self.model.mask_hidden.to(f).expand(extra, -1)]) for f in feats]
-        aux = pad_sequence(feats, batch_first=True)  # (b, W, 3 Ht)
-        width = aux.shape[1]
+        aux = pad_sequence([self._take(b, n) for b, n in zip(rows, counts)],
+                           batch_first=True)  # (b, W, 3 Ht)
         # position t reads token t + 1
         idx = (torch.tensor(start, device=dev)[:, None] + 1
-               + torch.arange(width, device=dev)).clamp(max=state.max_len - 1)
+               + torch.arange(aux.shape[1], device=dev)).clamp(max=state.max_len - 1)
         tokens = state.tokens[torch.tensor(rows, device=dev)[:, None], idx]  # (b, W)
-        if extra:  # the placeholders read the placeholder token, not what lies there
-            real = torch.tensor([f.shape[0] - extra for f in feats], device=dev)[:, None]
-            t = torch.arange(width, device=dev)
-            tokens = tokens.masked_fill((t >= real) & (t < real + extra),
-                                        self.model.config.ptd_token_id)
         return self.runner.fuse(aux), tokens, start
 
     def _take(self, b: int, n: int) -> "torch.Tensor":
@@ -266,10 +267,10 @@ class ParallelEagle3Drafter(Eagle3Drafter):
     def first_logits(self, state: "BatchState", rows: list[int], lengths: list[int],
                      k: int) -> "torch.Tensor":
         counts = [self._pending(b) for b in rows]  # <= K + 1 after catch_up; 0: a done row
-        hidden, tokens, start = self._inputs(state, rows, counts, extra=k - 1)
-        self._block, _ = self.runner.forward_span(hidden, tokens, start,
-                                                  [max(c, 1) - 1 for c in counts], k, rows)
-        return self._block[:, 0]  # (b, V); _block (b, K, V)
+        hidden, tokens, start = self._inputs(state, rows, counts)
+        self._block = self.runner.forward_parallel(hidden, tokens, start,
+                                                   [max(c, 1) for c in counts], k, rows)
+        return self._block[:, 0]  # (b, N); _block (b, K, N)
 
     def next_logits(self, tokens: "torch.Tensor", i: int, rows: list[int],
                     lengths: list[int]) -> "torch.Tensor":

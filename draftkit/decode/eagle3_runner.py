@@ -47,8 +47,11 @@ class Eagle3Runner:
                                                         layer.head_dim)
         self.param = model.fc.weight
         self.head = model.reduced_head.to(self.param.device)  # the draft vocabulary: N of V
+        self.vocab = self.head  # the logits are over it
         self.cache: StaticKVCache | None = None
         self._prepare_weights()
+        if model.parallel:
+            self._prepare_placeholder()
 
     def _prepare_weights(self) -> None:
         """The layer's matmuls as the target's runner does them: q/k/v and gate/up fused, each
@@ -65,6 +68,20 @@ class Eagle3Runner:
         self.act = mlp.act_fn
         tune([self.w_fc, self.w_qkv, self.w_o, self.w_gate_up, self.w_down, self.w_head],
              min_bytes=TUNE_BYTES)
+
+    def _prepare_placeholder(self) -> None:
+        """A parallel head's placeholder as positions 2..K read it, computed once: its fused
+        feature (H,) and its q/k/v before RoPE ((nh + 2 nkv) hd,). Nothing in either depends on
+        the sequence, so a round computes fc and q/k/v for the target's features alone: on 2
+        CPU cores a K = 5 round of SmolLM2's head took 0.104 of a target step so, 0.134 with
+        the 4 placeholder rows multiplied each round (2026-12-06)."""
+        import torch
+
+        with torch.no_grad():
+            token, _ = self.model.placeholder()
+            hidden = self.fuse(self.model.mask_hidden)[None]  # (1, 1, H)
+            x = self.model.layer_input(torch.tensor([[token]], device=self.param.device), hidden)
+            self.placeholder_hidden, self.placeholder_qkv = hidden[0, 0], self.w_qkv(x)[0, 0]
 
     def reset(self, batch: int, max_len: int) -> None:
         import torch
@@ -87,13 +104,13 @@ class Eagle3Runner:
              rows: list[int] | None = None) -> None:
         """Write the keys and values of hidden (b, T, H) with tokens (b, T) at positions
         start[b] + t of cache row rows[b]."""
-        self._write(hidden, tokens, start, rows)
+        self._write(self._qkv(hidden, tokens), start, rows)
 
     def forward(self, hidden: "torch.Tensor", tokens: "torch.Tensor", start: list[int],
                 last: list[int], rows: list[int] | None = None
                 ) -> tuple["torch.Tensor", "torch.Tensor"]:
-        """:meth:`feed`, then the head's output at index last[b] of each row: logits (b, V)
-        over the draft vocabulary (-inf elsewhere) and the layer output h (b, H)."""
+        """:meth:`feed`, then the head's output at index last[b] of each row: logits (b, N)
+        over the draft vocabulary (:attr:`head`) and the layer output h (b, H)."""
         logits, h = self.forward_span(hidden, tokens, start, last, 1, rows)
         return logits[:, 0], h[:, 0]
 
@@ -101,13 +118,42 @@ class Eagle3Runner:
                      first: list[int], span: int, rows: list[int] | None = None
                      ) -> tuple["torch.Tensor", "torch.Tensor"]:
         """:meth:`feed`, then the head's outputs at indices first[b] .. first[b] + span - 1 of
-        each row, each attending causally to its row's keys: logits (b, span, V) and h
-        (b, span, H). A parallel head drafts a round so, its span the K positions."""
+        each row, each attending causally to its row's keys: logits (b, span, N) and h
+        (b, span, H)."""
+        q, index = self._write(self._qkv(hidden, tokens), start, rows)
+        return self._outputs(q, index, hidden, start, first, span)
+
+    def forward_parallel(self, hidden: "torch.Tensor", tokens: "torch.Tensor", start: list[int],
+                         counts: list[int], k: int, rows: list[int] | None = None
+                         ) -> "torch.Tensor":
+        """A parallel head's round: the first counts[b] positions of hidden (b, W, H) and
+        tokens (b, W) fed as :meth:`forward_span` feeds them, behind them K - 1 placeholders
+        (:meth:`_prepare_placeholder`), and the outputs at the last of those features and at
+        the placeholders: logits (b, K, N), d_1..d_K's."""
         import torch
         import torch.nn.functional as F
 
-        q, index = self._write(hidden, tokens, start, rows)
-        b, dev = tokens.shape[0], tokens.device
+        qkv = self._qkv(hidden, tokens)  # (b, W, D)
+        dev, w = tokens.device, tokens.shape[1]
+        width = max(counts) + k - 1
+        t = torch.arange(width, device=dev)
+        c = torch.tensor(counts, device=dev)[:, None]
+        at = ((t >= c) & (t < c + k - 1))[..., None]  # (b, width, 1): the placeholders
+        qkv = torch.where(at, self.placeholder_qkv, F.pad(qkv, (0, 0, 0, width - w)))
+        hidden = torch.where(at, self.placeholder_hidden, F.pad(hidden, (0, 0, 0, width - w)))
+        q, index = self._write(qkv, start, rows)
+        logits, _ = self._outputs(q, index, hidden, start, [n - 1 for n in counts], k)
+        return logits
+
+    def _outputs(self, q, index, hidden, start, first, span):
+        """The layer's outputs at indices first[b] .. first[b] + span - 1 of each row: its
+        attention over the cache (q (b, nh, T, hd) of the written positions), MLP and head, as
+        Eagle3Draft.after_attention and .logits compute them. Returns logits (b, span, N) and
+        h (b, span, H)."""
+        import torch
+        import torch.nn.functional as F
+
+        b, dev = q.shape[0], q.device
         steps = torch.arange(span, device=dev)
         at = torch.tensor(first, device=dev)[:, None] + steps  # (b, span): indices in the input
         bi = torch.arange(b, device=dev)[:, None]
@@ -124,27 +170,29 @@ class Eagle3Runner:
             o = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,
                                                enable_gqa=self.kv_heads != self.num_heads)
         layer = self.model.midlayer
-        # the layer's output, as Eagle3Draft.after_attention computes it
         h = hidden[bi, at] + self.w_o(o.transpose(1, 2).reshape(b, span, -1))  # (b, span, H)
         gate, up = self.w_gate_up(layer.post_attention_layernorm(h)).chunk(2, -1)
         h = h + self.w_down(self.act(gate) * up)
-        return self.head.expand(self.w_head(self.model.norm(h))), h
+        return self.w_head(self.model.norm(h)), h
 
-    def _write(self, hidden, tokens, start, rows):
-        """q (b, nh, T, hd) of the new positions, their keys and values written, as
-        Eagle3Draft.attention_inputs computes them (from the same layer_input; q/k/v fused)."""
+    def _qkv(self, hidden, tokens):
+        """q/k/v before RoPE (b, T, (nh + 2 nkv) hd) of hidden (b, T, H) read with tokens
+        (b, T), fused, from Eagle3Draft.layer_input as attention_inputs computes them."""
+        return self.w_qkv(self.model.layer_input(tokens, hidden))
+
+    def _write(self, qkv, start, rows):
+        """Apply RoPE to qkv (b, T, (nh + 2 nkv) hd) at positions start[b] + t and write the
+        keys and values; returns q (b, nh, T, hd) and the write's index."""
         import torch
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-        bsz, t = tokens.shape
+        bsz, t, _ = qkv.shape
         limit = self.cache.max_len - 1
-        start_t = torch.tensor(start, device=tokens.device)
+        start_t = torch.tensor(start, device=qkv.device)
         # a slice write where no padding needs clamping to the limit, a scatter else
         uniform = start[0] if all(s == start[0] for s in start) and start[0] + t <= limit else None
         index = WriteIndex(start_t, t, uniform, rows, limit=limit)
-        x = self.model.layer_input(tokens, hidden)  # (b, T, 2H)
         nh, nkv, hd = self.num_heads, self.kv_heads, self.head_dim
-        qkv = self.w_qkv(x)  # (b, T, (nh + 2 nkv) hd)
         q = qkv[..., :nh * hd].view(bsz, t, nh, hd).transpose(1, 2)
         k = qkv[..., nh * hd:(nh + nkv) * hd].view(bsz, t, nkv, hd).transpose(1, 2)
         v = qkv[..., (nh + nkv) * hd:].view(bsz, t, nkv, hd).transpose(1, 2)

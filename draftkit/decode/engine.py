@@ -360,14 +360,17 @@ class SpeculativeEngine:
         """K draft tokens per row (and their warped q unless every row is greedy)."""
         import torch
 
-        logits = self.draft.first_logits(state, rows, lengths, k)  # (b, V)
+        logits = self.draft.first_logits(state, rows, lengths, k)  # (b, V), or (b, N)
+        vocab = self.draft.vocab  # a reduced head: drafts are sampled among its N tokens
         params, gens = [state.params[b] for b in rows], state.rng(rows)
         tokens, qs = [], []
         for i in range(k):
-            d, q = next_tokens(logits, params, gens)  # (b,), (b, V) or None
+            d, q = next_tokens(logits, params, gens)  # (b,), (b, V | N) or None
+            if vocab is not None:  # to the target's ids; q zero outside the head
+                d, q = vocab.ids[d], None if q is None else vocab.expand(q, fill=0.0)
             tokens.append(d)
             qs.append(q)
             if i < k - 1:
                 logits = self.draft.next_logits(d, i, rows, lengths)
         drafted = torch.stack(tokens, dim=1)  # (b, K)
-        return drafted, (torch.stack(qs, dim=1) if qs[0] is not None else None)
+        return drafted, (torch.stack(qs, dim=1) if qs[0] is not None else None)  # q (b, K, V)

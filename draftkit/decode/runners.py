@@ -53,14 +53,17 @@ def supports_fast_path(model) -> bool:
     return layers is not None and hasattr(inner, "rotary_emb") and hasattr(inner, "embed_tokens")
 
 
-def make_runner(model, fast: bool | None = None) -> "LlamaRunner | HFRunner":
-    """The fast path when the model supports it (``fast=None``), else the general one."""
+def make_runner(model, fast: bool | None = None, reduced: bool = False
+                ) -> "LlamaRunner | HFRunner":
+    """The fast path when the model supports it (``fast=None``), else the general one.
+    ``reduced``: a model carrying a reduced head returns logits over its N tokens (a draft's
+    runner, sampled there: :attr:`vocab`), not over V with -inf outside them."""
     if fast is None:
         fast = supports_fast_path(model)
     if fast and not supports_fast_path(model):
         raise DraftkitError(f"the fast decoding path does not support "
                             f"{type(model).__name__}; drop the fast-path option")
-    return LlamaRunner(model) if fast else HFRunner(model)
+    return LlamaRunner(model, reduced) if fast else HFRunner(model, reduced)
 
 
 class LlamaRunner:
@@ -68,8 +71,9 @@ class LlamaRunner:
 
     supports_rows = True  # any subset of cache rows per forward (slots)
 
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, model, reduced: bool = False):
+        """``reduced``: as :func:`make_runner`'s."""
+        self.model, self.reduced = model, reduced
         inner = model.model
         cfg = text_config(model)
         self.embed, self.layers, self.norm = inner.embed_tokens, inner.layers, inner.norm
@@ -99,6 +103,7 @@ class LlamaRunner:
                            "act": mlp.act_fn})
         self.head = _head_on(self.model, self.param.device)
         self.w_head = prep(self.lm_head, head=self.head)
+        self.vocab = self.head if self.reduced else None  # what the logits are over (None: V)
         tune([w[name] for w in self.w for name in ("qkv", "o", "gate_up", "down")]
              + [self.w_head])
 
@@ -120,7 +125,8 @@ class LlamaRunner:
                 rows: list[int] | None = None) -> "torch.Tensor":
         """tokens: (B, T) at positions start[b] + t of cache row rows[b] (row b without
         ``rows``). Returns logits (B, T, V), or (B, V) at index ``last[b]`` of each row when
-        ``last`` is given (prefill of padded prompts). A decoding shape replays its CUDA graph
+        ``last`` is given (prefill of padded prompts); over a reduced head's N tokens instead
+        of V where the runner was made so (:attr:`vocab`). A decoding shape replays its CUDA graph
         where one is captured (:mod:`draftkit.decode.graphs`); ``last_path`` says which ran."""
         out = self.graphs.forward(tokens, start, last, rows)
         if out is not None:
@@ -218,7 +224,7 @@ class LlamaRunner:
 
     def _logits(self, x: "torch.Tensor") -> "torch.Tensor":
         logits = self.w_head(self.norm(x))  # (..., V), or (..., N) over a reduced head
-        return logits if self.head is None else self.head.expand(logits)
+        return logits if self.head is None or self.vocab is not None else self.head.expand(logits)
 
 
 def _position_mask(positions: "torch.Tensor", kv_len: int) -> "torch.Tensor":
@@ -284,11 +290,13 @@ class HFRunner:
     last_path = "eager"
     last_reason = "the general transformers path (DynamicCache) has no static shapes to capture"
 
-    def __init__(self, model):
+    def __init__(self, model, reduced: bool = False):
+        """``reduced``: as :func:`make_runner`'s."""
         self.model = model
         self.vocab_size = vocab_size(model)
         self.param = next(model.parameters())
         self.head = _head_on(model, self.param.device)
+        self.vocab = self.head if reduced else None  # what the logits are over (None: V)
         # transformers 5.x renames past_key_values to cache; older versions only know the first
         import inspect
 
@@ -332,8 +340,9 @@ class HFRunner:
         self.valid = torch.cat([self.valid, new_valid], dim=1)
         self.col_pos = torch.cat([self.col_pos, pos], dim=1)
         logits = out.logits  # (B, T, V)
-        if self.head is not None:  # no cheaper, but the same distribution as the fast path
-            logits = self.head.expand(self.head.restrict(logits))
+        if self.head is not None:  # no cheaper, but the same logits as the fast path's
+            logits = self.head.restrict(logits)
+            logits = logits if self.vocab is not None else self.head.expand(logits)
         if last is not None:
             logits = logits[torch.arange(bsz, device=dev), torch.tensor(last, device=dev)]
         return logits

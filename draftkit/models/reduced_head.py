@@ -85,11 +85,11 @@ class ReducedHead:
         device (:meth:`to`)."""
         return x.index_select(dim, self.ids)
 
-    def expand(self, logits: "torch.Tensor") -> "torch.Tensor":
+    def expand(self, logits: "torch.Tensor", fill: float = float("-inf")) -> "torch.Tensor":
         """Logits over H (..., N) -> over the vocabulary (..., V), -inf outside H: the
         distribution argmax, softmax and sampling see is zero outside H, and the same as the
-        subset's inside it."""
-        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+        subset's inside it. Probabilities over H expand with ``fill=0.0``."""
+        full = logits.new_full((*logits.shape[:-1], self.vocab_size), fill)
         full[..., self.ids] = logits
         return full
 

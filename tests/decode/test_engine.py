@@ -253,6 +253,48 @@ def test_reduced_draft_vocab_proposes_only_its_tokens(models, reference, fast):
     assert drafted and set(drafted) <= set(ids)
 
 
+@pytest.mark.parametrize("params", [SamplingParams(0.0), SamplingParams(1.0),
+                                    SamplingParams(0.8, top_k=7, top_p=0.9)],
+                         ids=["greedy", "t1", "top-k-p"])
+def test_drafts_sampled_among_the_heads_tokens_are_those_of_the_whole_vocabulary(
+        models, params, monkeypatch):
+    """The engine samples a reduced head's drafts among its N tokens and maps them to the
+    target's ids: seeded alike, the same drafts, q and output as sampling over V with -inf
+    outside the head (the draws agree where the head's ids are sorted, as draftkit's are)."""
+    from draftkit.decode.drafters import _Drafter
+
+    target, _, close = models
+    sub = _with_vocab(close, list(range(3, close.config.vocab_size, 3)))
+    runs = []
+    for whole in (False, True):
+        engine = SpeculativeEngine(target, sub, eos_token_id=None)
+        d = engine.draft
+        if whole:  # the drafter hands out logits over V, -inf outside the head
+            head = d.vocab
+            monkeypatch.setattr(_Drafter, "vocab", None)
+            first, nxt = d.first_logits, d.next_logits
+            monkeypatch.setattr(d, "first_logits", lambda *a: head.expand(first(*a)))
+            monkeypatch.setattr(d, "next_logits", lambda *a: head.expand(nxt(*a)))
+        drafts, real = [], engine._draft
+
+        def spy(*a, real=real, drafts=drafts):
+            out = real(*a)
+            drafts.append(out)
+            return out
+        engine._draft = spy
+        res = engine.generate(PROMPTS, k=3, max_new_tokens=N_NEW, temperature=params.temperature,
+                              top_k=params.top_k, top_p=params.top_p, seed=5)
+        runs.append(([r.tokens for r in res], drafts))
+    (out, drafts), (out_v, drafts_v) = runs
+    assert out == out_v and len(drafts) == len(drafts_v) > 3
+    for (t, q), (t_v, q_v) in zip(drafts, drafts_v):
+        assert torch.equal(t, t_v)
+        assert (q is None) == params.greedy == (q_v is None)
+        if q is not None:
+            assert q.shape == q_v.shape and q.shape[-1] == close.config.vocab_size
+            torch.testing.assert_close(q, q_v)
+
+
 @pytest.mark.parametrize("k", [0, 3])
 def test_a_sliding_window_caps_the_context_so_decoding_stays_exact(k):
     """Mistral-style windowed attention: the decoder runs sequences that fit the window, where

@@ -42,14 +42,49 @@ def test_the_runners_span_equals_the_heads_causal_pass(models):
         q, k, v = head.attention_inputs(tokens, fused, torch.arange(9).expand(2, 9))
         o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                              enable_gqa=True)
-        want = head.reduced_head.expand(head.logits(head.after_attention(o, fused)))
+        want = head.logits(head.after_attention(o, fused))  # (2, 9, N)
         r = Eagle3Runner(head)
         r.reset(2, 16)
         r.feed(fused[:, :3], tokens[:, :3], [0, 0])
         logits, h = r.forward_span(fused[:, 3:], tokens[:, 3:], [3, 3], [1, 3], 3)
-    assert logits.shape == (2, 3, head.config.vocab_size) and h.shape[:2] == (2, 3)
+    assert logits.shape == (2, 3, len(head.reduced_head)) and h.shape[:2] == (2, 3)
     torch.testing.assert_close(logits[0], want[0, 4:7], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(logits[1], want[1, 6:9], rtol=1e-4, atol=1e-4)
+
+
+def test_a_round_computes_fc_and_qkv_for_the_targets_features_alone(models):
+    """Eagle3Runner.forward_parallel takes the placeholder's q/k/v, the same at every position
+    before RoPE, as computed once: fc and the q/k/v product read the target's features only,
+    and the round's logits are those of feeding the placeholders as inputs (forward_span), for
+    rows of unequal pending counts."""
+    _, head, _ = models
+    gen = torch.Generator().manual_seed(1)
+    aux = torch.randn(2, 7, 3 * head.config.target_hidden_size, generator=gen)
+    tokens = torch.randint(0, head.config.vocab_size, (2, 7), generator=gen)
+    token, place = head.placeholder()
+    k, counts = 4, [3, 2]
+    with torch.inference_mode():
+        fused = head.fuse(aux)
+        spans = []
+        for parallel in (True, False):
+            r = Eagle3Runner(head)
+            r.reset(2, 24)
+            r.feed(fused[:, :4], tokens[:, :4], [0, 0])
+            rows_read = []
+            qkv = r.w_qkv
+            r.w_qkv = lambda x, qkv=qkv: rows_read.append(x.shape[:2]) or qkv(x)
+            if parallel:
+                spans.append(r.forward_parallel(fused[:, 4:], tokens[:, 4:], [4, 4], counts, k))
+                assert rows_read == [(2, 3)]  # the pending features, no placeholder row
+            else:  # each row's pending features, then K - 1 placeholders, as inputs
+                h = torch.stack([torch.cat([fused[b, 4:4 + n], place.expand(k - 1 + 3 - n, -1)])
+                                 for b, n in enumerate(counts)])
+                t = torch.stack([torch.cat([tokens[b, 4:4 + n],
+                                            torch.full((k - 1 + 3 - n,), token)])
+                                 for b, n in enumerate(counts)])
+                spans.append(r.forward_span(h, t, [4, 4], [n - 1 for n in counts], k)[0])
+    assert spans[0].shape == (2, k, len(head.reduced_head))
+    torch.testing.assert_close(spans[0], spans[1], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast", "hf-cache"])

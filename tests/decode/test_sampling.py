@@ -64,5 +64,10 @@ def test_the_sampler_cost_probe_draws_as_draftkit_does_and_prints_both(capsys):
     assert freq[1] == 0 and torch.allclose(freq, probs[0], atol=0.01)
     assert script.main(["--vocab", "64", "--reduced", "16", "--batch-sizes", "1", "2",
                         "--rounds", "3", "--draws", "2"]) == 0
-    rows = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| ")]
+    out = capsys.readouterr().out.split("\n\n")
+    rows = [x for x in out[0].splitlines() if x.startswith("| ")]
     assert [r.split(" | ")[0] for r in rows[1:]] == ["| 1", "| 2"]  # under the header
+    rows = [x for x in out[1].splitlines() if x.startswith("| ")]  # among N against among V
+    assert [r.split(" | ")[:2] for r in rows[1:]] == [["| 0", "1"], ["| 0", "2"], ["| 1", "1"],
+                                                      ["| 1", "2"]]
+
