@@ -47,8 +47,13 @@ demo: setup
 
 # Where vLLM cannot be installed (no network, a CPU it refuses), the engine tests skip and say
 # why; CI sets DRAFTKIT_REQUIRE_ENGINES=1, which makes them fail instead.
+# DeepSpeed builds a native op on the first start of a process group on CPU (its shared-memory
+# all-reduce, which training never calls): about 25 s of both cores, once per machine and venv,
+# done here as set-up rather than inside whichever multi-process test starts DeepSpeed first
+# (about 2 s when it is built already).
 test: setup
 	$(MAKE) engines || echo "make test: vLLM could not be installed in $(ENGINE_VENV); the engine tests will skip"
+	$(BIN)/python -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
 	$(BIN)/python -m pytest -q --durations=10 $(ARGS)
 
 clean:
