@@ -142,6 +142,13 @@ def check_config(cfg: DistillConfig, source: str) -> list[str]:
             notes.append(f"{role} '{spec}' is a hub id: resolved when the run starts")
             continue
         try:
+            if role == "draft" and cfg.draft.kind == "eagle3":  # a head to warm-start from
+                if "target" not in found:
+                    notes.append(f"the head '{spec}' is checked against the target when the "
+                                 f"run starts")
+                    continue
+                _check_head(spec, found["target"][0])
+                continue
             found[role] = config, _ = _config_and_tokenizer(spec, role)
             check_context(config, cfg.data.seq_len, role)
             if role == "target" and cfg.draft.kind == "eagle3":
@@ -155,6 +162,16 @@ def check_config(cfg: DistillConfig, source: str) -> list[str]:
         except ModelError as e:
             raise ConfigError(f"{source}: draft.model: {e}") from None
     return notes + _check_sources(cfg, source)
+
+
+def _check_head(spec: str, target_config) -> None:
+    """An eagle3 recipe's ``draft.model``: an EAGLE-3 head, in a layout draftkit reads, that
+    reads this target's vocabulary, hidden size and layers. A head has no tokenizer of its own
+    (it drafts the target's tokens), so none is looked for."""
+    from draftkit.models.compat import check_eagle3
+    from draftkit.models.eagle3_layouts import head_config
+
+    check_eagle3(target_config, head_config(resolve_model(spec, "draft").path, target_config))
 
 
 def _config_and_tokenizer(spec: str, role: str):

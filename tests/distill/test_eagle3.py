@@ -433,6 +433,33 @@ def test_a_head_warm_starts_from_a_trained_one_keeping_its_layers_and_vocabulary
             tiny_dirs[1])}), progress=False)
 
 
+def test_the_command_checks_a_head_to_warm_start_from_without_a_tokenizer(tmp_path, tiny_dirs,
+                                                                           capsys):
+    """draftkit distill (--dry-run, and every run, which checks first) takes a head folder as
+    draft.model, which holds no tokenizer: its config is checked against the target instead;
+    a standalone model or a head of another target is one line and exit 2."""
+    from draftkit.cli import main
+    from draftkit.distill.trainer import train
+
+    best = train(_cfg(tmp_path, tiny_dirs, max_steps=1), progress=False)
+    assert not list(best.glob("tokenizer*"))
+    (tmp_path / "cli").mkdir()
+    recipe, _ = tiny_recipe(tmp_path / "cli", tiny_dirs[0])
+    head = ["draft.kind=eagle3", "draft.derive_layers=null", "draft.draft_vocab_size=null"]
+    assert main(["distill", str(recipe), *head, f"draft.model={best}", "draft.parallel=true",
+                 "--dry-run"]) == 0
+    assert f"a parallel (P-EAGLE) EAGLE-3 head started from {best}" in capsys.readouterr().out
+    other = json.loads((best / "config.json").read_text())
+    other["vocab_size"] = 999  # a head of another target
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text(json.dumps(other))
+    for folder, said in ((tiny_dirs[1], "is not an EAGLE-3 head"),
+                         (tmp_path / "other", "vocab_size 999 differs from the target's")):
+        assert main(["distill", str(recipe), *head, f"draft.model={folder}", "--dry-run"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert said in err and len(err.splitlines()) == 1, err
+
+
 def test_a_head_over_another_vocabulary_keeps_the_rows_of_the_tokens_it_had(tiny_dirs):
     """with_vocabulary: kept tokens keep their trained lm_head rows, new ones start from the
     target's head rows, and d2t / t2d describe the new vocabulary."""
