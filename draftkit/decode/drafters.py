@@ -12,9 +12,8 @@ reads, and that lives here, behind one interface:
   (b, V), or (b, N) over the draft's reduced head (``vocab``);
 - ``next_logits(tokens, i, rows, lengths)``: having read d_(i+1) (b,), d_(i+2)'s logits;
 - ``vocab``: the draft's reduced head, or None: the tokens its logits score. The engine
-  chooses the drafts among them and maps them to the target's ids, rather than over V with
-  -inf outside: the same tokens and q where the head's ids are sorted (draftkit's are), and on
-  a CPU a greedy token of SmolLM2's 4096-token head costs 0.011 ms against 0.094
+  chooses the drafts among them (:func:`~draftkit.decode.sampling.next_tokens_among`): on a CPU
+  a greedy token of SmolLM2's 4096-token head costs 0.011 ms there against 0.094 over all V
   (``eval/benchmarks/probes/sampler_cost.py``; 2026-12-06, one core, batch 1);
 - ``after_round(state, rows, k, kept, aux)``: what the round leaves the draft to read.
 

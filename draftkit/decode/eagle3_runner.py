@@ -78,10 +78,10 @@ class Eagle3Runner:
         import torch
 
         with torch.no_grad():
-            token, _ = self.model.placeholder()
-            hidden = self.fuse(self.model.mask_hidden)[None]  # (1, 1, H)
-            x = self.model.layer_input(torch.tensor([[token]], device=self.param.device), hidden)
-            self.placeholder_hidden, self.placeholder_qkv = hidden[0, 0], self.w_qkv(x)[0, 0]
+            token, hidden = self.model.placeholder()  # its token id, its fused feature (H,)
+            x = self.model.layer_input(torch.tensor([[token]], device=self.param.device),
+                                       hidden[None, None])  # (1, 1, 2H)
+            self.placeholder_hidden, self.placeholder_qkv = hidden, self.w_qkv(x)[0, 0]
 
     def reset(self, batch: int, max_len: int) -> None:
         import torch

@@ -60,7 +60,7 @@ from draftkit.decode.drafters import make_drafter
 from draftkit.decode.graphs import forward_path
 from draftkit.decode.k import AUTO, K_MAX, KValue
 from draftkit.decode.runners import make_runner
-from draftkit.decode.sampling import SamplingParams, next_tokens
+from draftkit.decode.sampling import SamplingParams, next_tokens, next_tokens_among
 from draftkit.decode.stats import DecodeStats, RoundStats
 from draftkit.decode.verify import committed_block, verify
 from draftkit.errors import DraftkitError
@@ -361,13 +361,11 @@ class SpeculativeEngine:
         import torch
 
         logits = self.draft.first_logits(state, rows, lengths, k)  # (b, V), or (b, N)
-        vocab = self.draft.vocab  # a reduced head: drafts are sampled among its N tokens
+        vocab = self.draft.vocab  # a reduced head: drafts are chosen among its N tokens
         params, gens = [state.params[b] for b in rows], state.rng(rows)
         tokens, qs = [], []
         for i in range(k):
-            d, q = next_tokens(logits, params, gens)  # (b,), (b, V | N) or None
-            if vocab is not None:  # to the target's ids; q zero outside the head
-                d, q = vocab.ids[d], None if q is None else vocab.expand(q, fill=0.0)
+            d, q = next_tokens_among(logits, params, gens, vocab)  # (b,), (b, V) or None
             tokens.append(d)
             qs.append(q)
             if i < k - 1:

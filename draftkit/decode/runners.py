@@ -73,7 +73,7 @@ class LlamaRunner:
 
     def __init__(self, model, reduced: bool = False):
         """``reduced``: as :func:`make_runner`'s."""
-        self.model, self.reduced = model, reduced
+        self.model = model
         inner = model.model
         cfg = text_config(model)
         self.embed, self.layers, self.norm = inner.embed_tokens, inner.layers, inner.norm
@@ -88,6 +88,7 @@ class LlamaRunner:
         self.capture: list[int] | None = None  # layers whose input hidden states to keep
         self.aux: "torch.Tensor | None" = None  # (B, T, len(capture) H) of the last forward
         self._prepare_weights()
+        self.vocab = self.head if reduced else None  # what the logits are over (None: V)
         self.graphs = DecodeGraphs(self)  # CUDA graphs of the decoding shapes, where possible
         self.last_path, self.last_reason = "eager", self.graphs.reason
 
@@ -103,7 +104,6 @@ class LlamaRunner:
                            "act": mlp.act_fn})
         self.head = _head_on(self.model, self.param.device)
         self.w_head = prep(self.lm_head, head=self.head)
-        self.vocab = self.head if self.reduced else None  # what the logits are over (None: V)
         tune([w[name] for w in self.w for name in ("qkv", "o", "gate_up", "down")]
              + [self.w_head])
 

@@ -21,6 +21,8 @@ from draftkit.errors import DraftkitError
 if TYPE_CHECKING:
     import torch
 
+    from draftkit.models.reduced_head import ReducedHead
+
 # One generator for the batch, or one per row (None: the row needs no random numbers).
 Generators = Union["torch.Generator", list["torch.Generator | None"], None]
 
@@ -184,3 +186,17 @@ def next_tokens(logits: "torch.Tensor", params: list[SamplingParams], generator:
         tokens = torch.where(torch.tensor(greedy, device=tokens.device), logits.argmax(-1),
                              tokens)
     return tokens, probs
+
+
+def next_tokens_among(logits: "torch.Tensor", params: list[SamplingParams],
+                      generator: Generators, vocab: "ReducedHead | None"
+                      ) -> tuple["torch.Tensor", "torch.Tensor | None"]:
+    """:func:`next_tokens` for a draft whose logits (B, N) cover a reduced head's N tokens
+    (``vocab``; None: logits (B, V) over them all): chosen among those N, returned as the
+    target's ids (B,) with q (B, V) zero outside the head (None when every row is greedy). The
+    same tokens and q as choosing over V with -inf outside the head, where its ids are sorted,
+    at a fraction of the cost (``eval/benchmarks/probes/sampler_cost.py``)."""
+    tokens, q = next_tokens(logits, params, generator)
+    if vocab is None:
+        return tokens, q
+    return vocab.ids[tokens], None if q is None else vocab.expand(q, fill=0.0)

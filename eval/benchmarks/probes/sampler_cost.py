@@ -83,12 +83,11 @@ def among_head(head, args, gen, device) -> None:
     import torch
 
     from draftkit.decode.clock import interleaved_ms
-    from draftkit.decode.sampling import SamplingParams, next_tokens
+    from draftkit.decode.sampling import SamplingParams, next_tokens, next_tokens_among
     from draftkit.metrics import median_ratio
 
-    def over_n(logits, params):  # the engine's way: choose among N, map to the target's ids
-        d, q = next_tokens(logits, params, gen)
-        return head.ids[d], None if q is None else head.expand(q, fill=0.0)
+    def over_n(logits, params):  # the engine's way
+        return next_tokens_among(logits, params, gen, head)
 
     def over_v(logits, params):  # widen to V first, -inf outside the head
         return next_tokens(head.expand(logits), params, gen)
