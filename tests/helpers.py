@@ -228,12 +228,12 @@ def exact_marginals(model, prompt: list[int], params, steps: int = 3):
 
 
 def fit_eagle3(target, rows: int = 512, steps: int = 150, seed: int = 0,
-               vocab: list[int] | None = None, parallel: int = 0):
+               vocab: list[int] | None = None, parallel: int = 0, num_layers: int = 1):
     """An EAGLE-3 head for ``target`` (over its whole vocabulary, or the target ids ``vocab``)
     fitted to the target's greedy continuations of random prompts, its first step only: a
     draft that agrees with the target often enough that rounds accept several tokens (alpha
     about 0.3 on a 4-layer tiny target). ``parallel`` K: a parallel head, fitted at its
-    positions 1..K (distill/ttt.parallel_pass)."""
+    positions 1..K (distill/ttt.parallel_pass); ``num_layers``: its depth."""
     import torch
     import torch.nn.functional as F
 
@@ -243,7 +243,8 @@ def fit_eagle3(target, rows: int = 512, steps: int = 150, seed: int = 0,
 
     v = target.config.vocab_size
     ids = sorted(vocab) if vocab is not None else list(range(v))
-    draft = from_target(target, ReducedHead(ids, v), seed=seed, parallel=bool(parallel))
+    draft = from_target(target, ReducedHead(ids, v), seed=seed, parallel=bool(parallel),
+                        num_layers=num_layers)
     to_draft = torch.full((v,), -100, dtype=torch.long)  # target id -> draft id (-100: none)
     to_draft[torch.tensor(ids)] = torch.arange(len(ids))
     gen = torch.Generator().manual_seed(seed)
@@ -274,27 +275,29 @@ def fit_eagle3(target, rows: int = 512, steps: int = 150, seed: int = 0,
 
 
 @functools.lru_cache(maxsize=None)
-def eagle3_models(parallel: int = 0):
+def eagle3_models(parallel: int = 0, num_layers: int = 1):
     """(a 4-layer target (three distinct layers to tap), a random head over every third
     token, a head fitted to the target (:func:`fit_eagle3`)); ``parallel`` K: both parallel
-    heads, the fitted one at its positions 1..K. Built once per process."""
+    heads, the fitted one at its positions 1..K; ``num_layers``: the heads' depth."""
     from draftkit.models.eagle3 import from_target
     from draftkit.models.reduced_head import ReducedHead
 
     target = make_llama(len(make_tokenizer()), num_layers=4, seed=0)
     v = target.config.vocab_size
     head = from_target(target, ReducedHead(list(range(0, v, 3)), v), seed=1,
-                       parallel=bool(parallel))
+                       parallel=bool(parallel), num_layers=num_layers)
     fit = {"rows": 256, "steps": 120, "parallel": parallel} if parallel else {}
+    fit["num_layers"] = num_layers
     return target, head.eval(), fit_eagle3(target, **fit)
 
 
 SMALL_VOCAB = 10  # small enough that 20,000 samples test every token's probability
 
 
-def small_vocab_eagle3(parallel: bool = False):
+def small_vocab_eagle3(parallel: bool = False, num_layers: int = 1):
     """(a 4-layer target over SMALL_VOCAB tokens with flat distributions, many tokens carrying
-    probability, and a random EAGLE-3 head over all of them; ``parallel``: a parallel one)."""
+    probability, and a random EAGLE-3 head over all of them; ``parallel``: a parallel one;
+    ``num_layers``: its depth)."""
     import torch
 
     from draftkit.models.eagle3 import from_target
@@ -304,7 +307,7 @@ def small_vocab_eagle3(parallel: bool = False):
     with torch.no_grad():
         target.model.norm.weight.mul_(0.3)
     head = from_target(target, ReducedHead(list(range(SMALL_VOCAB)), SMALL_VOCAB), seed=4,
-                       parallel=parallel)
+                       parallel=parallel, num_layers=num_layers)
     return target, head.eval()
 
 
@@ -357,7 +360,6 @@ def eagle3_greedy_drafts(draft, target, seq: list[int], k: int) -> list[int]:
     """The K tokens an EAGLE-3 head drafts greedily after the committed tokens ``seq``,
     without a cache: one causal pass over [target features of seq ; its own outputs]."""
     import torch
-    import torch.nn.functional as F
 
     x = torch.tensor([seq])
     with torch.inference_mode():
@@ -365,11 +367,7 @@ def eagle3_greedy_drafts(draft, target, seq: list[int], k: int) -> list[int]:
         aux = torch.cat([hs[i] for i in draft.aux_layers], -1)[:, :-1]  # positions 0..L-2
         hidden, tokens, out = draft.fuse(aux), x[:, 1:], []
         for _ in range(k):
-            pos = torch.arange(tokens.shape[1])[None]
-            q, kk, vv = draft.attention_inputs(tokens, hidden, pos)
-            o = F.scaled_dot_product_attention(q, kk, vv, is_causal=True,
-                                               enable_gqa=kk.shape[1] != q.shape[1])
-            h = draft.after_attention(o, hidden)[:, -1:]  # (1, 1, H)
+            h = draft.causal(tokens, hidden, torch.arange(tokens.shape[1])[None])[:, -1:]
             d = draft.reduced_head.expand(draft.logits(h)).argmax(-1)  # (1, 1)
             out.append(int(d))
             hidden, tokens = torch.cat([hidden, h], 1), torch.cat([tokens, d], 1)
@@ -380,7 +378,6 @@ def parallel_greedy_drafts(draft, target, seq: list[int], k: int) -> list[int]:
     """The K tokens a parallel EAGLE-3 head drafts greedily after the committed tokens ``seq``,
     without a cache: one causal pass over [target features of seq ; K - 1 placeholders]."""
     import torch
-    import torch.nn.functional as F
 
     x = torch.tensor([seq])
     with torch.inference_mode():
@@ -389,10 +386,7 @@ def parallel_greedy_drafts(draft, target, seq: list[int], k: int) -> list[int]:
         token, place = draft.placeholder()
         hidden = torch.cat([draft.fuse(aux), place.expand(1, k - 1, -1)], 1)
         tokens = torch.cat([x[:, 1:], torch.full((1, k - 1), token)], 1)
-        q, kk, vv = draft.attention_inputs(tokens, hidden, torch.arange(tokens.shape[1])[None])
-        o = F.scaled_dot_product_attention(q, kk, vv, is_causal=True,
-                                           enable_gqa=kk.shape[1] != q.shape[1])
-        h = draft.after_attention(o, hidden)[:, -k:]  # (1, K, H): d_1..d_K
+        h = draft.causal(tokens, hidden, torch.arange(tokens.shape[1])[None])[:, -k:]  # d_1..d_K
         return draft.reduced_head.expand(draft.logits(h)).argmax(-1)[0].tolist()
 
 

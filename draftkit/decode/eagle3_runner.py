@@ -1,4 +1,4 @@
-"""The runner of an EAGLE-3 head: its one decoder layer over a static KV cache.
+"""The runner of an EAGLE-3 head: its decoder layers over a static KV cache.
 
 The head (:class:`~draftkit.models.eagle3.Eagle3Draft`, arXiv 2503.01840) drafts from the
 target's own features, which the target's runner leaves in ``runner.aux`` on each verify pass
@@ -23,15 +23,42 @@ if TYPE_CHECKING:
 TUNE_BYTES = 8 * 2**20
 
 
+class _Layer:
+    """One layer's weights as the runner multiplies them: q/k/v and gate/up fused, each in the
+    layout fastest for few rows (:mod:`draftkit.decode.cpu_linear`)."""
+
+    def __init__(self, layer):
+        a, mlp = layer.self_attn, layer.mlp
+        self.qkv = DecodeLinear.fused(a.q_proj, a.k_proj, a.v_proj)
+        self.o = DecodeLinear.fused(a.o_proj)
+        self.gate_up = DecodeLinear.fused(mlp.gate_proj, mlp.up_proj)
+        self.down = DecodeLinear.fused(mlp.down_proj)
+        self.act, self.post_norm = mlp.act_fn, layer.post_attention_layernorm
+        self.input_norm = layer.input_layernorm  # a deeper layer's: over the stream
+
+    def linears(self) -> list[DecodeLinear]:
+        return [self.qkv, self.o, self.gate_up, self.down]
+
+    def finish(self, o: "torch.Tensor", residual: "torch.Tensor") -> "torch.Tensor":
+        """As :meth:`~draftkit.models.eagle3_layer.Eagle3Layer.finish`: o (b, nh, T, hd) and
+        residual (b, T, H) -> h (b, T, H)."""
+        b, _, t, _ = o.shape
+        h = residual + self.o(o.transpose(1, 2).reshape(b, t, -1))
+        gate, up = self.gate_up(self.post_norm(h)).chunk(2, -1)
+        return h + self.down(self.act(gate) * up)
+
+
 class Eagle3Runner:
-    """An EAGLE-3 head (:class:`~draftkit.models.eagle3.Eagle3Draft`) over a one-layer
-    :class:`~draftkit.decode.cache.StaticKVCache`, rolled back by position like the target's.
+    """An EAGLE-3 head (:class:`~draftkit.models.eagle3.Eagle3Draft`) over a
+    :class:`~draftkit.decode.cache.StaticKVCache` of its layers, rolled back by position like
+    the target's.
 
     It reads (hidden, token) pairs, not tokens: draft position t reads the hidden state after
     token t (the target's fused feature, or the head's own output at position t - 1) and token
-    t + 1, and scores token t + 2. With one layer, a position's keys and values depend on its
-    own inputs only, so positions whose output nobody needs are only written (:meth:`feed`),
-    and :meth:`forward` computes the output at one position per row.
+    t + 1, and scores token t + 2. In the first layer a position's keys and values depend on its
+    own inputs only, so with one layer positions whose output nobody needs are only written
+    (:meth:`feed`) and :meth:`forward` computes the output at one position per row; a deeper
+    head's later layers read the layer below's outputs, which every written position computes.
 
     Rows padded to a batch's longest input write their padding at the following positions,
     which no query sees before they are written again; padding that would run past the cache
@@ -54,27 +81,22 @@ class Eagle3Runner:
             self._prepare_placeholder()
 
     def _prepare_weights(self) -> None:
-        """The layer's matmuls as the target's runner does them: q/k/v and gate/up fused, each
-        weight in the layout fastest for few rows (:mod:`draftkit.decode.cpu_linear`). A head
+        """The layers' matmuls as the target's runner does them (:class:`_Layer`). A head
         streams all its weights once per drafted token, so how it multiplies is most of c."""
-        m, layer = self.model, self.model.midlayer
-        a, mlp = layer.self_attn, layer.mlp
+        m = self.model
         self.w_fc = DecodeLinear.fused(m.fc)
-        self.w_qkv = DecodeLinear.fused(a.q_proj, a.k_proj, a.v_proj)
-        self.w_o = DecodeLinear.fused(a.o_proj)
-        self.w_gate_up = DecodeLinear.fused(mlp.gate_proj, mlp.up_proj)
-        self.w_down = DecodeLinear.fused(mlp.down_proj)
+        self.layers = [_Layer(m.midlayer), *(_Layer(x) for x in m.deeper)]
+        self.w_qkv = self.layers[0].qkv
         self.w_head = DecodeLinear.fused(m.lm_head)
-        self.act = mlp.act_fn
-        tune([self.w_fc, self.w_qkv, self.w_o, self.w_gate_up, self.w_down, self.w_head],
+        tune([self.w_fc, *(w for x in self.layers for w in x.linears()), self.w_head],
              min_bytes=TUNE_BYTES)
 
     def _prepare_placeholder(self) -> None:
         """A parallel head's placeholder as positions 2..K read it, computed once: its fused
-        feature (H,) and its q/k/v before RoPE ((nh + 2 nkv) hd,). Nothing in either depends on
-        the sequence, so a round computes fc and q/k/v for the target's features alone: on 2
-        CPU cores a K = 5 round of SmolLM2's head took 0.104 of a target step so, 0.134 with
-        the 4 placeholder rows multiplied each round (2026-12-06)."""
+        feature (H,) and its first layer's q/k/v before RoPE ((nh + 2 nkv) hd,). Nothing in
+        either depends on the sequence, so a round computes fc and those q/k/v for the
+        target's features alone: on 2 CPU cores a K = 5 round of SmolLM2's head took 0.104 of
+        a target step so, 0.134 with the 4 placeholder rows multiplied each round (2026-12-06)."""
         import torch
 
         with torch.no_grad():
@@ -87,8 +109,8 @@ class Eagle3Runner:
         import torch
 
         if self.cache is None or self.cache.batch != batch or self.cache.max_len < max_len:
-            self.cache = StaticKVCache(1, batch, self.kv_heads, max_len, self.head_dim,
-                                       self.param.dtype, self.param.device)
+            self.cache = StaticKVCache(len(self.layers), batch, self.kv_heads, max_len,
+                                       self.head_dim, self.param.dtype, self.param.device)
             # cos/sin for every position once, by the head's own rotary module (its scaling)
             pos = torch.arange(max_len, device=self.param.device)[None]
             cos, sin = self.model.rotary_emb(self.cache.k[0, :1, 0], pos)
@@ -103,8 +125,8 @@ class Eagle3Runner:
     def feed(self, hidden: "torch.Tensor", tokens: "torch.Tensor", start: list[int],
              rows: list[int] | None = None) -> None:
         """Write the keys and values of hidden (b, T, H) with tokens (b, T) at positions
-        start[b] + t of cache row rows[b]."""
-        self._write(self._qkv(hidden, tokens), start, rows)
+        start[b] + t of cache row rows[b], in every layer."""
+        self._stack(hidden, self._qkv(hidden, tokens), start, rows, None, 0)
 
     def forward(self, hidden: "torch.Tensor", tokens: "torch.Tensor", start: list[int],
                 last: list[int], rows: list[int] | None = None
@@ -120,8 +142,8 @@ class Eagle3Runner:
         """:meth:`feed`, then the head's outputs at indices first[b] .. first[b] + span - 1 of
         each row, each attending causally to its row's keys: logits (b, span, N) and h
         (b, span, H)."""
-        q, index = self._write(self._qkv(hidden, tokens), start, rows)
-        return self._outputs(q, index, hidden, start, first, span)
+        h = self._stack(hidden, self._qkv(hidden, tokens), start, rows, first, span)
+        return self.w_head(self.model.norm(h)), h
 
     def forward_parallel(self, hidden: "torch.Tensor", tokens: "torch.Tensor", start: list[int],
                          counts: list[int], k: int, rows: list[int] | None = None
@@ -141,15 +163,34 @@ class Eagle3Runner:
         at = ((t >= c) & (t < c + k - 1))[..., None]  # (b, width, 1): the placeholders
         qkv = torch.where(at, self.placeholder_qkv, F.pad(qkv, (0, 0, 0, width - w)))
         hidden = torch.where(at, self.placeholder_hidden, F.pad(hidden, (0, 0, 0, width - w)))
-        q, index = self._write(qkv, start, rows)
-        logits, _ = self._outputs(q, index, hidden, start, [n - 1 for n in counts], k)
-        return logits
+        h = self._stack(hidden, qkv, start, rows, [n - 1 for n in counts], k)
+        return self.w_head(self.model.norm(h))
 
-    def _outputs(self, q, index, hidden, start, first, span):
-        """The layer's outputs at indices first[b] .. first[b] + span - 1 of each row: its
-        attention over the cache (q (b, nh, T, hd) of the written positions), MLP and head, as
-        Eagle3Draft.after_attention and .logits compute them. Returns logits (b, span, N) and
-        h (b, span, H)."""
+    def _stack(self, hidden, qkv, start, rows, first, span):
+        """Every layer over the written positions: the first layer's q/k/v ``qkv`` (b, T, D)
+        with its residual ``hidden`` (b, T, H), written at start[b] + t; returns the last
+        layer's outputs h (b, span, H) at indices first[b] .. first[b] + span - 1 of each row,
+        or None where ``first`` is None (a feed). A layer below another computes its output at
+        every written position, as the next layer's keys read them."""
+        index = self._index(start, qkv.shape[1], rows)
+        every = [0] * qkv.shape[0], qkv.shape[1]
+        h = hidden
+        for i, layer in enumerate(self.layers):
+            if i:  # a deeper layer's q/k/v over the stream
+                qkv = layer.qkv(layer.input_norm(h))
+            q = self._write(qkv, index, i)
+            top = i == len(self.layers) - 1
+            if top and first is None:
+                return None
+            at, n = (first, span) if top else every
+            o, picked = self._attend(q, index, start, at, n, i)
+            h = layer.finish(o, h[picked])
+        return h
+
+    def _attend(self, q, index, start, first, span, layer):
+        """Attention of the queries at indices first[b] .. first[b] + span - 1 of each row
+        (q (b, nh, T, hd) of the written positions) over the layer's cache: o (b, nh, span,
+        hd), and the (rows, indices) picked, to take the residual at them."""
         import torch
         import torch.nn.functional as F
 
@@ -165,38 +206,39 @@ class Eagle3Runner:
         else:
             pos = torch.tensor(queries, device=dev)[:, None] + steps  # (b, span)
             mask = (torch.arange(kv_len, device=dev) <= pos[..., None])[:, None]  # (b,1,span,S)
-        k_all, v_all = self.cache.view(0, kv_len, index)  # (b, nkv, S, hd)
+        k_all, v_all = self.cache.view(layer, kv_len, index)  # (b, nkv, S, hd)
         with sdpa_backends(self.param.device):
             o = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,
                                                enable_gqa=self.kv_heads != self.num_heads)
-        layer = self.model.midlayer
-        h = hidden[bi, at] + self.w_o(o.transpose(1, 2).reshape(b, span, -1))  # (b, span, H)
-        gate, up = self.w_gate_up(layer.post_attention_layernorm(h)).chunk(2, -1)
-        h = h + self.w_down(self.act(gate) * up)
-        return self.w_head(self.model.norm(h)), h
+        return o, (bi, at)
 
     def _qkv(self, hidden, tokens):
-        """q/k/v before RoPE (b, T, (nh + 2 nkv) hd) of hidden (b, T, H) read with tokens
-        (b, T), fused, from Eagle3Draft.layer_input as attention_inputs computes them."""
+        """The first layer's q/k/v before RoPE (b, T, (nh + 2 nkv) hd) of hidden (b, T, H) read
+        with tokens (b, T), fused, from Eagle3Draft.layer_input as attention_inputs computes
+        them."""
         return self.w_qkv(self.model.layer_input(tokens, hidden))
 
-    def _write(self, qkv, start, rows):
-        """Apply RoPE to qkv (b, T, (nh + 2 nkv) hd) at positions start[b] + t and write the
-        keys and values; returns q (b, nh, T, hd) and the write's index."""
+    def _index(self, start, t, rows):
+        """Where T tokens per row write, at start[b] + t of cache row rows[b]: a slice where no
+        padding needs clamping to the cache's last position, a scatter else."""
         import torch
+
+        limit = self.cache.max_len - 1
+        start_t = torch.tensor(start, device=self.param.device)
+        uniform = start[0] if all(s == start[0] for s in start) and start[0] + t <= limit else None
+        return WriteIndex(start_t, t, uniform, rows, limit=limit)
+
+    def _write(self, qkv, index, layer):
+        """Apply RoPE to qkv (b, T, (nh + 2 nkv) hd) at the index's positions and write the
+        keys and values of ``layer``; returns q (b, nh, T, hd)."""
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         bsz, t, _ = qkv.shape
-        limit = self.cache.max_len - 1
-        start_t = torch.tensor(start, device=qkv.device)
-        # a slice write where no padding needs clamping to the limit, a scatter else
-        uniform = start[0] if all(s == start[0] for s in start) and start[0] + t <= limit else None
-        index = WriteIndex(start_t, t, uniform, rows, limit=limit)
         nh, nkv, hd = self.num_heads, self.kv_heads, self.head_dim
         q = qkv[..., :nh * hd].view(bsz, t, nh, hd).transpose(1, 2)
         k = qkv[..., nh * hd:(nh + nkv) * hd].view(bsz, t, nkv, hd).transpose(1, 2)
         v = qkv[..., (nh + nkv) * hd:].view(bsz, t, nkv, hd).transpose(1, 2)
         pos = index.positions  # (b, T)
         q, k = apply_rotary_pos_emb(q, k, self.cos[pos], self.sin[pos])
-        self.cache.write(0, k, v, index)
-        return q, index
+        self.cache.write(layer, k, v, index)
+        return q

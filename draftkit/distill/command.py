@@ -219,8 +219,9 @@ def distill(args: DistillArgs):
         layers = d.aux_layers or "[2, L // 2, L - 3]"
         start = (f"started from {d.model} (its layers and vocabulary)" if d.model else
                  f"over {d.draft_vocab_size} tokens reading layers {layers}")
+        depth = f"of {d.num_layers} layers " if (d.num_layers or 1) > 1 else ""
         head = "" if d.kind != "eagle3" else (
-            f", {'a parallel (P-EAGLE)' if d.parallel else 'an'} EAGLE-3 head {start}, "
+            f", {'a parallel (P-EAGLE)' if d.parallel else 'an'} EAGLE-3 head {depth}{start}, "
             f"{d.steps} training-time-test steps weighted {d.decay:g}^i")
         print(f"recipe {args.recipe} is valid: target {cfg.target}{head}, {cfg.max_steps} "
               f"steps of {cfg.train.batch_size}x{cfg.train.grad_accum}x{cfg.data.seq_len} "

@@ -69,7 +69,8 @@ class DraftSection:
     kind: Literal["standalone", "eagle3"] = option(
         "standalone", help="standalone: a draft model of its own (draft.model, derive_layers or "
                            "num_layers); eagle3: an EAGLE-3 head (arXiv 2503.01840) built on the "
-                           "target, one decoder layer over three of its hidden states, drafting "
+                           "target, one decoder layer (draft.num_layers: more) over three of its "
+                           "hidden states, drafting "
                            "over draft.draft_vocab_size tokens, trained with training-time test")
     model: str | None = option(None, help="draft model: HF directory, hub id or bundle; null to "
                                           "derive it from the target (derive_layers / num_layers)"
@@ -80,7 +81,10 @@ class DraftSection:
     derive_layers: list[int] | None = option(None, help="copy these target layers into the "
                                                         "draft, e.g. [0, 1, 2, 29]")
     num_layers: int | None = option(None, help="random-init draft with this many layers "
-                                               "(the target's embeddings are copied)")
+                                               "(the target's embeddings are copied); eagle3: "
+                                               "the head's decoder layers, null for EAGLE-3's "
+                                               "one (P-EAGLE's drafters stack more; vLLM "
+                                               "serves them, SGLang one only)")
     hidden_size: int | None = option(None, help="random-init draft with this hidden size")
     intermediate_size: int | None = option(None, help="random-init draft with this MLP size")
     freeze: list[str] = option([], help="parts kept frozen: 'embeddings', 'head', 'norm', or any "
@@ -167,8 +171,7 @@ class DraftSection:
 
     def _validate_eagle3(self) -> None:
         # what builds or changes a standalone draft means nothing for a head built on the target
-        standalone = {"derive_layers": self.derive_layers,
-                      "num_layers": self.num_layers, "hidden_size": self.hidden_size,
+        standalone = {"derive_layers": self.derive_layers, "hidden_size": self.hidden_size,
                       "intermediate_size": self.intermediate_size, "freeze": self.freeze or None,
                       "lora.enabled": self.lora.enabled or None,
                       "train_reduced_head": self.train_reduced_head or None}
@@ -184,6 +187,8 @@ class DraftSection:
                               "most: set draft.draft_vocab_size (EAGLE-3's references use 32000)")
         if self.steps < 1:
             raise ConfigError(f"draft.ttt_steps must be at least 1, got {self.steps}")
+        if self.num_layers is not None and self.num_layers < 1:
+            raise ConfigError(f"draft.num_layers must be >= 1 or null, got {self.num_layers}")
         if self.parallel and self.steps < 2:  # positions 2..K are where the placeholder trains
             raise ConfigError(f"draft.parallel trains the placeholder at draft positions "
                               f"2..ttt_steps: set draft.ttt_steps to at least 2, got "

@@ -94,6 +94,10 @@ def warm_start(cfg: DistillConfig, target: Any, target_ref: Any = None) -> Any:
         raise DraftkitError(f"draft.aux_layers {cfg.draft.aux_layers} differ from the layers "
                             f"{head.aux_layers} the head in draft.model reads; set "
                             f"draft.aux_layers=null")
+    if cfg.draft.num_layers not in (None, head.config.num_hidden_layers):
+        raise DraftkitError(f"draft.num_layers {cfg.draft.num_layers} differs from the "
+                            f"{head.config.num_hidden_layers} layers of the head in draft.model; "
+                            f"set draft.num_layers=null")
     if head.parallel and not cfg.draft.parallel:  # its layer is fitted to the placeholder
         raise DraftkitError(f"draft.model {cfg.draft.model} is a parallel head: set "
                             f"draft.parallel: true")
@@ -139,6 +143,9 @@ class Eagle3:
         out = {"kind": "eagle3", "aux_layers": self.layers,
                "draft_vocab_size": len(self.kept_head) if self.init is not None and
                self.cfg.draft.draft_vocab_size is None else self.cfg.draft.draft_vocab_size}
+        depth = self.init.config.num_hidden_layers if self.init is not None else \
+            self.cfg.draft.num_layers or 1
+        out = {**out, "num_layers": depth} if depth > 1 else out  # older checkpoints: one
         return {**out, "parallel": True} if self.cfg.draft.parallel else out
 
     def start(self, target: Any, key: str, rows: Rows, reduced_head: ReducedHead | None,
@@ -148,7 +155,8 @@ class Eagle3:
         # its context is the target's (models/eagle3.eagle3_config), which the rows fit
         if self.init is None:
             self.draft = from_target(target, reduced_head, self.layers, cfg.seed,
-                                     parallel=cfg.draft.parallel)
+                                     parallel=cfg.draft.parallel,
+                                     num_layers=cfg.draft.num_layers or 1)
         elif not torch.equal(reduced_head.ids.sort().values.cpu(),
                              self.init.reduced_head.ids.cpu()):  # draft.draft_vocab_size chose again
             self.draft = with_vocabulary(self.init, reduced_head, target)

@@ -559,6 +559,8 @@ def _draft_words(identity: dict | None) -> str:
     if identity is None:
         return "a standalone draft"
     kind = "a parallel eagle3 head" if identity.get("parallel") else "an eagle3 head"
+    if identity.get("num_layers", 1) > 1:
+        kind += f" of {identity['num_layers']} layers"
     return (f"{kind} over {identity['draft_vocab_size']} tokens reading layers "
             f"{identity['aux_layers']}")
 

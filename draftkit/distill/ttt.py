@@ -17,7 +17,9 @@ Attention simulates decoding. When the head drafts token t + 2 + i, its KV cache
 it wrote from target features (step 0, positions up to t of the same example) and the keys it
 wrote itself for this draft (steps 1..i, all at t). So a step-i query at t attends causally to
 step-0 keys and, of each later step, to its own key only, a diagonal (:func:`ttt_attention`):
-every position is a draft of its own, and all of them train in one pass.
+every position is a draft of its own, and all of them train in one pass. A deeper head
+(draftkit/models/eagle3_layer.py) does so in every layer, each over its own keys, as each layer
+of its decoding cache holds them.
 
 Packed examples never see each other: positions restart at each example (draftkit/data/pack.py),
 step 0's causal mask stops at the example's start (:func:`block_causal`), and step i trains t
@@ -99,12 +101,19 @@ def unroll(draft: Any, aux: Tensor, input_ids: Tensor, position_ids: Tensor,
         return parallel_pass(draft, aux, input_ids, position_ids, steps)
     causal = block_causal(position_ids)
     hidden = draft.fuse(aux)  # (B, T, H): f_t
-    keys, values, out = [], [], []
+    layers = [None, *draft.deeper]  # None: the fused first layer
+    keys, values = [[] for _ in layers], [[] for _ in layers]  # per layer, steps 0..i
+    out = []
     for i in range(steps):
-        q, k, v = draft.attention_inputs(shift(input_ids, 1 + i), hidden, position_ids + i)
-        keys.append(k)
-        values.append(v)
-        hidden = draft.after_attention(ttt_attention(q, keys, values, causal), hidden)
+        h = hidden
+        for j, layer in enumerate(layers):
+            q, k, v = (draft.attention_inputs(shift(input_ids, 1 + i), hidden, position_ids + i)
+                       if layer is None else draft.deeper_inputs(layer, h, position_ids + i))
+            keys[j].append(k)
+            values[j].append(v)
+            o = ttt_attention(q, keys[j], values[j], causal)
+            h = draft.after_attention(o, hidden) if layer is None else layer.finish(o, h)
+        hidden = h
         out.append(hidden)
     return out
 
@@ -120,11 +129,16 @@ def parallel_pass(draft: Any, aux: Tensor, input_ids: Tensor, position_ids: Tens
     ids = torch.cat([shift(input_ids, 1), input_ids.new_full((b, (steps - 1) * t), token)], 1)
     hidden = torch.cat([draft.fuse(aux), place.expand(b, (steps - 1) * t, -1)], 1)  # (B, KT, H)
     pos = torch.cat([position_ids + i for i in range(steps)], 1)  # (B, K T)
-    q, k, v = draft.attention_inputs(ids, hidden, pos)  # (B, nh | nkv, K T, hd)
-    qs, ks, vs = q.split(t, 2), list(k.split(t, 2)), list(v.split(t, 2))
-    o = torch.cat([ttt_attention(qs[i], ks[:i + 1], vs[:i + 1], causal) for i in range(steps)],
-                  2)  # (B, nh, K T, hd)
-    return list(draft.after_attention(o, hidden).split(t, 1))
+
+    def attend(q, k, v):  # (B, nh | nkv, K T, hd) -> o (B, nh, K T, hd)
+        qs, ks, vs = q.split(t, 2), list(k.split(t, 2)), list(v.split(t, 2))
+        return torch.cat([ttt_attention(qs[i], ks[:i + 1], vs[:i + 1], causal)
+                          for i in range(steps)], 2)
+
+    h = draft.after_attention(attend(*draft.attention_inputs(ids, hidden, pos)), hidden)
+    for layer in draft.deeper:  # a deeper head's: the same mask in every layer
+        h = layer.finish(attend(*draft.deeper_inputs(layer, h, pos)), h)
+    return list(h.split(t, 1))
 
 
 def step_masks(loss_mask: Tensor, position_ids: Tensor, steps: int) -> list[Tensor]:

@@ -236,7 +236,7 @@ def _serving(source, draft_dir: str, target: str, k: int, dtype: str,
     table = engines.k_per_batch_size(report.batch_sweep, shown_speedup) if report else None
     return serving_entry(source.kind, target, k, dtype, tp, table, refused,
                          report.temperature if report else None,
-                         parallel=source.parallel)
+                         parallel=source.parallel, deep=engines.is_deep_head(source.config))
 
 
 def _warn(line: str) -> None:

