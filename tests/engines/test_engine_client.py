@@ -147,3 +147,30 @@ def test_a_target_the_engine_cannot_tap_for_an_eagle3_head_is_refused(tmp_path, 
                  str(tmp_path / "never-started")) == 2
     assert "built for Llama-family targets" in _one_line(capsys)
     assert not (tmp_path / "o" / "vllm.log").exists()
+
+
+def test_the_cpu_builds_kv_cache_is_what_the_request_needs(tmp_path):
+    """Keys and values of every layer, float32, for the sequences asked, twice over (a draft's
+    cache shares the budget), 64 MiB to spare, vLLM's 256 where the sequences are not capped;
+    the former fixed 2 GiB where the need is unknown or larger, unless one sequence alone needs
+    more."""
+    from draftkit.engines.vllm_worker import CPU_KV_CACHE_MAX, cpu_kv_cache_bytes
+
+    spare = 64 << 20
+    (tmp_path / "config.json").write_text(json.dumps({
+        "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+        "hidden_size": 576}))
+    per_token = 2 * 30 * 3 * 64 * 4  # keys and values, head_dim 576 / 9
+    assert cpu_kv_cache_bytes(str(tmp_path), 200, 1) == 2 * per_token * (200 + 128) + spare
+    assert cpu_kv_cache_bytes(str(tmp_path), 200, 4) == 8 * per_token * (200 + 128) + spare
+    # not capped: vLLM's default of 256 sequences, here more than the maximum
+    assert cpu_kv_cache_bytes(str(tmp_path), 200, None) == CPU_KV_CACHE_MAX
+    assert cpu_kv_cache_bytes(str(tmp_path), 4096, 256) == CPU_KV_CACHE_MAX
+    one = 2 * per_token * (200_000 + 128)  # more than the cap for one sequence
+    assert one > CPU_KV_CACHE_MAX and cpu_kv_cache_bytes(str(tmp_path), 200_000, 8) == one + spare
+    assert cpu_kv_cache_bytes(str(tmp_path / "nowhere"), 200, 1) == CPU_KV_CACHE_MAX
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {
+        "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16, "hidden_size": 32}}))
+    per_token = 2 * 2 * 4 * 16 * 4
+    assert cpu_kv_cache_bytes(str(tmp_path), 100, 1) == 2 * per_token * 228 + spare
+    assert cpu_kv_cache_bytes(str(tmp_path), 100, None) == 256 * 2 * per_token * 228 + spare

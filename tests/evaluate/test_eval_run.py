@@ -132,6 +132,7 @@ def test_greedy_identity_draft_accepts_everything(tiny_dirs, suite, tmp_path):
     assert report.batch_sweep == [] and report.break_even.batch_size is None
 
 
+@pytest.mark.slow  # starts draftkit in another Python
 def test_bad_suite_and_flags_are_one_line(tiny_dirs, tmp_path):
     target, draft = tiny_dirs
     bad = tmp_path / "bad.jsonl"
@@ -365,6 +366,7 @@ def test_k_auto_keeps_one_policy_per_domain(tiny_dirs):
     assert policies[-1] is not policies[0]
 
 
+@pytest.mark.slow  # starts draftkit in another Python
 def test_k_sweep_size_below_1_is_one_line(tiny_dirs):
     _, draft = tiny_dirs
     proc = subprocess.run([sys.executable, "-m", "draftkit", "eval", "--draft", str(draft),

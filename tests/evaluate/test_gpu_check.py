@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # the script starts draftkit in other Pythons
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

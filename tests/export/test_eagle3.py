@@ -193,6 +193,7 @@ def test_the_manifest_and_serving_files_name_an_eagle3_head(saved, tmp_path, cap
     assert "EAGLE-3 head tapping target layers [2, 4, 5], K=3" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # starts draftkit in another Python
 def test_the_hf_note_decodes_with_draftkit(saved, tmp_path):
     """The note's script runs the head in draftkit's own engine, wherever the bundle is."""
     _, target_dir, head_dir = saved

@@ -311,6 +311,7 @@ def test_context_length_is_read_as_sglang_reads_it(tiny_dirs, tmp_path):
 
 # --- 8. a moved bundle and its target --------------------------------------------------------------
 
+@pytest.mark.slow  # starts draftkit in another Python
 def test_every_script_takes_the_target_and_checks_its_hash(tiny_dirs, tmp_path):
     target_dir, draft_dir = tiny_dirs
     out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "b", k=2)

@@ -53,6 +53,7 @@ def assert_one_line_error(proc, *fragments):
         assert f in lines[0], lines[0]
 
 
+@pytest.mark.slow  # starts draftkit in another Python
 def test_missing_model_path_is_one_line(tmp_path):
     proc = run_cli("derive", "--target", str(tmp_path / "nope"), "--layers", "0",
                    "--out", str(tmp_path / "d"))
@@ -60,6 +61,7 @@ def test_missing_model_path_is_one_line(tmp_path):
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.slow  # starts draftkit in another Python
 def test_derive_cli_writes_loadable_draft(tiny_dirs, tmp_path, capsys):
     target_dir, _ = tiny_dirs
     out = tmp_path / "derived"
@@ -68,15 +70,21 @@ def test_derive_cli_writes_loadable_draft(tiny_dirs, tmp_path, capsys):
     from transformers import AutoModelForCausalLM
 
     assert AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 2
-    proc = run_cli("derive", "--target", str(target_dir), "--layers", "0", "--out", str(out))
-    assert_one_line_error(proc, "already exists", "--force")
-    proc = run_cli("derive", "--target", str(target_dir), "--out", str(tmp_path / "x"))
-    assert_one_line_error(proc, "--layers")
+    capsys.readouterr()
+    # the refusals in this process (a subprocess start costs seconds; the one above and
+    # test_missing_model_path_is_one_line run the entry point)
+    for args, fragments in (
+            (["--layers", "0", "--out", str(out)], ("already exists", "--force")),
+            (["--out", str(tmp_path / "x")], ("--layers",))):
+        code = main(["derive", "--target", str(target_dir), *args])
+        assert_one_line_error(subprocess.CompletedProcess([], code, "", capsys.readouterr().err),
+                              *fragments)
     assert main(["derive", "--target", str(target_dir), "--layers=", "--out",
                  str(tmp_path / "y")]) == 2
     assert "--layers names nothing; name some, or leave --layers out" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # starts draftkit in another Python
 def test_bad_flag_value_is_rejected(tmp_path, capsys):
     for layers, said in (("-1,0", "--layers -1,0: layer indices count from 0"),
                          ("0,0,1", "--layers 0,0,1: layer 0 is given twice")):

@@ -65,6 +65,7 @@ def test_build_from_model_dirs(tiny_dirs):
     assert "continuous batching" in desc and app.state.scheduler.batch.max_len == 64
 
 
+@pytest.mark.slow  # starts draftkit in another Python
 def test_sigterm_finishes_in_flight_and_exits_0(tiny_dirs):
     target, draft = tiny_dirs
     with socket.socket() as s:
