@@ -39,7 +39,7 @@ COUNTERS = {"vllm:spec_decode_num_drafts": "drafts",
             "vllm:spec_decode_num_accepted_tokens": "accepted",
             "vllm:spec_decode_num_accepted_tokens_per_pos": "accepted_per_pos"}
 
-CPU_KV_CACHE_MAX = 2 << 30  # the CPU build's KV cache where draftkit cannot size it
+CPU_KV_CACHE_MAX = 2 << 30  # the most a CPU engine's KV cache gets (the former fixed size)
 CPU_DEFAULT_MAX_NUM_SEQS = 256  # vLLM's max_num_seqs for an LLM on CPU
 
 
@@ -120,14 +120,13 @@ def load(engines: dict, msg: dict) -> dict:
 
 
 def cpu_kv_cache_bytes(target: str, max_model_len: int, max_num_seqs: int | None) -> int:
-    """The CPU build's KV cache for an engine: what ``max_num_seqs`` sequences of
-    ``max_model_len`` tokens need, twice over (a draft model's cache comes out of the same
-    budget; the target drafting for itself doubles it), and 64 MiB to spare; at most
-    ``CPU_KV_CACHE_MAX`` unless one sequence alone needs more, and that where the target's
-    config.json does not give its layers. The CPU build
-    allocates the whole cache on every load: a fixed 2 GiB took 4-5 s of a tiny model's 6 s
-    load on 2 cores, sized to the need 1.5 s. ``VLLM_CPU_KVCACHE_SPACE`` (GiB), where set,
-    overrides all of this."""
+    """The CPU build's KV cache for an engine: what ``max_num_seqs`` sequences (vLLM's own
+    default where not capped) of ``max_model_len`` tokens need, twice over (a draft model's
+    cache comes out of the same budget; the target drafting for itself doubles it), and 64 MiB
+    to spare; at most ``CPU_KV_CACHE_MAX`` unless one sequence alone needs more, and that where
+    the target's config.json does not give its layers. The CPU build allocates the whole cache
+    on every load: a fixed 2 GiB took 4-5 s of a tiny model's 6 s load on 2 cores, sized to the
+    need 1.5 s. ``VLLM_CPU_KVCACHE_SPACE`` (GiB), where set, overrides all of this."""
     try:
         with open(os.path.join(target, "config.json")) as f:
             cfg = json.load(f)
@@ -140,11 +139,10 @@ def cpu_kv_cache_bytes(target: str, max_model_len: int, max_num_seqs: int | None
     except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
         return CPU_KV_CACHE_MAX
     spare = 64 << 20
-    one = 2 * per_token * (max_model_len + 128) + spare  # a block of slack: whole blocks
-    # not capped: the CPU build's own default for an LLM (a shorter cache only runs fewer
-    # sequences at once, as long as one fits)
+    per_seq = 2 * per_token * (max_model_len + 128)  # a block of slack: whole blocks
+    # a shorter cache than the sequences want only runs fewer of them at once, if one fits
     seqs = max_num_seqs or CPU_DEFAULT_MAX_NUM_SEQS
-    return max(min((one - spare) * seqs + spare, CPU_KV_CACHE_MAX), one)
+    return max(min(per_seq * seqs + spare, CPU_KV_CACHE_MAX), per_seq + spare)
 
 
 def engine_fields() -> set[str]:
