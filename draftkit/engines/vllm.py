@@ -97,6 +97,8 @@ class VllmWorker:
     def __init__(self, python: str | Path | None = None, log: Path | None = None,
                  env: dict[str, str] | None = None, threads: int | None = None):
         self.python = find_python(str(python) if python else None)
+        # a log of our own making is removed by a clean close; one a failure names is kept
+        self._own_log, self._failed = log is None, False
         self.log_path = Path(log) if log else Path(tempfile.mkstemp(
             prefix="draftkit-vllm-", suffix=".log")[1])
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -113,6 +115,8 @@ class VllmWorker:
                                          text=True, bufsize=1)
         except OSError as e:
             self._log.close()
+            if self._own_log:
+                self.log_path.unlink(missing_ok=True)
             raise EngineError(f"cannot start {self.python} ({e.strerror}); {INSTALL}") from None
         try:
             reply = self.call("hello")
@@ -146,11 +150,13 @@ class VllmWorker:
             line = ""
         if not line:
             code = self.proc.wait()
+            self._failed = True
             raise EngineError(f"the vLLM worker exited during {op} (status {code}): "
                               f"{self._last_log_line() or 'no message'}; its log: "
                               f"{self.log_path}")
         reply = json.loads(line)
         if "error" in reply:
+            self._failed = True
             raise EngineError(f"vLLM refused {op}: {reply['error']} (log: {self.log_path})")
         return reply
 
@@ -164,6 +170,8 @@ class VllmWorker:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+        if self._own_log and not self._failed and self.proc.returncode == 0:
+            self.log_path.unlink(missing_ok=True)
 
     def __enter__(self) -> VllmWorker:
         return self

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,25 @@ def test_the_cpu_builds_kv_cache_is_what_the_request_needs(tmp_path):
     per_token = 2 * 2 * 4 * 16 * 4
     assert cpu_kv_cache_bytes(str(tmp_path), 100, 1) == 2 * per_token * 228 + spare
     assert cpu_kv_cache_bytes(str(tmp_path), 100, None) == 256 * 2 * per_token * 228 + spare
+
+
+def test_a_workers_own_log_goes_with_a_clean_close_and_stays_where_a_failure_names_it(
+        tmp_path, monkeypatch):
+    """A log draftkit made in the temporary folder is removed when the worker quits cleanly (a
+    data generation starts one worker per replica), kept when a failure's message names it; a
+    log the caller named is the caller's."""
+    from draftkit.engines.vllm import EngineError, VllmWorker
+
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    python = fake_python(tmp_path, monkeypatch, FAKE_VLLM_DIE_AFTER=0)
+    with VllmWorker(python) as clean:
+        assert clean.log_path.is_file()
+    assert not clean.log_path.exists()
+    with VllmWorker(python, log=tmp_path / "named.log"):
+        pass
+    assert (tmp_path / "named.log").is_file()
+    with pytest.raises(EngineError, match="fake engine died") as died, VllmWorker(python) as w:
+        w.call("generate", prompts=[[1]], sampling={"max_tokens": 2})
+    assert w.log_path.parent == tmp_path / "tmp" and str(w.log_path) in str(died.value)
+    assert "the fake engine died" in w.log_path.read_text()
