@@ -11,6 +11,10 @@ reads, and that lives here, behind one interface:
 - ``first_logits(state, rows, lengths, k)``: the drafting lap's first forward: d_1's logits
   (b, V), or (b, N) over the draft's reduced head (``vocab``);
 - ``next_logits(tokens, i, rows, lengths)``: having read d_(i+1) (b,), d_(i+2)'s logits;
+- ``round_logits(state, rows, lengths, k)``: in place of the two above for a ``per_round``
+  drafter, its one forward: all K drafts' logits (b, K, V) or (b, K, N). None reads another
+  draft, so the engine chooses the K at once, one call where K would each pay the sampler's
+  fixed cost;
 - ``vocab``: the draft's reduced head, or None: the tokens its logits score. The engine
   chooses the drafts among them (:func:`~draftkit.decode.sampling.next_tokens_among`): on a CPU
   a greedy token of SmolLM2's 4096-token head costs 0.011 ms there against 0.094 over all V
@@ -255,25 +259,21 @@ class ParallelEagle3Drafter(Eagle3Drafter):
     That forward feeds the pending features as :class:`Eagle3Drafter`'s first does, the last
     (position L - 2, token L - 1) scoring d_1, and behind them K - 1 placeholders (the learned
     feature and token) at positions L - 1 .. L + K - 3 scoring d_2..d_K, each attending to the
-    context and the placeholders before it. None reads a drafted token, so the engine samples
-    the K drafts from these logits one by one (:meth:`next_logits` hands them out) and verifies
-    them as any draft's. The placeholders' keys lie where the next round writes the target's
-    features, as an autoregressive head's own outputs do.
+    context and the placeholders before it. None reads a drafted token, so the engine chooses
+    the K drafts from these logits at once (:meth:`round_logits`; the autoregressive
+    ``first_logits`` and ``next_logits`` it inherits are not called) and verifies them as any
+    draft's. The placeholders' keys lie where the next round writes the target's features, as
+    an autoregressive head's own outputs do.
     """
 
     per_round = True
 
-    def first_logits(self, state: "BatchState", rows: list[int], lengths: list[int],
+    def round_logits(self, state: "BatchState", rows: list[int], lengths: list[int],
                      k: int) -> "torch.Tensor":
         counts = [self._pending(b) for b in rows]  # <= K + 1 after catch_up; 0: a done row
         hidden, tokens, start = self._inputs(state, rows, counts)
-        self._block = self.runner.forward_parallel(hidden, tokens, start,
-                                                   [max(c, 1) for c in counts], k, rows)
-        return self._block[:, 0]  # (b, N); _block (b, K, N)
-
-    def next_logits(self, tokens: "torch.Tensor", i: int, rows: list[int],
-                    lengths: list[int]) -> "torch.Tensor":
-        return self._block[:, i + 1]  # d_(i+2)'s, computed with d_1's: it reads no draft
+        return self.runner.forward_parallel(hidden, tokens, start, [max(c, 1) for c in counts],
+                                            k, rows)  # (b, K, N)
 
 
 def teacher_forced_logits(draft_model, target_model, seq: "torch.Tensor") -> "torch.Tensor":

@@ -156,13 +156,18 @@ class Eagle3Runner:
         import torch.nn.functional as F
 
         qkv = self._qkv(hidden, tokens)  # (b, W, D)
-        dev, w = tokens.device, tokens.shape[1]
-        width = max(counts) + k - 1
-        t = torch.arange(width, device=dev)
-        c = torch.tensor(counts, device=dev)[:, None]
-        at = ((t >= c) & (t < c + k - 1))[..., None]  # (b, width, 1): the placeholders
-        qkv = torch.where(at, self.placeholder_qkv, F.pad(qkv, (0, 0, 0, width - w)))
-        hidden = torch.where(at, self.placeholder_hidden, F.pad(hidden, (0, 0, 0, width - w)))
+        b, w = tokens.shape
+        if all(n == w for n in counts):  # no row padded (batch 1): the placeholders follow
+            qkv = torch.cat([qkv, self.placeholder_qkv.expand(b, k - 1, -1)], 1)
+            hidden = torch.cat([hidden, self.placeholder_hidden.expand(b, k - 1, -1)], 1)
+        else:  # each row's placeholders right after its own features
+            width = max(counts) + k - 1
+            t = torch.arange(width, device=tokens.device)
+            c = torch.tensor(counts, device=tokens.device)[:, None]
+            at = ((t >= c) & (t < c + k - 1))[..., None]  # (b, width, 1): the placeholders
+            qkv = torch.where(at, self.placeholder_qkv, F.pad(qkv, (0, 0, 0, width - w)))
+            hidden = torch.where(at, self.placeholder_hidden,
+                                 F.pad(hidden, (0, 0, 0, width - w)))
         h = self._stack(hidden, qkv, start, rows, [n - 1 for n in counts], k)
         return self.w_head(self.model.norm(h))
 

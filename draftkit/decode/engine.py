@@ -360,9 +360,12 @@ class SpeculativeEngine:
         """K draft tokens per row (and their warped q unless every row is greedy)."""
         import torch
 
-        logits = self.draft.first_logits(state, rows, lengths, k)  # (b, V), or (b, N)
         vocab = self.draft.vocab  # a reduced head: drafts are chosen among its N tokens
         params, gens = [state.params[b] for b in rows], state.rng(rows)
+        if self.draft.per_round:  # one forward scored all K, none reading another: chosen at once
+            logits = self.draft.round_logits(state, rows, lengths, k)  # (b, K, V), or (b, K, N)
+            return next_tokens_among(logits, params, gens, vocab)  # (b, K), q (b, K, V) or None
+        logits = self.draft.first_logits(state, rows, lengths, k)  # (b, V), or (b, N)
         tokens, qs = [], []
         for i in range(k):
             d, q = next_tokens_among(logits, params, gens, vocab)  # (b,), (b, V) or None

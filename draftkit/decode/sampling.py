@@ -168,9 +168,9 @@ def sample(probs: "torch.Tensor", generator: Generators) -> "torch.Tensor":
 
 def next_tokens(logits: "torch.Tensor", params: list[SamplingParams], generator: Generators
                 ) -> tuple["torch.Tensor", "torch.Tensor | None"]:
-    """One token per row, each row by its own parameters: the argmax for greedy rows, a sample
-    of the warped distribution for the others. logits: (B, V) -> tokens (B,) and the warped
-    probabilities (B, V), None when every row is greedy.
+    """One token per row (per position of a row), each row by its own parameters: the argmax
+    for greedy rows, a sample of the warped distribution for the others. logits: (B, ..., V) ->
+    tokens (B, ...) and the warped probabilities (B, ..., V), None when every row is greedy.
 
     A greedy row of a mixed batch takes the argmax itself rather than a draw from its one-hot
     distribution, so it never depends on random numbers.
@@ -183,19 +183,19 @@ def next_tokens(logits: "torch.Tensor", params: list[SamplingParams], generator:
     probs = row_probabilities(logits, params)
     tokens = sample(probs, generator)
     if any(greedy):
-        tokens = torch.where(torch.tensor(greedy, device=tokens.device), logits.argmax(-1),
-                             tokens)
+        rows = torch.tensor(greedy, device=tokens.device).view(-1, *[1] * (tokens.dim() - 1))
+        tokens = torch.where(rows, logits.argmax(-1), tokens)
     return tokens, probs
 
 
 def next_tokens_among(logits: "torch.Tensor", params: list[SamplingParams],
                       generator: Generators, vocab: "ReducedHead | None"
                       ) -> tuple["torch.Tensor", "torch.Tensor | None"]:
-    """:func:`next_tokens` for a draft whose logits (B, N) cover a reduced head's N tokens
-    (``vocab``; None: logits (B, V) over them all): chosen among those N, returned as the
-    target's ids (B,) with q (B, V) zero outside the head (None when every row is greedy). The
-    same tokens and q as choosing over V with -inf outside the head, where its ids are sorted,
-    at a fraction of the cost (``eval/benchmarks/probes/sampler_cost.py``)."""
+    """:func:`next_tokens` for a draft whose logits (B, ..., N) cover a reduced head's N tokens
+    (``vocab``; None: logits (B, ..., V) over them all): chosen among those N, returned as the
+    target's ids (B, ...) with q (B, ..., V) zero outside the head (None when every row is
+    greedy). The same tokens and q as choosing over V with -inf outside the head, where its ids
+    are sorted, at a fraction of the cost (``eval/benchmarks/probes/sampler_cost.py``)."""
     tokens, q = next_tokens(logits, params, generator)
     if vocab is None:
         return tokens, q

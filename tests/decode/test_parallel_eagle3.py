@@ -52,17 +52,18 @@ def test_the_runners_span_equals_the_heads_causal_pass(models):
     torch.testing.assert_close(logits[1], want[1, 6:9], rtol=1e-4, atol=1e-4)
 
 
-def test_a_round_computes_fc_and_qkv_for_the_targets_features_alone(models):
+@pytest.mark.parametrize("counts", [[3, 2], [3, 3]], ids=["unequal", "equal"])
+def test_a_round_computes_fc_and_qkv_for_the_targets_features_alone(models, counts):
     """Eagle3Runner.forward_parallel takes the placeholder's q/k/v, the same at every position
     before RoPE, as computed once: fc and the q/k/v product read the target's features only,
     and the round's logits are those of feeding the placeholders as inputs (forward_span), for
-    rows of unequal pending counts."""
+    rows of unequal pending counts and of equal ones (no row padded, as at batch 1)."""
     _, head, _ = models
     gen = torch.Generator().manual_seed(1)
     aux = torch.randn(2, 7, 3 * head.config.target_hidden_size, generator=gen)
     tokens = torch.randint(0, head.config.vocab_size, (2, 7), generator=gen)
     token, place = head.placeholder()
-    k, counts = 4, [3, 2]
+    k = 4
     with torch.inference_mode():
         fused = head.fuse(aux)
         spans = []

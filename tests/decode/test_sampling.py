@@ -42,6 +42,24 @@ def test_sample_follows_probs_and_is_seeded():
     assert torch.allclose(freq, probs[0], atol=0.01)
 
 
+def test_a_block_of_positions_per_row_is_chosen_by_each_rows_own_parameters():
+    """next_tokens over (B, K, V), as the engine chooses a parallel head's K drafts at once: a
+    greedy row takes its argmax at every position, a sampled row draws each position from its
+    own distribution (one-hot ones here, so the draw is known), q (B, K, V)."""
+    from draftkit.decode.sampling import next_tokens
+
+    logits = torch.randn(3, 4, 12, generator=torch.Generator().manual_seed(0))
+    sampled = torch.full_like(logits[1], -1e9).scatter(-1, torch.tensor([[7], [2], [9], [0]]), 0)
+    logits[1] = sampled  # row 1 samples distributions with all their mass on one token
+    params = [SamplingParams(0.0), SamplingParams(1.0), SamplingParams(0.0)]
+    gens = [None, torch.Generator().manual_seed(1), None]
+    tokens, q = next_tokens(logits, params, gens)
+    assert tokens.shape == (3, 4) and q.shape == (3, 4, 12)
+    assert torch.equal(tokens[[0, 2]], logits[[0, 2]].argmax(-1))
+    assert tokens[1].tolist() == [7, 2, 9, 0]
+    assert torch.equal(next_tokens(logits[[0, 2]], [params[0]] * 2, None)[0], tokens[[0, 2]])
+
+
 @pytest.mark.parametrize("kw", [{"temperature": -0.1}, {"top_p": 0.0}, {"top_p": 1.5},
                                 {"top_k": -1}])
 def test_bad_sampling_params(kw):

@@ -69,3 +69,30 @@ def test_a_parallel_head_beside_the_autoregressive_one_drafts_a_round_in_one_for
     assert not ar_row["draft_per_round"] and abs(ar_row["c_round"] - 3 * ar_row["c"]) < 1e-9
     assert parallel["draft_per_round"] and abs(parallel["c_round"] - parallel["c"]) < 1e-9
     assert parallel["vs_first"]["draft"] == "ar" and parallel["k_used"] == 3
+
+
+def test_the_round_cost_probe_times_both_heads_per_pending_count(tmp_path, capsys):
+    """eval/benchmarks/probes/round_cost.py: a row per pending count, the parallel round
+    against one autoregressive step with its interval; counts past K + 1 and heads in each
+    other's places are refused."""
+    import pytest
+
+    from draftkit.models.eagle3 import from_target, load_eagle3
+    from tests.helpers import parallel_head, save_head
+
+    target, target_dir, head_dir = parallel_head(tmp_path)
+    ar_dir = save_head(from_target(target, load_eagle3(head_dir, target).reduced_head),
+                       tmp_path / "ar", target_dir)
+    probe = load_script(Path(__file__).parents[2] / "eval" / "benchmarks" / "probes"
+                        / "round_cost.py")
+    common = ["--target", str(target_dir), "--k", "3", "--context", "12", "--rounds", "3"]
+    assert probe.main(["--autoregressive", str(ar_dir), "--parallel", str(head_dir),
+                       "--pending", "1", "4", *common]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines()
+            if line.startswith(("| 1 |", "| 4 |"))]
+    assert len(rows) == 2 and all(line.endswith(") |") and "x (" in line for line in rows)
+    for bad in (["--autoregressive", str(ar_dir), "--parallel", str(head_dir), "--pending", "5"],
+                ["--autoregressive", str(head_dir), "--parallel", str(ar_dir)]):
+        with pytest.raises(SystemExit) as refused:
+            probe.main([*bad, *common])
+        assert refused.value.code == 2

@@ -21,9 +21,10 @@ each with CUDA graphs and eagerly, beside the memory floor (draftkit.evaluate.fl
 tiny target with ``--smoke``), an autoregressive one and a parallel one (P-EAGLE, arXiv
 2602.01469), which the ``rounds`` stage decodes at K 5 with drafts_side_by_side.py: a parallel
 head's draft time a round against one autoregressive draft step. Untrained heads accept
-nothing, so every round drafts K from one pending target feature; on 2 CPU cores (2026-12-06)
-the ratio was 1.43-1.45x for these heads and 2.07x for the CPU recipe's trained pair, so the
-figure is the cost of a forward where nothing is accepted, not the bar for a trained pair.
+nothing, so every round drafts K from one pending target feature; on 2 CPU cores the ratio
+was the same for these heads and the CPU recipe's trained pair (1.4-1.6x, 2026-12-07, with
+eval/benchmarks/probes/round_cost.py, which times it per pending count), so the stage stands
+in for a trained pair's round cost, not for its acceptance.
 """
 
 from __future__ import annotations
