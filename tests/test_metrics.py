@@ -163,3 +163,7 @@ def test_interleaved_ms_times_every_way_each_round_in_alternating_order():
     assert all(t >= 0 for v in times.values() for t in v)
     # warm-up round 0 reversed, then a, b / b, a / a, b: two calls a way each round
     assert calls == list("bbaa" "aabb" "bbaa" "aabb")
+    calls.clear()  # ``before`` ahead of each way's calls, untimed
+    interleaved_ms({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=1,
+                   reps=2, device=torch.device("cpu"), warm=1, before=lambda: calls.append("v"))
+    assert calls == list("vbbvaa" "vaavbb")

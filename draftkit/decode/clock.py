@@ -44,14 +44,18 @@ class RoundClock:
 
 
 def interleaved_ms(ways: dict[str, Callable[[], object]], rounds: int, reps: int,
-                   device: "torch.device", warm: int = 2) -> dict[str, list[float]]:
+                   device: "torch.device", warm: int = 2,
+                   before: Callable[[], object] | None = None) -> dict[str, list[float]]:
     """Milliseconds a call of each way, per round: every round times ``reps`` calls of each way
     in turn, the order reversed every other round, so a drift in the machine's speed reaches
-    all of them alike; the first ``warm`` rounds are not kept. Returns way -> ``rounds`` times
-    (for :func:`draftkit.metrics.median_ratio`)."""
+    all of them alike; the first ``warm`` rounds are not kept. ``before``, untimed, runs before
+    each way's calls (a target's forward, so a draft's weights come from memory as when
+    decoding). Returns way -> ``rounds`` times (for :func:`draftkit.metrics.median_ratio`)."""
     times: dict[str, list[float]] = {name: [] for name in ways}
     for r in range(rounds + warm):
         for name in (list(ways) if r % 2 else list(reversed(ways))):
+            if before is not None:
+                before()
             synchronize(device)
             start = time.perf_counter()
             for _ in range(reps):

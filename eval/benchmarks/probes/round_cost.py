@@ -8,13 +8,14 @@ and K - 1 placeholders. The issue's bar compares the parallel round with one aut
 step (the autoregressive round over K).
 
 Each timed round is one drafting lap as the engine runs it (the features fused, the forwards,
-the greedy choice of each draft among the head's tokens), the two heads in turn, the order
-reversed every other round. ``--between verify`` (the default) runs the target's (K + 1)-token
-verify forward before each lap, untimed, as decoding does, so a head's weights come from
-memory where the target's pushed them out of the caches; ``--between none`` times the laps back
-to back, weights in cache. The ratio's interval resamples whole rounds
-(:func:`draftkit.metrics.median_ratio`). Command (two heads for one target, e.g. the
-``rounds`` stage's untrained ones from ``eval/benchmarks/reproduce/gpu_check.py round-heads``)::
+the greedy choice of the drafts among the head's tokens), the two heads in turn, the order
+reversed every other round (:func:`draftkit.decode.clock.interleaved_ms`). ``--between
+verify`` (the default) runs the target's (K + 1)-token verify forward before each lap,
+untimed, as decoding does, so a head's weights come from memory where the target's pushed
+them out of the caches; ``--between none`` times the laps back to back, weights in cache.
+The ratio's interval resamples whole rounds (:func:`draftkit.metrics.median_ratio`). Command
+(two heads for one target, e.g. the ``rounds`` stage's untrained ones from
+``eval/benchmarks/reproduce/gpu_check.py round-heads``)::
 
     OMP_NUM_THREADS=2 python eval/benchmarks/probes/round_cost.py \\
         --autoregressive W/heads/autoregressive --parallel W/heads/parallel --target embedded
@@ -24,13 +25,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from draftkit.decode.clock import synchronize
+    from draftkit.decode.clock import interleaved_ms
     from draftkit.decode.eagle3_runner import Eagle3Runner
     from draftkit.decode.runners import make_runner
     from draftkit.metrics import median_ratio
@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         runner.reset(1, max_len)
         runner.forward(torch.randint(0, target.config.vocab_size, (1, c), generator=gen)
                        .to(device), [0])
-        verify_in = torch.randint(0, target.config.vocab_size, (1, k + 1), generator=gen)
+        verify_in = torch.randint(0, target.config.vocab_size, (1, k + 1),
+                                  generator=gen).to(device)
         for head in heads.values():
             head.reset(1, max_len)
             head.feed(head.fuse(torch.randn(1, c, width, generator=gen).to(device)),
@@ -88,9 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         def parallel(aux, tokens):
             r = heads["parallel"]
             block = r.forward_parallel(r.fuse(aux), tokens, [c], [aux.shape[1]], k)
-            return [r.head.ids[block[:, i].argmax(-1)] for i in range(k)]
+            return r.head.ids[block.argmax(-1)]  # the K drafts chosen at once, as the engine does
 
         ways = {"autoregressive": autoregressive, "parallel": parallel}
+        verify = (lambda: runner.forward(verify_in, [c])) if args.between == "verify" else None
         print(f"K {k}, context {c}, {torch.get_num_threads()} threads, {args.device}, between "
               f"laps: {args.between}; ms a drafting lap (median of {args.rounds} rounds)")
         print("| pending features | autoregressive round | autoregressive step | parallel round "
@@ -99,17 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         for n in args.pending:
             aux = torch.randn(1, n, width, generator=gen).to(device)
             tokens = torch.randint(0, n_vocab, (1, n), generator=gen).to(device)
-            times = {name: [] for name in ways}
-            for r in range(args.rounds + 2):
-                for name in (list(ways) if r % 2 else list(reversed(ways))):
-                    if args.between == "verify":
-                        runner.forward(verify_in.to(device), [c])
-                    synchronize(device)
-                    start = time.perf_counter()
-                    ways[name](aux, tokens)
-                    synchronize(device)
-                    if r >= 2:  # the first two rounds warm up
-                        times[name].append((time.perf_counter() - start) * 1e3)
+            times = interleaved_ms({name: (lambda f=f: f(aux, tokens)) for name, f in ways.items()},
+                                   args.rounds, 1, device, before=verify)
             ar, par = times["autoregressive"], times["parallel"]
             step = [t / k for t in ar]
             ratio, low, high = median_ratio(par, step)
