@@ -46,6 +46,7 @@ def test_a_standalone_draft_and_an_eagle3_head_side_by_side(suite, tmp_path, cap
         assert vs["draft"] == "s" and vs["low"] <= vs["speedup"] <= vs["high"]
         assert abs(vs["speedup"] - e3["speedup"] / s["speedup"]) < 1e-9
     assert all(r["k_used"] == 2 for r in rows if r["domain"] != "overall")
+    assert {r["dtype"] for r in rows} == {"float32"}  # auto, on CPU
     assert (out / "speedup.png").is_file()
     assert "| code | e3 | 2 |" in capsys.readouterr().out
 
@@ -62,9 +63,10 @@ def test_a_parallel_head_beside_the_autoregressive_one_drafts_a_round_in_one_for
     assert load_script(SCRIPT).main([
         "--target", str(target_dir), "--draft", f"ar={ar_dir}", "--draft", f"p={head_dir}",
         "--suite", str(suite), "--domains", "code", "--k", "3", "--max-new-tokens", "8",
-        "--device", "cpu", "--out", str(out)]) == 0
-    by = {(r["domain"], r["draft"]): r for r in
-          json.loads((out / "side_by_side.json").read_text())}
+        "--device", "cpu", "--dtype", "bfloat16", "--out", str(out)]) == 0
+    rows = json.loads((out / "side_by_side.json").read_text())
+    assert {r["dtype"] for r in rows} == {"bfloat16"}  # the target's; heads load in it
+    by = {(r["domain"], r["draft"]): r for r in rows}
     ar_row, parallel = by["code", "ar"], by["code", "p"]
     assert not ar_row["draft_per_round"] and abs(ar_row["c_round"] - 3 * ar_row["c"]) < 1e-9
     assert parallel["draft_per_round"] and abs(parallel["c_round"] - parallel["c"]) < 1e-9
@@ -86,11 +88,13 @@ def test_the_round_cost_probe_times_both_heads_per_pending_count(tmp_path, capsy
     probe = load_script(Path(__file__).parents[2] / "eval" / "benchmarks" / "probes"
                         / "round_cost.py")
     common = ["--target", str(target_dir), "--k", "3", "--context", "12", "--rounds", "3"]
-    assert probe.main(["--autoregressive", str(ar_dir), "--parallel", str(head_dir),
-                       "--pending", "1", "4", *common]) == 0
-    rows = [line for line in capsys.readouterr().out.splitlines()
-            if line.startswith(("| 1 |", "| 4 |"))]
-    assert len(rows) == 2 and all(line.endswith(") |") and "x (" in line for line in rows)
+    for dtype in ("auto", "bfloat16"):  # auto: float32 on CPU
+        assert probe.main(["--autoregressive", str(ar_dir), "--parallel", str(head_dir),
+                           "--pending", "1", "4", "--dtype", dtype, *common]) == 0
+        out = capsys.readouterr().out
+        assert (", bfloat16, " if dtype == "bfloat16" else ", float32, ") in out
+        rows = [line for line in out.splitlines() if line.startswith(("| 1 |", "| 4 |"))]
+        assert len(rows) == 2 and all(line.endswith(") |") and "x (" in line for line in rows)
     for bad in (["--autoregressive", str(ar_dir), "--parallel", str(head_dir), "--pending", "5"],
                 ["--autoregressive", str(head_dir), "--parallel", str(ar_dir)]):
         with pytest.raises(SystemExit) as refused:

@@ -32,18 +32,20 @@ POSITIONS = 4  # alpha_1..alpha_4 in the table
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", default="embedded")
+    ap.add_argument("--target", default="embedded", help="the target the drafts draft for")
     ap.add_argument("--draft", action="append", required=True, metavar="NAME=PATH",
-                    help="a draft to measure, repeatable")
-    ap.add_argument("--suite", default="builtin")
-    ap.add_argument("--domains", default="code,math")
+                    help="a draft to measure, repeatable; the first is the others' reference")
+    ap.add_argument("--suite", default="builtin", help="the prompt suite draftkit eval reads")
+    ap.add_argument("--domains", default="code,math", help="comma-separated domains of the suite")
     ap.add_argument("--limit", type=int, default=None, help="at most N prompts per domain")
-    ap.add_argument("--k", default="auto")
-    ap.add_argument("--k-max", type=int, default=8)
-    ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--out", default="runs/side-by-side")
+    ap.add_argument("--k", default="auto", help="drafted tokens a round, or auto")
+    ap.add_argument("--k-max", type=int, default=8, help="the longest K --k auto tries")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 decodes greedily")
+    ap.add_argument("--max-new-tokens", type=int, default=128, help="tokens decoded a prompt")
+    ap.add_argument("--device", default=None, help="cpu, cuda, ...; default: cuda if present")
+    ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                    help="the models' dtype; auto: bf16 on GPU, fp32 on CPU")
+    ap.add_argument("--out", default="runs/side-by-side", help="folder for the table and plot")
     args = ap.parse_args(argv)
     drafts = dict(d.split("=", 1) for d in args.draft)
     if len(drafts) != len(args.draft) or any(not p for p in drafts.values()):
@@ -71,11 +73,12 @@ def measure(args, drafts: dict[str, str]) -> list[dict]:
     from draftkit.evaluate.measure import Evaluator
     from draftkit.evaluate.settings import EvalSettings
     from draftkit.evaluate.suite import by_domain, load_suite
-    from draftkit.models import load_another_draft, load_pair
+    from draftkit.models import dtype_name, load_another_draft, load_pair
 
     names = list(drafts)
-    pair = load_pair(args.target, drafts[names[0]], device=args.device)
-    models = {names[0]: pair.draft, **{n: load_another_draft(pair, drafts[n], device=args.device)
+    pair = load_pair(args.target, drafts[names[0]], device=args.device, dtype=args.dtype)
+    models = {names[0]: pair.draft, **{n: load_another_draft(pair, drafts[n], device=args.device,
+                                                             dtype=args.dtype)
                                        for n in names[1:]}}
     settings = EvalSettings(k=args.k, k_max=args.k_max, temperature=args.temperature,
                             max_new_tokens=args.max_new_tokens)
@@ -115,6 +118,8 @@ def measure(args, drafts: dict[str, str]) -> list[dict]:
     for n in names:  # every domain's prompts together
         rows = [r for r in results if r["draft"] == n]
         results.append(overall(n, rows))
+    for r in results:  # what --dtype resolved to (auto: by device)
+        r["dtype"] = dtype_name(pair.target)
     return against_first(results, names[0])
 
 
@@ -153,8 +158,9 @@ def figures(domain: str, name: str, stats, plain_step: float | None, pairs: list
             "speedup_low": low, "speedup_high": high, "tau": stats.tau(),
             "alpha": stats.alpha() if stats.accepted + stats.rejections else None,
             "alpha_per_position": alphas[:POSITIONS], "c": stats.c(plain_step),
-            "c_round": c_round, "draft_per_round": stats.draft_per_round, "k_used": stats.k_used(), "rounds_by_k": {str(k): n for k, n in
-                                                      sorted(stats.rounds_by_k().items())},
+            "c_round": c_round, "draft_per_round": stats.draft_per_round,
+            "k_used": stats.k_used(),
+            "rounds_by_k": {str(k): n for k, n in sorted(stats.rounds_by_k().items())},
             "pairs": pairs}
 
 
@@ -164,7 +170,9 @@ def overall(name: str, rows: list[dict]) -> dict:
     pairs = [p for r in rows for p in r["pairs"]]
     est, low, high = metrics.speedup_interval(*zip(*pairs))
     weight = sum(r["prompts"] for r in rows)
-    mean = lambda key: sum(r[key] * r["prompts"] for r in rows if r[key] is not None) / weight  # noqa: E731
+    def mean(key):
+        return sum(r[key] * r["prompts"] for r in rows if r[key] is not None) / weight
+
     return {"domain": "overall", "draft": name, "prompts": weight, "speedup": est,
             "speedup_low": low, "speedup_high": high, "tau": mean("tau"), "alpha": mean("alpha"),
             "alpha_per_position": [], "c": mean("c"), "c_round": mean("c_round"),
@@ -176,7 +184,8 @@ def markdown(rows: list[dict], args) -> str:
     def f(x, pattern="{:.3f}"):
         return "-" if x is None else pattern.format(x)
 
-    lines = [f"target {args.target}, --k {args.k}, temperature {args.temperature}, "
+    lines = [f"target {args.target}, dtype {rows[0]['dtype']}, --k {args.k}, temperature "
+             f"{args.temperature}, "
              f"{args.max_new_tokens} new tokens a prompt; speedup over plain decoding of the same "
              f"prompts, 95% interval a paired bootstrap over prompts; c: a draft forward over a "
              f"target step; draft per round: the draft's time a speculative round, in target "
