@@ -12,10 +12,11 @@ Over the layers of SmolLM2-135M (30 x qkv, o, gate_up, down; 2 threads):
   where ``F.linear`` takes 27 ms and W @ x^T 45 ms. The fixed choice made verifying 2 tokens
   cost 2.1 plain steps, which priced every K out of ``--k auto``.
 
-So :func:`tune` measures: for each row count 1..``MAX_ROWS`` and each form, one pass over a
-model's weights in model order (so each weight streams from memory as in a forward; the first
-``SAMPLE_BYTES`` of them, plus the first of any shape not yet seen, such as the head), and keeps
-per weight shape and row count the fastest of three interleaved rounds, unless the fixed choice
+So :func:`tune` measures: for each row count 1..``MAX_ROWS`` (and the wider buckets below) and
+each form, one pass over a model's weights in model order (so each weight streams from memory
+as in a forward; the first ``SAMPLE_BYTES`` of them, plus the first of any shape not yet seen,
+such as the head), and keeps per weight shape and row count the fastest of three interleaved
+rounds, unless the fixed choice
 is within ``MARGIN`` of it (so clock noise alone never moves off a known-good form). Models
 under ``MIN_TUNE_BYTES`` fit in cache, where the layout matters little; they keep the fixed
 choice, which also keeps the tiny models of the tests deterministic.
@@ -24,10 +25,16 @@ A wider product can be faster than a narrower one: on a 2-core machine (2026-12-
 tokens took 0.5-0.7 of a plain step, so plain decoding left speed on the table and a measured
 speedup was partly the kernel's, not the draft's. So a row count whose fastest form is slower
 than a wider row count's (by ``MARGIN``) is padded with zero rows to that one (``pad``): plain
-decoding is as fast as this engine can compute one token. More than ``MAX_ROWS`` rows
-is a matrix product MKL blocks well, so it always takes ``F.linear``. Results are kept per
-process, keyed by the shapes, dtype and thread count, so a second runner over the same model
-does not measure again.
+decoding is as fast as this engine can compute one token.
+
+Wider products (a batch's verify, B (K + 1) rows; a prefill) were left to ``F.linear`` on the
+belief that MKL blocks them well. On a 2-core AVX-512 AMD machine (2026-12-07) it does not: over
+the embedded target's weights ``F.linear`` took 42 ms for 9 rows where oneDNN's matmul took 15,
+and 80 / 45 ms for 64 rows, so a 9-token verify cost 3.0 plain steps against 1.5 for 8 tokens.
+So row counts past ``MAX_ROWS`` are measured too, in buckets (``WIDE_ROWS``): a product takes
+the form of the smallest bucket it fits, the widest bucket's beyond it, and ``F.linear`` stays
+their fixed choice, left only for a clear gain. Results are kept per process, keyed by the
+shapes, dtype and thread count, so a second runner over the same model does not measure again.
 """
 
 from __future__ import annotations
@@ -40,7 +47,9 @@ if TYPE_CHECKING:
 
     from draftkit.models.reduced_head import ReducedHead
 
-MAX_ROWS = 8  # row counts measured; beyond, F.linear
+MAX_ROWS = 8  # row counts measured one by one
+WIDE_ROWS = (16, 64)  # wider products, measured as buckets (:func:`bucket`)
+MEASURED_ROWS = (*range(1, MAX_ROWS + 1), *WIDE_ROWS)
 MIN_TUNE_BYTES = 32 * 2**20  # weights this large stream from memory rather than cache
 SAMPLE_BYTES = 128 * 2**20  # weights timed: layers repeat their shapes, a prefix stands for all
 MARGIN = 0.05  # a timed form replaces the fixed choice only if this much faster
@@ -48,6 +57,14 @@ FORMS = ("linear", "x@wt", "w@xt", "onednn")
 
 # model key -> (shape -> rows -> form, shape -> rows -> the wider row count it pads to)
 _tuned: dict[tuple, tuple[dict[tuple, dict[int, str]], dict[tuple, dict[int, int]]]] = {}
+
+
+def bucket(rows: int) -> int:
+    """The measured row count whose form a product of ``rows`` rows takes: itself up to
+    ``MAX_ROWS``, then the smallest of ``WIDE_ROWS`` it fits, the widest beyond them."""
+    if rows <= MAX_ROWS:
+        return rows
+    return next((b for b in WIDE_ROWS if rows <= b), WIDE_ROWS[-1])
 
 
 class DecodeLinear:
@@ -62,9 +79,10 @@ class DecodeLinear:
         self.packed = None  # W reordered for oneDNN: made only to be timed (:func:`tune`)
         layouts = w.device.type == "cpu" and self.w.shape[0] >= self.w.shape[1]
         self.wt = self.w.t().contiguous() if layouts else None  # (in, out)
-        # the fixed choice, measured on the first machine (module docstring); off CPU, F.linear
-        self.forms = {rows: ("x@wt" if rows == 1 else "w@xt") if layouts else "linear"
-                      for rows in range(1, MAX_ROWS + 1)}
+        # the fixed choice, measured on the first machine (module docstring); off CPU, and for
+        # wider products, F.linear
+        self.forms = {rows: ("x@wt" if rows == 1 else "w@xt")
+                      if layouts and rows <= MAX_ROWS else "linear" for rows in MEASURED_ROWS}
         self.pad: dict[int, int] = {}  # rows -> a wider row count whose product is faster
 
     @classmethod
@@ -123,7 +141,7 @@ class DecodeLinear:
 
         rows = x.numel() // x.shape[-1]
         wide = self.pad.get(rows, rows)
-        form = self.forms.get(wide, "linear")
+        form = self.forms.get(bucket(wide), "linear")
         if form == "linear" and wide == rows:  # any shape, bias fused: the only form off CPU
             return F.linear(x, self.w, self.b)
         x2 = x.reshape(rows, -1)
@@ -183,14 +201,15 @@ def _measure(linears: list[DecodeLinear], reps: int
     import torch
 
     dtype = linears[0].w.dtype
-    inputs = {n: torch.randn(MAX_ROWS, n, dtype=dtype) for n in {lin.shape[1] for lin in linears}}
+    inputs = {n: torch.randn(MEASURED_ROWS[-1], n, dtype=dtype)
+              for n in {lin.shape[1] for lin in linears}}
     fixed = {lin.shape: lin.forms for lin in linears}
     for lin in linears:
         lin.pack()
     best: dict[tuple, dict[int, str]] = {shape: {} for shape in fixed}
     took: dict[tuple, dict[int, float]] = {shape: {} for shape in fixed}  # the chosen form's
     with torch.no_grad():
-        for rows in range(1, MAX_ROWS + 1):
+        for rows in MEASURED_ROWS:
             seconds: dict[tuple, dict[str, float]] = {shape: {} for shape in fixed}
             for _ in range(reps):
                 for form in FORMS:  # forms interleaved, so a drift in speed hits them alike
@@ -210,7 +229,9 @@ def _measure(linears: list[DecodeLinear], reps: int
                     form = default
                 best[shape][rows] = form
                 took[shape][rows] = by_form[form]
-    return best, {shape: _pads(t) for shape, t in took.items()}
+    # padding within the row counts measured one by one: a bucket stands for many counts
+    return best, {shape: _pads({r: s for r, s in t.items() if r <= MAX_ROWS})
+                  for shape, t in took.items()}
 
 
 def _pads(took: dict[int, float]) -> dict[int, int]:

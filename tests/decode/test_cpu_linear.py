@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from draftkit.decode import cpu_linear
-from draftkit.decode.cpu_linear import FORMS, MAX_ROWS, DecodeLinear, tune
+from draftkit.decode.cpu_linear import FORMS, MAX_ROWS, MEASURED_ROWS, DecodeLinear, bucket, tune
 from draftkit.decode.engine import SpeculativeEngine
 from tests.helpers import hf_greedy, tiny_target_and_draft
 
@@ -19,8 +19,8 @@ def test_every_form_is_x_times_w_transposed(shape):
     lin = DecodeLinear(w, b)
     lin.pack()
     for form in lin.available():
-        lin.forms = {rows: form for rows in range(1, MAX_ROWS + 1)}
-        for rows in (1, 2, 5, MAX_ROWS, MAX_ROWS + 3):  # beyond MAX_ROWS: F.linear
+        lin.forms = {rows: form for rows in MEASURED_ROWS}
+        for rows in (1, 2, 5, MAX_ROWS, MAX_ROWS + 3, 70):  # past MAX_ROWS: a bucket's form
             x = torch.randn(1, rows, shape[1])  # (B, T, in)
             torch.testing.assert_close(lin(x), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
     assert ("x@wt" in lin.available()) == (shape[0] >= shape[1])
@@ -45,11 +45,30 @@ def test_tune_keeps_the_form_the_clock_finds_fastest(monkeypatch):
     assert linears[0].wt is not None
     assert tune(linears, reps=1, min_bytes=0)
     for lin in linears:
-        assert lin.forms == {rows: "w@xt" for rows in range(1, MAX_ROWS + 1)}
+        assert lin.forms == {rows: "w@xt" for rows in MEASURED_ROWS}
         assert lin.wt is None and lin.packed is None
     linears[0].forms[1] = "linear"
     assert tune(linears, reps=1, min_bytes=0)  # a second model of these shapes: remembered
     assert linears[0].forms[1] == "w@xt"
+
+
+def test_a_wide_product_takes_its_buckets_form(monkeypatch):
+    """Past MAX_ROWS a product takes the form measured for the smallest bucket it fits (the
+    widest beyond them): each form here is recorded as it is applied."""
+    assert [bucket(r) for r in (1, MAX_ROWS, MAX_ROWS + 1, 16, 17, 64, 500)] == \
+        [1, MAX_ROWS, 16, 16, 64, 64, 64]
+    lin = DecodeLinear(torch.randn(48, 16))
+    assert all(lin.forms[r] == "linear" for r in MEASURED_ROWS if r > MAX_ROWS)  # fixed choice
+    lin.pack()
+    lin.set_forms({**lin.forms, 16: "onednn", 64: "w@xt"})
+    used = []
+    apply = DecodeLinear._apply
+    monkeypatch.setattr(DecodeLinear, "_apply",
+                        lambda self, form, x2: used.append(form) or apply(self, form, x2))
+    for rows in (12, 40, 200):
+        x = torch.randn(rows, 16)
+        torch.testing.assert_close(lin(x), F.linear(x, lin.w), rtol=1e-5, atol=1e-5)
+    assert used == ["onednn", "w@xt", "w@xt"]
 
 
 def test_small_models_keep_the_fixed_choice():
