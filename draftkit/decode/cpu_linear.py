@@ -16,10 +16,9 @@ So :func:`tune` measures: for each row count 1..``MAX_ROWS`` (and the wider buck
 each form, one pass over a model's weights in model order (so each weight streams from memory
 as in a forward; the first ``SAMPLE_BYTES`` of them, plus the first of any shape not yet seen,
 such as the head), and keeps per weight shape and row count the fastest of three interleaved
-rounds, unless the fixed choice
-is within ``MARGIN`` of it (so clock noise alone never moves off a known-good form). Models
-under ``MIN_TUNE_BYTES`` fit in cache, where the layout matters little; they keep the fixed
-choice, which also keeps the tiny models of the tests deterministic.
+rounds, unless the fixed choice is within ``MARGIN`` of it (so clock noise alone never moves off
+a known-good form). Models under ``MIN_TUNE_BYTES`` fit in cache, where the layout matters
+little; they keep the fixed choice, which also keeps the tiny models of the tests deterministic.
 
 A wider product can be faster than a narrower one: on a 2-core machine (2026-12-03) verifying 2
 tokens took 0.5-0.7 of a plain step, so plain decoding left speed on the table and a measured
@@ -29,12 +28,13 @@ decoding is as fast as this engine can compute one token.
 
 Wider products (a batch's verify, B (K + 1) rows; a prefill) were left to ``F.linear`` on the
 belief that MKL blocks them well. On a 2-core AVX-512 AMD machine (2026-12-07) it does not: over
-the embedded target's weights ``F.linear`` took 42 ms for 9 rows where oneDNN's matmul took 15,
-and 80 / 45 ms for 64 rows, so a 9-token verify cost 3.0 plain steps against 1.5 for 8 tokens.
-So row counts past ``MAX_ROWS`` are measured too, in buckets (``WIDE_ROWS``): a product takes
-the form of the smallest bucket it fits, the widest bucket's beyond it, and ``F.linear`` stays
-their fixed choice, left only for a clear gain. Results are kept per process, keyed by the
-shapes, dtype and thread count, so a second runner over the same model does not measure again.
+the embedded target's first six layers and its head ``F.linear`` took 42 ms for 9 rows where
+oneDNN's matmul took 15, and 80 / 45 ms for 64 rows, so a 9-token verify cost 3.0 plain steps
+against 1.5 for 8 tokens. So row counts past ``MAX_ROWS`` are measured too, in buckets
+(``WIDE_ROWS``): a product takes the form of the smallest bucket it fits, the widest bucket's
+beyond it, and ``F.linear`` stays their fixed choice, left only for a clear gain. Results are
+kept per process, keyed by the shapes, dtype and thread count, so a second runner over the same
+model does not measure again.
 """
 
 from __future__ import annotations
