@@ -32,9 +32,13 @@ the embedded target's first six layers and its head ``F.linear`` took 42 ms for 
 oneDNN's matmul took 15, and 80 / 45 ms for 64 rows, so a 9-token verify cost 3.0 plain steps
 against 1.5 for 8 tokens. So row counts past ``MAX_ROWS`` are measured too, in buckets
 (``WIDE_ROWS``): a product takes the form of the smallest bucket it fits, the widest bucket's
-beyond it, and ``F.linear`` stays their fixed choice, left only for a clear gain. Results are
-kept per process, keyed by the shapes, dtype and thread count, so a second runner over the same
-model does not measure again.
+beyond it, and ``F.linear`` stays their fixed choice, left only for a clear gain. The buckets
+time the two blocked products, ``F.linear`` and oneDNN's (``WIDE_FORMS``): the matrix-vector
+layouts are for few rows, and at 9-48 rows they took 0.8-1.2x ``F.linear``'s time on that
+machine where oneDNN's took 0.3-0.6x. Timing all four forms at 16 and 64 rows added 1.3 s to
+the embedded target's runner set-up (2.3 s at one thread); two forms at 16 and 32 rows add 0.5 s
+(0.8 s). Results are kept per process, keyed by the shapes, dtype and thread count, so a second
+runner over the same model does not measure again.
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ if TYPE_CHECKING:
     from draftkit.models.reduced_head import ReducedHead
 
 MAX_ROWS = 8  # row counts measured one by one
-WIDE_ROWS = (16, 64)  # wider products, measured as buckets (:func:`bucket`)
+WIDE_ROWS = (16, 32)  # wider products, measured as buckets (:func:`bucket`)
+WIDE_FORMS = ("linear", "onednn")  # the forms a bucket times: the blocked products
 MEASURED_ROWS = (*range(1, MAX_ROWS + 1), *WIDE_ROWS)
 MIN_TUNE_BYTES = 32 * 2**20  # weights this large stream from memory rather than cache
 SAMPLE_BYTES = 128 * 2**20  # weights timed: layers repeat their shapes, a prefix stands for all
@@ -212,7 +217,8 @@ def _measure(linears: list[DecodeLinear], reps: int
         for rows in MEASURED_ROWS:
             seconds: dict[tuple, dict[str, float]] = {shape: {} for shape in fixed}
             for _ in range(reps):
-                for form in FORMS:  # forms interleaved, so a drift in speed hits them alike
+                for form in (FORMS if rows <= MAX_ROWS else WIDE_FORMS):  # interleaved, so a
+                    # drift in the machine's speed reaches every form alike
                     spent: dict[tuple, float] = {}
                     for lin in linears:  # model order: each weight arrives from memory
                         if form not in lin.available():
