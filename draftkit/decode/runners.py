@@ -104,8 +104,12 @@ class LlamaRunner:
                            "act": mlp.act_fn})
         self.head = _head_on(self.model, self.param.device)
         self.w_head = prep(self.lm_head, head=self.head)
-        tune([w[name] for w in self.w for name in ("qkv", "o", "gate_up", "down")]
-             + [self.w_head])
+        tune(self.linears())
+
+    def linears(self) -> list[DecodeLinear]:
+        """Every weight the runner multiplies, in model order (what :func:`tune` times)."""
+        return [w[name] for w in self.w for name in ("qkv", "o", "gate_up", "down")] \
+            + [self.w_head]
 
     def reset(self, batch: int, max_len: int) -> None:
         import torch

@@ -43,6 +43,9 @@ def check_device(device: str) -> None:
                          f"device ({torch.cuda.device_count()} found); use --device cpu")
 
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # the names a --dtype flag offers
+
+
 def parse_dtype(name: str | None, device: str) -> "torch.dtype":
     """``auto`` is bfloat16 on CUDA and float32 on CPU (bf16 matmuls are slow on most CPUs)."""
     import torch

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from draftkit.decode.runners import make_runner
     from draftkit.metrics import median_ratio
     from draftkit.models.eagle3 import load_eagle3
-    from draftkit.models.load import dtype_name, load_model
+    from draftkit.models.load import DTYPES, dtype_name, load_model
     from draftkit.models.resolve import resolve_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--between", choices=("verify", "none"), default="verify")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+    ap.add_argument("--dtype", default="auto", choices=DTYPES,
                     help="the target's dtype, which the heads load in; auto: bf16 on GPU, fp32 "
                          "on CPU")
     args = ap.parse_args(argv)
@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         ways = {"autoregressive": autoregressive, "parallel": parallel}
         verify = (lambda: runner.forward(verify_in, [c])) if args.between == "verify" else None
         print(f"K {k}, context {c}, {torch.get_num_threads()} threads, {args.device}, "
-          f"{dtype_name(target)}, between "
-              f"laps: {args.between}; ms a drafting lap (median of {args.rounds} rounds)")
+              f"{dtype_name(target)}, between laps: {args.between}; ms a drafting lap (median "
+              f"of {args.rounds} rounds)")
         print("| pending features | autoregressive round | autoregressive step | parallel round "
               "| parallel round / autoregressive step (95%) |")
         print("|---|---|---|---|---|")

@@ -52,9 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
     pair = load_pair(args.target, None, device="cpu", dtype=args.dtype)
     runners = {"measured": LlamaRunner(pair.target), "F.linear": LlamaRunner(pair.target)}
-    pinned = runners["F.linear"]
-    for lin in [w[n] for w in pinned.w for n in ("qkv", "o", "gate_up", "down")] + \
-            [pinned.w_head]:
+    for lin in runners["F.linear"].linears():
         lin.set_forms({**lin.forms, **{b: "linear" for b in WIDE_ROWS}}, lin.pad)
     head = runners["measured"].w_head
     print(f"{dtype_name(pair.target)}, {torch.get_num_threads()} threads; the target's head "

@@ -31,6 +31,8 @@ POSITIONS = 4  # alpha_1..alpha_4 in the table
 
 
 def main(argv: list[str] | None = None) -> int:
+    from draftkit.models.load import DTYPES
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="embedded", help="the target the drafts draft for")
     ap.add_argument("--draft", action="append", required=True, metavar="NAME=PATH",
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=0.0, help="0 decodes greedily")
     ap.add_argument("--max-new-tokens", type=int, default=128, help="tokens decoded a prompt")
     ap.add_argument("--device", default=None, help="cpu, cuda, ...; default: cuda if present")
-    ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+    ap.add_argument("--dtype", default="auto", choices=DTYPES,
                     help="the models' dtype; auto: bf16 on GPU, fp32 on CPU")
     ap.add_argument("--out", default="runs/side-by-side", help="folder for the table and plot")
     args = ap.parse_args(argv)

@@ -21,9 +21,6 @@ import argparse
 import statistics
 import time
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -32,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     from draftkit.decode.runners import LlamaRunner
     from draftkit.metrics import median_ratio
     from draftkit.models import default_device, dtype_name, load_pair, parse_dtype
+    from draftkit.models.load import DTYPES
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="embedded", help="the target whose forward is timed")
