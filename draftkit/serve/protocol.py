@@ -21,9 +21,9 @@ from typing import Annotated, Any, Literal
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo,
                       field_validator, model_validator)
 
+from draftkit.traffic.record import RECORD_KEY, recorded, request_label
 
-DOMAIN_KEY = "domain"  # metadata key of a request's domain label
-RECORD_KEY = "draftkit_record"  # metadata key: "off" keeps the request out of --record
+
 
 
 def _whole_characters(v: str) -> str:
@@ -99,15 +99,12 @@ class _Sampling(_Body):
     def label(self, route: str | None = None) -> str:
         """The request's domain label, as records and /metrics keep it: ``metadata.domain``,
         else ``user``, else the label of the route it came by, else "unlabeled"."""
-        from draftkit.traffic.record import clean_label
-
-        meta = self.metadata or {}
-        return clean_label(meta.get(DOMAIN_KEY) or self.user or route)
+        return request_label(self.metadata, self.user, route)
 
     @property
     def recorded(self) -> bool:
         """False when the request opts out of ``--record``: ``metadata.draftkit_record`` "off"."""
-        return (self.metadata or {}).get(RECORD_KEY) != "off"
+        return recorded(self.metadata)
 
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod

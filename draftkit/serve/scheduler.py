@@ -278,7 +278,7 @@ class Scheduler:
         self.metrics.running.set(len(self.jobs))
         self.metrics.finished(reason, job.draft)
         self.metrics.e2e.observe(time.perf_counter() - job.arrived)
-        self.metrics.domain_rounds(job.domain, row.rounds)
+        self.metrics.domain_rounds(job.domain, row.rounds, job.draft)
         if self.recorder is not None and job.record:
             self._record(job, out.tokens[:job.stream.tokens], reason, row.rounds)
         job.push("done", reason, job.stream.tokens, spec)  # none after a stop string

@@ -39,7 +39,7 @@ from typing import Any, Callable
 from fastapi import Request
 from fastapi.responses import Response
 
-from draftkit.errors import ConfigError, DraftkitError
+from draftkit.errors import DraftkitError
 from draftkit.serve.http import RequestError, error_response
 from draftkit.serve.metrics import ServeMetrics
 from draftkit.serve.scheduler import DraftSwap, Scheduler
@@ -48,17 +48,16 @@ TOKEN_ENV = "DRAFTKIT_ADMIN_TOKEN"
 
 
 class Admin:
-    """The admin endpoint: its token (None: off), the folder of the target bundles are
-    checked against, and whether a swap is in progress (one at a time)."""
+    """The admin endpoint: its token (None: off) and what swaps a draft in: ``swapper``, with
+    ``busy`` (a swap in progress) and ``async swap(bundle) -> answer``: :class:`EngineSwap`
+    for the built-in engine, :mod:`draftkit.serve.vllm_swap`'s for vLLM behind the front."""
 
-    def __init__(self, token: str | None, target_path: str | None, scheduler: Scheduler,
-                 metrics: ServeMetrics):
-        if token and not target_path:
-            raise ConfigError("an admin token needs the target's folder: a new bundle is "
-                              "checked against it")
-        self.token, self.target_path = token or None, target_path
-        self.scheduler, self.metrics = scheduler, metrics
-        self.busy = False
+    def __init__(self, token: str | None, metrics: ServeMetrics, swapper):
+        self.token, self.metrics, self.swapper = token or None, metrics, swapper
+
+    @property
+    def busy(self) -> bool:
+        return self.swapper.busy
 
     async def answer(self, request: Request) -> Response:
         """The whole request: authorize, read the body, swap."""
@@ -73,7 +72,10 @@ class Admin:
         if not isinstance(bundle, str) or not bundle.strip():
             raise RequestError('the body must be JSON naming a bundle directory: {"bundle": '
                                '"/path/to/bundle"}', "bundle")
-        return await self.swap(bundle.strip())
+        if self.swapper.busy:
+            raise RequestError("a draft swap is in progress; retry once it has answered",
+                               "bundle", 409, "swap_in_progress")
+        return await self.swapper.swap(bundle.strip())
 
     def refuse(self, authorization: str | None) -> Response | None:
         """403 while the endpoint is off, 401 without the right bearer token; else None."""
@@ -89,17 +91,24 @@ class Admin:
             return answer
         return None
 
+
+class EngineSwap:
+    """The built-in engine's swap: the folder of the target bundles are checked against, the
+    scheduler that puts the new draft in, and whether a swap is in progress (one at a
+    time)."""
+
+    def __init__(self, target_path: str | None, scheduler: Scheduler):
+        self.target_path, self.scheduler = target_path, scheduler
+        self.busy = False
+
     async def swap(self, bundle: str) -> dict:
         """Check and load ``bundle``'s draft off the event loop, hand it to the scheduler and
         answer once it serves."""
-        if self.busy:
-            raise RequestError("a draft swap is in progress; retry once it has answered",
-                               "bundle", 409, "swap_in_progress")
         if self.scheduler.engine.draft is None or not self.scheduler.k_choice.k_max:
             raise RequestError("this server decodes without a draft (--k 0 or --draft none); "
                                "restart it with one to swap drafts", "bundle", 409)
         started, previous = time.perf_counter(), self.scheduler.draft
-        self.busy = True  # no await since the check above: no other swap got in between
+        self.busy = True  # no await since Admin's check: no other swap got in between
         try:
             new = await asyncio.to_thread(self.prepare, bundle)
             self.scheduler.swap(new)

@@ -28,6 +28,8 @@ SHARD_GLOB = "traffic-*.jsonl"
 OPEN_GLOB = ".traffic-*.open"
 UNLABELED = "unlabeled"
 LABEL_CHARS = 32  # a domain label's length at most, once cleaned (clean_label)
+DOMAIN_KEY = "domain"  # metadata key of a request's domain label
+RECORD_KEY = "draftkit_record"  # metadata key: "off" keeps the request out of --record
 
 
 @dataclass(kw_only=True)
@@ -78,6 +80,23 @@ def clean_label(text: str | None) -> str:
 
     label = re.sub(r"[^a-z0-9_.-]", "_", (text or "").strip().lower())[:LABEL_CHARS]
     return label.strip("_") or UNLABELED
+
+
+def request_label(metadata: object, user: object, route: str | None = None) -> str:
+    """A request's domain label: its ``metadata.domain``, else its ``user``, else the label of
+    the route it came by, cleaned (:func:`clean_label`). ``metadata`` and ``user`` are what the
+    body holds, checked here: anything but a string counts as absent."""
+    meta = metadata if isinstance(metadata, dict) else {}
+    domain = meta.get(DOMAIN_KEY)
+    for text in (domain, user, route):
+        if isinstance(text, str) and text.strip():
+            return clean_label(text)
+    return UNLABELED
+
+
+def recorded(metadata: object) -> bool:
+    """False when the request opts out of ``--record``: ``metadata.draftkit_record`` "off"."""
+    return not (isinstance(metadata, dict) and metadata.get(RECORD_KEY) == "off")
 
 
 def tokenizer_identity(tokenizer) -> str:

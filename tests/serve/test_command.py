@@ -53,14 +53,14 @@ def test_a_context_with_no_room_is_a_one_line_error(tiny_dirs):
                                           r"--max-model-len or lower K"):
         build(ServeArgs(bundle=str(target), draft=str(draft), max_model_len=10, k="auto",
                         k_max=8, device="cpu"))
-    app, _ = build(ServeArgs(bundle=str(target), draft=str(draft), max_model_len=10, k=2,
+    app, _, _ = build(ServeArgs(bundle=str(target), draft=str(draft), max_model_len=10, k=2,
                              device="cpu"))
     assert app.state.scheduler.context == 6
 
 
 def test_build_from_model_dirs(tiny_dirs):
     target, draft = tiny_dirs
-    app, desc = build(ServeArgs(bundle=str(target), draft=str(draft), max_batch=2,
+    app, desc, _ = build(ServeArgs(bundle=str(target), draft=str(draft), max_batch=2,
                                 max_model_len=64, device="cpu"))
     assert "continuous batching" in desc and app.state.scheduler.batch.max_len == 64
 

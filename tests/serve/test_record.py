@@ -249,7 +249,7 @@ def test_serve_records_under_the_models_identities(tiny_dirs, tmp_path):
     target, draft = tiny_dirs
     for k, drafted in ((2, model_identity(resolve_model(str(draft), "draft"))), (0, None)):
         folder = tmp_path / f"traffic-k{k}"
-        app, desc = build(ServeArgs(bundle=str(target), draft=str(draft), k=k, max_batch=2,
+        app, desc, _ = build(ServeArgs(bundle=str(target), draft=str(draft), k=k, max_batch=2,
                                     max_model_len=64, device="cpu", record=str(folder),
                                     served_model_name="tiny"))
         assert f"recording into {folder}" in desc

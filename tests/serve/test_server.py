@@ -625,7 +625,7 @@ def test_an_eagle3_head_serves_concurrent_requests_exactly(tiny_models, tmp_path
     target = make_llama(len(tok), num_layers=4, seed=0)  # three distinct layers to tap
     save_model(target, tok, tmp_path / "target")
     save_head(fit_eagle3(target, steps=60), tmp_path / "head", tmp_path / "target")
-    app, desc = build(ServeArgs(bundle=str(tmp_path / "target"), draft=str(tmp_path / "head"),
+    app, desc, _ = build(ServeArgs(bundle=str(tmp_path / "target"), draft=str(tmp_path / "head"),
                                 k=2, k_max=4, max_batch=4, max_model_len=96,
                                 device="cpu", dtype="float32", served_model_name="tiny"))
     assert f"draft {(tmp_path / 'head').resolve()}" in desc and "continuous" in desc

@@ -43,7 +43,7 @@ def bundles(tmp_path_factory):
 def serve(bundle, monkeypatch, **kw) -> LiveServer:
     monkeypatch.delenv("DRAFTKIT_ADMIN_TOKEN", raising=False)
     kw = {"admin_token": TOKEN, "k": 2, **kw}
-    app, _ = build(ServeArgs(bundle=str(bundle), max_batch=8, max_tokens_limit=64,
+    app, _, _ = build(ServeArgs(bundle=str(bundle), max_batch=8, max_tokens_limit=64,
                              device="cpu", served_model_name="tiny", **kw))
     return LiveServer(app)
 
