@@ -53,6 +53,7 @@ from draftkit.decode.k import AUTO, K_MAX
 from draftkit.engines.vllm import PYTHON_HELP
 from draftkit.errors import ConfigError, DraftkitError
 from draftkit.manifest import NAME as MANIFEST
+from draftkit.manifest import read_manifest
 from draftkit.models import load_pair
 from draftkit.models.args import ModelArgs
 from draftkit.traffic.record import LABEL_CHARS, UNLABELED, clean_label
@@ -272,6 +273,7 @@ def build_engine(args: ServeArgs):
                      draft=model_identity(pair.draft_ref) if pair.draft_ref and k.k_max > 0
                      else NO_DRAFT, target_path=str(pair.target_ref.path),
                      admin_token=args.admin_token or os.environ.get(TOKEN_ENV) or None)
+    app.state.metrics.eval_figures(eval_domains(args.bundle))
     sched = app.state.scheduler
     batching = "continuous" if engine.slotted else "cohorts (general runner)"
     caches = [getattr(r, "cache", None) for r in (engine.target, engine.draft)]
@@ -287,6 +289,14 @@ def build_engine(args: ServeArgs):
         desc += (f"; recording into {recorder.folder} ({recorder.used / MB:.1f} of "
                  f"{args.record_quota_mb:g} MB used)")
     return app, desc
+
+
+def eval_domains(bundle: str | None) -> dict:
+    """The eval figures per domain a bundle records (none for a plain model folder)."""
+    path = Path(bundle).expanduser() if bundle else None
+    if path is None or not (path / MANIFEST).is_file():
+        return {}
+    return read_manifest(path).domains
 
 
 def open_recorder(args: ServeArgs, pair) -> Recorder:

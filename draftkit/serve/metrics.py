@@ -49,6 +49,9 @@ from __future__ import annotations
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 MAX_DOMAINS = 64  # domain labels with series of their own; later ones count as OTHER
 OTHER = "other"
+# why a finished request went unrecorded (vLLM behind the front): n > 1, no token ids, no
+# per-step counts
+UNRECORDED = ("n>1", "no_ids", "no_counts")
 
 
 class ServeMetrics:
@@ -76,6 +79,8 @@ class ServeMetrics:
         self.unrecorded = self._counter("traffic_unrecorded", "finished requests --record "
                                         "could not keep, by why (an engine that reported no "
                                         "counts, n > 1)", ["reason"])
+        for reason in UNRECORDED:  # at zero from start-up, so an alert's series exist
+            self.unrecorded.labels(reason=reason, **self.label)
         self.rounds = self._counter("engine_rounds", "decoding rounds run by the scheduler")
         self._speculation()
         self._drafts()
@@ -100,7 +105,16 @@ class ServeMetrics:
         self.accepted_pos_by_domain = self._counter(
             "spec_decode_num_accepted_tokens_per_pos_by_domain", "accepted drafted tokens per "
             "draft position, by domain label", ["domain", "position"])
-        self.domains: dict[str, tuple] = {}  # label -> (drafts, draft tokens, per position)
+        self.tested_by_domain = self._counter(
+            "spec_decode_num_tested_tokens_by_domain", "drafted tokens that reached the accept "
+            "test (accepted ones, and one a round that rejected), by domain label: served "
+            "alpha = accepted / tested, as draftkit eval measures it", ["domain"])
+        self.domains: dict[str, tuple] = {}  # label -> (drafts, tokens, tested, per position)
+        from prometheus_client import Gauge
+
+        self.eval_alpha = Gauge("draftkit:eval_alpha", "the bundle's eval alpha per domain "
+                                "(draftkit.json): the figure served alpha is held to",
+                                list(self.label) + ["domain"], registry=self.registry)
 
     def _drafts(self) -> None:
         """Which draft serves, and what each one did: a swap splits the figures."""
@@ -187,10 +201,11 @@ class ServeMetrics:
                       draft: str | None = None) -> None:
         """A finished request's rounds ([K, accepted] each; K 0: a plain step) under its
         domain label (already cleaned), and under ``draft``, the identity it decoded with."""
-        domain, (drafts, tokens, at) = self._domain(domain)
+        domain, (drafts, tokens, tested, at) = self._domain(domain)
         drafted, passed = _passed(rounds)
         if not drafted:
             return
+        tested.inc(sum(min(n + 1, k) for k, n in drafted))
         if draft is not None:
             self.drafts_by_draft.labels(draft=draft, **self.label).inc(len(drafted))
             for i, n in enumerate(passed):
@@ -214,9 +229,17 @@ class ServeMetrics:
             self.domains[domain] = (
                 self.drafts_by_domain.labels(**labels),
                 self.draft_tokens_by_domain.labels(**labels),
+                self.tested_by_domain.labels(**labels),
                 [self.accepted_pos_by_domain.labels(position=str(i), **labels)
                  for i in range(len(self.accepted_at))])
         return domain, self.domains[domain]
+
+    def eval_figures(self, domains: dict) -> None:
+        """The bundle's eval alpha per domain (its manifest's ``domains``), for the drift alert
+        (serve/alerts.yml) to hold served alpha to."""
+        for name, entry in domains.items():
+            if entry.alpha is not None:
+                self.eval_alpha.labels(domain=name, **self.label).set(entry.alpha)
 
     def not_recorded(self, reason: str) -> None:
         self.unrecorded.labels(reason=reason, **self.label).inc()

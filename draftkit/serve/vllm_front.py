@@ -28,6 +28,7 @@ from pathlib import Path
 
 from draftkit.errors import ConfigError
 from draftkit.manifest import NAME as MANIFEST
+from draftkit.manifest import read_manifest
 from draftkit.models.load import load_tokenizer
 from draftkit.models.resolve import model_identity, resolve_model
 from draftkit.serve import replicas as R
@@ -101,6 +102,7 @@ def build_front(args, name: str):
         if recorder is not None:
             recorder.stop()
         raise
+    app.state.metrics.eval_figures(read_manifest(bundle).domains)
 
     def close() -> None:
         R.stop_all(swapper.replicas)
