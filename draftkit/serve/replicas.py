@@ -22,7 +22,8 @@ Where the replicas run:
 
 A replica is started in a session of its own (vLLM spawns its engine core as a child), stopped
 with SIGTERM to that session (vLLM finishes its requests and exits), and killed after
-:data:`STOP_S` seconds. Its output goes to a log file the failure messages name.
+:data:`STOP_S` seconds. Its output goes to a log file (``--engine-log-dir``, else the temporary
+folder, where it is removed once the replica stops, unless a failure's message names it).
 """
 
 from __future__ import annotations
@@ -60,21 +61,22 @@ class Replica:
     bundle: str
     gpus: str | None = None  # its CUDA_VISIBLE_DEVICES
     cores: str | None = None  # its VLLM_CPU_OMP_THREADS_BIND
+    own_log: bool = False  # a log in the temporary folder: removed once it stops cleanly
+    failed: bool = False  # a failure's message names its log: kept
 
     def stop(self) -> None:
-        """SIGTERM to its session, SIGKILL after STOP_S seconds."""
-        if self.process.poll() is not None:
-            return
+        """SIGTERM to its session, SIGKILL after STOP_S seconds; its own log removed unless a
+        failure named it."""
         for sig, wait in ((signal.SIGTERM, STOP_S), (signal.SIGKILL, 10.0)):
+            if self.process.poll() is not None:
+                break
             try:
                 os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
                 self.process.wait(wait)
-                return
-            except subprocess.TimeoutExpired:
+            except (ProcessLookupError, subprocess.TimeoutExpired):
                 continue
+        if self.own_log and not self.failed:
+            self.log.unlink(missing_ok=True)
 
 
 @dataclass
@@ -117,8 +119,8 @@ class Launch:
             print(line, file=sys.stderr, flush=True)
         if done.returncode != 0:
             said = done.stderr.strip().splitlines()
-            raise EngineError(f"the bundle's preflight refused to start vLLM: "
-                              f"{said[-1] if said else 'no message'}")
+            why = said[-1].removeprefix("draftkit bundle: ") if said else "no message"
+            raise EngineError(f"the bundle's preflight refused to start vLLM: {why}")
         argv = done.stdout.splitlines()
         if argv[0] == "python":  # the CPU build's server module, in vLLM's environment
             argv[0] = str(self.python)
@@ -209,7 +211,8 @@ def start(launch: Launch, bundle: str, place: dict[str, str], index: int) -> Rep
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
                                    stdin=subprocess.DEVNULL, start_new_session=True)
     return Replica(process, f"http://127.0.0.1:{port}", log, bundle,
-                   place.get("CUDA_VISIBLE_DEVICES"), place.get("VLLM_CPU_OMP_THREADS_BIND"))
+                   place.get("CUDA_VISIBLE_DEVICES"), place.get("VLLM_CPU_OMP_THREADS_BIND"),
+                   own_log=launch.log_dir is None)
 
 
 def wait_ready(replicas: list[Replica], timeout: float = START_S, progress=None) -> None:
@@ -221,6 +224,7 @@ def wait_ready(replicas: list[Replica], timeout: float = START_S, progress=None)
         for r in list(waiting):
             code = r.process.poll()
             if code is not None:
+                r.failed = True
                 stop_all(replicas)
                 raise EngineError(f"vLLM exited while starting (status {code}): "
                                   f"{last_log_line(r.log) or 'no message'}; its log: {r.log}")
@@ -232,6 +236,7 @@ def wait_ready(replicas: list[Replica], timeout: float = START_S, progress=None)
             except httpx.HTTPError:
                 pass
         if waiting and time.monotonic() > deadline:
+            waiting[0].failed = True
             stop_all(replicas)
             raise EngineError(f"vLLM did not answer /health within {timeout:g} s; its log: "
                               f"{waiting[0].log}")

@@ -444,3 +444,54 @@ def test_a_record_says_the_sampling_vllm_applied_where_the_request_set_none(tmp_
     assert sampling_defaults(tmp_path) == {"temperature": 0.6, "top_p": 0.9, "top_k": 0}
     assert sampling_defaults(tmp_path, ("--generation-config", "vllm")) == DEFAULTS
     assert sampling_defaults(tmp_path / "none") == DEFAULTS
+
+
+# --- starting vLLM -------------------------------------------------------------------------------
+
+def test_replicas_get_their_own_gpus_or_cores(monkeypatch):
+    from draftkit.engines.vllm import EngineError
+    from draftkit.serve.replicas import placements
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,5")
+    assert placements(2, 2, cpu=False) == [{"CUDA_VISIBLE_DEVICES": "0,1"},
+                                           {"CUDA_VISIBLE_DEVICES": "2,3"}]
+    with pytest.raises(EngineError, match="need 6 GPUs; 5 are visible"):
+        placements(3, 2, cpu=False)
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7})
+    assert placements(2, 2, cpu=True) == [{"VLLM_CPU_OMP_THREADS_BIND": "0-1|2-3"},
+                                          {"VLLM_CPU_OMP_THREADS_BIND": "4-5|6-7"}]
+    assert placements(8, 1, cpu=True)[7] == {"VLLM_CPU_OMP_THREADS_BIND": "7"}
+    with pytest.raises(EngineError, match="need 9 CPU cores"):
+        placements(9, 1, cpu=True)
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the user's own binding wins
+    assert placements(2, 1, cpu=True) == [{}, {}]
+
+
+def test_a_replica_runs_the_bundles_preflight_command_with_the_fronts_flags(tiny_dirs,
+                                                                            tmp_path):
+    import sys
+    from pathlib import Path
+
+    from draftkit.engines.vllm import EngineError
+    from draftkit.export import export_bundle
+    from draftkit.serve.replicas import Launch
+
+    target, draft = tiny_dirs
+    bundle = export_bundle(str(target), str(draft), tmp_path / "b", k=2)
+    python = Path(sys.executable)
+    cpu = Launch(python, "0.32.0+cpu", "served", engine_args=("--max-num-seqs", "8"))
+    argv = cpu.command(str(bundle), 9001)
+    assert argv[:5] == [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model",
+                        str(Path(target).resolve())]
+    for flag in (["--port", "9001"], ["--served-model-name", "served"],
+                 ["--per-request-spec-decode-metrics", "detailed"], ["--max-num-seqs", "8"]):
+        i = argv.index(flag[0])
+        assert argv[i:i + 2] == flag
+    assert "--enforce-eager" in argv and json.loads(
+        argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == 2
+    gpu = Launch(python, "0.32.0", "served").command(str(bundle), 9001)
+    assert gpu[1] == "serve" and "--enforce-eager" not in gpu
+    with pytest.raises(EngineError, match="preflight refused to start vLLM: vLLM 0.14.0 is "
+                                          "older than this bundle needs"):
+        Launch(python, "0.14.0", "served").command(str(bundle), 9001)
