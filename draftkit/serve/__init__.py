@@ -19,6 +19,7 @@ In front of vLLM (``--engine vllm``, ``--upstream``), the same app over other pi
     replicas.py    vLLM's own OpenAI servers, started with the bundle's preflight
     upstream.py    the pool of vLLM servers: least-busy routing, health
     proxy.py       a completions request passed to the pool, its answer back, its record
+    vllm_request.py a request's body, what the front adds and hides, its sampling
     vllm_answer.py what vLLM's answers hold (ids, per-step counts, SSE events), checked
     vllm_swap.py   POST /admin/draft over the replicas: blue/green with a canary
     vllm_front.py  the command's build of it all
