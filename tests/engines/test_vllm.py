@@ -124,23 +124,55 @@ def test_greedy_decoding_agrees_with_draftkit_token_for_token(vllm_worker, bundl
 
 def sampled_control(report, control, info) -> None:
     """At temperature 1 the engine either keeps nearly every draft of the target drafting for
-    itself, and then agrees with draftkit within noise, or it is a release draftkit knows is
-    broken there, and the report says so."""
+    itself, and then agrees with draftkit within noise (on a release draftkit knows is broken,
+    only with draftkit's correction in, which the report names), or it is a release draftkit
+    knows is broken there, uncorrected, and the report says so."""
     known = sampled_verify_broken(info.build, info.version)
     if control.passed:
         assert report.sampled_path == "works"
-        assert known is None, f"{info.label} passes the control but draftkit lists it broken"
+        assert known is None or info.corrected, \
+            f"{info.label} passes the control but draftkit lists it broken"
+        if info.corrected:
+            assert any(f"draftkit's correction of {info.corrected}" in n for n in report.notes)
         rows = [r for r in report.rows if r.temperature == 1.0]
         assert rows and all(r.agreement == "within noise" for r in rows), \
             [(r.domain, r.alpha1_diff, r.alpha1_diff_low, r.alpha1_diff_high) for r in rows]
     else:
         assert report.sampled_path == "broken"
+        assert not info.corrected, f"{info.label}: the correction did not correct it"
         assert known is not None, (
             f"{info.label} fails the control at temperature 1 (acceptance "
             f"{control.acceptance}): add it to export.engines.BROKEN_SAMPLED_VERIFY")
         assert control.acceptance < 0.5
         assert any("sampled verification is broken" in n and info.label in n
                    for n in report.notes)
+
+
+def test_the_cpu_builds_sampled_verification_fails_without_the_correction(vllm_worker, bundles,
+                                                                         tmp_path):
+    """The negative control: on a release draftkit knows is broken, vLLM as it ships rejects
+    nearly every self-drafted token at temperature 1, and the session's worker (the correction
+    applied by default there) keeps nearly all: the correction is what makes it work."""
+    from draftkit.engines.vllm import VllmWorker
+
+    if sampled_verify_broken(vllm_worker.info.build, vllm_worker.info.version) is None:
+        pytest.skip(f"{vllm_worker.info.label} is not known to carry the defect")
+    target, _ = bundles["llama", "standalone"]
+    spec = {"method": "draft_model", "model": str(target), "num_speculative_tokens": 3,
+            "draft_sample_method": "probabilistic"}
+    kept = {}
+    with VllmWorker(log=tmp_path / "off.log", threads=1, cpu_fix="off") as shipped:
+        assert shipped.info.corrected is None and vllm_worker.info.corrected
+        for name, worker in (("as shipped", shipped), ("corrected", vllm_worker)):
+            worker.call("load", name="self", model=str(target), dtype="float32",
+                        max_model_len=256, max_num_seqs=1, speculative_config=spec)
+            out = worker.call("generate", name="self", prompts=[[5, 6, 7], [9, 8, 40, 2]],
+                              seeds=[0, 1], sampling={"temperature": 1.0, "max_tokens": 24})
+            worker.call("unload", name="self")
+            drafts = sum(o["spec"]["drafts"] for o in out["outputs"])
+            accepted = sum(sum(o["spec"]["accepted_per_pos"]) for o in out["outputs"])
+            kept[name] = accepted / (3 * drafts)
+    assert kept["as shipped"] < 0.5 and kept["corrected"] > 0.95, kept
 
 
 def _break_d2t(bundle: Path, out: Path) -> Path:

@@ -293,6 +293,7 @@ def test_an_upstream_that_is_not_vllm_is_refused_at_start():
     (dict(engine="vllm", engine_args="--port 9"), "--engine-args --port: the front sets it"),
     (dict(engine="vllm", engine_args="'--x"), "does not split"),
     (dict(engine="vllm", tensor_parallel_size=0), "--tensor-parallel-size must be >= 1"),
+    (dict(vllm_cpu_fix="off"), "--vllm-cpu-fix is for --engine vllm"),
 ])
 def test_the_fronts_flags_are_checked_in_one_line(flags, says):
     with pytest.raises(ConfigError, match=says):

