@@ -100,8 +100,6 @@ def free_port() -> int:
 
 
 def start_server(args, k: str) -> tuple[subprocess.Popen, str]:
-    import httpx
-
     port = free_port()
     cmd = [sys.executable, "-m", "draftkit", "serve", "--port", str(port), "--k", k,
            "--max-batch", str(args.max_batch), "--log-level", "warning"]
@@ -110,9 +108,16 @@ def start_server(args, k: str) -> tuple[subprocess.Popen, str]:
     cmd += ["--draft", args.draft] if args.draft else []
     cmd += ["--max-model-len", str(args.max_model_len)] if args.max_model_len else []
     cmd += args.serve_arg
+    return launch(cmd, port, args.startup_timeout)
+
+
+def launch(cmd: list[str], port: int, timeout: float) -> tuple[subprocess.Popen, str]:
+    """Run ``cmd`` (a server on ``port``) and wait for its /health: (process, API URL)."""
+    import httpx
+
     proc = subprocess.Popen(cmd, env=os.environ.copy())
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + args.startup_timeout
+    deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"the server exited with {proc.returncode}: {' '.join(cmd)}")
@@ -217,6 +222,30 @@ def measure(args, url: str, prompts: list, concurrency: int, requests: int) -> d
     """``requests`` requests at ``concurrency`` against the server at ``url``."""
     return asyncio.run(run_level(url, model_name(url), prompts, requests, concurrency,
                                  args.max_tokens, args.temperature))
+
+
+def take_turns(args, urls: dict[str, str], levels: list[int], sizes: dict[int, int],
+               repeats: int, column: str = "server", on_row=None) -> dict:
+    """Each of ``urls`` (name -> API URL) sent the same batches, batch by batch in turn, the
+    order rotated every repeat and level, so a slow spell of a shared machine falls on all
+    alike; prints each batch. -> {(name, concurrency): tokens/s per repeat}. ``on_row(name, c,
+    row)``: called with each batch's figures."""
+    for url in urls.values():  # each server's first requests are slow
+        measure(args, url, PROMPTS, 4, 4)
+    print(f"| repeat | {column} | concurrency | requests | tokens/s | p50 s |")
+    print("|---|---|---|---|---|---|", flush=True)
+    runs: dict[tuple[str, int], list[float]] = {}
+    for r in range(repeats):
+        for i, c in enumerate(levels):
+            order = list(urls) if (r + i) % 2 == 0 else list(reversed(urls))
+            for name in order:
+                row = measure(args, urls[name], PROMPTS, c, sizes[c])
+                runs.setdefault((name, c), []).append(row["tokens_per_s"])
+                if on_row is not None:
+                    on_row(name, c, row)
+                print(f"| {r + 1} | {name} | {c} | {sizes[c]} | {row['tokens_per_s']:.1f} | "
+                      f"{row['p50']:.2f} |", flush=True)
+    return runs
 
 
 def ratio(runs: dict, mode: str, base: str, c: int) -> str:

@@ -22,46 +22,22 @@ engine's; on GPUs it does not.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def load_test():
-    """serve/load_test.py (a script, not a module of the package)."""
-    spec = importlib.util.spec_from_file_location("load_test", ROOT / "serve" / "load_test.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(ROOT / "serve"))
+import load_test as lt  # noqa: E402  (serve/load_test.py: the load test's client and helpers)
 
 
 def start_front(bundle: str, upstream: str, record: Path) -> tuple[subprocess.Popen, str]:
-    import httpx
-
-    lt = load_test()
     port = lt.free_port()
-    cmd = [sys.executable, "-m", "draftkit", "serve", bundle, "--upstream", upstream,
-           "--port", str(port), "--record", str(record), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, env=os.environ.copy())
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        if proc.poll() is not None:
-            raise SystemExit(f"the front exited with {proc.returncode}: {' '.join(cmd)}")
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                return proc, f"{base}/v1"
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("the front did not come up in time")
+    return lt.launch([sys.executable, "-m", "draftkit", "serve", bundle, "--upstream", upstream,
+                      "--port", str(port), "--record", str(record), "--log-level", "warning"],
+                     port, 300)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,33 +55,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens per answer")
     ap.add_argument("--repeats", type=int, default=6, help="batches per path and concurrency")
     args = ap.parse_args(argv)
-    lt = load_test()
     levels = [int(c) for c in args.concurrency.split(",")]
     sizes = dict(zip(levels, (int(n) for n in args.requests.split(","))))
     client = argparse.Namespace(max_tokens=args.max_tokens, temperature=0.0)
     launch = R.Launch.find("served", args.engine_python,
                            engine_args=tuple(args.engine_args.split()))
     replica = R.start(launch, args.bundle, {}, 0)
-    runs: dict[tuple[str, int], list[float]] = {}
     front = None
     with tempfile.TemporaryDirectory() as tmp:
         try:
             R.wait_ready([replica])
             front = start_front(args.bundle, replica.url, Path(tmp) / "traffic")
-            paths = {"direct": f"{replica.url}/v1", "front": front[1]}
-            for url in paths.values():  # each path's first requests are slow
-                lt.measure(client, url, lt.PROMPTS, 4, 4)
             print(f"vLLM {launch.release} at {replica.url}; front at {front[1]}")
-            print("| repeat | path | concurrency | requests | tokens/s | p50 s |")
-            print("|---|---|---|---|---|---|", flush=True)
-            for r in range(args.repeats):
-                for i, c in enumerate(levels):
-                    order = list(paths) if (r + i) % 2 == 0 else list(reversed(paths))
-                    for path in order:
-                        row = lt.measure(client, paths[path], lt.PROMPTS, c, sizes[c])
-                        runs.setdefault((path, c), []).append(row["tokens_per_s"])
-                        print(f"| {r + 1} | {path} | {c} | {sizes[c]} | "
-                              f"{row['tokens_per_s']:.1f} | {row['p50']:.2f} |", flush=True)
+            runs = lt.take_turns(client, {"direct": f"{replica.url}/v1", "front": front[1]},
+                                 levels, sizes, args.repeats, column="path")
         finally:
             if front is not None:
                 lt.stop_server(front[0])

@@ -71,7 +71,6 @@ def main(argv: list[str] | None = None) -> int:
                                 max_batch=args.max_batch, max_model_len=args.max_model_len,
                                 startup_timeout=300, max_tokens=args.max_tokens,
                                 temperature=0.0)
-    runs: dict[tuple[str, int], list[float]] = {}  # tokens/s per repeat
     requests_per_s: dict[int, list[float]] = {}  # the recording server's, per concurrency
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "traffic"
@@ -80,20 +79,13 @@ def main(argv: list[str] | None = None) -> int:
             for mode, extra in (("off", []), ("record", ["--record", str(folder)])):
                 server.serve_arg = args.serve_arg + extra
                 servers[mode] = lt.start_server(server, args.k)
-            for _, url in servers.values():  # each server's first requests are slow
-                lt.measure(server, url, lt.PROMPTS, 4, 4)
-            print("| repeat | server | concurrency | requests | tokens/s | p50 s |")
-            print("|---|---|---|---|---|---|", flush=True)
-            for r in range(args.repeats):
-                for i, c in enumerate(levels):
-                    order = list(servers) if (r + i) % 2 == 0 else list(reversed(servers))
-                    for mode in order:
-                        row = lt.measure(server, servers[mode][1], lt.PROMPTS, c, sizes[c])
-                        runs.setdefault((mode, c), []).append(row["tokens_per_s"])
-                        if mode == "record":
-                            requests_per_s.setdefault(c, []).append(sizes[c] / row["wall"])
-                        print(f"| {r + 1} | {mode} | {c} | {sizes[c]} | "
-                              f"{row['tokens_per_s']:.1f} | {row['p50']:.2f} |", flush=True)
+
+            def count(mode: str, c: int, row: dict) -> None:
+                if mode == "record":
+                    requests_per_s.setdefault(c, []).append(sizes[c] / row["wall"])
+
+            runs = lt.take_turns(server, {m: url for m, (_, url) in servers.items()}, levels,
+                                 sizes, args.repeats, on_row=count)
         finally:
             for proc, _ in servers.values():
                 lt.stop_server(proc)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -35,21 +34,13 @@ from draftkit.models import load_tokenizer
 from draftkit.models.resolve import resolve_model
 from draftkit.traffic.record import read_traffic
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "serve"))
+import load_test as lt  # noqa: E402  (serve/load_test.py: its server launcher)
+
 
 def serve(argv: list[str], port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "draftkit", "serve", *argv, "--port",
-                             str(port), "--log-level", "warning"], env=os.environ.copy())
-    for _ in range(1200):
-        if proc.poll() is not None:
-            raise SystemExit(f"draftkit serve {' '.join(argv)} exited with {proc.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("the server did not come up in time")
+    return lt.launch([sys.executable, "-m", "draftkit", "serve", *argv, "--port", str(port),
+                      "--log-level", "warning"], port, 600)[0]
 
 
 def ask(port: int, prompts: list[tuple[str, list[int]]], max_tokens: int) -> None:
