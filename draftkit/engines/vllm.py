@@ -164,7 +164,10 @@ class VllmWorker:
         """``cpu_fix``: apply draftkit's correction of the CPU build's sampled verification
         (auto, on, off: :func:`cpu_fix_applies`); ``info.corrected`` says whether it is in."""
         self.python = find_python(str(python) if python else None)
-        fix = cpu_fix_applies(installed_release(self.python), cpu_fix)
+        try:
+            fix = cpu_fix_applies(installed_release(self.python), cpu_fix)
+        except EngineError:  # no release to read: the worker's hello says what is wrong
+            fix = cpu_fix == "on"
         # a log of our own making is removed by a clean close; one a failure names is kept
         self._own_log, self._failed = log is None, False
         self.log_path = Path(log) if log else Path(tempfile.mkstemp(
