@@ -3,17 +3,20 @@
     draftkit serve BUNDLE --record runs/traffic                  # keep what is served
     draftkit traffic runs/traffic --bundle BUNDLE                # the table
     draftkit traffic runs/traffic --bundle BUNDLE --out runs/traffic-report --min-requests 50
+    draftkit traffic --prometheus http://prometheus:9090 --window 1h --bundle BUNDLE  # a fleet
 
 The figures and the flag rule: :mod:`draftkit.traffic.drift`. With ``--bundle`` the traffic
 must have been recorded with the bundle's target and tokenizer (their identities are checked);
 ``--out`` writes ``report.json``, ``report.md``, ``report.html`` and a plot of the served
-alpha_i beside the eval's alpha.
+alpha_i beside the eval's alpha. ``--prometheus`` adds the whole fleet's own vLLM counters
+(:mod:`draftkit.traffic.fleet`), with or without a traffic folder.
 """
 
 from __future__ import annotations
 
 import html
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,9 +30,11 @@ from draftkit.manifest import NAME as MANIFEST
 from draftkit.manifest import Manifest, read_manifest
 from draftkit.traffic.drift import (DRIFT, MIN_REQUESTS, DomainDrift, Estimate,
                                     TrafficReport, traffic_drift)
+from draftkit.traffic.fleet import FleetFigures, fleet_figures, fleet_lines
 from draftkit.traffic.record import read_traffic
 
 PLOT = ("alpha_per_position.png", "Served alpha_i against the eval's alpha")
+FLEET = "a vLLM fleet's own counters"  # the --help group of --prometheus and its flags
 
 
 @dataclass
@@ -38,8 +43,8 @@ class TrafficArgs:
     alpha_i, alpha, tau and the predicted speedup with 95% intervals over requests, beside the
     bundle's eval figures, each domain whose served alpha lies below its eval's flagged."""
 
-    folder: str = option(help="the folder `draftkit serve --record DIR` wrote", positional=True,
-                         metavar="DIR")
+    folder: str | None = option(None, help="the folder `draftkit serve --record DIR` wrote",
+                                positional=True, metavar="DIR")
     bundle: str | None = option(None, help="the bundle that served the traffic: its eval "
                                            "figures and c; the traffic must have been recorded "
                                            "with its target and tokenizer")
@@ -48,17 +53,46 @@ class TrafficArgs:
     min_requests: int = option(MIN_REQUESTS, help="fewest requests a domain needs to be "
                                                   "flagged; fewer are reported as too few")
     domain: str | None = option(None, help="only this domain label")
+    prometheus: str | None = option(None, metavar="URL", group=FLEET, help="also read a "
+                                    "running vLLM fleet's own vllm:spec_decode_* counters from "
+                                    "this Prometheus server (its base URL): tau, alpha and "
+                                    "alpha_i over the whole fleet, beside the bundle's eval")
+    window: str | None = option(None, metavar="RANGE", group=FLEET, help="with --prometheus: "
+                                "over this PromQL range (1h, 30m, 7d); default: the counters' "
+                                "totals since each server started")
+    selector: str = option("", metavar="MATCHERS", group=FLEET, help="with --prometheus: "
+                           "PromQL label matchers picking the fleet, e.g. "
+                           "'model_name=\"llama-8b\",job=\"vllm\"'")
 
     def validate(self) -> None:
         if self.min_requests < 1:
             raise ConfigError("--min-requests must be >= 1")
+        if self.folder is None and self.prometheus is None:
+            raise ConfigError("give the traffic folder (DIR) `draftkit serve --record DIR` "
+                              "wrote, or --prometheus URL, or both")
+        if (self.window or self.selector) and self.prometheus is None:
+            raise ConfigError("--window and --selector are for --prometheus")
+        if self.window is not None and not re.fullmatch(r"[1-9][0-9]*(ms|s|m|h|d|w|y)",
+                                                        self.window):
+            raise ConfigError(f"--window {self.window!r} is not a PromQL range; give a "
+                              f"number and a unit: 1h, 30m, 7d")
+        if self.domain is not None and self.folder is None:
+            raise ConfigError("--domain picks a label of the recorded traffic: give its "
+                              "folder (DIR)")
 
 
-def traffic(args: TrafficArgs) -> TrafficReport:
-    """``draftkit traffic``: read the traffic, compare it with the bundle, print the table."""
+def traffic(args: TrafficArgs) -> TrafficReport | FleetFigures:
+    """``draftkit traffic``: read the traffic, compare it with the bundle, print the table;
+    with ``--prometheus``, the fleet's counters too (alone: -> them)."""
     manifest = target = tokenizer = draft = None
     if args.bundle:
         manifest, target, tokenizer, draft = bundle_identities(args.bundle)
+    if args.prometheus:
+        fleet = fleet_figures(args.prometheus, args.window, args.selector)
+        print("\n".join(fleet_lines(fleet, manifest)))
+        if args.folder is None:
+            return fleet
+        print()
     records = read_traffic(args.folder, target=target, tokenizer=tokenizer)
     if args.domain is not None:
         labels = sorted({r.domain for r in records})
