@@ -37,7 +37,7 @@ from fastapi.responses import Response
 from draftkit.decode.choice import KChoice, resolve_k
 from draftkit.decode.k import AUTO, K_MAX, KValue
 from draftkit.errors import ConfigError
-from draftkit.serve.http import error_response, install_error_handlers
+from draftkit.serve.http import check_route, error_response, install_error_handlers
 from draftkit.serve.metrics import ServeMetrics
 from draftkit.serve.protocol import ChatCompletionRequest, CompletionRequest
 from draftkit.serve.scheduler import Scheduler
@@ -80,7 +80,7 @@ async def models(request: Request):
 # an operator's labelled routes: /code/v1/... is /v1/... with the route label "code"
 @router.get("/{route}/v1/models")
 async def routed_models(route: str, request: Request):
-    request.app.state.completions.check_route(route)
+    check_route(route, request.app.state.completions.route_labels)
     return await models(request)
 
 

@@ -39,6 +39,7 @@ running (:mod:`draftkit.serve.vllm_front`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import shlex
 import sys
@@ -49,7 +50,6 @@ from draftkit.config import option, reuse
 from draftkit.decode.args import SpeculationArgs
 from draftkit.decode.choice import KChoice
 from draftkit.decode.engine import SpeculativeEngine
-from draftkit.decode.k import AUTO, K_MAX
 from draftkit.engines.vllm import CPU_FIX_CHOICES, CPU_FIX_HELP, PYTHON_HELP
 from draftkit.errors import ConfigError, DraftkitError
 from draftkit.manifest import NAME as MANIFEST
@@ -194,28 +194,30 @@ class ServeArgs(ModelArgs, SpeculationArgs):
             raise ConfigError(f"--engine-args {taken[0]}: the front sets it (the address, the "
                               f"name, the bundle's speculative config, per-request metrics; "
                               f"--tensor-parallel-size is draftkit's flag); leave it out")
-        started_here = {"replicas": 1, "tensor_parallel_size": 1, "engine_args": "",
-                        "engine_log_dir": None, "vllm_cpu_fix": "auto"}
-        if self.upstream:
-            for name, default in started_here.items():
-                if getattr(self, name) != default:
-                    raise ConfigError(f"--{name.replace('_', '-')} is for vLLM servers the "
-                                      f"front starts (--engine vllm); --upstream serves "
-                                      f"running ones")
-        elif self.engine != "vllm":
-            for name, default in started_here.items():
-                if getattr(self, name) != default:
-                    raise ConfigError(f"--{name.replace('_', '-')} is for --engine vllm")
-        if not self.front:
-            return
-        builtin = {"k": AUTO, "k_max": K_MAX, "max_batch": 16, "max_model_len": None,
-                   "max_tokens_limit": 2048, "fast_path": True, "device": None,
-                   "dtype": "auto", "draft": ""}
-        for name, default in builtin.items():
-            if getattr(self, name) != default:
-                raise ConfigError(f"--{name.replace('_', '-')} is for draftkit's own engine; "
-                                  f"vLLM serves the bundle's K, dtype and draft as export "
-                                  f"wrote them (its own flags go in --engine-args)")
+        started_here = [name for name in STARTED_HERE if self._given(name)]
+        if started_here and self.upstream:
+            raise ConfigError(f"--{started_here[0].replace('_', '-')} is for vLLM servers the "
+                              f"front starts (--engine vllm); --upstream serves running ones")
+        if started_here and self.engine != "vllm":
+            raise ConfigError(f"--{started_here[0].replace('_', '-')} is for --engine vllm")
+        engine_only = [name for name in ENGINE_ONLY if self._given(name)]
+        if engine_only and self.front:
+            raise ConfigError(f"--{engine_only[0].replace('_', '-')} is for draftkit's own "
+                              f"engine; vLLM serves the bundle's K, dtype and draft as export "
+                              f"wrote them (its own flags go in --engine-args)")
+
+    def _given(self, name: str) -> bool:
+        """Whether a flag differs from its default (the dataclass's own)."""
+        return getattr(self, name) != _DEFAULTS[name]
+
+
+# flags for the vLLM servers the front starts; flags of draftkit's own engine
+STARTED_HERE = ("replicas", "tensor_parallel_size", "engine_args", "engine_log_dir",
+                "vllm_cpu_fix")
+ENGINE_ONLY = ("k", "k_max", "max_batch", "max_model_len", "max_tokens_limit", "fast_path",
+               "device", "dtype", "draft")
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ServeArgs)
+             if f.default is not dataclasses.MISSING}
 
 
 def resolve_models(args: ServeArgs) -> tuple[str, str | None, str]:

@@ -1,4 +1,5 @@
-"""HTTP plumbing of the server: the OpenAI error answer, the body-size limit, the SSE response.
+"""HTTP plumbing of the server: the OpenAI error answer, the body-size limit, the SSE response,
+and the route and model checks every engine's requests take.
 
 Every 4xx answer carries the OpenAI error body
 ``{"error": {"message", "type": "invalid_request_error", "param", "code"}}``; FastAPI's 422 for
@@ -20,6 +21,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from draftkit.serve.metrics import ServeMetrics
 from draftkit.serve.protocol import error_body, error_param, main_error
+
+
+DISCONNECT_POLL_S = 0.25  # how often a request waiting for its answer checks its client
 
 
 class RequestError(Exception):
@@ -150,3 +154,23 @@ def install_error_handlers(app: FastAPI, metrics: ServeMetrics, max_body_bytes: 
                                       f"/v1/chat/completions")
 
     app.add_middleware(BodyLimit, limit=max_body_bytes, on_reject=lambda: metrics.reject(413))
+
+
+def check_route(route: str, labels: tuple[str, ...]) -> None:
+    """404 for a ``/<route>/v1`` the server was not given (``--route-labels``)."""
+    if route not in labels:
+        served = ", ".join(f"/{r}/v1" for r in labels) or "none"
+        raise RequestError(f"no route /{route}/v1 on this server (labelled routes: "
+                           f"{served}; --route-labels); use /v1", status=404)
+
+
+def check_model(name: object, served: str) -> None:
+    """404 for a request naming another model than the one served (none named: fine)."""
+    if name is not None and name != served:
+        raise RequestError(f"the model '{name}' does not exist; this server serves "
+                           f"'{served}'", "model", 404, "model_not_found")
+
+
+def sse(body: dict) -> str:
+    """One server-sent event carrying ``body``."""
+    return f"data: {json.dumps(body)}\n\n"

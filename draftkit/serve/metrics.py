@@ -110,19 +110,14 @@ class ServeMetrics:
             "test (accepted ones, and one a round that rejected), by domain label: served "
             "alpha = accepted / tested, as draftkit eval measures it", ["domain"])
         self.domains: dict[str, tuple] = {}  # label -> (drafts, tokens, tested, per position)
-        from prometheus_client import Gauge
-
-        self.eval_alpha = Gauge("draftkit:eval_alpha", "the bundle's eval alpha per domain "
-                                "(draftkit.json): the figure served alpha is held to",
-                                list(self.label) + ["domain"], registry=self.registry)
+        self.eval_alpha = self._gauge("eval_alpha", "the bundle's eval alpha per domain "
+                                      "(draftkit.json): the figure served alpha is held to",
+                                      ["domain"])
 
     def _drafts(self) -> None:
         """Which draft serves, and what each one did: a swap splits the figures."""
-        from prometheus_client import Gauge
-
-        self.draft_info = Gauge("draftkit:draft_info", "1 for the draft serving now (by its "
-                                "identity), 0 for the drafts it replaced",
-                                list(self.label) + ["draft"], registry=self.registry)
+        self.draft_info = self._gauge("draft_info", "1 for the draft serving now (by its "
+                                      "identity), 0 for the drafts it replaced", ["draft"])
         self.by_draft = self._counter("request_success_by_draft", "finished requests by the "
                                       "draft they decoded with and finish reason",
                                       ["draft", "finished_reason"])
@@ -140,11 +135,12 @@ class ServeMetrics:
                     registry=self.registry)
         return c if extra else c.labels(**self.label)
 
-    def _gauge(self, name: str, doc: str):
+    def _gauge(self, name: str, doc: str, extra=()):
         from prometheus_client import Gauge
 
-        return Gauge(f"draftkit:{name}", doc, list(self.label),
-                     registry=self.registry).labels(**self.label)
+        g = Gauge(f"draftkit:{name}", doc, list(self.label) + list(extra),
+                  registry=self.registry)
+        return g if extra else g.labels(**self.label)
 
     def _histogram(self, name: str, doc: str):
         from prometheus_client import Histogram

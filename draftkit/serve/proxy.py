@@ -32,7 +32,8 @@ import httpx
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from draftkit.serve.http import RequestError, Stream
+from draftkit.serve.http import (DISCONNECT_POLL_S, RequestError, Stream, check_model,
+                                 check_route, sse)
 from draftkit.serve.metrics import ServeMetrics
 from draftkit.serve.protocol import error_body
 from draftkit.serve.upstream import NoUpstream, Pool, Upstream
@@ -42,7 +43,7 @@ from draftkit.traffic.record import recorded, request_label
 
 log = logging.getLogger("draftkit.serve")
 
-DISCONNECT_POLL_S = 0.25
+
 @dataclass
 class Proxied:
     """What ``/v1/completions`` and ``/v1/chat/completions`` share in front of vLLM: the name
@@ -63,12 +64,9 @@ class Proxied:
 
     async def answer(self, request: Request, chat: bool, route: str | None = None) -> Response:
         if route is not None:
-            self.check_route(route)
+            check_route(route, self.route_labels)
         body = await self.read(request)
-        name = body.get("model")
-        if name is not None and name != self.model_name:
-            raise RequestError(f"the model '{name}' does not exist; this server serves "
-                               f"'{self.model_name}'", "model", 404, "model_not_found")
+        check_model(body.get("model"), self.model_name)
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise RequestError("stream must be true or false", "stream")
@@ -78,12 +76,6 @@ class Proxied:
         if stream:
             return await self.open_stream(path, job)
         return await self.once(request, path, job)
-
-    def check_route(self, route: str) -> None:
-        if route not in self.route_labels:
-            served = ", ".join(f"/{r}/v1" for r in self.route_labels) or "none"
-            raise RequestError(f"no route /{route}/v1 on this server (labelled routes: "
-                               f"{served}; --route-labels); use /v1", status=404)
 
     @staticmethod
     async def read(request: Request) -> dict:
@@ -315,7 +307,3 @@ class Proxied:
 def upstream_failed(upstream: Upstream, what: str) -> RequestError:
     return RequestError(f"the vLLM server at {upstream.url} {what}", status=502,
                         code="upstream_error")
-
-
-def sse(body: dict) -> str:
-    return f"data: {json.dumps(body)}\n\n"

@@ -10,7 +10,6 @@ A client that disconnects, streaming or not, has its slot freed before the next 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass
 
@@ -21,14 +20,12 @@ from draftkit.chat import encode_prompt
 from draftkit.decode.sampling import SamplingParams
 from draftkit.errors import DraftkitError
 from draftkit.serve.detok import TextStream
-from draftkit.serve.http import RequestError, Stream, error_response
+from draftkit.serve.http import (DISCONNECT_POLL_S, RequestError, Stream, check_model,
+                                 check_route, error_response, sse)
 from draftkit.serve.metrics import ServeMetrics
 from draftkit.serve.protocol import (ChatCompletionRequest, chat_body, completion_body,
                                      error_body, new_id, usage, usage_chunk)
 from draftkit.serve.scheduler import Job, Scheduler
-
-DISCONNECT_POLL_S = 0.25
-
 
 @dataclass
 class Completions:
@@ -47,8 +44,8 @@ class Completions:
         """The whole request: check, encode, submit, then answer (one body or a stream).
         ``route``: the label of the ``/<label>/v1`` route it came by."""
         if route is not None:
-            self.check_route(route)
-        self.check_model(req.model)
+            check_route(route, self.route_labels)
+        check_model(req.model, self.model_name)
         if chat:
             job = self.job(req, self.encode(req.chat(), raw=False), default_max=None)
         else:
@@ -63,17 +60,6 @@ class Completions:
             return Stream(self.stream(rid, created, req, job, chat),
                           on_exit=lambda: self.scheduler.cancel(job))
         return await self.wait(request, rid, created, job, chat)
-
-    def check_route(self, route: str) -> None:
-        if route not in self.route_labels:
-            served = ", ".join(f"/{r}/v1" for r in self.route_labels) or "none"
-            raise RequestError(f"no route /{route}/v1 on this server (labelled routes: "
-                               f"{served}; --route-labels); use /v1", status=404)
-
-    def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_name:
-            raise RequestError(f"the model '{name}' does not exist; this server serves "
-                               f"'{self.model_name}'", "model", 404, "model_not_found")
 
     def encode(self, prompt, raw: bool) -> list[int]:
         """Token ids of a completion prompt (``raw``: a string or ids) or of chat messages."""
@@ -150,9 +136,6 @@ class Completions:
         for (in a chunk of its own, as OpenAI), then ``[DONE]``."""
         obj = "chat.completion.chunk" if chat else "text_completion"
         name = self.model_name
-
-        def sse(body: dict) -> str:
-            return f"data: {json.dumps(body)}\n\n"
 
         def chunk(text: str | None, finish: str | None = None, spec: dict | None = None,
                   first: bool = False) -> str:

@@ -43,7 +43,6 @@ def sampling_defaults(target: str | Path, engine_args: tuple[str, ...] = ()) -> 
     return out
 
 
-
 @dataclass
 class Job:
     """One request's body and what the front read of it."""
