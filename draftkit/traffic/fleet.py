@@ -28,12 +28,14 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from draftkit.errors import DraftkitError
+from draftkit.evaluate.render import fmt
 from draftkit.records import Record
 
 PREFIX = "vllm:spec_decode_"
 COUNTERS = {"drafts": "num_drafts_total", "draft_tokens": "num_draft_tokens_total",
             "accepted": "num_accepted_tokens_total"}
 PER_POS = "num_accepted_tokens_per_pos_total"
+F3 = "{:.3f}"
 
 
 @dataclass(kw_only=True)
@@ -136,9 +138,9 @@ def fleet_lines(fleet: FleetFigures, manifest=None) -> list[str]:
     lines = [f"fleet {fleet.url} vllm:spec_decode_*{where}, {over}: {fleet.drafts:.0f} "
              f"speculative steps, {fleet.draft_tokens:.0f} drafted tokens, "
              f"{fleet.accepted:.0f} accepted",
-             f"  tau {fleet.tau:.3f}; alpha {fmt(fleet.alpha)} (accepted / tested positions); "
-             f"vLLM's acceptance rate {fmt(fleet.acceptance_rate)}",
-             "  alpha_i " + " / ".join(fmt(a) for a in fleet.alpha_per_position)]
+             f"  tau {fleet.tau:.3f}; alpha {fmt(fleet.alpha, F3)} (accepted / tested positions); "
+             f"vLLM's acceptance rate {fmt(fleet.acceptance_rate, F3)}",
+             "  alpha_i " + " / ".join(fmt(a, F3) for a in fleet.alpha_per_position)]
     expected = eval_alpha(manifest)
     if expected is not None and fleet.alpha is not None:
         gap = fleet.alpha - expected
@@ -146,7 +148,3 @@ def fleet_lines(fleet: FleetFigures, manifest=None) -> list[str]:
                      f"fleet's is {gap:+.3f} from it (token-weighted totals, no interval; the "
                      f"recorded traffic's table gives domains and intervals)")
     return lines
-
-
-def fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3f}"
