@@ -108,6 +108,7 @@ class BlueGreen:
         retired = [r for r in self.replicas if any(r.url == u.url for u in old)]
         await asyncio.to_thread(R.stop_all, retired)
         self.replicas = [r for r in self.replicas if r not in retired] + greens
+        self.places = places  # where the serving replicas run now: the next swap's spares
         return {"object": "draft", "draft": identity, "previous": previous, "bundle": bundle,
                 "method": "blue/green", "weight_update": WEIGHT_UPDATE
                 if self.launch.cpu else "not used", "canary": canary or

@@ -403,6 +403,31 @@ def test_blue_green_moves_new_requests_to_the_new_draft_and_drains_the_old(
     assert drafts == {"draft-a", "draft-b"}
 
 
+def test_on_gpus_each_swap_starts_the_new_replicas_on_the_gpus_left_spare(
+        reset, tmp_path, monkeypatch):
+    """Replica on GPU 0, GPUs 0-2 visible: the first swap's new replica goes to GPU 1 and the
+    second's to GPU 0 (the one the first swap freed), never to GPU 1, which serves then."""
+    from draftkit.serve import replicas as R
+
+    greens, placed = Greens(), []
+    start = greens.start
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
+    srv, swapper, old_replicas = blue_green(monkeypatch, [reset[0]], tmp_path, greens)
+    monkeypatch.setattr(R, "start", lambda launch, bundle, place, i: (
+        placed.append(place["CUDA_VISIBLE_DEVICES"]), start(launch, bundle, place, i))[1])
+    swapper.launch = R.Launch(swapper.launch.python, "0.32.0", "served")  # a CUDA build
+    swapper.places = [{"CUDA_VISIBLE_DEVICES": "0"}]
+    try:
+        assert swap(srv).status_code == 200
+        assert swap(srv, "newer-bundle").status_code == 200
+        assert placed == ["1", "0"]
+    finally:
+        srv.stop()
+        for s in greens.servers:
+            s.stop()
+        R.stop_all(swapper.replicas + old_replicas)
+
+
 def test_a_bundle_that_fails_its_canary_leaves_the_old_draft_serving(
         reset, tmp_path, monkeypatch):
     old = reset[0]
