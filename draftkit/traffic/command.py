@@ -6,7 +6,10 @@
     draftkit traffic --prometheus http://prometheus:9090 --window 1h --bundle BUNDLE  # a fleet
 
 The figures and the flag rule: :mod:`draftkit.traffic.drift`. With ``--bundle`` the traffic
-must have been recorded with the bundle's target and tokenizer (their identities are checked);
+must have been recorded with the bundle's target and tokenizer (their identities are checked).
+Requests the engine reported no acceptance counts for (a request of n > 1, a vLLM server
+started without per-request metrics, logs brought in with ``draftkit import-traffic``) are
+replayed through the bundle's draft (:mod:`draftkit.traffic.replay`; ``--replay``);
 ``--out`` writes ``report.json``, ``report.md``, ``report.html`` and a plot of the served
 alpha_i beside the eval's alpha. ``--prometheus`` adds the whole fleet's own vLLM counters
 (:mod:`draftkit.traffic.fleet`), with or without a traffic folder.
@@ -31,10 +34,12 @@ from draftkit.manifest import Manifest, read_manifest
 from draftkit.traffic.drift import (DRIFT, MIN_REQUESTS, DomainDrift, Estimate,
                                     TrafficReport, traffic_drift)
 from draftkit.traffic.fleet import FleetFigures, fleet_figures, fleet_lines
-from draftkit.traffic.record import read_traffic
+from draftkit.traffic.record import Counts, TrafficRecord, engine_counts, read_traffic
 
 PLOT = ("alpha_per_position.png", "Served alpha_i against the eval's alpha")
 FLEET = "a vLLM fleet's own counters"  # the --help group of --prometheus and its flags
+MISSING, ALL, OFF = "missing", "all", "off"  # --replay
+REPLAY_CHOICES = (MISSING, ALL, OFF)
 
 
 @dataclass
@@ -53,6 +58,13 @@ class TrafficArgs:
     min_requests: int = option(MIN_REQUESTS, help="fewest requests a domain needs to be "
                                                   "flagged; fewer are reported as too few")
     domain: str | None = option(None, help="only this domain label")
+    replay: str = option(MISSING, choices=REPLAY_CHOICES, help="with --bundle, which requests' "
+                         "acceptance to compute by replaying their completion through its "
+                         "draft at its K: 'missing': those the engine reported no counts for "
+                         "(n > 1, a vLLM server without per-request metrics, imported logs); "
+                         "'all': every one (the engine's counts set aside); 'off': none")
+    device: str | None = option(None, help="where the replay runs: cpu, cuda, cuda:1, ... "
+                                           "(default: cuda if available)")
     prometheus: str | None = option(None, metavar="URL", group=FLEET, help="also read a "
                                     "running vLLM fleet's own vllm:spec_decode_* counters from "
                                     "this Prometheus server (its base URL): tau, alpha and "
@@ -76,6 +88,8 @@ class TrafficArgs:
                                                         self.window):
             raise ConfigError(f"--window {self.window!r} is not a PromQL range; give a "
                               f"number and a unit: 1h, 30m, 7d")
+        if self.replay == ALL and self.bundle is None:
+            raise ConfigError("--replay all replays through a bundle's draft: give --bundle")
         if self.domain is not None and self.folder is None:
             raise ConfigError("--domain picks a label of the recorded traffic: give its "
                               "folder (DIR)")
@@ -100,8 +114,12 @@ def traffic(args: TrafficArgs) -> TrafficReport | FleetFigures:
         if not records:
             raise DraftkitError(f"no request in {args.folder} is labelled {args.domain!r}; its "
                                 f"labels: {', '.join(labels)}")
-    report = traffic_drift(records, manifest, folder=str(args.folder), bundle=args.bundle,
-                           draft=draft, min_requests=args.min_requests, created=now())
+    counts = [None if args.replay == ALL else engine_counts(r) for r in records]
+    if args.bundle and args.replay != OFF and None in counts:
+        counts = replay_counts(records, counts, args.bundle, manifest, args.device)
+    report = traffic_drift(records, manifest, counts, folder=str(args.folder),
+                           bundle=args.bundle, draft=draft, min_requests=args.min_requests,
+                           replay_k=replay_k(manifest) if manifest else None, created=now())
     print(summary(report))
     print(format_text_table(*drift_table(report)))
     for line in conclusions(report):
@@ -111,6 +129,33 @@ def traffic(args: TrafficArgs) -> TrafficReport | FleetFigures:
         print(f"report: {files['md']} (also {files['html'].name}, {files['json'].name}"
               f"{', the plot' if plots else ''})")
     return report
+
+
+def replay_k(manifest: Manifest) -> int:
+    """The K a replay drafts at: the one the bundle is served with."""
+    serving = manifest.serving
+    return serving.num_speculative_tokens if serving else max(manifest.num_speculative_tokens, 1)
+
+
+def replay_counts(records: list[TrafficRecord], counts: list[Counts | None], bundle: str,
+                  manifest: Manifest, device: str | None) -> list[Counts | None]:
+    """``counts`` with each None replaced by a replay of its record through the bundle's
+    draft at the bundle's K (:mod:`draftkit.traffic.replay`), with a progress bar."""
+    from tqdm.auto import tqdm
+
+    from draftkit.models import load_pair
+    from draftkit.traffic.replay import Replayer
+
+    todo = [i for i, x in enumerate(counts) if x is None]
+    if not (Path(bundle) / "draft" / "config.json").is_file():
+        raise ModelError(f"{bundle} holds no draft to replay {len(todo)} requests through; "
+                         f"pass --replay off, or the bundle that served them")
+    pair = load_pair(bundle, bundle, device=device)
+    replayer = Replayer(pair.target, pair.draft, replay_k(manifest))
+    out = list(counts)
+    for i in tqdm(todo, desc="replay", unit="request", dynamic_ncols=True):
+        out[i] = replayer.counts(records[i])
+    return out
 
 
 def bundle_identities(bundle: str) -> tuple[Manifest, str, str, str | None]:
@@ -144,13 +189,14 @@ def _estimate(e: Estimate | None, pattern: str) -> str:
 def drift_table(report: TrafficReport) -> tuple[list[str], list[list[str]]]:
     """Header and rows: each domain, then all the traffic together (no status: the eval has
     no overall row in the manifest)."""
-    header = ["domain", "requests", "tokens", "alpha_1", "alpha (95%)", "eval alpha",
-              "tau (95%)", "eval tau", "c", "speedup predicted (95%)", "status"]
+    header = ["domain", "requests", "acceptance from", "tokens", "alpha_1", "alpha (95%)",
+              "eval alpha", "tau (95%)", "eval tau", "c", "speedup predicted (95%)", "status"]
 
     def row(name: str, d: DomainDrift) -> list[str]:
         e = d.eval
         c = fmt(d.c, "{:.3f}") + ("*" if d.c_source == "bundle" and name != "overall" else "")
-        return [name, str(d.requests), str(d.completion_tokens),
+        return [name, str(d.requests), ", ".join(f"{k} {n}" for k, n in d.counts.items()),
+                str(d.completion_tokens),
                 fmt(d.alpha_1.value if d.alpha_1 else None, "{:.3f}"),
                 _estimate(d.alpha, "{:.3f}"), fmt(e.alpha if e else None, "{:.3f}"),
                 _estimate(d.tau, "{:.2f}"), fmt(e.tau if e else None, "{:.2f}"), c,

@@ -16,7 +16,11 @@ From the records ``draftkit serve --record`` kept (:mod:`.record`), per domain l
   2211.17192, Theorem 3.8, with v = 1 as the manifest keeps no v) predicts from the served
   alpha_i at the K of each round, with c from the bundle's eval.
 
-Each comes with a 95% percentile bootstrap over requests (:func:`metrics.bootstrap`): the
+A request's acceptance is the serving engine's own per-step counts, or, where it reported none
+(``rounds`` None), a replay of its completion through the bundle's draft
+(:mod:`draftkit.traffic.replay`, which ``draftkit traffic --bundle`` runs); each domain says
+how many requests each source gave (``counts``), and a request with neither is left out of the
+figures. Each comes with a 95% percentile bootstrap over requests (:func:`metrics.bootstrap`): the
 rounds of one request share its prompt and its sampling, so they are not independent trials;
 requests are.
 
@@ -41,7 +45,7 @@ from dataclasses import dataclass, field
 from draftkit import metrics
 from draftkit.manifest import DomainEntry, Manifest
 from draftkit.records import Record
-from draftkit.traffic.record import TrafficRecord
+from draftkit.traffic.record import ENGINE, REPLAY, Counts, TrafficRecord, engine_counts
 
 LEVEL = 0.95
 RESAMPLES = 1000  # metrics.bootstrap draws in Python: 1 s a figure over 10,000 requests
@@ -50,6 +54,7 @@ MIN_REQUESTS = 20
 # a domain's status; only DRIFT is a flag
 DRIFT, OK, ABOVE = "drift", "ok", "above eval"
 TOO_FEW, NO_EVAL, NOTHING_DRAFTED = "too few requests", "no eval figure", "nothing drafted"
+UNCOUNTED = "none"  # a request without acceptance counts (and nothing to replay it with)
 RULE = ("drift: the served alpha's 95% interval (a bootstrap over requests) lies wholly below "
         "the bundle's eval alpha for the domain (for a domain its eval did not measure: the "
         "mean over the eval's domains); domains with fewer than {m} requests are too few to "
@@ -70,14 +75,16 @@ class DomainDrift(Record):
     """One domain's served figures beside its eval's."""
 
     requests: int
+    counts: dict[str, int]  # requests by where their acceptance came from: engine, replay,
+    # none (no counts and nothing to replay them with: left out of every figure below)
     completion_tokens: int
     rounds: int  # decoding rounds (target calls after the prefill), K = 0 rounds included
     rounds_by_k: dict[str, int]
-    tested_per_position: list[int]
+    tested_per_position: list[float]  # expected counts where a sampled replay gave them
     alpha_per_position: list[float]  # served conditional alpha_i
     alpha_1: Estimate | None  # None: no round drafted a token
     alpha: Estimate | None
-    tau: Estimate
+    tau: Estimate | None  # None: no request with counts
     c: float | None  # the bundle's draft / target cost ratio this prediction used
     c_source: str | None  # "domain": the eval's for this domain; "bundle": mean over its domains
     speedup_predicted: Estimate | None  # None: no c (no bundle, or no c in it)
@@ -126,23 +133,24 @@ def predicted_speedup(alphas: Sequence[float], c: float, rounds_by_k: dict[int, 
 
 
 class _Counts:
-    """One domain's per-request counts, as arrays a bootstrap resample sums over."""
+    """One domain's per-request counts (:class:`~draftkit.traffic.record.Counts`: the
+    engine's or a replay's), as arrays a bootstrap resample sums over."""
 
-    def __init__(self, records: list[TrafficRecord]):
+    def __init__(self, records: list[TrafficRecord], counts: list[Counts]):
         import numpy as np
 
-        self.k_max = max((k for r in records for k, _ in r.rounds), default=0)
-        per_position = [r.per_position(self.k_max) for r in records]
-        self.accepted = np.array([a for a, _ in per_position], dtype=np.int64).reshape(
-            len(records), self.k_max)  # (n, K_max)
-        self.tested = np.array([t for _, t in per_position], dtype=np.int64).reshape(
-            len(records), self.k_max)  # (n, K_max)
+        self.k_max = max((len(c.tested) for c in counts), default=0)
+        shape = (len(counts), self.k_max)
+        self.accepted, self.tested = np.zeros(shape), np.zeros(shape)  # (n, K_max) each
+        for i, c in enumerate(counts):
+            self.accepted[i, :len(c.accepted)] = c.accepted
+            self.tested[i, :len(c.tested)] = c.tested
         # tokens of the decoding rounds: the prefill's first token is not theirs
         self.decoded = np.array([max(len(r.completion_ids) - 1, 0) for r in records])  # (n,)
-        self.rounds = np.array([len(r.rounds) for r in records])  # (n,)
-        self.by_k = np.zeros((len(records), self.k_max + 1), dtype=np.int64)  # (n, K_max + 1)
-        for i, r in enumerate(records):
-            for k, _ in r.rounds:
+        self.rounds = np.array([len(c.rounds) for c in counts], dtype=np.int64)  # (n,)
+        self.by_k = np.zeros((len(counts), self.k_max + 1), dtype=np.int64)  # (n, K_max + 1)
+        for i, c in enumerate(counts):
+            for k, _ in c.rounds:
                 self.by_k[i, k] += 1
 
     def alphas(self, idx) -> list[float]:
@@ -150,11 +158,11 @@ class _Counts:
                                           self.tested[idx].sum(0).tolist())
 
     def alpha(self, idx) -> float:
-        accepted, tested = int(self.accepted[idx].sum()), int(self.tested[idx].sum())
+        accepted, tested = float(self.accepted[idx].sum()), float(self.tested[idx].sum())
         return metrics.alpha_from_counts(accepted, tested - accepted)
 
     def alpha_1(self, idx) -> float:
-        accepted, tested = int(self.accepted[idx, 0].sum()), int(self.tested[idx, 0].sum())
+        accepted, tested = float(self.accepted[idx, 0].sum()), float(self.tested[idx, 0].sum())
         return metrics.alpha_from_counts(accepted, tested - accepted)
 
     def tau(self, idx) -> float:
@@ -174,34 +182,45 @@ def _estimate(statistic, n: int, resamples: int, seed: int) -> Estimate:
     return Estimate(value=value, low=low, high=high)
 
 
-def domain_drift(records: list[TrafficRecord], *, eval_entry: DomainEntry | None = None,
-                 c: float | None = None, c_source: str | None = None,
-                 min_requests: int = MIN_REQUESTS, compare: bool = True,
-                 fallback_alpha: float | None = None, resamples: int = RESAMPLES,
-                 seed: int = 0) -> DomainDrift:
+def domain_drift(records: list[TrafficRecord], counts: list[Counts | None] | None = None, *,
+                 eval_entry: DomainEntry | None = None, c: float | None = None,
+                 c_source: str | None = None, min_requests: int = MIN_REQUESTS,
+                 compare: bool = True, fallback_alpha: float | None = None,
+                 resamples: int = RESAMPLES, seed: int = 0) -> DomainDrift:
     """One domain's served figures (its ``records``, at least one) beside ``eval_entry``, with
     the predicted speedup where ``c`` is known and a status unless ``compare`` is False;
-    ``fallback_alpha``: what a domain the eval did not measure is held to."""
-    counts, n = _Counts(records), len(records)
-    drafted = counts.k_max > 0 and int(counts.tested[:, 0].sum()) > 0
-    alpha_1 = _estimate(counts.alpha_1, n, resamples, seed) if drafted else None
-    alpha = _estimate(counts.alpha, n, resamples, seed) if drafted else None
-    speedup = None if c is None else _estimate(lambda idx: counts.speedup(idx, c), n,
-                                               resamples, seed)
+    ``counts``: each record's acceptance (default: the engine's; None for a record that has
+    none, left out of the figures); ``fallback_alpha``: what a domain the eval did not measure
+    is held to."""
+    counts = [engine_counts(r) for r in records] if counts is None else counts
+    sources = Counter(c.source if c is not None else UNCOUNTED for c in counts)
+    kept = [(r, x) for r, x in zip(records, counts) if x is not None]
+    counted = _Counts([r for r, _ in kept], [x for _, x in kept])
+    n = len(kept)
+    drafted = counted.k_max > 0 and float(counted.tested[:, 0].sum()) > 0
+    alpha_1 = _estimate(counted.alpha_1, n, resamples, seed) if drafted else None
+    alpha = _estimate(counted.alpha, n, resamples, seed) if drafted else None
+    speedup = None if c is None or not n else _estimate(
+        lambda idx: counted.speedup(idx, c), n, resamples, seed)
     if eval_entry is not None and eval_entry.alpha is not None:
         reference, source = eval_entry.alpha, "the eval's"
     else:
         reference, source = fallback_alpha, "the bundle's mean eval alpha (none for this domain)"
     status, why = drift_status(n, alpha, reference, min_requests, source) if compare else \
         ("", "")
+    if not n and compare:
+        status, why = UNCOUNTED, (f"no request carries acceptance counts ({len(records)} "
+                                  f"without); pass --bundle to replay them through its draft")
     everyone = slice(None)
     return DomainDrift(
-        requests=n, completion_tokens=sum(len(r.completion_ids) for r in records),
-        rounds=int(counts.rounds.sum()),
-        rounds_by_k={str(k): int(m) for k, m in enumerate(counts.by_k.sum(0)) if m},
-        tested_per_position=[int(t) for t in counts.tested.sum(0)],
-        alpha_per_position=counts.alphas(everyone), alpha_1=alpha_1, alpha=alpha,
-        tau=_estimate(counts.tau, n, resamples, seed), c=c, c_source=c_source,
+        requests=len(records), counts={s: sources[s] for s in (ENGINE, REPLAY, UNCOUNTED)
+                                       if sources[s]},
+        completion_tokens=sum(len(r.completion_ids) for r in records),
+        rounds=int(counted.rounds.sum()),
+        rounds_by_k={str(k): int(m) for k, m in enumerate(counted.by_k.sum(0)) if m},
+        tested_per_position=[round(float(t), 3) for t in counted.tested.sum(0)],
+        alpha_per_position=counted.alphas(everyone), alpha_1=alpha_1, alpha=alpha,
+        tau=_estimate(counted.tau, n, resamples, seed) if n else None, c=c, c_source=c_source,
         speedup_predicted=speedup,
         temperatures=sorted({r.sampling.temperature for r in records}), eval=eval_entry,
         status=status, why=why)
@@ -244,27 +263,32 @@ def bundle_c(manifest: Manifest) -> float | None:
 
 # --- the report --------------------------------------------------------------------------------
 
-def traffic_drift(records: list[TrafficRecord], manifest: Manifest | None = None, *,
-                  folder: str = "", bundle: str | None = None, draft: str | None = None,
+def traffic_drift(records: list[TrafficRecord], manifest: Manifest | None = None,
+                  counts: list[Counts | None] | None = None, *, folder: str = "",
+                  bundle: str | None = None, draft: str | None = None,
                   min_requests: int = MIN_REQUESTS, resamples: int = RESAMPLES,
-                  created: str = "") -> TrafficReport:
+                  replay_k: int | None = None, created: str = "") -> TrafficReport:
     """The report over ``records`` (at least one, as :func:`read_traffic` gives them), each
     domain beside ``manifest``'s figures; ``draft``: the bundle's draft identity, to say when
-    the traffic was served by another."""
-    by_domain: dict[str, list[TrafficRecord]] = {}
-    for r in records:
-        by_domain.setdefault(r.domain, []).append(r)
+    the traffic was served by another; ``counts``: each record's acceptance (as
+    :func:`domain_drift` takes them); ``replay_k``: the K the replayed ones were drafted at."""
+    counts = [engine_counts(r) for r in records] if counts is None else counts
+    by_domain: dict[str, tuple[list[TrafficRecord], list[Counts | None]]] = {}
+    for r, x in zip(records, counts):
+        rs, xs = by_domain.setdefault(r.domain, ([], []))
+        rs.append(r)
+        xs.append(x)
     overall_c = bundle_c(manifest) if manifest else None
     fallback = bundle_alpha(manifest) if manifest else None
     domains = {}
-    for name, rs in sorted(by_domain.items()):
+    for name, (rs, xs) in sorted(by_domain.items()):
         entry = manifest.domains.get(name) if manifest else None
         c, source = (entry.c, "domain") if entry and entry.c is not None else \
             (overall_c, "bundle" if overall_c is not None else None)
-        domains[name] = domain_drift(rs, eval_entry=entry, c=c, c_source=source,
+        domains[name] = domain_drift(rs, xs, eval_entry=entry, c=c, c_source=source,
                                      min_requests=min_requests, fallback_alpha=fallback,
                                      resamples=resamples)
-    overall = domain_drift(records, c=overall_c,
+    overall = domain_drift(records, counts, c=overall_c,
                            c_source=None if overall_c is None else "bundle",
                            compare=False, resamples=resamples)
     eval_temperature = manifest.report.temperature if manifest and manifest.report else None
@@ -273,17 +297,29 @@ def traffic_drift(records: list[TrafficRecord], manifest: Manifest | None = None
         requests=len(records), first=records[0].time, last=records[-1].time, level=LEVEL,
         min_requests=min_requests, rule=RULE.format(m=min_requests),
         eval_temperature=eval_temperature, domains=domains, overall=overall,
-        notes=_notes(records, manifest, domains, overall_c, draft), created=created)
+        notes=_notes(records, counts, manifest, domains, overall_c, draft, replay_k),
+        created=created)
 
 
-def _notes(records: list[TrafficRecord], manifest: Manifest | None,
-           domains: dict[str, DomainDrift], overall_c: float | None,
-           draft: str | None) -> list[str]:
+def _notes(records: list[TrafficRecord], counts: list[Counts | None],
+           manifest: Manifest | None, domains: dict[str, DomainDrift], overall_c: float | None,
+           draft: str | None, replay_k: int | None) -> list[str]:
     """What a reader should know before trusting the comparison."""
+    uncounted = sum(x is None for x in counts)
+    notes = [f"{uncounted} of {len(records)} requests carry no acceptance counts from the "
+             f"engine (n > 1, a vLLM server without --per-request-spec-decode-metrics "
+             f"detailed, or imported logs) and are left out of the figures; --bundle replays "
+             f"them through its draft"] if uncounted else []
+    replayed = sum(x is not None and x.source == REPLAY for x in counts)
+    if replayed:
+        notes.append(f"{replayed} of {len(records)} requests' acceptance comes from replaying "
+                     f"their completion through the bundle's draft at K = {replay_k}, "
+                     f"teacher-forced, under draftkit's lossless rule (greedy: the exact "
+                     f"rounds; sampled: the expected acceptance); the 'acceptance from' column "
+                     f"says which figures are the engine's")
     if manifest is None:
-        return ["no bundle: no eval figures to compare and no c, so no predicted speedup; "
-                "pass --bundle BUNDLE (the one that served this traffic)"]
-    notes = []
+        return notes + ["no bundle: no eval figures to compare and no c, so no predicted "
+                        "speedup; pass --bundle BUNDLE (the one that served this traffic)"]
     if not manifest.domains:
         notes.append("the bundle records no eval figures (exported without --report): "
                      "nothing to compare")
@@ -299,7 +335,9 @@ def _notes(records: list[TrafficRecord], manifest: Manifest | None,
                            for name, ts in other.items())
         notes.append(f"served at another temperature than the eval's {t:g} ({served}): "
                      f"acceptance moves with temperature, so a gap there may be that, not drift")
-    drafts = Counter(r.draft for r in records)
+    # a replay's acceptance is the bundle's draft's, whoever served the request
+    drafts = Counter(r.draft for r, x in zip(records, counts) if x is not None and
+                     x.source == ENGINE)
     other = sum(n for d, n in drafts.items() if d != draft)
     if draft is not None and other:
         notes.append(f"{other} of {len(records)} requests were served by another draft than "

@@ -30,6 +30,8 @@ UNLABELED = "unlabeled"
 LABEL_CHARS = 32  # a domain label's length at most, once cleaned (clean_label)
 DOMAIN_KEY = "domain"  # metadata key of a request's domain label
 RECORD_KEY = "draftkit_record"  # metadata key: "off" keeps the request out of --record
+SERVED, IMPORTED = "served", "imported"  # where a record came from
+ENGINE, REPLAY = "engine", "replay"  # where a record's acceptance counts came from
 
 
 @dataclass(kw_only=True)
@@ -53,22 +55,54 @@ class TrafficRecord(Record):
     completion_ids: list[int]  # as served, cut at a stop string
     sampling: SamplingEntry
     finish_reason: str
-    rounds: list[list[int]]  # [K, accepted] per decoding round (K 0: a plain step; the
-    # prefill is none)
+    # [K, accepted] per decoding round (K 0: a plain step; the prefill is none); None: the
+    # engine reported no counts (draftkit traffic replays the completion through the draft)
+    rounds: list[list[int]] | None
+    source: str = SERVED  # SERVED: recorded by a server; IMPORTED: from a request log
 
     def per_position(self, k_max: int) -> tuple[list[int], list[int]]:
-        """(accepted, tested) at draft positions 0..k_max-1 over this request's rounds: a
-        round that accepted n of K tested positions 0..min(n, K-1) and passed 0..n-1."""
-        accepted, tested = [0] * k_max, [0] * k_max
-        for k, n in self.rounds:
-            for i in range(min(k, k_max)):
-                tested[i] += i <= n
-                accepted[i] += i < n
-        return accepted, tested
+        """(accepted, tested) at draft positions 0..k_max-1 over this request's rounds."""
+        return position_counts(self.rounds or [], k_max)
 
     @property
     def drafted_rounds(self) -> int:
-        return sum(1 for k, _ in self.rounds if k > 0)
+        return sum(1 for k, _ in self.rounds or [] if k > 0)
+
+
+def position_counts(rounds: list[list[int]], k_max: int) -> tuple[list[int], list[int]]:
+    """(accepted, tested) at draft positions 0..k_max-1 over ``rounds`` ``[K, accepted]``: a
+    round that accepted n of K tested positions 0..min(n, K-1) and passed 0..n-1."""
+    accepted, tested = [0] * k_max, [0] * k_max
+    for k, n in rounds:
+        for i in range(min(k, k_max)):
+            tested[i] += i <= n
+            accepted[i] += i < n
+    return accepted, tested
+
+
+@dataclass
+class Counts:
+    """One request's acceptance: per draft position, tested and accepted there (expected
+    counts for a sampled replay: :mod:`draftkit.traffic.replay`), and its rounds ``[K,
+    accepted]``."""
+
+    source: str  # ENGINE: the serving engine's own; REPLAY: computed by draftkit traffic
+    accepted: list[float]
+    tested: list[float]
+    rounds: list[list[int]]
+
+
+def round_counts(source: str, rounds: list[list[int]], k: int | None = None) -> Counts:
+    """The counts of whole rounds (:func:`position_counts`), over positions 0..k-1 (default:
+    the largest K of the rounds)."""
+    k = max((kk for kk, _ in rounds), default=0) if k is None else k
+    accepted, tested = position_counts(rounds, k)
+    return Counts(source, [float(a) for a in accepted], [float(t) for t in tested], rounds)
+
+
+def engine_counts(record: TrafficRecord) -> Counts | None:
+    """The counts the engine reported with ``record``; None where it reported none."""
+    return None if record.rounds is None else round_counts(ENGINE, record.rounds)
 
 
 def clean_label(text: str | None) -> str:
@@ -184,9 +218,10 @@ def _parse(line: str, where: str) -> TrafficRecord:
         raise DraftkitError(f"{where}: the record lacks {', '.join(missing)}; {remedy}")
     record = TrafficRecord.from_dict(data)
     if not all(isinstance(t, int) for t in record.prompt_ids + record.completion_ids) or \
-            not all(isinstance(r, list) and len(r) == 2 and 0 <= r[1] <= r[0]
-                    for r in record.rounds):
-        raise DraftkitError(f"{where}: token ids or rounds are malformed; {remedy}")
+            not (record.rounds is None or all(isinstance(r, list) and len(r) == 2 and
+                                              0 <= r[1] <= r[0] for r in record.rounds)) or \
+            record.source not in (SERVED, IMPORTED):
+        raise DraftkitError(f"{where}: token ids, rounds or source are malformed; {remedy}")
     return record
 
 
