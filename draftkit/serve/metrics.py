@@ -38,8 +38,9 @@ write).
 In front of vLLM (``--engine vllm``, ``--upstream``) the same series are counted from each
 finished request's per-step counts (:meth:`ServeMetrics.request_rounds`), so one dashboard
 reads either engine; ``draftkit:traffic_unrecorded{reason=}`` counts the requests ``--record``
-could not keep (``n>1``, ``no_ids``, ``no_counts``: an upstream started without per-request
-metrics). serve/grafana.json and serve/alerts.yml read these names.
+could not keep (``no_ids``: vLLM returned no token ids), ``draftkit:traffic_uncounted{reason=}``
+those it kept without vLLM's acceptance counts, which ``draftkit traffic`` replays (``n>1``,
+``no_counts``: an upstream started without per-request metrics). serve/grafana.json and serve/alerts.yml read these names.
 
 Each app gets its own registry, so several servers (tests) live in one process.
 """
@@ -49,9 +50,10 @@ from __future__ import annotations
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 MAX_DOMAINS = 64  # domain labels with series of their own; later ones count as OTHER
 OTHER = "other"
-# why a finished request went unrecorded (vLLM behind the front): n > 1, no token ids, no
-# per-step counts
-UNRECORDED = ("n>1", "no_ids", "no_counts")
+# why a finished request went unrecorded (vLLM behind the front): no token ids
+UNRECORDED = ("no_ids",)
+# why one was recorded without the engine's acceptance counts: n > 1, no per-step counts
+UNCOUNTED = ("n>1", "no_counts")
 
 
 class ServeMetrics:
@@ -77,10 +79,15 @@ class ServeMetrics:
         self.recording = self._gauge("traffic_recording", "1 while --record writes finished "
                                                           "requests to its folder")
         self.unrecorded = self._counter("traffic_unrecorded", "finished requests --record "
-                                        "could not keep, by why (an engine that reported no "
-                                        "counts, n > 1)", ["reason"])
+                                        "could not keep, by why (no token ids)", ["reason"])
+        self.uncounted = self._counter("traffic_uncounted", "finished requests --record kept "
+                                       "without the engine's acceptance counts (draftkit "
+                                       "traffic replays them), by why (n > 1, no per-step "
+                                       "counts)", ["reason"])
         for reason in UNRECORDED:  # at zero from start-up, so an alert's series exist
             self.unrecorded.labels(reason=reason, **self.label)
+        for reason in UNCOUNTED:
+            self.uncounted.labels(reason=reason, **self.label)
         self.rounds = self._counter("engine_rounds", "decoding rounds run by the scheduler")
         self._speculation()
         self._drafts()
@@ -239,6 +246,9 @@ class ServeMetrics:
 
     def not_recorded(self, reason: str) -> None:
         self.unrecorded.labels(reason=reason, **self.label).inc()
+
+    def uncounted_record(self, reason: str) -> None:
+        self.uncounted.labels(reason=reason, **self.label).inc()
 
     def reject(self, status: int) -> None:
         self.rejected.labels(status=str(status), **self.label).inc()

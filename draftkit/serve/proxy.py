@@ -58,7 +58,7 @@ class Proxied:
     route_labels: tuple[str, ...] = ()
     defaults: dict = field(default_factory=lambda: dict(DEFAULTS))  # sampling_defaults()
     running: int = 0
-    warned: set = field(default_factory=set)  # reasons a request went unrecorded, said once
+    warned: set = field(default_factory=set)  # what a record lacked, said once per reason
 
     # --- the request -----------------------------------------------------------------------
 
@@ -176,12 +176,13 @@ class Proxied:
             if not isinstance(choices, list):
                 raise upstream_failed(upstream, "answered without choices")
             served = Served()
-            if len(choices) == 1 and isinstance(choices[0], dict):
-                # chat has the prompt's ids at the top, completions in the choice
-                if "prompt_token_ids" in body:
-                    served.take_prompt(body["prompt_token_ids"], self.vocab)
-                served.take_choice(choices[0], self.vocab)
-                served.take_metrics(body)
+            # chat has the prompt's ids at the top, completions in each choice
+            if "prompt_token_ids" in body:
+                served.take_prompt(body["prompt_token_ids"], self.vocab)
+            for choice in choices:
+                if isinstance(choice, dict):
+                    served.take_choice(choice, self.vocab)
+            served.take_metrics(body)
             rounds = self.finish(job, served, upstream, len(choices))
             body["model"] = self.model_name
             job.hide(body)
@@ -237,8 +238,7 @@ class Proxied:
                     if isinstance(choice, dict):
                         index = choice.get("index")
                         choices = max(choices, index + 1 if type(index) is int else 1)
-                        if choices == 1:
-                            served.take_choice(choice, self.vocab)
+                        served.take_choice(choice, self.vocab)
                 served.take_metrics(chunk)
                 if first and served.completion:
                     first = False
@@ -267,12 +267,14 @@ class Proxied:
 
     def finish(self, job: Job, served: Served, upstream: Upstream,
                choices: int) -> list[list[int]] | None:
-        """Count a whole answer in the metrics and hand it to the recorder; -> its rounds."""
-        rounds = rounds_of(served.spec)
-        reason = served.finish or "stop"
+        """Count a whole answer in the metrics and hand it to the recorder, each choice as a
+        record; -> its rounds (None: vLLM reported none, or n > 1, which it counts for one
+        sequence only)."""
+        rounds = rounds_of(served.spec) if choices == 1 else None
+        reason = served.finishes.get(0) or "stop"
         self.metrics.finished(reason, upstream.draft)
         self.metrics.e2e.observe(time.perf_counter() - job.arrived)
-        self.metrics.generation_tokens.inc(len(served.completion))
+        self.metrics.generation_tokens.inc(sum(len(c) for c in served.completions.values()))
         if served.prompt is not None:
             self.metrics.prompt_tokens.inc(len(served.prompt))
         if isinstance(served.spec, dict) and type(served.spec.get("num_spec_tokens")) is int:
@@ -282,26 +284,34 @@ class Proxied:
             self.metrics.domain_rounds(job.domain, rounds, upstream.draft)
         if self.recorder is None or not job.record:
             return rounds
-        why = None
-        if choices != 1:
-            why = ("n>1", "a request of n > 1 (a record holds one completion)")
-        elif served.prompt is None or served.bad_ids:
-            why = ("no_ids", "vLLM returned no token ids, or ids outside the vocabulary")
-        elif rounds is None:
-            why = ("no_counts", "vLLM reported no per-step speculative counts (start it with "
-                                "--per-request-spec-decode-metrics detailed)")
-        if why is not None:
-            self.metrics.not_recorded(why[0])
-            if why[0] not in self.warned:
-                self.warned.add(why[0])
-                log.warning(f"--record: not recorded: {why[1]}; counted in "
-                            f"draftkit:traffic_unrecorded{{reason=\"{why[0]}\"}}")
+        if served.prompt is None or served.bad_ids or len(served.completions) != choices:
+            self.unrecorded("no_ids", "vLLM returned no token ids, or ids outside the "
+                                      "vocabulary", self.metrics.not_recorded)
             return rounds
-        self.recorder.add(domain=job.domain, prompt_ids=served.prompt,
-                          completion_ids=served.completion, sampling=job.sampling(
-                              len(served.prompt), self.pool.max_model_len, self.defaults),
-                          finish_reason=reason, rounds=rounds, draft=upstream.draft)
+        if rounds is None:  # recorded all the same: draftkit traffic replays its acceptance
+            why = ("n>1", "a request of n > 1 (vLLM counts one sequence)") if choices > 1 else \
+                ("no_counts", "vLLM reported no per-step speculative counts (start it with "
+                              "--per-request-spec-decode-metrics detailed)")
+            self.unrecorded(*why, self.metrics.uncounted_record)
+        for index in range(choices):
+            self.recorder.add(domain=job.domain, prompt_ids=served.prompt,
+                              completion_ids=served.completions[index], sampling=job.sampling(
+                                  len(served.prompt), self.pool.max_model_len, self.defaults),
+                              finish_reason=served.finishes.get(index) or "stop",
+                              rounds=rounds, draft=upstream.draft)
         return rounds
+
+    def unrecorded(self, reason: str, what: str, count) -> None:
+        """Count a request --record kept without what it should have (``count``, a metrics
+        door), and say it in the log the first time."""
+        count(reason)
+        if reason not in self.warned:
+            self.warned.add(reason)
+            kept = "recorded without acceptance counts (draftkit traffic replays them)" \
+                if reason != "no_ids" else "not recorded"
+            series = "traffic_uncounted" if reason != "no_ids" else "traffic_unrecorded"
+            log.warning(f"--record: {kept}: {what}; counted in "
+                        f"draftkit:{series}{{reason=\"{reason}\"}}")
 
 
 def upstream_failed(upstream: Upstream, what: str) -> RequestError:

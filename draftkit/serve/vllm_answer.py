@@ -60,24 +60,33 @@ def stats(rounds: list[list[int]] | None, completion_tokens: int, draft: str) ->
 @dataclass
 class Served:
     """What one request's answer held: the fields a record needs, gathered from a body or from
-    a stream's chunks."""
+    a stream's chunks, each choice's under its index."""
 
     prompt: list[int] | None = None
-    completion: list[int] = field(default_factory=list)
-    finish: str | None = None
+    completions: dict[int, list[int]] = field(default_factory=dict)  # choice index -> ids
+    finishes: dict[int, str] = field(default_factory=dict)  # choice index -> finish reason
     spec: object = None
-    bad_ids: bool = False  # some chunk's ids did not read as ids of the vocabulary
+    bad_ids: bool = False  # some chunk's ids or index did not read as they should
+
+    @property
+    def completion(self) -> list[int]:
+        """The first choice's ids: a request of n 1's completion."""
+        return self.completions.get(0, [])
 
     def take_choice(self, choice: dict, vocab: int) -> None:
+        index = choice.get("index", 0)
+        if type(index) is not int or index < 0:
+            self.bad_ids = True
+            return
         if "prompt_token_ids" in choice and choice["prompt_token_ids"] is not None:
             self.take_prompt(choice["prompt_token_ids"], vocab)
         got = choice.get("token_ids")
         if got is not None:
             checked = ids(got, vocab)
             self.bad_ids |= checked is None
-            self.completion += checked or []
+            self.completions.setdefault(index, []).extend(checked or [])
         if choice.get("finish_reason"):
-            self.finish = choice["finish_reason"]
+            self.finishes[index] = choice["finish_reason"]
 
     def take_prompt(self, value: object, vocab: int) -> None:
         checked = ids(value, vocab)

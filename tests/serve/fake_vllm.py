@@ -141,16 +141,17 @@ def create(model: str = "upstream-model", max_model_len: int = 256) -> FastAPI:
             if app.state.mode == "cut" and i == 2:
                 return
             last = i == len(out) - 1
-            choice = {"index": 0, "finish_reason": "length" if last else None}
-            if chat:
-                choice["delta"] = {"content": f" w{t}"}
-            else:
-                choice["text"] = f" w{t}"
-                if i == 0:
-                    choice["prompt_token_ids"] = prompt if ids else None
-            if ids:
-                choice["token_ids"] = [t]
-            yield chunk(choice)
+            for index in range(n_choices):  # the choices' chunks interleaved, as vLLM's
+                choice = {"index": index, "finish_reason": "length" if last else None}
+                if chat:
+                    choice["delta"] = {"content": f" w{t}"}
+                else:
+                    choice["text"] = f" w{t}"
+                    if i == 0:
+                        choice["prompt_token_ids"] = prompt if ids else None
+                if ids:
+                    choice["token_ids"] = [t]
+                yield chunk(choice)
             await asyncio.sleep(0)
         options = body.get("stream_options") or {}
         if options.get("include_usage"):

@@ -145,12 +145,16 @@ def test_a_stream_is_passed_on_and_recorded(reset, tmp_path):
     assert records[1].rounds == [[d, a] for d, a in zip(*fake_vllm.steps(4))]
 
 
-def test_requests_that_cannot_be_recorded_are_served_and_counted(reset, tmp_path):
+def test_requests_without_counts_are_recorded_for_replay_and_counted(reset, tmp_path):
     up = reset[0]
     srv, folder = front([up.base], tmp_path)
     try:
         assert post(srv, "/v1/completions", {"prompt": [1], "max_tokens": 3, "n": 2}
                     ).status_code == 200
+        streamed = sse(post(srv, "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "n": 2,
+            "stream": True}))
+        assert {c["choices"][0]["index"] for c in streamed[:-1]} == {0, 1}
         assert post(srv, "/v1/completions", {"prompt": [1], "max_tokens": 3, "metadata": {
             "draftkit_record": "off"}}).status_code == 200
         up.app.state.mode = "no_metrics"
@@ -161,9 +165,15 @@ def test_requests_that_cannot_be_recorded_are_served_and_counted(reset, tmp_path
         metrics = httpx.get(srv.base + "/metrics").text
     finally:
         srv.stop()
-    assert len(read_traffic(folder)) == 1
-    assert 'traffic_unrecorded_total{engine="0",model_name="served",reason="n>1"} 1.0' in metrics
-    assert 'reason="no_counts"} 1.0' in metrics
+    records = read_traffic(folder)
+    # n 2 twice: a record per choice, without counts; no metrics: one without; ok: counted
+    assert [r.rounds is None for r in records] == [True] * 5 + [False]
+    assert [len(r.completion_ids) for r in records] == [3, 3, 2, 2, 3, 3]
+    assert 'traffic_uncounted_total{engine="0",model_name="served",reason="n>1"} 2.0' in metrics
+    assert 'traffic_uncounted_total{engine="0",model_name="served",reason="no_counts"} 1.0' \
+        in metrics
+    assert 'traffic_unrecorded_total{engine="0",model_name="served",reason="no_ids"} 0.0' \
+        in metrics
 
 
 @pytest.mark.parametrize("mode,status,says", [
