@@ -42,6 +42,8 @@ COMMANDS: list[tuple[str, str, str, str, str]] = [
      "serve a bundle over an OpenAI-compatible HTTP API"),
     ("traffic", "draftkit.traffic.command", "TrafficArgs", "traffic",
      "served acceptance per domain beside the bundle's eval, with drift flagged"),
+    ("import-traffic", "draftkit.traffic.logs", "ImportArgs", "import_traffic",
+     "turn OpenAI-style request logs into traffic `draftkit traffic` and `refresh` read"),
     ("refresh", "draftkit.traffic.refresh", "RefreshArgs", "refresh",
      "retrain a bundle's draft on its recorded traffic; export it only where it is faster"),
 ]

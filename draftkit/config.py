@@ -526,7 +526,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
                     kwargs["default"] = default
             else:
                 kwargs["default"] = default
-                if required:
+                if required and not meta.get("positional"):  # nargs "+" requires a word
                     kwargs["required"] = True
         groups.get(title, parser).add_argument(*names, **kwargs)
 

@@ -33,8 +33,8 @@ from pathlib import Path
 
 from draftkit.errors import ConfigError, DraftkitError
 from draftkit.io import fsync_path, take_lock
-from draftkit.traffic.record import (OPEN_GLOB, SHARD_GLOB, SamplingEntry, TrafficRecord,
-                                     sealed_path)
+from draftkit.traffic.record import (OPEN_GLOB, SERVED, SHARD_GLOB, SamplingEntry,
+                                     TrafficRecord, sealed_path)
 
 log = logging.getLogger("draftkit.traffic")
 
@@ -153,15 +153,17 @@ class Recorder:
         self._thread.start()
 
     def add(self, *, domain: str, prompt_ids: list[int], completion_ids: list[int],
-            sampling: SamplingEntry, finish_reason: str, rounds: list[list[int]],
-            draft: str | None) -> None:
+            sampling: SamplingEntry, finish_reason: str, rounds: list[list[int]] | None,
+            draft: str | None, when: float | None = None, source: str = SERVED) -> None:
         """A finished request, queued for the writer (never waits on the disk); ``draft``: the
-        identity of the draft it decoded with (None: plain decoding)."""
+        identity of the draft it decoded with (None: plain decoding); ``rounds`` None: the
+        engine reported no counts; ``when``: when it finished (default: now, in seconds since
+        the epoch); ``source``: SERVED, or IMPORTED from a request log."""
         if not self.recording:
             return
-        item = dict(time=time.time(), draft=draft, domain=domain, prompt_ids=prompt_ids,
-                    completion_ids=completion_ids, sampling=sampling,
-                    finish_reason=finish_reason, rounds=rounds)
+        item = dict(time=time.time() if when is None else when, draft=draft, domain=domain,
+                    prompt_ids=prompt_ids, completion_ids=completion_ids, sampling=sampling,
+                    finish_reason=finish_reason, rounds=rounds, source=source)
         try:
             self._queue.put_nowait(item)
         except queue.Full:
