@@ -21,7 +21,9 @@ from draftkit.export import export_bundle
 from draftkit.models import load_pair
 from draftkit.serve.command import ServeArgs, build
 from draftkit.traffic.record import read_traffic
-from tests.helpers import LiveServer, engine_llama, make_tokenizer, noisy_copy, save_model
+from draftkit.traffic.replay import Replayer
+from tests.helpers import (LiveServer, engine_llama, make_tokenizer, noisy_copy,
+                           rounds_before_end, save_model)
 
 pytestmark = pytest.mark.engine
 
@@ -106,12 +108,16 @@ def test_vllm_behind_the_front_answers_records_and_swaps_under_load(vllm_worker,
         for t in threads:
             t.join(120)
         assert swapped.status_code == 200, swapped.text
-        assert in_flight == [8], in_flight
+        assert in_flight == [8], (in_flight, len(done), failures[:2])
         assert not failures, failures[:2]
         assert len(done) >= 8
         said = swapped.json()
         after = httpx.post(f"{srv.url}/completions", json={
             "prompt": PROMPTS[0], "max_tokens": TOKENS, "temperature": 0}, timeout=120).json()
+        # n 2: vLLM counts no steps for it; a record per choice all the same
+        two = httpx.post(f"{srv.url}/completions", json={
+            "prompt": PROMPTS[1], "max_tokens": 8, "n": 2, "temperature": 1.0, "seed": 5,
+            "return_token_ids": True, "metadata": {"domain": "n2"}}, timeout=120).json()
     finally:
         srv.stop()
         close()
@@ -131,3 +137,13 @@ def test_vllm_behind_the_front_answers_records_and_swaps_under_load(vllm_worker,
     assert [r.rounds for r in served] == [o.stats.rounds for o in ours]
     assert sum(a for r in served for _, a in r.rounds) > 0, "nothing accepted: a weak test"
     assert {r.draft for r in records} == {said["draft"], said["previous"]}
+    pairs = [r for r in records if r.domain == "n2"]
+    assert [r.completion_ids for r in pairs] == [c["token_ids"] for c in two["choices"]]
+    assert all(r.rounds is None for r in pairs) and len(pairs) == 2
+
+    # replayed through the draft, each completion gives vLLM's own rounds
+    replayer = Replayer(pair.target, pair.draft, 3)
+    for r in served:
+        total = len(r.prompt_ids) + len(r.completion_ids)
+        assert rounds_before_end(replayer.counts(r).rounds, len(r.prompt_ids), total, 3) == \
+            rounds_before_end(r.rounds, len(r.prompt_ids), total, 3)

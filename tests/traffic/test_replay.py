@@ -13,7 +13,8 @@ from draftkit.decode.engine import SpeculativeEngine
 from draftkit.traffic.record import (ENGINE, REPLAY, SamplingEntry, TrafficRecord,
                                      engine_counts)
 from draftkit.traffic.replay import Replayer
-from tests.helpers import eagle3_models, make_llama, make_tokenizer, noisy_copy
+from tests.helpers import (eagle3_models, make_llama, make_tokenizer, noisy_copy,
+                           rounds_before_end)
 
 K = 3
 
@@ -32,19 +33,6 @@ def as_record(prompt, result, temperature: float, rounds=True, domain="code",
         sampling=SamplingEntry(temperature=temperature, top_p=1.0, top_k=0, seed=0,
                                max_tokens=40),
         finish_reason="length", rounds=result.stats.rounds if rounds else None)
-
-
-def comparable(rounds: list[list[int]], prompt_len: int, total: int) -> list[list[int]]:
-    """The rounds that start at least K + 1 tokens before the end: there the engine drafted K
-    with every token it could accept still to come, so a replay must agree exactly (the last
-    rounds draft past the completion, where no recorded token says what would have passed)."""
-    out, length = [], prompt_len + 1
-    for k, n in rounds:
-        if length + K >= total:
-            break
-        out.append([k, n])
-        length += n + 1
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +59,8 @@ def test_a_greedy_replay_gives_the_engines_rounds(kind, request):
         got = replayer.counts(record)
         assert got.source == REPLAY
         total = len(p) + len(r.tokens)
-        want = comparable(r.stats.rounds, len(p), total)
-        assert comparable(got.rounds, len(p), total) == want
+        want = rounds_before_end(r.stats.rounds, len(p), total, K)
+        assert rounds_before_end(got.rounds, len(p), total, K) == want
         compared += len(want)
         assert sum(n + 1 for _, n in got.rounds) == len(r.tokens) - 1 or \
             got.rounds[-1][1] == got.rounds[-1][0]  # every token is covered, the last may pass
