@@ -18,7 +18,7 @@ from typing import ClassVar
 
 from draftkit.config import option
 from draftkit.decode.k import AUTO, K, K_MAX, check_k
-from draftkit.decode.sampling import SamplingParams
+from draftkit.decode.sampling import DRAFT_SAMPLE_METHODS, PROBABILISTIC, SamplingParams
 from draftkit.errors import ConfigError, DraftkitError
 
 GROUP = "decoding options"
@@ -52,8 +52,16 @@ class SamplingArgs:
                        "the output exactly with a fixed --k (with --k auto, K follows "
                        "measured timings, and the draws follow K)")
 
+    draft_sample_method: str = option(PROBABILISTIC, group=GROUP, choices=DRAFT_SAMPLE_METHODS,
+                                      help="how the draft picks its tokens at temperature > 0: "
+                                           "probabilistic (samples its distribution q, kept "
+                                           "with min(1, p/q)) or greedy (its argmax, kept with "
+                                           "probability p: vLLM's default "
+                                           "draft_sample_method, which accepts less); both "
+                                           "emit the target's distribution")
+
     def sampling_params(self):
-        return SamplingParams(self.temperature, self.top_k, self.top_p)
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.draft_sample_method)
 
     def validate(self) -> None:
         try:

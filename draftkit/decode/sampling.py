@@ -43,6 +43,8 @@ def row_generator(seed: int | None, device=None) -> "torch.Generator":
 # Below this, logits / temperature overflow and the probabilities are NaN: such a temperature
 # is greedy in all but name, and decodes as greedy (vLLM does the same).
 MIN_TEMPERATURE = 1e-5
+PROBABILISTIC, GREEDY_DRAFT = "probabilistic", "greedy"  # SamplingParams.draft_sample_method
+DRAFT_SAMPLE_METHODS = (PROBABILISTIC, GREEDY_DRAFT)
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,10 @@ class SamplingParams:
     temperature: float = 0.0  # 0 (or below MIN_TEMPERATURE) = greedy
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
+    # how a draft picks its tokens when sampling (vLLM's names): PROBABILISTIC samples q, the
+    # rule of Leviathan et al.; GREEDY_DRAFT takes q's argmax and verifies it as one-hot, so a
+    # token is kept with probability p(d), as vLLM's default draft_sample_method does
+    draft_sample_method: str = "probabilistic"
 
     def __post_init__(self) -> None:
         # each message starts with the parameter's name as its flag spells it, less the "--"
@@ -63,10 +69,19 @@ class SamplingParams:
             raise DraftkitError(f"top-p must lie in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise DraftkitError(f"top-k must be >= 0 (0 = off), got {self.top_k}")
+        if self.draft_sample_method not in DRAFT_SAMPLE_METHODS:
+            raise DraftkitError(f"draft-sample-method must be one of "
+                                f"{', '.join(DRAFT_SAMPLE_METHODS)}, got "
+                                f"{self.draft_sample_method!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature < MIN_TEMPERATURE
+
+    @property
+    def greedy_draft(self) -> bool:
+        """A sampled row whose draft proposes its argmax (q one-hot in the accept test)."""
+        return self.draft_sample_method == GREEDY_DRAFT and not self.greedy
 
 
 def warp_logits(logits: "torch.Tensor", params: SamplingParams) -> "torch.Tensor":
@@ -95,6 +110,18 @@ def warp_logits(logits: "torch.Tensor", params: SamplingParams) -> "torch.Tensor
 def probabilities(logits: "torch.Tensor", params: SamplingParams) -> "torch.Tensor":
     """Warped distribution. logits: (..., V) -> probs: (..., V) float32."""
     return warp_logits(logits, params).softmax(-1)
+
+
+def draft_probabilities(logits: "torch.Tensor", params: SamplingParams) -> "torch.Tensor":
+    """q as the accept test reads it from a draft's logits (..., V): the warped distribution,
+    or one-hot at the argmax under greedy draft sampling (:attr:`SamplingParams.greedy_draft`),
+    so that sum_x min(p, q) is the chance the draft's token is kept either way."""
+    import torch
+
+    if params.greedy_draft:
+        return torch.zeros_like(logits, dtype=torch.float32).scatter_(
+            -1, logits.argmax(-1, keepdim=True), 1.0)
+    return probabilities(logits, params)
 
 
 def row_probabilities(logits: "torch.Tensor", params: list[SamplingParams]) -> "torch.Tensor":
@@ -195,8 +222,21 @@ def next_tokens_among(logits: "torch.Tensor", params: list[SamplingParams],
     (``vocab``; None: logits (B, ..., V) over them all): chosen among those N, returned as the
     target's ids (B, ...) with q (B, ..., V) zero outside the head (None when every row is
     greedy). The same tokens and q as choosing over V with -inf outside the head, where its ids
-    are sorted, at a fraction of the cost (``eval/benchmarks/probes/sampler_cost.py``)."""
+    are sorted, at a fraction of the cost (``eval/benchmarks/probes/sampler_cost.py``).
+
+    A row of ``draft_sample_method`` greedy (:attr:`SamplingParams.greedy_draft`) proposes the
+    argmax with q one-hot at it: the accept test min(1, p / q) then keeps it with probability
+    p(d), and the residual is p without d, so the output is still the target's (any q is), at
+    vLLM's default acceptance."""
+    import torch
+
     tokens, q = next_tokens(logits, params, generator)
+    if q is not None and any(p.greedy_draft for p in params):
+        rows = torch.tensor([p.greedy_draft for p in params], device=tokens.device)
+        rows = rows.view(-1, *[1] * (tokens.dim() - 1))  # (B, 1, ...)
+        tokens = torch.where(rows, logits.argmax(-1), tokens)
+        one_hot = torch.zeros_like(q).scatter_(-1, tokens[..., None], 1.0)
+        q = torch.where(rows[..., None], one_hot, q)
     if vocab is None:
         return tokens, q
     return vocab.ids[tokens], None if q is None else vocab.expand(q, fill=0.0)

@@ -147,7 +147,8 @@ def _spec_marginals(target, draft, params, k, seed, verify=None, monkeypatch=Non
     prompt = [1, 4, 7]
     stats = DecodeStats()
     res = engine.generate([prompt] * N_ROWS, k=k, max_new_tokens=3, temperature=params.temperature,
-                          top_k=params.top_k, top_p=params.top_p, seed=seed, stats=stats)
+                          top_k=params.top_k, top_p=params.top_p, seed=seed, stats=stats,
+                          draft_sample_method=params.draft_sample_method)
     toks = torch.tensor([r.tokens for r in res])  # (N, 3)
     exact = exact_marginals(target, prompt, params, steps=3)
     return [chi_square_p(torch.bincount(toks[:, i], minlength=VOCAB), exact[i])
@@ -156,7 +157,8 @@ def _spec_marginals(target, draft, params, k, seed, verify=None, monkeypatch=Non
 
 @pytest.mark.parametrize("params,k", [(SamplingParams(1.0), 2),
                                       (SamplingParams(0.7, top_p=0.9), 1),
-                                      (SamplingParams(1.5, top_k=6), 2)])
+                                      (SamplingParams(1.5, top_k=6), 2),
+                                      (SamplingParams(1.0, draft_sample_method="greedy"), 2)])
 def test_output_distribution_equals_target(small_vocab, params, k):
     """20,000 rows in one batch; tokens 2 and 3 come from verified rounds (accepted drafts,
     residual samples and bonus tokens)."""
@@ -165,6 +167,25 @@ def test_output_distribution_equals_target(small_vocab, params, k):
     # K = 1 keeps its bonus token as token 3; at K = 2 it would be a 4th, past the budget
     assert stats.bonus > 1000 if k == 1 else stats.bonus == 0
     assert min(ps) > 0.01, ps
+
+
+def test_a_greedy_draft_proposes_its_argmax_and_is_kept_with_p_of_it(small_vocab):
+    """vLLM's default draft_sample_method: each round's first draft is the draft's argmax
+    after the prompt's first token, kept with probability p(d) (beta records it)."""
+    target, draft = small_vocab
+    engine = SpeculativeEngine(target, draft, eos_token_id=None)
+    prompt = [1, 4, 7]
+    (first,) = engine.generate([prompt], k=0, max_new_tokens=1)  # the target's greedy first
+    ctx = torch.tensor([prompt + first.tokens])
+    with torch.no_grad():
+        d = int(draft(ctx).logits[0, -1].argmax())
+        p = torch.softmax(target(ctx).logits[0, -1].float(), -1)
+    stats = DecodeStats()
+    res = engine.generate([prompt] * 4000, k=1, max_new_tokens=2, temperature=1.0, seed=5,
+                          stats=stats, draft_sample_method="greedy")
+    rows = [r for r in res if r.tokens[0] == first.tokens[0]]
+    kept = sum(r.stats.accepted for r in rows) / len(rows)
+    assert len(rows) > 100 and abs(kept - float(p[d])) < 4 * (float(p[d]) / len(rows)) ** 0.5
 
 
 def test_chi_square_catches_broken_engine(small_vocab, monkeypatch):
