@@ -95,6 +95,11 @@ class DomainEntry(Record):
     speedup_measured: float | None
     speedup_predicted: float | None
     verdict: str | None
+    # sampled: the draft's teacher-forced acceptance on the eval's continuations as the eval
+    # drafted, and with greedy drafts (vLLM's default): how much an engine that drafts greedily
+    # keeps against it
+    alpha_after: float | None = added_later()
+    alpha_greedy_drafts: float | None = added_later()
 
 
 @dataclass(kw_only=True)
@@ -106,6 +111,7 @@ class ReportEntry(Record):
     dtype: str | None
     temperature: float | None
     created: str | None
+    draft_sample_method: str | None = added_later()  # sampled: how the draft chose its tokens
 
 
 @dataclass(kw_only=True)
@@ -163,6 +169,9 @@ class ServingEntry(Record):
     k_per_batch_size: list[list[int]] | None  # vLLM's [first batch size, last, K] ranges
     measured_temperature: float | None
     engines: EnginesEntry
+    # how the eval's draft chose tokens when it sampled: greedy (vLLM's default), or None for
+    # probabilistic (the scripts write it) and for a greedy eval
+    measured_draft_sample_method: str | None = added_later()
 
 
 @dataclass(kw_only=True)

@@ -221,6 +221,7 @@ def aggregate(domains: dict[str, DomainFigures], runs: dict[str, DomainRun],
 
     fig.target_entropy = per_token(lambda d: d.target_entropy)
     fig.alpha_after = per_token(lambda d: d.alpha_after)
+    fig.alpha_greedy_drafts = per_token(lambda d: d.alpha_greedy_drafts)
     before = per_token(lambda d: d.alpha_before)
     if before is not None:  # the key only where a baseline was measured, as in the domains
         fig.baselines[ALPHA_BEFORE] = before

@@ -11,6 +11,8 @@ the keys in order; ``from_dict`` reads an earlier version's too (a missing figur
   point measured (:class:`PointFigures`) and the crossovers found (:class:`Crossover`).
 
 Terms (alpha, tau, c, v, K): README.md, "How speculation pays"; each figure: eval/README.md.
+
+Long: every record both reports are made of, each a few lines, one schema read together.
 """
 
 from __future__ import annotations
@@ -108,6 +110,9 @@ class DomainFigures(Record):
     overhead_per_round_ms: float
     verdict: str | None
     draft_per_round: bool | None = added_later()  # True: c is a round's (a parallel head)
+    # sampled with probabilistic drafts: the draft's teacher-forced acceptance under greedy
+    # drafting (vLLM's default draft_sample_method), beside alpha_after's
+    alpha_greedy_drafts: float | None = added_later()
     # each baseline draft's teacher-forced acceptance on the same continuations, by its key
     # (ALPHA_BEFORE for --baseline-draft); no key at all, not a null, without a baseline
     baselines: dict[str, float | None] = extra_keys()
@@ -204,6 +209,9 @@ class EvalReport(Record):
     # rows' K, fixed)
     batch_sweep_k: int | str | None = added_later()
     machine: str | None = added_later()  # the quickstart's probe beside its reference run's
+    # how the draft chose its tokens (temperature > 0): probabilistic, or greedy (vLLM's
+    # default draft_sample_method); None: greedy decoding, or a report from before the choice
+    draft_sample_method: str | None = added_later()
 
 
 # --- draftkit regimes ----------------------------------------------------------------------------

@@ -19,7 +19,7 @@ batches, as the table's do.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
@@ -30,7 +30,8 @@ from draftkit.decode.drafters import teacher_forced_logits
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.choice import PLAIN, KChoice
 from draftkit.decode.k import KValue
-from draftkit.decode.sampling import SamplingParams, probabilities
+from draftkit.decode.sampling import (GREEDY_DRAFT, SamplingParams, draft_probabilities,
+                                      probabilities)
 from draftkit.decode.stats import DecodeStats
 from draftkit.evaluate import entropy
 from draftkit.evaluate.figures import BatchRow, EntropyTable
@@ -41,6 +42,8 @@ from draftkit.models.reduced_head import head_of
 # (prefill, draft steps, verify) once, so one-time costs (CUDA context, cuBLAS handles, oneDNN
 # primitives, allocator growth) land there, not in whichever timed decode happens to go first.
 WARMUP_TOKENS = 8
+# TeacherForced.acceptance's key for the draft under greedy drafting (vLLM's default)
+GREEDY_DRAFTS = "draft, greedy drafts"
 
 
 @dataclass
@@ -118,7 +121,8 @@ class Evaluator:
         s = self.s
         return _timed(lambda: self.engine.generate(
             prompts, k=k, max_new_tokens=max_new_tokens, temperature=s.temperature,
-            top_k=s.top_k, top_p=s.top_p, seed=seed, stats=stats), self.device)
+            top_k=s.top_k, top_p=s.top_p, seed=seed, stats=stats,
+            draft_sample_method=s.draft_sample_method), self.device)
 
     def warm_up(self, prompts: list[list[int]], k: KValue) -> None:
         """Decode ``prompts`` once with K = 0 and once at ``k``, untimed and uncounted."""
@@ -181,9 +185,18 @@ class Evaluator:
         probability sum_x min(p, q) = 1 - TV (Leviathan et al., arXiv 2211.17192, section 3).
         It is not the decode-time alpha (accepted / tested, tested positions only), so compare
         a baseline draft's figure with the draft's ``"draft"`` figure, never with that alpha.
+
+        Sampled with probabilistic drafts, the draft's acceptance under greedy drafting
+        (vLLM's default ``draft_sample_method``: the argmax kept with probability p) comes too,
+        as ``GREEDY_DRAFTS``: what an engine that drafts so accepts on the same continuations.
         """
-        params = SamplingParams(self.s.temperature or 1.0, self.s.top_k, self.s.top_p)
+        params = SamplingParams(self.s.temperature or 1.0, self.s.top_k, self.s.top_p,
+                                self.s.draft_sample_method)
         models = {"draft": self.draft_model, **drafts} if with_draft else dict(drafts)
+        rules = {name: params for name in models}  # name -> the rule its acceptance is under
+        if with_draft and self.s.temperature > 0 and not params.greedy_draft:
+            models[GREEDY_DRAFTS] = self.draft_model
+            rules[GREEDY_DRAFTS] = replace(params, draft_sample_method=GREEDY_DRAFT)
         buckets = entropy.EntropyBuckets(list(models))
         heads = {}  # each draft's reduced head, if any: its q as the decoder sees it
         for name, model in models.items():
@@ -206,7 +219,8 @@ class Evaluator:
                     if self.s.temperature == 0:
                         accept[name] = (q_logits.argmax(-1) == p_logits.argmax(-1)).double()
                     else:
-                        accept[name] = torch.minimum(p, probabilities(q_logits, params)).sum(-1)
+                        q = draft_probabilities(q_logits, rules[name])  # greedy: one-hot
+                        accept[name] = torch.minimum(p, q).sum(-1)
                 buckets.add(-(p * p.clamp_min(1e-12).log()).sum(-1), accept)  # (T,) nats
         count = float(buckets.counts.sum())
         return TeacherForced(

@@ -30,6 +30,13 @@ BEFORE_NOTE = ("alpha before / alpha after: the baseline draft's and this draft'
                "draft's acceptance while decoding (accepted / tested positions), a different "
                "estimator; '-': not measured (alpha when nothing was drafted).")
 
+GREEDY_COLUMN = "alpha, greedy drafts"
+GREEDY_NOTE = ("alpha, greedy drafts: the draft's acceptance, teacher-forced on the same "
+               "continuations, where it proposes its argmax and the target keeps it with "
+               "probability p (vLLM's default draft_sample_method, and every vLLM release "
+               "before it had draft_sample_method probabilistic); alpha after is the same "
+               "estimate with its tokens sampled as this eval's were.")
+
 # (column title, figure, format) of the per-domain table; the two teacher-forced columns only
 # when a baseline draft was measured (BEFORE_NOTE), the interval only where one was (not from
 # one prompt, nor in reports from before intervals).
@@ -37,6 +44,7 @@ INTERVAL = "95% interval"
 TABLE = [("prompts", lambda f: f.n_prompts, "{}"),
          ("alpha before", lambda f: f.alpha_before, "{:.3f}"),
          ("alpha after", lambda f: f.alpha_after, "{:.3f}"),
+         (GREEDY_COLUMN, lambda f: f.alpha_greedy_drafts, "{:.3f}"),
          ("alpha", lambda f: f.alpha, "{:.3f}"), ("tau", lambda f: f.tau, "{:.2f}"),
          ("c", lambda f: f.c, "{:.3f}"), ("v", lambda f: f.v, "{:.2f}"),
          ("K", lambda f: f.k, "{}"), ("K=0 rounds", lambda f: f.plain_round_share, "{:.0%}"),
@@ -146,8 +154,10 @@ def domain_table(report: EvalReport) -> tuple[list[str], list[list[str]]]:
     rows_src = _rows(report)
     has_before = any(ALPHA_BEFORE in row.baselines for _, row in rows_src)
     has_interval = any(row.speedup_low is not None for _, row in rows_src)
-    columns = [c for c in TABLE if (c[0] not in BEFORE_COLUMNS or has_before)
-               and (c[0] != INTERVAL or has_interval)]
+    has_greedy = any(row.alpha_greedy_drafts is not None for _, row in rows_src)
+    columns = [c for c in TABLE if (c[0] not in BEFORE_COLUMNS or has_before or
+                                    c[0] == "alpha after" and has_greedy)
+               and (c[0] != INTERVAL or has_interval) and (c[0] != GREEDY_COLUMN or has_greedy)]
     header = ["domain"] + [c[0] for c in columns]
     rows = [[name] + [fmt(figure(row), pattern) for _, figure, pattern in columns]
             for name, row in rows_src]
@@ -396,8 +406,9 @@ def plain_step_text(report: EvalReport) -> str | None:
 
 
 def _summary_lines(report: EvalReport) -> list[str]:
+    drafts = f", {report.draft_sample_method} drafts" if report.draft_sample_method else ""
     lines = [f"target `{report.target}`, draft `{report.draft}`, device {report.device}, dtype "
-             f"{report.dtype}, temperature {report.temperature}, K {report.k}"]
+             f"{report.dtype}, temperature {report.temperature}{drafts}, K {report.k}"]
     lines.append(headline(report))  # the batch sweep's break-even included
     if report.plain_step is not None:
         lines.append(plain_step_text(report))
@@ -412,6 +423,8 @@ def render_markdown(report: EvalReport, plots: dict[str, Path]) -> str:
     out += markdown_table(header, rows) + [""]
     if "alpha before" in header:
         out += [BEFORE_NOTE, ""]
+    if GREEDY_COLUMN in header:
+        out += [GREEDY_NOTE, ""]
     sweep_note = k_sweep_note(report)
     for title, path in plots.items():
         out += [f"## {title}", "", f"![{title}]({path.name})", ""]
@@ -432,6 +445,8 @@ def render_html(report: EvalReport, plots: dict[str, Path]) -> str:
     parts.append(html_table(header, rows))
     if "alpha before" in header:
         parts.append(f"<p>{esc(BEFORE_NOTE)}</p>")
+    if GREEDY_COLUMN in header:
+        parts.append(f"<p>{esc(GREEDY_NOTE)}</p>")
     sweep_note = k_sweep_note(report)
     for title, path in plots.items():
         parts.append(f"<h2>{esc(title)}</h2>{html_image(title, path)}")

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from draftkit.chat import encode_prompt
 from draftkit.evaluate import analysis
 from draftkit.evaluate.figures import ALPHA_BEFORE, BatchRow, DomainFigures, EvalReport, now
-from draftkit.evaluate.measure import DomainRun, Evaluator
+from draftkit.evaluate.measure import GREEDY_DRAFTS, DomainRun, Evaluator
 from draftkit.evaluate.settings import EvalSettings
 from draftkit.evaluate.suite import by_domain, load_suite
 from draftkit.models import dtype_name, load_another_draft, load_pair
@@ -58,6 +58,7 @@ def eval_report(target: str, draft: str, suite: Path, settings: EvalSettings, *,
             fig.target_entropy = tf.target_entropy
             # like for like with alpha_before: teacher-forced too, unlike the decode-time alpha
             fig.alpha_after = tf.acceptance.pop("draft")
+            fig.alpha_greedy_drafts = tf.acceptance.pop(GREEDY_DRAFTS, None)
             fig.baselines = tf.acceptance
             fig.by_entropy = tf.by_entropy
             measured = ev.k_sweep(ids) if settings.k_sweep else []
@@ -82,6 +83,7 @@ def eval_report(target: str, draft: str, suite: Path, settings: EvalSettings, *,
         device=str(ev.device),
         dtype=dtype_name(pair.target),
         temperature=settings.temperature, k=settings.k, created=now(), domains=figures,
+        draft_sample_method=settings.draft_sample_method if settings.temperature > 0 else None,
         overall=overall, k_sweep=k_rows, batch_sweep=batch_rows,
         break_even=analysis.break_even(batch_rows, figures), plain_step=baseline,
         batch_sweep_k=sweep_k(settings) if batch_rows else None)

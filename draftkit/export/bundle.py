@@ -236,7 +236,8 @@ def _serving(source, draft_dir: str, target: str, k: int, dtype: str,
     table = engines.k_per_batch_size(report.batch_sweep, shown_speedup) if report else None
     return serving_entry(source.kind, target, k, dtype, tp, table, refused,
                          report.temperature if report else None,
-                         parallel=source.parallel, deep=engines.is_deep_head(source.config))
+                         parallel=source.parallel, deep=engines.is_deep_head(source.config),
+                         draft_sample_method=report.draft_sample_method if report else None)
 
 
 def _warn(line: str) -> None:
@@ -276,7 +277,11 @@ def _figures(report: EvalReport | None) -> dict:
         return {"domains": {}, "break_even_batch": None, "break_even_kind": None,
                 "measured": False}
     be = report.break_even
-    return {"domains": {name: DomainEntry.of(row) for name, row in report.domains.items()},
+    domains = {name: DomainEntry.of(row) for name, row in report.domains.items()}
+    for entry in domains.values():  # alpha_after is kept as the greedy drafts' reference only
+        if entry.alpha_greedy_drafts is None:
+            entry.alpha_after = None
+    return {"domains": domains,
             "break_even_batch": be.batch_size if be else None,
             "break_even_kind": be.kind if be else None, "measured": True,
             "report": ReportEntry.of(report)}

@@ -189,12 +189,13 @@ def vllm_command(manifest: dict, version, given: str | None, args: list[str],
         spec["draft_tensor_parallel_size"] = 1  # vLLM runs a draft at 1 or the target's
         say(f"the draft does not shard at tensor-parallel size {tp} (it does at "
             f"{serving['tp_sizes']}): vLLM runs it at draft_tensor_parallel_size 1")
+    measured = serving.get("measured_draft_sample_method") or "probabilistic"
     if at_least(version, features["draft_sample_method"]):
-        spec["draft_sample_method"] = "probabilistic"  # sample drafts as draftkit measured
-    else:
+        spec["draft_sample_method"] = measured  # choose drafts as draftkit measured
+    elif measured == "probabilistic":
         say(f"vLLM {'.'.join(map(str, version))} drafts greedily (draft_sample_method from "
-            f"{features['draft_sample_method']}): acceptance at temperature > 0 falls below "
-            f"the measured alpha; see serving/README.md")
+            f"{features['draft_sample_method']}): acceptance at temperature > 0 differs from "
+            f"the measured alpha; serving/README.md says by how much")
     table = serving.get("k_per_batch_size")
     if table and at_least(version, features["num_speculative_tokens_per_batch_size"]):
         spec["num_speculative_tokens_per_batch_size"] = table

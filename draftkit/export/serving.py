@@ -35,7 +35,7 @@ METHODS = {"standalone": ("draft_model", "STANDALONE"), "eagle3": ("eagle3", "EA
 def serving_entry(kind: str, target: str, k: int, dtype: str, tp: list[int],
                   k_table: list[list[int]] | None, refused: dict[str, str],
                   temperature: float | None, parallel: bool = False,
-                  deep: bool = False) -> ServingEntry:
+                  deep: bool = False, draft_sample_method: str | None = None) -> ServingEntry:
     """The manifest's ``serving`` entry: what the scripts check and launch with. ``k`` is the
     recommended K (0: speculation did not pay; the engines need K >= 1 to load a draft at all,
     so they are given 1); ``parallel``: the draft is a parallel EAGLE-3 head; ``deep``: one of
@@ -49,6 +49,8 @@ def serving_entry(kind: str, target: str, k: int, dtype: str, tp: list[int],
     return ServingEntry(
         target=target, dtype=dtype, tp_sizes=tp, num_speculative_tokens=max(k, 1),
         k_per_batch_size=k_table, measured_temperature=temperature,
+        # vLLM is told to choose drafts as the eval did (greedy only where it measured so)
+        measured_draft_sample_method=draft_sample_method if temperature else None,
         engines=EnginesEntry(
             vllm=VllmEntry(method=METHODS[kind][0], min_version=vllm_first[0],
                            why=vllm_first[1], features=vllm_features,
@@ -69,7 +71,7 @@ def vllm_speculative_config(draft_dir: str, entry: ServingEntry) -> dict:
     installed one lacks)."""
     spec = {"method": entry.engines.vllm.method, "model": draft_dir,
             "num_speculative_tokens": entry.num_speculative_tokens,
-            "draft_sample_method": "probabilistic"}
+            "draft_sample_method": entry.measured_draft_sample_method or "probabilistic"}
     if entry.engines.vllm.parallel_drafting:
         spec["parallel_drafting"] = True
     if entry.k_per_batch_size:

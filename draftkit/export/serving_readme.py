@@ -23,8 +23,11 @@ def _temperature(entry: ServingEntry) -> str:
     return "not measured (no eval report)" if t is None else f"{t:g}"
 
 
-def sampling_rows(entry: ServingEntry, kind: str) -> list[tuple[str, str]]:
-    """(engine and setting, what holds there) for the measured temperature."""
+def sampling_rows(entry: ServingEntry, kind: str,
+                  figures: dict[str, DomainEntry] | None = None) -> list[tuple[str, str]]:
+    """(engine and setting, what holds there) for the measured temperature and draft rule;
+    ``figures``: the manifest's domains, whose teacher-forced acceptance with greedy drafts
+    says how far a vLLM that drafts greedily falls from the measured figures."""
     t = entry.measured_temperature
     greedy = t is not None and t == 0
     same = "alpha, tau and K hold as measured"
@@ -34,8 +37,13 @@ def sampling_rows(entry: ServingEntry, kind: str) -> list[tuple[str, str]]:
     if greedy:
         lower = same + " (measured greedily: every engine keeps the target's argmax)"
     dsm = FEATURES["vllm"]["draft_sample_method"]
-    rows = [(f"vLLM >= {dsm} (the scripts write draft_sample_method probabilistic)", same),
-            (f"vLLM older than {dsm} (drafts greedily, q one-hot)", lower)]
+    if entry.measured_draft_sample_method == "greedy":  # measured as vLLM drafts by default
+        rows = [(f"vLLM >= {dsm} (the scripts write draft_sample_method greedy, as measured)",
+                 same), (f"vLLM older than {dsm} (drafts greedily, q one-hot)", same)]
+    else:
+        rows = [(f"vLLM >= {dsm} (the scripts write draft_sample_method probabilistic)", same),
+                (f"vLLM older than {dsm} (drafts greedily, q one-hot)",
+                 lower if greedy else greedy_drafts_cell(figures or {}, lower))]
     for build, first, last, what in entry.engines.vllm.sampled_broken or []:
         rows.append((f"vllm-{build} {first} to {last} (vllm.sh warns)",
                      f"greedy figures hold; sampled requests gain nothing, as its verification "
@@ -55,6 +63,22 @@ def sampling_rows(entry: ServingEntry, kind: str) -> list[tuple[str, str]]:
                  "in the snippet)" if kind == "standalone" else "alpha, tau and K hold as "
                  "measured: the same engine"))
     return rows
+
+
+def greedy_drafts_cell(figures: dict[str, DomainEntry], otherwise: str) -> str:
+    """What a vLLM that drafts greedily keeps, as the eval measured it teacher-forced on its
+    own continuations (the draft's argmax kept with probability p, against its tokens sampled
+    as the eval's were), per domain; ``otherwise`` where the eval measured none."""
+    pairs = {d: (f.alpha_greedy_drafts, f.alpha_after) for d, f in figures.items()
+             if f.alpha_greedy_drafts is not None and f.alpha_after}
+    if not pairs:
+        return otherwise
+    ratio = sum(g for g, _ in pairs.values()) / sum(a for _, a in pairs.values())
+    each = ", ".join(f"{d} {g:.3f} against {a:.3f}" for d, (g, a) in pairs.items())
+    return (f"acceptance at temperature > 0 differs from the measured alpha: teacher-forced on "
+            f"the eval's continuations the draft is kept at {ratio:.2f}x the rate it is with "
+            f"sampled drafts ({each}), so expect served alpha near {ratio:.2f}x the measured "
+            f"one; `draftkit eval --draft-sample-method greedy` measures it as served")
 
 
 def readme(entry: ServingEntry, kind: str, k: int, figures: dict[str, DomainEntry]) -> str:
@@ -91,13 +115,15 @@ def readme(entry: ServingEntry, kind: str, k: int, figures: dict[str, DomainEntr
                 "the measured traffic, and serving the target alone is faster. The scripts "
                 "use K = 1 so the draft can still be tried.", ""]
     out += ["## Which measured figures hold where", "",
-            f"Measured at temperature {_temperature(entry)}, K "
+            f"Measured at temperature {_temperature(entry)}"
+            + (f" with {entry.measured_draft_sample_method} drafts"
+               if entry.measured_draft_sample_method else "") + ", K "
             f"{entry.num_speculative_tokens}"
             + (", per domain: " + ", ".join(
                 f"{d} alpha {_fmt(r.alpha)} tau {_fmt(r.tau)}"
                 for d, r in figures.items()) if figures else "") + ".", "",
             "| engine | what holds |", "|---|---|"]
-    out += [f"| {engine} | {holds} |" for engine, holds in sampling_rows(entry, kind)]
+    out += [f"| {engine} | {holds} |" for engine, holds in sampling_rows(entry, kind, figures)]
     out += [""]
     table = entry.k_per_batch_size
     out += ["## K per batch size", ""]

@@ -26,9 +26,10 @@ def _run(script: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(script), *args], env=env, capture_output=True, text=True)
 
 
-def _report(tmp_path: Path, sweep, temperature: float = 0.7) -> Path:
+def _report(tmp_path: Path, sweep, temperature: float = 0.7, **extra) -> Path:
     """An eval report.json with a batch sweep of (batch size, K, measured speedup, predicted
-    speedup) rows; batch 1 carries its interval, as eval writes it."""
+    speedup) rows; batch 1 carries its interval, as eval writes it; ``extra``: more keys of
+    the report, and of its code domain under ``code``."""
     rows = [{"batch_size": b, "alpha": 0.6, "c": 0.2, "v": 1.0, "k": k,
              "plain_tokens_per_s": 10.0, "spec_tokens_per_s": 10.0 * s,
              "speedup_predicted": p, "speedup_measured": s,
@@ -37,8 +38,10 @@ def _report(tmp_path: Path, sweep, temperature: float = 0.7) -> Path:
     path = tmp_path / "report.json"
     path.write_text(json.dumps({
         "overall": {"k": 3}, "device": "cpu", "dtype": "float32", "temperature": temperature,
-        "domains": {"code": {"alpha": 0.6, "tau": 2.1, "c": 0.2, "k": 3}},
-        "batch_sweep": rows, "break_even": {"kind": "crosses", "x": 6.0, "batch_size": 8}}))
+        "domains": {"code": {"alpha": 0.6, "tau": 2.1, "c": 0.2, "k": 3,
+                             **extra.pop("code", {})}},
+        "batch_sweep": rows, "break_even": {"kind": "crosses", "x": 6.0, "batch_size": 8},
+        **extra}))
     return path
 
 
@@ -224,6 +227,34 @@ def test_the_engines_sample_as_measured_where_they_can_and_the_readme_says_what_
                            report=_report(tmp_path, SWEEP, temperature=0.0))
     text = (greedy / "serving" / "README.md").read_text()
     assert "at temperature > 0" not in text and "measured greedily" in text
+
+
+def test_the_readme_states_what_greedy_drafts_keep_and_a_greedy_eval_is_served_greedily(
+        tiny_dirs, tmp_path):
+    """An eval of sampled drafts measured the draft's teacher-forced acceptance with greedy
+    drafts too: the README's row for the vLLMs that draft so states it. An eval run with
+    greedy drafts has the scripts draft greedily, as measured."""
+    target_dir, draft_dir = tiny_dirs
+    out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "b", report=_report(
+        tmp_path, SWEEP, draft_sample_method="probabilistic",
+        code={"alpha_after": 0.5, "alpha_greedy_drafts": 0.4}))
+    rows = dict(line.strip("| ").split(" | ", 1) for line in
+                (out / "serving" / "README.md").read_text().splitlines()
+                if line.startswith("| vLLM "))
+    older = rows["vLLM older than 0.22.0 (drafts greedily, q one-hot)"]
+    assert "kept at 0.80x the rate" in older and "code 0.400 against 0.500" in older
+    greedy = export_bundle(str(target_dir), str(draft_dir), tmp_path / "g", report=_report(
+        tmp_path, SWEEP, draft_sample_method="greedy"))
+    said = _run(greedy / "serving" / "vllm.sh", fake_engines(tmp_path, vllm="0.22.0"))
+    assert json.loads(said.stdout.splitlines()[3])["draft_sample_method"] == "greedy"
+    said = _run(greedy / "serving" / "vllm.sh", fake_engines(tmp_path, vllm="0.21.0"))
+    assert "drafts greedily" not in said.stderr  # as measured: nothing to warn of
+    text = (greedy / "serving" / "README.md").read_text()
+    assert "with greedy drafts, K 3" in text
+    assert "(the scripts write draft_sample_method greedy, as measured) | alpha, tau and K " \
+           "hold as measured" in text
+    assert json.loads((greedy / "serving" / "vllm.json").read_text())[
+        "draft_sample_method"] == "greedy"
 
 
 # --- 6. silent rewrites -------------------------------------------------------------------------------

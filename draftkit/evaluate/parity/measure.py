@@ -35,6 +35,7 @@ from draftkit.evaluate.parity import figures as F
 from draftkit.evaluate.parity.figures import PromptRun
 from draftkit.evaluate.measure import paired_speedup
 from draftkit.export.engines import FEATURES, sampled_verify_broken
+from draftkit.decode.sampling import GREEDY_DRAFT, PROBABILISTIC
 from draftkit.export.preflight import at_least, version_tuple
 from draftkit.io import append_jsonl, read_jsonl
 from draftkit.manifest import NAME as MANIFEST
@@ -115,11 +116,14 @@ class Job:
     identity: str  # the target's and bundle's content, in every key
     top_k: int = 0
     top_p: float = 1.0
+    # how both engines choose drafts when sampling: the rule this vLLM release applies with
+    # the bundle's config (:func:`served_rule`), which draftkit's side then decodes under too
+    draft_sample_method: str = PROBABILISTIC
 
     def settings(self) -> tuple:
         """What every piece's key holds besides its own coordinates."""
         return (self.identity, self.max_new_tokens, self.seed, self.dtype, self.top_k,
-                self.top_p)
+                self.top_p, self.draft_sample_method)
 
 
 def vllm_runs(worker, job: Job, store: RawStore, bar) -> dict:
@@ -230,7 +234,8 @@ def draftkit_runs(pair, job: Job, store: RawStore, bar) -> dict:
                         (res,) = engine.generate([ids], k=k, max_new_tokens=job.max_new_tokens,
                                                  temperature=t, top_k=job.top_k,
                                                  top_p=job.top_p, seed=job.seed + i,
-                                                 stats=stats)
+                                                 stats=stats,
+                                                 draft_sample_method=job.draft_sample_method)
                         # every round that drafted tested its first position
                         drafts = stats.tested_per_position[0] if stats.tested_per_position else 0
                         runs.append(PromptRun(tokens=list(res.tokens), drafts=drafts,
@@ -292,6 +297,15 @@ def row(domain: str, t: float, cfg: Config, plain: list[PromptRun], spec: list[P
         if greedy else None, first_difference=first)
 
 
+def served_rule(manifest: Manifest, version: str) -> str:
+    """How vLLM ``version`` chooses this bundle's drafts when sampling: as the bundle's config
+    says (the eval's rule, probabilistic by default) where the release takes
+    ``draft_sample_method``, greedily where it does not."""
+    if at_least(version_tuple(version), FEATURES["vllm"]["draft_sample_method"]):
+        return manifest.serving.measured_draft_sample_method or PROBABILISTIC
+    return GREEDY_DRAFT
+
+
 def engine_parity(bundle: str, target: str, suite: Path, *, k: int | None,
                   temperatures: list[float], max_new_tokens: int, seed: int, out_dir: Path,
                   top_k: int = 0, top_p: float = 1.0, limit: int | None = None,
@@ -349,6 +363,7 @@ def engine_parity(bundle: str, target: str, suite: Path, *, k: int | None,
                                   f"({recorded.min_version}: {recorded.why}); install "
                                   f"a newer vLLM in {worker.python.parent.parent}")
             bar.set_postfix_str(info.label)
+            job.draft_sample_method = served_rule(manifest, info.version)
             vllm = vllm_runs(worker, job, store, bar)
         bar.set_postfix_str("draftkit")
         pair = load_pair(target, bundle, device=device, dtype=job.dtype)
@@ -376,4 +391,9 @@ def engine_parity(bundle: str, target: str, suite: Path, *, k: int | None,
         report.notes.append(
             f"sampled verification ran with draftkit's correction of {info.corrected} (the CPU "
             f"build's expand kernel; --vllm-cpu-fix off measures the release as it ships)")
+    if any(t > 0 for t in job.temperatures):
+        report.notes.append(
+            f"sampled rows: both engines drafted {job.draft_sample_method} (greedy: the "
+            f"draft's argmax kept with probability p), the rule {info.label} applies with this "
+            f"bundle's config, so draftkit's figures beside vLLM's are under the same rule")
     return report
