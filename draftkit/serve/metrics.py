@@ -40,7 +40,8 @@ finished request's per-step counts (:meth:`ServeMetrics.request_rounds`), so one
 reads either engine; ``draftkit:traffic_unrecorded{reason=}`` counts the requests ``--record``
 could not keep (``no_ids``: vLLM returned no token ids), ``draftkit:traffic_uncounted{reason=}``
 those it kept without vLLM's acceptance counts, which ``draftkit traffic`` replays (``n>1``,
-``no_counts``: an upstream started without per-request metrics). serve/grafana.json and serve/alerts.yml read these names.
+``no_counts``: an upstream started without per-request metrics). serve/grafana.json and
+serve/alerts.yml read these names.
 
 Each app gets its own registry, so several servers (tests) live in one process.
 """

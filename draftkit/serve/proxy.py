@@ -296,7 +296,8 @@ class Proxied:
         for index in range(choices):
             self.recorder.add(domain=job.domain, prompt_ids=served.prompt,
                               completion_ids=served.completions[index], sampling=job.sampling(
-                                  len(served.prompt), self.pool.max_model_len, self.defaults),
+                                  len(served.prompt), self.pool.max_model_len, self.defaults,
+                                  upstream.draft_sample_method),
                               finish_reason=served.finishes.get(index) or "stop",
                               rounds=rounds, draft=upstream.draft)
         return rounds

@@ -47,6 +47,7 @@ import httpx
 from draftkit.engines.vllm import (CPU_FIX, EngineError, cpu_fix_applies, find_python,
                                   installed_release, last_log_line)
 from draftkit.engines.vllm_worker import cpu_kv_cache_bytes
+from draftkit.decode.sampling import DRAFT_SAMPLE_METHODS, GREEDY_DRAFT
 from draftkit.export.preflight import flag_value
 
 START_S = 900.0  # how long a replica may take to answer /health
@@ -67,6 +68,9 @@ class Replica:
     own_log: bool = False  # a log in the temporary folder: removed once it stops cleanly
     failed: bool = False  # a failure's message names its log: kept
     support: Path | None = None  # a folder of the front's for it (the correction): removed
+    # how its drafts are chosen at temperature > 0 (its speculative config's
+    # draft_sample_method; vLLM drafts greedily where the config, or the release, has none)
+    draft_sample_method: str = "greedy"
 
     def stop(self) -> None:
         """SIGTERM to its session, SIGKILL after STOP_S seconds; its own log removed unless a
@@ -216,6 +220,18 @@ def placements(n: int, tp: int, cpu: bool) -> list[dict[str, str]]:
     return out
 
 
+def draft_sample_method(argv: list[str]) -> str:
+    """How a vLLM command's server chooses drafts at temperature > 0: its speculative config's
+    ``draft_sample_method``, else greedy (vLLM's default, and what releases without the key
+    do)."""
+    try:
+        spec = json.loads(flag_value(argv, ("--speculative-config",)) or "{}")
+    except ValueError:
+        spec = {}
+    method = spec.get("draft_sample_method") if isinstance(spec, dict) else None
+    return method if method in DRAFT_SAMPLE_METHODS else GREEDY_DRAFT
+
+
 def start(launch: Launch, bundle: str, place: dict[str, str], index: int) -> Replica:
     """Start one replica (not waiting for it: :func:`wait_ready`)."""
     port = free_port()
@@ -233,7 +249,8 @@ def start(launch: Launch, bundle: str, place: dict[str, str], index: int) -> Rep
                                    stdin=subprocess.DEVNULL, start_new_session=True)
     return Replica(process, f"http://127.0.0.1:{port}", log, bundle,
                    place.get("CUDA_VISIBLE_DEVICES"), place.get("VLLM_CPU_OMP_THREADS_BIND"),
-                   own_log=launch.log_dir is None, support=support)
+                   own_log=launch.log_dir is None, support=support,
+                   draft_sample_method=draft_sample_method(argv))
 
 
 def wait_ready(replicas: list[Replica], timeout: float = START_S, progress=None) -> None:

@@ -48,9 +48,13 @@ class Upstream:
     accepting: bool = True  # False while it drains
     busy: int = 0  # this front's requests in flight on it
     idle: asyncio.Event | None = field(default=None, repr=False)  # set when busy falls to 0
+    # how it chooses drafts at temperature > 0 (Replica.draft_sample_method); None: a server
+    # the front did not start, whose speculative config it cannot see
+    draft_sample_method: str | None = None
 
 
-def discover(url: str, draft: str, timeout: float = 10.0) -> Upstream:
+def discover(url: str, draft: str, draft_sample_method: str | None = None,
+             timeout: float = 10.0) -> Upstream:
     """The upstream at ``url`` as its ``/v1/models`` describes it (the first model listed);
     a one-line DraftkitError where nothing OpenAI-like answers there."""
     url = url.rstrip("/").removesuffix("/v1")
@@ -69,7 +73,8 @@ def discover(url: str, draft: str, timeout: float = 10.0) -> Upstream:
     except (ValueError, KeyError, IndexError, TypeError):
         raise DraftkitError(f"the upstream at {url} answered GET /v1/models without a model "
                             f"list; give the URL of a vLLM OpenAI server") from None
-    return Upstream(url, name, int(length) if isinstance(length, int) else None, draft)
+    return Upstream(url, name, int(length) if isinstance(length, int) else None, draft,
+                    draft_sample_method=draft_sample_method)
 
 
 class Pool:

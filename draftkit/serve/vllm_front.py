@@ -82,7 +82,7 @@ def build_front(args, name: str):
             where = f"vLLM at {', '.join(u.url for u in upstreams)} (--upstream)"
         else:
             swapper = start_replicas(args, name, bundle, target_ref.path)
-            upstreams = [discover(r.url, draft) for r in swapper.replicas]
+            upstreams = [discover(r.url, draft, r.draft_sample_method) for r in swapper.replicas]
             where = f"{len(upstreams)} vLLM server(s) ({swapper.launch.release}) started here"
         if args.record:
             recorder = Recorder(args.record, target=model_identity(target_ref),

@@ -87,9 +87,11 @@ class Job:
                 isinstance(delta, dict) and any(v for v in delta.values())))
         return said or "choices" not in body
 
-    def sampling(self, prompt_len: int, context: int | None, defaults: dict) -> SamplingEntry:
+    def sampling(self, prompt_len: int, context: int | None, defaults: dict,
+                 draft_sample_method: str | None = None) -> SamplingEntry:
         """The request's sampling as vLLM applied it: its own settings, the server's defaults
-        (:func:`sampling_defaults`) for the rest, the token budget what the context left."""
+        (:func:`sampling_defaults`) for the rest, the token budget what the context left, how
+        the server chose drafts (None: not known)."""
         b = self.body
 
         def number(key: str, default: float) -> float:
@@ -106,4 +108,5 @@ class Job:
         return SamplingEntry(temperature=number("temperature", defaults["temperature"]),
                              top_p=number("top_p", defaults["top_p"]),
                              top_k=top_k if isinstance(top_k, int) and top_k > 0 else 0,
-                             seed=seed if isinstance(seed, int) else None, max_tokens=limit)
+                             seed=seed if isinstance(seed, int) else None, max_tokens=limit,
+                             draft_sample_method=draft_sample_method)

@@ -86,7 +86,8 @@ class BlueGreen:
                     greens.append(await asyncio.to_thread(
                         R.start, self.launch, bundle, place, len(self.replicas) + i))
                 await asyncio.to_thread(R.wait_ready, greens)
-                new = [await asyncio.to_thread(discover, r.url, identity) for r in greens]
+                new = [await asyncio.to_thread(discover, r.url, identity, r.draft_sample_method)
+                       for r in greens]
             except DraftkitError as e:
                 raise refused(bundle, previous, e) from None
             canary = await self.canary(new[0], old[0]) if old else None

@@ -221,6 +221,12 @@ def conclusions(report: TrafficReport) -> list[str]:
     lines = [f"drift: {name}: {report.domains[name].why}" for name in flagged] or \
         ["no domain flagged" + ("" if report.bundle else " (nothing to compare: no bundle)")]
     lines.append(f"rule: {report.rule}")
+    served = sorted({m for d in report.domains.values() for m in d.draft_sample_methods})
+    if served:
+        lines.append(f"drafts at temperature > 0: served {', '.join(served)} (greedy: the "
+                     f"draft's argmax kept with probability p, vLLM's default "
+                     f"draft_sample_method), the eval's "
+                     f"{report.eval_draft_sample_method or 'not sampled'}")
     if any(d.c_source == "bundle" for d in report.domains.values()):
         lines.append("c*: the mean over the bundle's domains (its eval measured none for this "
                      "one)")

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 
 from draftkit import metrics
+from draftkit.decode.sampling import PROBABILISTIC
 from draftkit.decode.choice import PLAIN, KChoice
 from draftkit.decode.clock import synchronize
 from draftkit.decode.stats import DecodeStats
@@ -176,9 +177,12 @@ def _decode(engine, rec: TrafficRecord, k: KChoice, max_new_tokens: int,
     one = DecodeStats()
     synchronize(engine.device)
     start = time.perf_counter()
+    # the request's own settings, the way its engine chose drafts included (vLLM's greedy
+    # drafting accepts otherwise than sampled drafts: the comparison is under the served rule)
     (res,) = engine.generate([rec.prompt_ids], k=k, max_new_tokens=n,
                              temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                             seed=s.seed if s.seed is not None else index, stats=one)
+                             seed=s.seed if s.seed is not None else index, stats=one,
+                             draft_sample_method=s.draft_sample_method or PROBABILISTIC)
     synchronize(engine.device)
     secs = time.perf_counter() - start
     for stats in into:

@@ -55,6 +55,7 @@ MIN_REQUESTS = 20
 DRIFT, OK, ABOVE = "drift", "ok", "above eval"
 TOO_FEW, NO_EVAL, NOTHING_DRAFTED = "too few requests", "no eval figure", "nothing drafted"
 UNCOUNTED = "none"  # a request without acceptance counts (and nothing to replay it with)
+OTHER_RULE = "other draft rule"  # served under another acceptance rule than the eval measured
 RULE = ("drift: the served alpha's 95% interval (a bootstrap over requests) lies wholly below "
         "the bundle's eval alpha for the domain (for a domain its eval did not measure: the "
         "mean over the eval's domains); domains with fewer than {m} requests are too few to "
@@ -89,6 +90,9 @@ class DomainDrift(Record):
     c_source: str | None  # "domain": the eval's for this domain; "bundle": mean over its domains
     speedup_predicted: Estimate | None  # None: no c (no bundle, or no c in it)
     temperatures: list[float]  # the sampling temperatures served
+    # how the engine chose drafts for the sampled requests (SamplingEntry.draft_sample_method;
+    # "unknown": a server the front did not start)
+    draft_sample_methods: list[str] = field(default_factory=list)
     eval: DomainEntry | None  # the bundle's eval figures for this domain
     status: str  # drift, ok, above eval, too few requests, no eval figure, nothing drafted, ""
     why: str
@@ -109,6 +113,7 @@ class TrafficReport(Record):
     min_requests: int
     rule: str
     eval_temperature: float | None  # the bundle's eval's
+    eval_draft_sample_method: str | None = None  # how its eval's draft chose tokens (sampled)
     domains: dict[str, DomainDrift] = field(default_factory=dict)
     overall: DomainDrift
     notes: list[str] = field(default_factory=list)
@@ -223,6 +228,8 @@ def domain_drift(records: list[TrafficRecord], counts: list[Counts | None] | Non
         tau=_estimate(counted.tau, n, resamples, seed) if n else None, c=c, c_source=c_source,
         speedup_predicted=speedup,
         temperatures=sorted({r.sampling.temperature for r in records}), eval=eval_entry,
+        draft_sample_methods=sorted({r.sampling.draft_sample_method or "unknown"
+                                     for r in records if r.sampling.temperature > 0}),
         status=status, why=why)
 
 
@@ -245,6 +252,22 @@ def drift_status(requests: int, alpha: Estimate | None, reference: float | None,
     if alpha.low > reference:
         return ABOVE, f"{served} lies above {source} {reference:.3f}"
     return OK, f"{served} includes {source} {reference:.3f}"
+
+
+def same_rule(d: DomainDrift, eval_rule: str | None) -> None:
+    """Withhold ``d``'s comparison where its sampled requests were served under another
+    acceptance rule than the eval measured (vLLM's greedy drafting against draftkit's sampled
+    drafts, or the reverse): the two alphas then differ by the rule, not by drift."""
+    served = [m for m in d.draft_sample_methods if m != "unknown"]
+    if eval_rule is None or not served or served == [eval_rule] or \
+            d.status not in (DRIFT, OK, ABOVE):
+        return
+    rule = served[0] if len(served) == 1 else "mixed"
+    d.status, d.why = OTHER_RULE, (
+        f"served with {' and '.join(served)} drafts, the eval measured {eval_rule} drafts: "
+        f"their alphas differ by the acceptance rule, not by drift; evaluate with `draftkit "
+        f"eval --draft-sample-method {rule}` and export with that report to compare like with "
+        f"like")
 
 
 def bundle_alpha(manifest: Manifest) -> float | None:
@@ -280,6 +303,9 @@ def traffic_drift(records: list[TrafficRecord], manifest: Manifest | None = None
         xs.append(x)
     overall_c = bundle_c(manifest) if manifest else None
     fallback = bundle_alpha(manifest) if manifest else None
+    eval_temperature = manifest.report.temperature if manifest and manifest.report else None
+    eval_rule = (manifest.report.draft_sample_method or "probabilistic") \
+        if eval_temperature else None
     domains = {}
     for name, (rs, xs) in sorted(by_domain.items()):
         entry = manifest.domains.get(name) if manifest else None
@@ -288,15 +314,16 @@ def traffic_drift(records: list[TrafficRecord], manifest: Manifest | None = None
         domains[name] = domain_drift(rs, xs, eval_entry=entry, c=c, c_source=source,
                                      min_requests=min_requests, fallback_alpha=fallback,
                                      resamples=resamples)
+        same_rule(domains[name], eval_rule)
     overall = domain_drift(records, counts, c=overall_c,
                            c_source=None if overall_c is None else "bundle",
                            compare=False, resamples=resamples)
-    eval_temperature = manifest.report.temperature if manifest and manifest.report else None
     return TrafficReport(
         folder=folder, bundle=bundle, target=records[0].target, tokenizer=records[0].tokenizer,
         requests=len(records), first=records[0].time, last=records[-1].time, level=LEVEL,
         min_requests=min_requests, rule=RULE.format(m=min_requests),
-        eval_temperature=eval_temperature, domains=domains, overall=overall,
+        eval_temperature=eval_temperature, eval_draft_sample_method=eval_rule,
+        domains=domains, overall=overall,
         notes=_notes(records, counts, manifest, domains, overall_c, draft, replay_k),
         created=created)
 

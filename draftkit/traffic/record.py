@@ -41,6 +41,10 @@ class SamplingEntry(Record):
     top_k: int
     seed: int | None
     max_tokens: int
+    # how the engine chose drafts at temperature > 0 (SamplingParams.draft_sample_method):
+    # draftkit's probabilistic, or vLLM's greedy; None: not known (a server the front did not
+    # start, an imported log)
+    draft_sample_method: str | None = "probabilistic"
 
 
 @dataclass(kw_only=True)

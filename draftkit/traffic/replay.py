@@ -15,8 +15,10 @@ would have accepted on it at K = ``num_speculative_tokens`` under draftkit's los
   completion (:func:`greedy_rounds`);
 - sampled: the chance that draft position i is accepted once 1..i-1 were is beta_i =
   sum_x min(p, q) = 1 - TV(p, q) (Leviathan et al., Theorem 3.5), with the target's p and the
-  draft's q warped as the request asked. A round starting at L then tests position i with
-  expectation prod_(j<i) beta_j and accepts it with prod_(j<=i) beta_j: those expected counts
+  draft's q warped as the request asked; where its engine drafted greedily (vLLM's default
+  ``draft_sample_method``, as the record says), q is one-hot at the argmax and beta_i = p(d).
+  A round starting at L then tests position i with expectation prod_(j<i) beta_j and accepts
+  it with prod_(j<=i) beta_j: those expected counts
   are the record's acceptance (:func:`expected_rounds`). Where each round ends is drawn
   (u < beta_i, seeded by the record) so tau and the rounds per K follow one realisation. It is
   the teacher-forced estimate distillation scores drafts with: a token accepted from q is
@@ -35,7 +37,8 @@ import zlib
 
 import torch
 
-from draftkit.decode.sampling import SamplingParams, probabilities
+from draftkit.decode.sampling import (PROBABILISTIC, SamplingParams, draft_probabilities,
+                                      probabilities)
 from draftkit.decode.verify import leading_accepts
 from draftkit.distill.evaluate import model_logits
 from draftkit.distill.features import target_forward
@@ -96,8 +99,9 @@ class Replayer:
         start = len(record.prompt_ids) + 1  # the prefill emitted the first completion token
         if len(seq) <= start:  # one token or none: no round
             return Counts(REPLAY, [0.0] * self.k, [0.0] * self.k, [])
-        s = record.sampling
-        params = SamplingParams(s.temperature, s.top_k, s.top_p)
+        s = record.sampling  # the rule its engine applied; not known: draftkit's
+        params = SamplingParams(s.temperature, s.top_k, s.top_p,
+                                s.draft_sample_method or PROBABILISTIC)
         ids = torch.tensor([seq], device=self.device)  # (1, T)
         size = ids.shape[1]
         proposals, p_logits = self._proposals(ids, need_target=not params.greedy)
@@ -107,7 +111,8 @@ class Replayer:
             return round_counts(REPLAY, greedy_rounds(match, start, self.k), self.k)
         p = probabilities(p_logits, params)  # (T, V): row s scores token s + 1
         beta = torch.stack([torch.minimum(_at(p, i - 1, size),
-                                          _at(probabilities(rows, params), off, size)).sum(-1)
+                                          _at(draft_probabilities(rows, params), off, size)
+                                          ).sum(-1)
                             for i, (rows, off) in enumerate(proposals)])  # (K, T)
         rng = random.Random(zlib.crc32(repr((seq, record.time)).encode()))
         accepted, tested, rounds = expected_rounds(beta, start, self.k, rng)

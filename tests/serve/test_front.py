@@ -531,3 +531,33 @@ def test_a_replica_runs_the_bundles_preflight_command_with_the_fronts_flags(tiny
     with pytest.raises(EngineError, match="preflight refused to start vLLM: vLLM 0.14.0 is "
                                           "older than this bundle needs"):
         Launch(python, "0.14.0", "served").command(str(bundle), 9001)
+
+
+def test_a_record_says_how_its_server_chose_drafts():
+    """A replica's rule is its speculative config's draft_sample_method, else vLLM's greedy
+    default; a server the front did not start records it as not known."""
+    from draftkit.serve.replicas import draft_sample_method
+
+    spec = json.dumps({"method": "eagle3", "draft_sample_method": "probabilistic"})
+    assert draft_sample_method(["python", "--speculative-config", spec]) == "probabilistic"
+    assert draft_sample_method(["vllm", "serve", "m", "--speculative-config",
+                                json.dumps({"method": "eagle3"})]) == "greedy"
+    assert draft_sample_method(["vllm", "serve", "m"]) == "greedy"
+
+
+def test_records_carry_the_upstreams_draft_rule(reset, tmp_path):
+    up = reset[0]
+    srv, folder = front([up.base], tmp_path)
+    srv.app.state.completions.pool.upstreams[0].draft_sample_method = "greedy"
+    try:
+        assert post(srv, "/v1/completions", {"prompt": [1], "max_tokens": 3}).status_code == 200
+    finally:
+        srv.stop()
+    (record,) = read_traffic(folder)
+    assert record.sampling.draft_sample_method == "greedy"
+    srv, folder = front([up.base], tmp_path / "b")  # --upstream: not known
+    try:
+        assert post(srv, "/v1/completions", {"prompt": [1], "max_tokens": 3}).status_code == 200
+    finally:
+        srv.stop()
+    assert read_traffic(folder)[0].sampling.draft_sample_method is None

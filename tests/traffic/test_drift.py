@@ -10,7 +10,7 @@ import pytest
 from draftkit import metrics
 from draftkit.cli import main
 from draftkit.manifest import Manifest
-from draftkit.traffic.drift import (DRIFT, NO_EVAL, NOTHING_DRAFTED, OK, TOO_FEW,
+from draftkit.traffic.drift import (DRIFT, NO_EVAL, NOTHING_DRAFTED, OK, OTHER_RULE, TOO_FEW,
                                     TrafficReport, domain_drift, predicted_speedup,
                                     traffic_drift)
 from draftkit.traffic.record import SamplingEntry, TrafficRecord
@@ -115,6 +115,28 @@ def test_the_flag_fires_only_beyond_noise_and_with_enough_requests():
     # the report reads back as written
     again = TrafficReport.from_dict(json.loads(json.dumps(report.to_dict())))
     assert again.to_dict() == report.to_dict()
+
+
+def test_a_flag_compares_alphas_under_one_draft_rule():
+    """Sampled traffic that vLLM drafted greedily is not held to an eval of sampled drafts
+    (their alphas differ by the rule); under the eval's own rule it is."""
+    def served(method):
+        out = mixed(30, temperature=1.0)
+        for r in out:
+            r.sampling.draft_sample_method = method
+        return out
+
+    m = Manifest.from_dict({**manifest(code={"alpha": 0.9}).to_dict(),
+                            "report": {"temperature": 1.0}})
+    greedy = traffic_drift(served("greedy"), m, resamples=200).domains["code"]
+    assert greedy.status == OTHER_RULE and greedy.draft_sample_methods == ["greedy"]
+    assert "--draft-sample-method greedy" in greedy.why
+    assert traffic_drift(served("probabilistic"), m, resamples=200).domains["code"].status == \
+        DRIFT
+    m.report.draft_sample_method = "greedy"  # an eval of vLLM's rule: compared, and flagged
+    assert traffic_drift(served("greedy"), m, resamples=200).domains["code"].status == DRIFT
+    unknown = traffic_drift(served(None), m, resamples=200).domains["code"]
+    assert unknown.status == DRIFT and unknown.draft_sample_methods == ["unknown"]
 
 
 def test_without_a_bundle_nothing_is_flagged_or_predicted(tmp_path, capsys):

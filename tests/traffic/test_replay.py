@@ -271,3 +271,27 @@ def test_bad_logs_are_one_line_and_write_nothing(bundle_traffic, tmp_path, capsy
     assert main(["import-traffic", str(good), "--bundle", str(bundle), "--into",
                  str(other)]) == 2
     assert "was recorded with target x" in capsys.readouterr().err
+
+
+def test_a_replay_follows_the_engines_draft_rule(standalone):
+    """Served with greedy drafts (vLLM's default), a record says so and its replay keeps the
+    argmax with probability p: the engine's acceptance under that rule, not the sampled one."""
+    target, draft = standalone
+    ps = prompts(60, target.config.vocab_size)
+    results = SpeculativeEngine(target, draft).generate(
+        ps, k=K, max_new_tokens=40, temperature=1.0, seed=3, draft_sample_method="greedy")
+    replayer = Replayer(target, draft, K)
+    records = [as_record(p, r, 1.0, rounds=False) for p, r in zip(ps, results)]
+    for rec in records:
+        rec.sampling.draft_sample_method = "greedy"
+    served = [engine_counts(as_record(p, r, 1.0)) for p, r in zip(ps, results)]
+    greedy = [replayer.counts(rec) for rec in records]
+    for rec in records:
+        rec.sampling.draft_sample_method = "probabilistic"
+    sampled = [replayer.counts(rec) for rec in records]
+
+    def alpha_1(counts):
+        return sum(c.accepted[0] for c in counts) / sum(c.tested[0] for c in counts)
+
+    assert abs(alpha_1(served) - alpha_1(greedy)) < 0.05
+    assert abs(alpha_1(sampled) - alpha_1(greedy)) > 0.1  # the rules differ here
