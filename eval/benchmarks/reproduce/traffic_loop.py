@@ -25,6 +25,17 @@ Run from the repository root on the quickstart's bundle::
 
 It prints each stage's output and the final table, and writes ``loop.json`` and ``loop.md``
 to ``--out``.
+
+``--engine vllm`` runs the same loop through vLLM (its CPU build here, ``make engines``):
+every server is ``draftkit serve BUNDLE --engine vllm`` (vLLM's own OpenAI server behind
+draftkit's front, ``--replicas`` of them), the refresh has vLLM answer the recipe's prompts
+and capture the head's features (``data.generate.engine=vllm teacher.features=vllm``), the
+swap is vLLM's blue/green one with 8 requests in flight, and the held-out requests go to the
+swapped server and to one serving the old bundle. The bar there is acceptance: vLLM's served
+alpha_1 per domain before and after with intervals (no plain server, no speedup)::
+
+    OMP_NUM_THREADS=2 python eval/benchmarks/reproduce/traffic_loop.py --engine vllm \
+        --bundle runs/quickstart/bundle --out runs/traffic-loop-vllm --k 3
 """
 
 from __future__ import annotations
@@ -51,18 +62,30 @@ def prompts(domain: str) -> list[list[dict]]:
     return [r.get("messages") or [{"role": "user", "content": r["prompt"]}] for r in rows]
 
 
-def start_server(bundle: str, k: str, *extra: str):
-    """``draftkit serve BUNDLE`` on a free port, as serve/load_test.py starts one: (process,
-    base URL of the API) once /health answers."""
+def load_test():
+    """serve/load_test.py, whose server launcher the loop uses."""
     import importlib.util
-    from types import SimpleNamespace
 
     spec = importlib.util.spec_from_file_location("load_test", ROOT / "serve" / "load_test.py")
-    load_test = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(load_test)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def start_server(bundle: str, k: str, *extra: str, engine: str = "draftkit"):
+    """``draftkit serve BUNDLE`` on a free port, as serve/load_test.py starts one: (process,
+    base URL of the API) once /health answers. ``engine`` vllm: vLLM behind the front (its
+    own K: the bundle's)."""
+    from types import SimpleNamespace
+
+    lt = load_test()
+    if engine == "vllm":
+        port = lt.free_port()
+        return lt.launch([sys.executable, "-m", "draftkit", "serve", bundle, "--engine", "vllm",
+                          "--port", str(port), "--log-level", "warning", *extra], port, 900)
     args = SimpleNamespace(bundle=bundle, target=None, draft=None, max_model_len=None,
                            serve_arg=list(extra), startup_timeout=600, max_batch=4)
-    return load_test.start_server(args, k)
+    return lt.start_server(args, k)
 
 
 def send(client, model: str, domain: str, texts: list[list[dict]], max_tokens: int, phase: str
@@ -125,12 +148,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="refresh: times each traffic request is trained an epoch")
     ap.add_argument("--k", default="auto", help="the servers' --k: auto, or a fixed K (the "
                                                 "bundle's, to compare drafts by acceptance alone)")
+    ap.add_argument("--engine", choices=("draftkit", "vllm"), default="draftkit",
+                    help="the engine every server runs")
+    ap.add_argument("--replicas", type=int, default=1, help="--engine vllm: vLLM servers the "
+                                                            "recording front starts")
     args = ap.parse_args(argv)
+    vllm = args.engine == "vllm"
 
     from openai import OpenAI
-
-    from draftkit import metrics
-    from draftkit.traffic.record import read_traffic
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -145,32 +170,39 @@ def main(argv: list[str] | None = None) -> int:
     servers = []
 
     def serve(bundle: str, *extra: str, k: str = args.k):
-        proc, api = start_server(bundle, k, *extra)
+        proc, api = start_server(bundle, k, *extra, engine=args.engine)
         servers.append(proc)
-        return OpenAI(base_url=api, api_key="none"), api.removesuffix("/v1")
+        return OpenAI(base_url=api, api_key="none", timeout=900), api.removesuffix("/v1")
 
     try:
         # A: the bundle, recording, with an admin token; it takes the new draft later
         live, url = serve(args.bundle, "--record", str(out / "traffic"),
-                          "--admin-token", token)
+                          "--admin-token", token, *(
+                              ("--replicas", str(args.replicas), "--engine-log-dir",
+                               str(out / "logs")) if vllm else ()))
         for d in domains:  # the traffic the refresh learns from
             send(live, model, d, texts[d][:n], args.max_tokens, "traffic")
         time.sleep(2)  # the recorder's writer thread writes what is queued
         run([sys.executable, "-m", "draftkit", "traffic", str(out / "traffic"), "--bundle",
              args.bundle, "--out", str(out / "drift")])
         # A stays up (idle) while the draft retrains on what it recorded
+        # through vLLM, vLLM answers the recipe's prompts and captures the head's features
+        engine = ["data.generate.engine=vllm", "teacher.features=vllm"] if vllm else []
         refreshed = run([sys.executable, "-m", "draftkit", "refresh", args.bundle, "--traffic",
                          str(out / "traffic"), "--out", str(new), "--steps",
-                         str(args.steps), "--traffic-repeat", str(args.traffic_repeat)]) == 0
+                         str(args.steps), "--traffic-repeat", str(args.traffic_repeat),
+                         *(["--k", args.k] if args.k != "auto" else []), *engine]) == 0
         if not refreshed:
             print("the refresh exported no bundle; nothing to swap", flush=True)
             return 1
-        swap = swap_under_load(live, url, model, token, new, heldout[:4], args.max_tokens)
+        swap = swap_under_load(live, url, model, token, new, heldout[:8 if vllm else 4],
+                               args.max_tokens)
         # B: the old draft, C: plain decoding; the held-out requests go to A, B and C in turn
         old, _ = serve(args.bundle, "--record", str(out / "traffic-old"))
-        plain, _ = serve(args.bundle, "--draft", "none", k="0")
-        timed = interleaved({"new": live, "old": old, "plain": plain}, model, heldout,
-                            args.max_tokens)
+        clients = {"new": live, "old": old}
+        if not vllm:  # vLLM's front serves a bundle's draft: no plain server to time against
+            clients["plain"] = serve(args.bundle, "--draft", "none", k="0")[0]
+        timed = interleaved(clients, model, heldout, args.max_tokens)
     finally:
         for proc in servers:
             proc.send_signal(signal.SIGINT)
@@ -254,6 +286,9 @@ def figures(out: Path, domains, timed: dict, new_draft: str) -> list[dict]:
         for name, base, over in (("old_over_plain", "plain", "old"),
                                  ("new_over_plain", "plain", "new"),
                                  ("new_over_old", "old", "new")):
+            if base not in pick:
+                row[name] = None
+                continue
             a, b = pick[base], pick[over]
             row[name] = list(metrics.speedup_interval(
                 [x["seconds"] for x in a], [x["seconds"] for x in b],
@@ -269,16 +304,22 @@ def markdown(rows, args, swap: dict, seconds: float) -> str:
     def band(v):
         return "-" if not v or v[1] is None else f"{v[0]:.2f}x ({v[1]:.2f}-{v[2]:.2f})"
 
-    lines = [f"# Traffic loop: {args.bundle}, K {args.k}, {args.train_requests} requests per "
+    lines = [f"# Traffic loop ({args.engine}): {args.bundle}, K {args.k}, {args.train_requests} "
+             f"requests per "
              f"domain recorded, refresh {args.steps} steps (traffic x{args.traffic_repeat}), "
              f"{args.heldout_requests} held-out requests per domain ({seconds / 60:.1f} min in "
              f"all)", "",
              "| domain | shifted | alpha_1 old | alpha_1 new | gain | old vs plain | new vs plain "
              "| new vs old |", "|---|---|---|---|---|---|---|---|"]
+    def alpha(r, name):
+        lo, hi = r[f"alpha_1_{name}_interval"]
+        return f(r[f"alpha_1_{name}"]) + ("" if lo is None else f" ({lo:.3f}-{hi:.3f})")
+
     for r in rows:
         a, b = r["alpha_1_old"], r["alpha_1_new"]
         gain = None if a is None or b is None else b - a
-        lines.append(f"| {r['domain']} | {'yes' if r['shifted'] else 'no'} | {f(a)} | {f(b)} | "
+        lines.append(f"| {r['domain']} | {'yes' if r['shifted'] else 'no'} | {alpha(r, 'old')} | "
+                     f"{alpha(r, 'new')} | "
                      f"{f(gain)} | {band(r['old_over_plain'])} | {band(r['new_over_plain'])} | "
                      f"{band(r['new_over_old'])} |")
     lines += ["", f"Swap under load: {swap['in_flight']} requests in flight, {swap['failed']} "
