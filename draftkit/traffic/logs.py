@@ -134,7 +134,8 @@ def _text(content: object) -> str | None:
 
 
 def prompt_ids(tokenizer, request: dict) -> list[int] | None:
-    """The request's prompt as the server rendered it; None where it is not text."""
+    """The request's prompt as the server rendered it (chat messages through the template, a
+    text completion's text tokenized, its token ids as sent); None where it is none of them."""
     from draftkit.chat import encode_prompt
 
     if isinstance(request.get("messages"), list):
@@ -146,6 +147,11 @@ def prompt_ids(tokenizer, request: dict) -> list[int] | None:
             messages.append({**m, "content": text})
         return encode_prompt(tokenizer, messages) if messages else None
     prompt = request.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]  # a batch of one prompt
+    if isinstance(prompt, list) and prompt and all(type(t) is int and 0 <= t < len(tokenizer)
+                                                   for t in prompt):
+        return list(prompt)  # token ids, as the request sent them
     return encode_prompt(tokenizer, prompt, raw=True) if isinstance(prompt, str) and \
         prompt.strip() else None
 
