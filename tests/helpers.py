@@ -647,17 +647,3 @@ def drafts_are_the_heads_own(engine, prompts, ks: list[int], drafts) -> list[int
     assert [r.tokens for r in state.results()] == [hf_greedy(target, p, 20) for p in prompts]
     return checked
 
-
-def rounds_before_end(rounds: list[list[int]], prompt_len: int, total: int,
-                      k: int) -> list[list[int]]:
-    """The rounds of a decode that start at least K + 1 tokens before its end (``total``
-    tokens, prompt included): there it drafted K with every token it could accept still to
-    come, so a replay of the completion must agree exactly (the last rounds draft past the
-    completion, where no recorded token says what would have passed)."""
-    out, length = [], prompt_len + 1
-    for kk, n in rounds:
-        if length + k >= total:
-            break
-        out.append([kk, n])
-        length += n + 1
-    return out

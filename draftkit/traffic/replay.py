@@ -60,6 +60,21 @@ def greedy_rounds(match: torch.Tensor, start: int, k: int) -> list[list[int]]:
     return rounds
 
 
+def rounds_before_end(rounds: list[list[int]], prompt_len: int, total: int,
+                      k: int) -> list[list[int]]:
+    """The rounds of a decode that start at least K + 1 tokens before its end (``total``
+    tokens, the prompt's included): there it drafted K with every token it could accept still
+    to come, so a greedy replay must give them exactly; the last rounds drafted past the
+    completion, where no recorded token says what would have passed."""
+    out, length = [], prompt_len + 1
+    for kk, n in rounds:
+        if length + k >= total:
+            break
+        out.append([kk, n])
+        length += n + 1
+    return out
+
+
 def expected_rounds(beta: torch.Tensor, start: int, k: int, rng: random.Random
                     ) -> tuple[list[float], list[float], list[list[int]]]:
     """(accepted, tested) expected per position and one draw of the rounds, for rounds from

@@ -21,9 +21,8 @@ from draftkit.export import export_bundle
 from draftkit.models import load_pair
 from draftkit.serve.command import ServeArgs, build
 from draftkit.traffic.record import read_traffic
-from draftkit.traffic.replay import Replayer
-from tests.helpers import (LiveServer, engine_llama, make_tokenizer, noisy_copy,
-                           rounds_before_end, save_model)
+from draftkit.traffic.replay import Replayer, rounds_before_end
+from tests.helpers import LiveServer, engine_llama, make_tokenizer, noisy_copy, save_model
 
 pytestmark = pytest.mark.engine
 

@@ -12,9 +12,8 @@ from draftkit.cli import main
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.traffic.record import (ENGINE, REPLAY, SamplingEntry, TrafficRecord,
                                      engine_counts)
-from draftkit.traffic.replay import Replayer
-from tests.helpers import (eagle3_models, make_llama, make_tokenizer, noisy_copy,
-                           rounds_before_end)
+from draftkit.traffic.replay import Replayer, rounds_before_end
+from tests.helpers import eagle3_models, make_llama, make_tokenizer, noisy_copy
 
 K = 3
 
