@@ -110,6 +110,10 @@ class ServeArgs(ModelArgs, SpeculationArgs):
                                     "traffic-*.jsonl, readable) once it passes this many MB")
     record_quota_mb: float = option(10240.0, group=RECORD, help="recording stops once DIR's "
                                     "shards reach this many MB; a full DIR is refused at start")
+    record_retention_days: float | None = option(None, group=RECORD, help="delete DIR's sealed "
+                                                 "shards older than this many days (at start "
+                                                 "and as shards seal); default: keep them. "
+                                                 "Recorded ids are users' prompts and answers")
     route_labels: list[str] = option([], metavar="LABEL,...", group=RECORD, help="serve the API "
                                      "under /LABEL/v1 too, for each label (code,math,chat): a "
                                      "request that comes by one is labelled with it unless its "
@@ -165,6 +169,9 @@ class ServeArgs(ModelArgs, SpeculationArgs):
             if not 0 < getattr(self, name) < float("inf"):
                 raise ConfigError(f"--{name.replace('_', '-')} must be a number of MB > 0, got "
                                   f"{getattr(self, name)}")
+        days = self.record_retention_days
+        if days is not None and not 0 < days < float("inf"):
+            raise ConfigError(f"--record-retention-days must be a number of days > 0, got {days}")
         for label in self.route_labels:
             if label != clean_label(label) or label in (UNLABELED, "v1"):
                 raise ConfigError(f"--route-labels: '{label}' cannot be a route label; use "
@@ -313,7 +320,8 @@ def open_recorder(args: ServeArgs, pair) -> Recorder:
     recorder = Recorder(args.record, target=model_identity(pair.target_ref),
                         tokenizer=tokenizer_identity(pair.tokenizer),
                         shard_bytes=int(args.record_shard_mb * MB),
-                        quota_bytes=int(args.record_quota_mb * MB))
+                        quota_bytes=int(args.record_quota_mb * MB),
+                        retention_days=args.record_retention_days)
     recorder.open()
     return recorder
 

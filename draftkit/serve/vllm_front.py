@@ -88,7 +88,8 @@ def build_front(args, name: str):
             recorder = Recorder(args.record, target=model_identity(target_ref),
                                 tokenizer=tokenizer_identity(tokenizer),
                                 shard_bytes=int(args.record_shard_mb * MB),
-                                quota_bytes=int(args.record_quota_mb * MB))
+                                quota_bytes=int(args.record_quota_mb * MB),
+                                retention_days=args.record_retention_days)
             recorder.open()
         app = create_proxy_app(Pool(upstreams, read_timeout=args.upstream_timeout),
                                model_name=name, vocab=vocab, swapper=swapper,

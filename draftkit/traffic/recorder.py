@@ -19,6 +19,11 @@ only those. The open shard is sealed too when the server stops. Where it can go 
 
 So a line in a shard is a whole record, and a record accepted is written unless recording had
 to stop (said in the log).
+
+Recorded ids are the users' prompts and answers (they decode with the target's tokenizer to the
+whole text): the folder is created readable by its owner only (0700) and each shard so (0600),
+and ``retention_days`` deletes sealed shards older than that (when the folder is taken and as each
+shard seals).
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ log = logging.getLogger("draftkit.traffic")
 LOCK = ".traffic.lock"
 MAX_PENDING = 10_000  # records waiting for the writer; past it (a stalled disk) one is dropped
 MB = 1 << 20
+DAY = 86400.0  # seconds
+PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600  # the folder and its shards: their owner's only
 _STOP = object()
 
 
@@ -106,10 +113,13 @@ class Recorder:
     (the draft it decoded with: a server may swap its draft)."""
 
     def __init__(self, folder: str | Path, *, target: str, tokenizer: str,
-                 shard_bytes: int = 64 * MB, quota_bytes: int = 10240 * MB):
+                 shard_bytes: int = 64 * MB, quota_bytes: int = 10240 * MB,
+                 retention_days: float | None = None):
         self.folder = Path(folder).expanduser()
         self.target, self.tokenizer = target, tokenizer
         self.shard_bytes, self.quota_bytes = shard_bytes, quota_bytes
+        # sealed shards older than this many seconds are deleted; None: kept
+        self.retention_s = None if retention_days is None else retention_days * DAY
         self.recording = False  # from open() until stop(), the quota or a failed write
         self.written = self.dropped = 0  # records
         self.used = 0  # bytes of all shards in the folder
@@ -131,7 +141,7 @@ class Recorder:
         if self._lock is not None:
             return
         check_folder(self.folder, self.quota_bytes)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
         lock = take_lock(self.folder / LOCK, f"another server is recording into {self.folder}; "
                                              f"give each server a --record folder of its own")
         try:
@@ -140,6 +150,7 @@ class Recorder:
                 log.warning(f"sealed {sealed or leftover}, left open by a server that did not "
                             f"stop cleanly (its whole lines kept)")
             self._check_identity()
+            self.expire()
             check_folder(self.folder, self.quota_bytes)
         except BaseException:
             lock.release()
@@ -229,7 +240,8 @@ class Recorder:
         while any((self.folder / name).exists() for name in self._names(self._n)):
             self._n += 1
         self._path = self.folder / self._names(self._n)[0]
-        self._file = open(self._path, "xb", buffering=0)
+        fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE)
+        self._file = os.fdopen(fd, "wb", buffering=0)
         self._size = 0
 
     def _names(self, n: int) -> tuple[str, str]:
@@ -246,6 +258,27 @@ class Recorder:
         os.replace(self._path, self.folder / self._names(self._n)[1])
         fsync_path(self.folder)
         self._n += 1
+        self.expire()
+
+    def expire(self) -> int:
+        """Delete the sealed shards older than ``retention_s`` (by when they were sealed);
+        -> how many."""
+        if self.retention_s is None:
+            return 0
+        cutoff, gone = time.time() - self.retention_s, 0
+        for shard in self.folder.glob(SHARD_GLOB):
+            try:
+                stat = shard.stat()
+                if stat.st_mtime < cutoff:
+                    shard.unlink()
+                    self.used -= stat.st_size
+                    gone += 1
+            except FileNotFoundError:  # another process expired it first
+                continue
+        if gone:
+            log.info(f"deleted {gone} traffic shard(s) of {self.folder} older than "
+                     f"{self.retention_s / DAY:g} days (--record-retention-days)")
+        return gone
 
     def _halt(self, reason: str) -> None:
         """Stop recording for good (the server keeps serving), saying why once."""

@@ -10,7 +10,8 @@ import pytest
 from draftkit.cli import main
 from draftkit.errors import DraftkitError
 from draftkit.serve.detok import TextStream
-from draftkit.traffic.record import TrafficRecord, read_traffic, shard_paths, tokenizer_identity
+from draftkit.traffic.record import (SamplingEntry, TrafficRecord, read_traffic, shard_paths,
+                                     tokenizer_identity)
 from draftkit.traffic.recorder import Recorder, folder_bytes
 from tests.helpers import start_server
 from tests.serve.test_metrics import samples
@@ -263,3 +264,35 @@ def test_serve_records_under_the_models_identities(tiny_dirs, tmp_path):
         assert (r.target, r.draft) == (model_identity(resolve_model(str(target))), drafted)
         assert r.tokenizer == tokenizer_identity(app.state.completions.tokenizer)
         assert r.rounds and all(kn[0] == k for kn in r.rounds)
+
+
+def test_shards_are_their_owners_only_and_expire_after_the_retention(tmp_path, caplog):
+    """Recorded ids are users' prompts and answers: the folder a recorder creates is 0700, each
+    shard 0600 (open and sealed); with a retention, sealed shards older than it are deleted
+    when the folder is taken and as shards seal, newer ones kept."""
+    import os
+    import stat
+    import time
+
+    folder = tmp_path / "traffic"
+    rec = Recorder(folder, target=TARGET, tokenizer="k" * 16, shard_bytes=1)
+    rec.start()
+    sampling = SamplingEntry(temperature=0.0, top_p=1.0, top_k=0, seed=None, max_tokens=4)
+    rec.add(domain="code", prompt_ids=[1, 2], completion_ids=[3], sampling=sampling,
+            finish_reason="stop", rounds=[[2, 1]], draft=None)
+    rec.stop()
+    (shard,) = shard_paths(folder)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert stat.S_IMODE(shard.stat().st_mode) == 0o600
+    old = time.time() - 3 * 86400
+    os.utime(shard, (old, old))
+    kept = folder / "traffic-20991231T000000Z-00000.jsonl"
+    kept.write_text(_record_line(9))
+    caplog.set_level(logging.INFO, logger="draftkit.traffic")
+    rec = Recorder(folder, target=TARGET, tokenizer="k" * 16, retention_days=2)
+    rec.open()
+    rec.stop()
+    assert shard_paths(folder) == [kept]
+    assert any("deleted 1 traffic shard(s)" in m for m in caplog.messages)
+    assert main(["serve", "--target", "embedded", "--record", str(folder),
+                 "--record-retention-days", "0"]) == 2
