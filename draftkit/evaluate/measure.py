@@ -193,11 +193,10 @@ class Evaluator:
         params = SamplingParams(self.s.temperature or 1.0, self.s.top_k, self.s.top_p,
                                 self.s.draft_sample_method)
         models = {"draft": self.draft_model, **drafts} if with_draft else dict(drafts)
-        rules = {name: params for name in models}  # name -> the rule its acceptance is under
-        if with_draft and self.s.temperature > 0 and not params.greedy_draft:
-            models[GREEDY_DRAFTS] = self.draft_model
-            rules[GREEDY_DRAFTS] = replace(params, draft_sample_method=GREEDY_DRAFT)
-        buckets = entropy.EntropyBuckets(list(models))
+        # the draft's q read again under greedy drafts: one forward, two rules
+        greedy = replace(params, draft_sample_method=GREEDY_DRAFT) if with_draft and \
+            self.s.temperature > 0 and not params.greedy_draft else None
+        buckets = entropy.EntropyBuckets(list(models) + ([GREEDY_DRAFTS] if greedy else []))
         heads = {}  # each draft's reduced head, if any: its q as the decoder sees it
         for name, model in models.items():
             head = head_of(model)
@@ -219,14 +218,17 @@ class Evaluator:
                     if self.s.temperature == 0:
                         accept[name] = (q_logits.argmax(-1) == p_logits.argmax(-1)).double()
                     else:
-                        q = draft_probabilities(q_logits, rules[name])  # greedy: one-hot
+                        q = draft_probabilities(q_logits, params)
                         accept[name] = torch.minimum(p, q).sum(-1)
+                        if name == "draft" and greedy is not None:
+                            q = draft_probabilities(q_logits, greedy)  # one-hot at the argmax
+                            accept[GREEDY_DRAFTS] = torch.minimum(p, q).sum(-1)
                 buckets.add(-(p * p.clamp_min(1e-12).log()).sum(-1), accept)  # (T,) nats
         count = float(buckets.counts.sum())
         return TeacherForced(
             target_entropy=float(buckets.entropy_sum / count) if count else None,
             acceptance={name: float(buckets.sums[name].sum() / count) if count else None
-                        for name in models},
+                        for name in buckets.sums},
             by_entropy=buckets.result() if count else None)
 
     # --- sweeps -------------------------------------------------------------------------------
