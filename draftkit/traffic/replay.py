@@ -120,13 +120,19 @@ class Replayer:
         ids = torch.tensor([seq], device=self.device)  # (1, T)
         size = ids.shape[1]
         proposals, p_logits = self._proposals(ids, need_target=not params.greedy)
+        # what the test reads of the draft, once per logits tensor (a standalone draft's K
+        # proposals are one): its argmax (T,), or its q (T, V)
+        read = {}
+        for rows, _ in proposals:
+            if id(rows) not in read:
+                read[id(rows)] = rows.argmax(-1) if params.greedy else \
+                    draft_probabilities(rows, params)
         if params.greedy:
-            match = torch.stack([_at(rows.argmax(-1), off, size) == _at(ids[0], i, size)
+            match = torch.stack([_at(read[id(rows)], off, size) == _at(ids[0], i, size)
                                  for i, (rows, off) in enumerate(proposals)])  # (K, T)
             return round_counts(REPLAY, greedy_rounds(match, start, self.k), self.k)
         p = probabilities(p_logits, params)  # (T, V): row s scores token s + 1
-        beta = torch.stack([torch.minimum(_at(p, i - 1, size),
-                                          _at(draft_probabilities(rows, params), off, size)
+        beta = torch.stack([torch.minimum(_at(p, i - 1, size), _at(read[id(rows)], off, size)
                                           ).sum(-1)
                             for i, (rows, off) in enumerate(proposals)])  # (K, T)
         rng = random.Random(zlib.crc32(repr((seq, record.time)).encode()))
