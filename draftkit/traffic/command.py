@@ -161,9 +161,20 @@ def replay_counts(records: list[TrafficRecord], counts: list[Counts | None], bun
 def bundle_identities(bundle: str) -> tuple[Manifest, str, str, str | None]:
     """The bundle's manifest, and the identities of its target, tokenizer and draft (None:
     no draft/ to fingerprint), as ``draftkit serve`` records them."""
-    from draftkit.models import load_tokenizer, resolve_model
+    from draftkit.models import resolve_model
     from draftkit.models.resolve import model_identity
     from draftkit.traffic.record import tokenizer_identity
+
+    manifest, target, tokenizer = bundle_target(bundle)
+    draft = model_identity(resolve_model(bundle, "draft")) \
+        if (Path(bundle) / "draft" / "config.json").is_file() else None
+    return manifest, model_identity(target), tokenizer_identity(tokenizer), draft
+
+
+def bundle_target(bundle: str):
+    """(the bundle's manifest, its target resolved, the target's tokenizer); one line where
+    ``bundle`` is not a bundle."""
+    from draftkit.models import load_tokenizer, resolve_model
 
     path = Path(bundle)
     if not (path / MANIFEST).is_file():
@@ -171,10 +182,7 @@ def bundle_identities(bundle: str) -> tuple[Manifest, str, str, str | None]:
                          f"`draftkit export` wrote, the one that served the traffic")
     manifest = read_manifest(path)
     target = resolve_model(str(path), "target")
-    tokenizer = load_tokenizer(target, "target")
-    draft = model_identity(resolve_model(str(path), "draft")) \
-        if (path / "draft" / "config.json").is_file() else None
-    return manifest, model_identity(target), tokenizer_identity(tokenizer), draft
+    return manifest, target, load_tokenizer(target, "target")
 
 
 # --- text ----------------------------------------------------------------------------------------

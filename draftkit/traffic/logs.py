@@ -172,16 +172,14 @@ def completion_ids(tokenizer, request: dict, choice: dict) -> list[int] | None:
 
 def import_traffic(args: ImportArgs) -> dict:
     """``draftkit import-traffic``: read the logs, write the records; -> what it did."""
-    from draftkit.models import load_tokenizer, resolve_model
+    from draftkit.models.resolve import model_identity
     from draftkit.serve.vllm_request import Job, sampling_defaults
-    from draftkit.traffic.command import bundle_identities
-    from draftkit.traffic.record import IMPORTED, request_label
+    from draftkit.traffic.command import bundle_target
+    from draftkit.traffic.record import IMPORTED, request_label, tokenizer_identity
     from draftkit.traffic.recorder import Recorder
 
     entries, skipped = read_logs(args.logs)
-    _, target, tokenizer_id, _ = bundle_identities(args.bundle)
-    target_ref = resolve_model(args.bundle, "target")
-    tokenizer = load_tokenizer(target_ref, "target")
+    _, target_ref, tokenizer = bundle_target(args.bundle)
     defaults = sampling_defaults(target_ref.path)
     todo, requests, mismatched = [], 0, 0
     for e in entries:
@@ -217,7 +215,8 @@ def import_traffic(args: ImportArgs) -> dict:
                             f"({reasons or 'no lines'}); give logs of requests with their "
                             f"answers: {{\"request\", \"response\"}} per line, or the Batch "
                             f"API's input and output files")
-    recorder = Recorder(args.into, target=target, tokenizer=tokenizer_id)
+    recorder = Recorder(args.into, target=model_identity(target_ref),
+                        tokenizer=tokenizer_identity(tokenizer))
     recorder.start()
     try:
         for item in todo:
