@@ -191,12 +191,14 @@ def domain_drift(records: list[TrafficRecord], counts: list[Counts | None] | Non
                  eval_entry: DomainEntry | None = None, c: float | None = None,
                  c_source: str | None = None, min_requests: int = MIN_REQUESTS,
                  compare: bool = True, fallback_alpha: float | None = None,
-                 resamples: int = RESAMPLES, seed: int = 0) -> DomainDrift:
+                 eval_rule: str | None = None, resamples: int = RESAMPLES,
+                 seed: int = 0) -> DomainDrift:
     """One domain's served figures (its ``records``, at least one) beside ``eval_entry``, with
     the predicted speedup where ``c`` is known and a status unless ``compare`` is False;
     ``counts``: each record's acceptance (default: the engine's; None for a record that has
     none, left out of the figures); ``fallback_alpha``: what a domain the eval did not measure
-    is held to."""
+    is held to; ``eval_rule``: how the eval's draft chose tokens, where it sampled
+    (:func:`same_rule`)."""
     counts = [engine_counts(r) for r in records] if counts is None else counts
     sources = Counter(c.source if c is not None else UNCOUNTED for c in counts)
     kept = [(r, x) for r, x in zip(records, counts) if x is not None]
@@ -213,6 +215,9 @@ def domain_drift(records: list[TrafficRecord], counts: list[Counts | None] | Non
         reference, source = fallback_alpha, "the bundle's mean eval alpha (none for this domain)"
     status, why = drift_status(n, alpha, reference, min_requests, source) if compare else \
         ("", "")
+    methods = sorted({r.sampling.draft_sample_method or "unknown" for r in records
+                      if r.sampling.temperature > 0})
+    status, why = same_rule(status, why, methods, eval_rule)
     if not n and compare:
         status, why = UNCOUNTED, (f"no request carries acceptance counts ({len(records)} "
                                   f"without); pass --bundle to replay them through its draft")
@@ -228,9 +233,7 @@ def domain_drift(records: list[TrafficRecord], counts: list[Counts | None] | Non
         tau=_estimate(counted.tau, n, resamples, seed) if n else None, c=c, c_source=c_source,
         speedup_predicted=speedup,
         temperatures=sorted({r.sampling.temperature for r in records}), eval=eval_entry,
-        draft_sample_methods=sorted({r.sampling.draft_sample_method or "unknown"
-                                     for r in records if r.sampling.temperature > 0}),
-        status=status, why=why)
+        draft_sample_methods=methods, status=status, why=why)
 
 
 def drift_status(requests: int, alpha: Estimate | None, reference: float | None,
@@ -254,16 +257,18 @@ def drift_status(requests: int, alpha: Estimate | None, reference: float | None,
     return OK, f"{served} includes {source} {reference:.3f}"
 
 
-def same_rule(d: DomainDrift, eval_rule: str | None) -> None:
-    """Withhold ``d``'s comparison where its sampled requests were served under another
-    acceptance rule than the eval measured (vLLM's greedy drafting against draftkit's sampled
-    drafts, or the reverse): the two alphas then differ by the rule, not by drift."""
-    served = [m for m in d.draft_sample_methods if m != "unknown"]
+def same_rule(status: str, why: str, methods: list[str],
+              eval_rule: str | None) -> tuple[str, str]:
+    """(status, why), withheld where a domain's sampled requests were served under another
+    acceptance rule (``methods``, as :class:`DomainDrift` keeps them) than the eval measured
+    (vLLM's greedy drafting against draftkit's sampled drafts, or the reverse): the two alphas
+    then differ by the rule, not by drift."""
+    served = [m for m in methods if m != "unknown"]
     if eval_rule is None or not served or served == [eval_rule] or \
-            d.status not in (DRIFT, OK, ABOVE):
-        return
+            status not in (DRIFT, OK, ABOVE):
+        return status, why
     rule = served[0] if len(served) == 1 else "mixed"
-    d.status, d.why = OTHER_RULE, (
+    return OTHER_RULE, (
         f"served with {' and '.join(served)} drafts, the eval measured {eval_rule} drafts: "
         f"their alphas differ by the acceptance rule, not by drift; evaluate with `draftkit "
         f"eval --draft-sample-method {rule}` and export with that report to compare like with "
@@ -313,8 +318,7 @@ def traffic_drift(records: list[TrafficRecord], manifest: Manifest | None = None
             (overall_c, "bundle" if overall_c is not None else None)
         domains[name] = domain_drift(rs, xs, eval_entry=entry, c=c, c_source=source,
                                      min_requests=min_requests, fallback_alpha=fallback,
-                                     resamples=resamples)
-        same_rule(domains[name], eval_rule)
+                                     eval_rule=eval_rule, resamples=resamples)
     overall = domain_drift(records, counts, c=overall_c,
                            c_source=None if overall_c is None else "bundle",
                            compare=False, resamples=resamples)
