@@ -285,14 +285,14 @@ class Proxied:
         if self.recorder is None or not job.record:
             return rounds
         if served.prompt is None or served.bad_ids or len(served.completions) != choices:
-            self.unrecorded("no_ids", "vLLM returned no token ids, or ids outside the "
+            self.lacking("no_ids", "vLLM returned no token ids, or ids outside the "
                                       "vocabulary", self.metrics.not_recorded)
             return rounds
         if rounds is None:  # recorded all the same: draftkit traffic replays its acceptance
             why = ("n>1", "a request of n > 1 (vLLM counts one sequence)") if choices > 1 else \
                 ("no_counts", "vLLM reported no per-step speculative counts (start it with "
                               "--per-request-spec-decode-metrics detailed)")
-            self.unrecorded(*why, self.metrics.uncounted_record)
+            self.lacking(*why, self.metrics.uncounted_record)
         for index in range(choices):
             self.recorder.add(domain=job.domain, prompt_ids=served.prompt,
                               completion_ids=served.completions[index], sampling=job.sampling(
@@ -302,9 +302,10 @@ class Proxied:
                               rounds=rounds, draft=upstream.draft)
         return rounds
 
-    def unrecorded(self, reason: str, what: str, count) -> None:
-        """Count a request --record kept without what it should have (``count``, a metrics
-        door), and say it in the log the first time."""
+    def lacking(self, reason: str, what: str, count) -> None:
+        """Count a finished request whose answer lacked what a record needs (no token ids: not
+        recorded) or wants (no per-step counts: recorded without them), through ``count`` (a
+        metrics door), and say it in the log the first time."""
         count(reason)
         if reason not in self.warned:
             self.warned.add(reason)
