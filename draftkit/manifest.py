@@ -3,8 +3,7 @@
 unnoticed. The record's fields are the file's keys in the order written, so a manifest read and
 written again keeps its bytes (:mod:`draftkit.records`); its per-domain figures are narrowed from
 the eval report's own rows (:class:`DomainEntry`). A key no field names (a hand edit, or a later
-draftkit's field) is refused by its dotted name. The bundle's ``serving/preflight.py``
-(:mod:`draftkit.export.preflight`) runs where draftkit is not installed and reads the JSON itself.
+draftkit's field) is refused by its dotted name.
 
 A bundle's weights are hashed file by file in the manifest, and the figures serving decisions
 rest on (K, alpha, tau, c, the break-even batch) live in the manifest itself. So the manifest
@@ -23,31 +22,29 @@ Fields added later are optional, so a bundle exported before them still checks: 
 rest; where absent they read as None and are written back absent.
 
 Every command that loads a bundle checks its files against their hashes (:func:`check_files`,
-once per file per process) and every value the bundle states in two places against the other
-(:func:`check_consistent`), as ``draftkit check`` does.
-
-Long: the record and its checks, against itself and against the files it lists, are one
-concept, what a bundle says it is; apart, a field added to one would be missed by the other.
+every time) and every value the bundle states in two places against the other
+(:func:`check_consistent`), as ``draftkit check`` does. The seal, the ranges and those checks
+are :mod:`draftkit.bundle_checks` (the standard library only), which the bundle's own
+``serving/preflight.py`` runs too; this module adds the typed record and its keys.
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
-import math
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftkit import bundle_checks as checks
+from draftkit.bundle_checks import HASH, NAME, content_hash
 from draftkit.errors import ModelError
 from draftkit.io import read_json
 from draftkit.records import Record, added_later
 
-NAME = "draftkit.json"
 FORMAT = 2  # 2: the manifest hashes itself
-HASH = "manifest_sha256"
-_REMEDY = "re-export the bundle with `draftkit export`"
+_REMEDY = checks.REMEDY
 
 
 # --- the record -----------------------------------------------------------------------------------
@@ -199,16 +196,10 @@ class Manifest(Record):
     manifest_sha256: str | None = added_later()
 
 
-def content_hash(manifest: dict) -> str:
-    """sha256 of ``manifest`` without its own hash, as canonical JSON."""
-    body = {k: v for k, v in manifest.items() if k != HASH}
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def seal(manifest: dict) -> dict:
     """``manifest`` with its own hash added last."""
-    check_values(manifest, NAME)
+    with _model_error():
+        checks.check_values(manifest, NAME)
     return {**{k: v for k, v in manifest.items() if k != HASH}, HASH: content_hash(manifest)}
 
 
@@ -225,173 +216,48 @@ def read_manifest(bundle: str | Path) -> Manifest:
     its hash its own, or one ModelError line saying which field or that the hash does not
     match."""
     path = Path(bundle) / NAME
+    with _model_error():
+        checks.check_plain(Path(bundle))  # before a byte is read: no link out of the bundle
     manifest = read_json(path, "bundle manifest", _REMEDY, ModelError)
-    check_values(manifest, str(path))
+    if not isinstance(manifest, dict):
+        raise ModelError(f"{path} is not a JSON object; {_REMEDY}")
+    with _model_error():
+        checks.check_values(manifest, str(path))
     check_fields(manifest, str(path))
-    recorded = manifest.get(HASH)
-    if recorded is None:
-        raise ModelError(f"{path} has no {HASH} (exported by a draftkit before format "
-                         f"{FORMAT}, or the hash was removed), so its figures cannot be "
-                         f"trusted; {_REMEDY}")
-    if recorded != content_hash(manifest):
-        raise ModelError(f"{path} was edited after export: its content does not match its "
-                         f"{HASH}; {_REMEDY}")
+    with _model_error():
+        checks.check_seal(manifest, str(path))
     return Manifest.from_dict(manifest)
 
 
-# --- files ----------------------------------------------------------------------------------------
+# --- files and cross-checks: draftkit.bundle_checks, which the bundle's launcher runs too ------
 
 def bundle_files(root: str | Path) -> list[Path]:
-    """Every file in the bundle at ``root`` but the manifest: what ``files`` must list."""
-    return sorted(p for p in Path(root).rglob("*") if p.is_file() and p.name != NAME)
-
-
-_VERIFIED: set[tuple] = set()  # (path, size, mtime_ns, sha256) of files hashed in this process
+    """Every file in the bundle at ``root`` but the manifest and its signature: what ``files``
+    must list."""
+    return checks.bundle_files(Path(root))
 
 
 def check_files(root: str | Path, manifest: Manifest) -> None:
     """Every file the manifest lists present with its sha256 and none it does not list, or one
-    ModelError line naming the file. Each file is hashed once per process while its size and
-    mtime stay (a bundle's head is ~15 MB: ~30 ms)."""
-    from draftkit.io import sha256_file
-
-    root = Path(root)
-    for rel, digest in manifest.files.items():
-        path = root / rel
-        try:
-            stat = path.stat()
-        except OSError:
-            stat = None
-        if stat is None or not path.is_file():
-            raise ModelError(f"bundle file {rel} is missing; {_REMEDY}")
-        key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, digest)
-        if key in _VERIFIED:
-            continue
-        if sha256_file(path) != digest:
-            raise ModelError(f"bundle file {rel} does not match its sha256 in {NAME} "
-                             f"(modified or truncated); {_REMEDY}")
-        _VERIFIED.add(key)
-    extra = [p.relative_to(root).as_posix() for p in bundle_files(root)
-             if p.relative_to(root).as_posix() not in manifest.files]
-    if extra:
-        raise ModelError(f"bundle holds a file its manifest does not list: {extra[0]}; remove it "
-                         f"or {_REMEDY}")
+    ModelError line naming the file (:func:`draftkit.bundle_checks.check_files`)."""
+    with _model_error():
+        checks.check_files(Path(root), manifest.files)
 
 
-# --- one value, two places -----------------------------------------------------------------------
-
-_SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
-
-
-def check_consistent(root: str | Path, manifest: Manifest) -> None:
+def check_consistent(root: str | Path, manifest: Manifest) -> list[str]:
     """Every value the bundle at ``root`` states in two places stated the same in both, or one
-    ModelError line naming both places: K (the top level, the serving entry, serving/vllm.json),
-    the draft path vLLM is given, parallel drafting (the serving entry, serving/vllm.json, the
-    draft's config.json), the dtype (the draft entry, the serving entry, the draft's
-    config.json, its stored weights), an EAGLE-3 head's tapped layers and vocabulary size (the
-    draft entry, its config.json, its tensors), the serving target and the target entry, the
-    measured temperature and the report entry. Reads the draft's config.json and safetensors
-    headers only (milliseconds). Figures measured apart (a domain's alpha and tau: tau counts
-    the rounds adaptive K drafted nothing in) are range-checked, not compared."""
-    root = Path(root)
-
-    def differ(a: str, b: str) -> ModelError:
-        return ModelError(f"{root}: {a} but {b}; the bundle disagrees with itself: {_REMEDY}")
-
-    serving, draft, k = manifest.serving, manifest.draft, manifest.num_speculative_tokens
-    if serving is not None:
-        if serving.num_speculative_tokens != max(k, 1):
-            raise differ(f"{NAME} num_speculative_tokens is {k}",
-                         f"serving.num_speculative_tokens is {serving.num_speculative_tokens}")
-        if draft.dtype is not None and draft.dtype != serving.dtype:
-            raise differ(f"{NAME} draft.dtype is {draft.dtype}",
-                         f"serving.dtype is {serving.dtype}")
-        if manifest.target.kind != "hub" and serving.target != manifest.target.path:
-            raise differ(f"serving.target is {serving.target}",
-                         f"target.path is {manifest.target.path}")
-        temperature = manifest.report.temperature if manifest.report is not None else None
-        if None not in (temperature, serving.measured_temperature) and \
-                temperature != serving.measured_temperature:
-            raise differ(f"serving.measured_temperature is {serving.measured_temperature}",
-                         f"report.temperature is {temperature}")
-        _check_vllm_json(root, serving, differ)
-    if (manifest.report is not None or manifest.domains) and manifest.measured is False:
-        raise differ(f"{NAME} measured is false", "it records a report's figures")
-    config_path = root / "draft" / "config.json"
-    config = read_json(config_path, "draft config", _REMEDY, ModelError) \
-        if config_path.is_file() else {}
-    stored = config.get("torch_dtype") or config.get("dtype")
-    if draft.dtype is not None and stored not in (None, draft.dtype):
-        raise differ(f"{NAME} draft.dtype is {draft.dtype}",
-                     f"draft/config.json says {stored}")
-    tensors = _tensor_headers(root / "draft")
-    floats = sorted({_SAFETENSORS_DTYPES.get(t["dtype"], t["dtype"]) for t in tensors.values()
-                     if t["dtype"] in _SAFETENSORS_DTYPES})
-    if draft.dtype is not None and floats and floats != [draft.dtype]:
-        raise differ(f"{NAME} draft.dtype is {draft.dtype}",
-                     f"draft/'s weights are stored as {', '.join(floats)}")
-    if draft.kind != "eagle3":
-        return
-    layers = config.get("eagle_aux_hidden_state_layer_ids")
-    if draft.eagle_aux_hidden_state_layer_ids != layers:
-        raise differ(f"{NAME} records tapped layers {draft.eagle_aux_hidden_state_layer_ids}",
-                     f"draft/config.json {layers}")
-    n = draft.draft_vocab_size
-    if n is not None and config.get("draft_vocab_size") != n:
-        raise differ(f"{NAME} draft.draft_vocab_size is {n}",
-                     f"draft/config.json says {config.get('draft_vocab_size')}")
-    parallel = serving.engines.vllm.parallel_drafting if serving is not None else None
-    if serving is not None and bool(parallel) != bool(config.get("parallel_drafting")):
-        raise differ(f"{NAME} serving.engines.vllm.parallel_drafting is {parallel}",
-                     f"draft/config.json parallel_drafting is "
-                     f"{config.get('parallel_drafting')}")
-    rows = tensors.get("lm_head.weight", {}).get("shape", [n])[0]
-    if n is not None and rows != n:
-        raise differ(f"{NAME} draft.draft_vocab_size is {n}",
-                     f"draft/model.safetensors' lm_head.weight has {rows} rows")
+    ModelError line naming both (:func:`draftkit.bundle_checks.check_consistent`); notes that
+    are not faults (a moved bundle)."""
+    with _model_error():
+        return checks.check_consistent(Path(root), manifest.to_dict())
 
 
-def _check_vllm_json(root: Path, serving: ServingEntry, differ) -> None:
-    """serving/vllm.json as export writes it from the serving entry
-    (:func:`draftkit.export.serving.vllm_speculative_config`, not imported: importing
-    draftkit.export costs seconds), the draft it names this bundle's draft/ (wherever the
-    bundle now is: a moved bundle's scripts find it there)."""
-    path = root / "serving" / "vllm.json"
-    if not path.is_file():
-        return
-    written = read_json(path, "serving config", _REMEDY, ModelError)
-    named = written.get("model")
-    if not (isinstance(named, str) and Path(named).name == "draft"):
-        raise differ(f"serving/vllm.json names the draft at {named!r}",
-                     f"the bundle's draft is {root / 'draft'}")
-    table = serving.k_per_batch_size
-    want = {"method": serving.engines.vllm.method,
-            "num_speculative_tokens": max([serving.num_speculative_tokens] +
-                                          [k for _, _, k in table or []]),
-            "num_speculative_tokens_per_batch_size": table or None,
-            "parallel_drafting": serving.engines.vllm.parallel_drafting}
-    for key, value in want.items():
-        if written.get(key) != value:
-            raise differ(f"serving/vllm.json says {key} {written.get(key)!r}",
-                         f"{NAME}'s serving entry makes it {value!r}")
-
-
-def _tensor_headers(folder: Path) -> dict[str, dict]:
-    """name -> {"dtype", "shape"} of every tensor in ``folder``'s safetensors files, read from
-    their headers (the standard library only: no weights, no torch)."""
-    import struct
-
-    out: dict[str, dict] = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        try:
-            with open(file, "rb") as f:
-                size = struct.unpack("<Q", f.read(8))[0]
-                header = json.loads(f.read(size))
-        except (OSError, ValueError, struct.error):
-            raise ModelError(f"{file} is not a safetensors file (its header does not read); "
-                             f"{_REMEDY}") from None
-        out.update({k: v for k, v in header.items() if k != "__metadata__"})
-    return out
+@contextlib.contextmanager
+def _model_error():
+    try:
+        yield
+    except checks.BundleError as e:
+        raise ModelError(str(e)) from None
 
 
 # --- keys -----------------------------------------------------------------------------------------
@@ -437,81 +303,3 @@ def _unknown(value, tp, name: str) -> tuple[str, str] | None:
 
 def _dotted(name: str, key: str) -> str:
     return f"{name}.{key}" if name else key
-
-
-# --- ranges ---------------------------------------------------------------------------------------
-
-def check_values(manifest: dict, where: str) -> None:
-    """Refuse a manifest whose structure or figures are out of range, naming the field."""
-    def bad(field: str, value, want: str) -> ModelError:
-        return ModelError(f"{where}: {field} is {value!r}, {want}; {_REMEDY}")
-
-    for key in ("target", "draft", "files"):
-        if not isinstance(manifest.get(key), dict):
-            raise bad(key, manifest.get(key), "not a mapping")
-    for rel, digest in manifest["files"].items():
-        if not (isinstance(digest, str) and len(digest) == 64):
-            raise bad(f"files.{rel}", digest, "not a sha256")
-    k = manifest.get("num_speculative_tokens")
-    if not _is_int(k) or k < 0:
-        raise bad("num_speculative_tokens", k, "not a whole number of at least 0")
-    be = manifest.get("break_even_batch")
-    if be is not None and (not _is_int(be) or be < 1):
-        raise bad("break_even_batch", be, "not a batch size of at least 1")
-    domains = manifest.get("domains", {})
-    if not isinstance(domains, dict):
-        raise bad("domains", domains, "not a mapping")
-    for name, row in domains.items():
-        if not isinstance(row, dict):
-            raise bad(f"domains.{name}", row, "not a mapping")
-        for figure, ok, want in _FIGURES:
-            value = row.get(figure)
-            if value is not None and not (_is_number(value) and ok(value)):
-                raise bad(f"domains.{name}.{figure}", value, want)
-        if row.get("k") is not None and (not _is_int(row["k"]) or row["k"] < 0):
-            raise bad(f"domains.{name}.k", row["k"], "not a whole number of at least 0")
-    if manifest.get("serving") is not None:  # added later: bundles before it have none
-        _check_serving(manifest["serving"], bad)
-
-
-DTYPES = ("float32", "float16", "bfloat16")
-
-
-def _check_serving(serving, bad) -> None:
-    """The ``serving`` entry's structure and values."""
-    if not isinstance(serving, dict):
-        raise bad("serving", serving, "not a mapping")
-    if serving.get("dtype") not in DTYPES:
-        raise bad("serving.dtype", serving.get("dtype"), f"not one of {', '.join(DTYPES)}")
-    tp = serving.get("tp_sizes")
-    if not (isinstance(tp, list) and all(_is_int(n) and n >= 1 for n in tp)):
-        raise bad("serving.tp_sizes", tp, "not a list of sizes of at least 1")
-    k = serving.get("num_speculative_tokens")
-    if not _is_int(k) or k < 1:
-        raise bad("serving.num_speculative_tokens", k, "not a whole number of at least 1")
-    table = serving.get("k_per_batch_size")
-    if table is not None and not (isinstance(table, list) and all(
-            isinstance(r, list) and len(r) == 3 and all(_is_int(x) for x in r) and
-            1 <= r[0] <= r[1] and r[2] >= 0 for r in table)):
-        raise bad("serving.k_per_batch_size", table, "not a list of [first batch size, last, "
-                  "K >= 0]")
-    if not isinstance(serving.get("engines"), dict):
-        raise bad("serving.engines", serving.get("engines"), "not a mapping")
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
-        math.isfinite(value)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-_FIGURES = (  # (field, in range, what it must be)
-    ("alpha", lambda x: 0.0 <= x <= 1.0, "not an acceptance rate in [0, 1]"),
-    ("tau", lambda x: x >= 1.0, "not an accepted length of at least 1"),
-    ("c", lambda x: x >= 0.0, "not a cost ratio of at least 0"),
-    ("speedup_measured", lambda x: x > 0.0, "not a speedup above 0"),
-    ("speedup_predicted", lambda x: x > 0.0, "not a speedup above 0"),
-)

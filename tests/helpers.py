@@ -553,6 +553,21 @@ def write_manifest(bundle: Path, manifest: dict | None = None, **fields) -> dict
     return manifest
 
 
+def reseal(bundle: Path, vllm_json: bool = True) -> dict:
+    """``bundle`` made consistent again after a test edited its files, as an exporter at its
+    place would write it: serving/vllm.json naming this bundle's own draft/, every file
+    rehashed, the manifest resealed: the edit reaches the checks after the hashes'."""
+    from draftkit.io import sha256_file
+
+    spec = bundle / "serving" / "vllm.json"
+    if spec.is_file() and vllm_json:  # False: a test's own edit of it
+        spec.write_text(json.dumps({**json.loads(spec.read_text()),
+                                    "model": str(bundle / "draft")}))
+    manifest = json.loads((bundle / "draftkit.json").read_text())
+    manifest["files"] = {rel: sha256_file(bundle / rel) for rel in manifest["files"]}
+    return write_manifest(bundle, manifest)
+
+
 def fake_engines(tmp_path: Path, vllm: str = "0.34.0", sglang: str = "0.5.23") -> dict:
     """An environment whose ``vllm`` and ``python`` are stand-ins that print the arguments
     they were given, one a line: what a bundle's serving scripts would launch. Asked for their

@@ -20,9 +20,9 @@ from draftkit.errors import ModelError
 from draftkit.export.bundle import check_bundle, export_bundle
 from draftkit.export.k import REPORT, ExportK
 from draftkit.export.eagle3 import KIND as EAGLE3
-from draftkit.io import read_json
 from draftkit.manifest import NAME as MANIFEST
 from draftkit.manifest import Manifest, read_manifest
+from draftkit.manifest import check_consistent
 from draftkit.models.args import ModelArgs
 from draftkit.tracking import Tracker
 
@@ -114,12 +114,8 @@ def check(args: CheckArgs) -> Manifest:
         f"{entry.eagle_aux_hidden_state_layer_ids}" if entry.kind == EAGLE3 else ""
     print(f"bundle {args.bundle} OK: {len(manifest.files)} files verified, target "
           f"{manifest.target.name}{head}, K={manifest.num_speculative_tokens}")
-    draft, spec = Path(args.bundle).resolve() / "draft", Path(args.bundle) / "serving/vllm.json"
-    named = read_json(spec, "serving config", "re-export the bundle", ModelError).get("model") \
-        if spec.is_file() else str(draft)
-    if named != str(draft):  # hashed, so it keeps the path the bundle was exported at
-        print(f"note: the bundle has moved; serving/vllm.json names the draft at {named}, now "
-              f"at {draft} (serving/vllm.sh and sglang.sh find it where it is)")
+    for note in check_consistent(args.bundle, manifest):  # a moved bundle, say
+        print(f"note: {note}")
     return manifest
 
 

@@ -7,8 +7,9 @@ not have draftkit).
 (``INSTALLED_VERSION`` ends ``+cpu`` for vLLM's CPU build, which is launched through its OpenAI
 server module: its ``vllm`` command cannot start.)
 
-It checks ``draftkit.json``'s own seal (``manifest_sha256``) and the sha256 of every file it
-lists before it reads any value, then reads what export recorded (its ``serving`` entry, beside
+It checks the bundle as ``draftkit check`` does, by the same code (``bundle_checks.py``,
+copied beside it): ``draftkit.json``'s own seal, its values, the sha256 of every file it lists
+and every value it states twice, before it reads any value; then it reads what export recorded (its ``serving`` entry, beside
 ``serving/``) and prints the engine's command, one argument a line, or one line on stderr and
 exit status 1 when the engine would not serve the bundle as measured: a release older than the
 bundle needs, a target other than the one exported for (its content hash), a tensor-parallel
@@ -21,11 +22,17 @@ are added where the installed release has them, and said on stderr where it does
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import sys
 from pathlib import Path
+
+if __package__:  # draftkit.export.preflight
+    from draftkit import bundle_checks as checks
+else:  # serving/preflight.py in a bundle: the copy of draftkit.bundle_checks beside it
+    sys.dont_write_bytecode = True  # a __pycache__ in the bundle is a file it does not list
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bundle_checks as checks  # noqa: E402
 
 BUNDLE = Path(__file__).resolve().parent.parent
 NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
@@ -47,47 +54,27 @@ def at_least(installed: tuple[int, ...], wanted: str) -> bool:
     return installed + (0,) * (width - len(installed)) >= want + (0,) * (width - len(want))
 
 
-def target_hash(folder: Path) -> str:
-    """The target's content hash as export records it: sha256 over config.json's and each
-    safetensors file's name and sha256, in that order (draftkit.models.resolve.content_hash)."""
-    h = hashlib.sha256()
-    for f in sorted(folder.glob("config.json")) + sorted(folder.glob("*.safetensors")):
-        h.update(f.name.encode())
-        h.update(file_hash(f).encode())
-    return h.hexdigest()
-
-
-def file_hash(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def read_sealed(bundle: Path) -> dict:
-    """``draftkit.json`` with its seal checked (``manifest_sha256``: sha256 of the manifest
-    without that key, as canonical JSON: keys sorted, no spaces; draftkit.manifest.content_hash),
-    and every file it lists with its sha256, before any value of it is used."""
-    path = bundle / "draftkit.json"
+    """``draftkit.json`` checked as ``draftkit check`` checks it, by the same code
+    (``bundle_checks.py``): no link out of the bundle, its values in range, its seal
+    (``manifest_sha256``), every file it lists with its sha256 and none it does not, every value
+    it states twice stated alike; before any value of it is used."""
+    path = bundle / checks.NAME
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise Refused(f"{path} does not read as JSON ({type(e).__name__}); re-export the "
-                      f"bundle") from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
-        raise Refused(f"{path} is not a draftkit bundle manifest; re-export the bundle")
-    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    if manifest.get("manifest_sha256") != hashlib.sha256(text.encode()).hexdigest():
-        raise Refused(f"{path} was edited after export: its content does not match its "
-                      f"manifest_sha256; re-export the bundle")
-    for rel, want in manifest["files"].items():
-        if not (bundle / rel).is_file():
-            raise Refused(f"bundle file {rel} is missing; re-export the bundle")
-        if file_hash(bundle / rel) != want:
-            raise Refused(f"bundle file {rel} does not match its sha256 in draftkit.json "
-                          f"(modified or truncated); re-export the bundle")
+        checks.check_plain(bundle)
+        try:
+            manifest = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise Refused(f"{path} does not read as JSON ({type(e).__name__}); re-export the "
+                          f"bundle") from None
+        if not isinstance(manifest, dict):
+            raise Refused(f"{path} is not a draftkit bundle manifest; re-export the bundle")
+        checks.check_values(manifest, str(path))
+        checks.check_seal(manifest, str(path))
+        checks.check_files(bundle, manifest["files"])
+        checks.check_consistent(bundle, manifest)
+    except checks.BundleError as e:
+        raise Refused(str(e)) from None
     return manifest
 
 
@@ -122,10 +109,15 @@ def check_target(manifest: dict, given: str | None) -> str:
     one."""
     serving, recorded = manifest["serving"], manifest["target"]
     if given is None:
+        if recorded.get("kind") != "hub" and not Path(serving["target"]).is_dir():
+            # an engine would read a path that is not there as a hub id and download it
+            raise Refused(f"the target this bundle was exported for, {serving['target']}, is "
+                          f"not a folder here; pass --target PATH (its content hash is "
+                          f"checked)")
         return serving["target"]
     folder = Path(given)
     want = recorded.get("sha256")
-    if want and folder.is_dir() and target_hash(folder) != want:
+    if want and folder.is_dir() and checks.target_hash(folder) != want:
         raise Refused(f"the target at {given} is not the one this bundle was exported for "
                       f"({recorded.get('name')}: its content hash differs); pass that target")
     if want and not folder.is_dir():

@@ -148,13 +148,15 @@ _LAUNCHERS = {"vllm": 'if [ "${argv[0]}" = python ]; then argv[0]="$python_of_vl
 
 def write_serving(folder: Path, entry: ServingEntry, draft_dir: str, kind: str, k: int,
                   figures: dict[str, DomainEntry]) -> None:
-    """``folder``/vllm.json, vllm.sh, sglang.sh, preflight.py, hf_transformers.py and README.md
+    """``folder``/vllm.json, vllm.sh, sglang.sh, preflight.py (with the bundle_checks.py it
+    runs), hf_transformers.py and README.md
     for the ``serving`` ``entry``; ``k`` is the recommended K (0 is said in every file),
     ``figures`` the manifest's measured figures per domain (its ``domains``)."""
     folder.mkdir(parents=True, exist_ok=True)
     spec = vllm_speculative_config(draft_dir, entry)
     (folder / "vllm.json").write_text(json.dumps(spec, indent=2) + "\n")
     shutil.copyfile(preflight.__file__, folder / "preflight.py")
+    shutil.copyfile(preflight.checks.__file__, folder / "bundle_checks.py")  # preflight's checks
     for engine in ("vllm", "sglang"):
         (folder / f"{engine}.sh").write_text(
             "#!/usr/bin/env bash\n" + _header(engine, entry, k < 1, Path(draft_dir).parent) +
@@ -188,8 +190,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 here = Path(__file__).resolve().parent
+sys.dont_write_bytecode = True  # a __pycache__ in the bundle is a file it does not list
 sys.path.insert(0, str(here))
-import preflight  # noqa: E402  (beside this file: the target check the shell scripts run)
+import preflight  # noqa: E402  (beside this file: the checks the shell scripts run)
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--target", default=None)
@@ -197,8 +200,8 @@ parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else
 parser.add_argument("--dtype", default={entry.dtype!r},
                     choices=["float32", "float16", "bfloat16"])
 args = parser.parse_args()
-manifest = preflight.json.loads((here.parent / "draftkit.json").read_text())
-try:
+try:  # the bundle checked as `draftkit check` checks it, before any value is used
+    manifest = preflight.read_sealed(here.parent)
     target_path = preflight.check_target(manifest, args.target)
 except preflight.Refused as e:
     sys.exit(f"draftkit bundle: {{e}}")

@@ -13,14 +13,13 @@ Accepted, in this order:
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from draftkit.bundle_checks import target_hash
 from draftkit.errors import ModelError
-from draftkit.io import sha256_file
 from draftkit.manifest import NAME as MANIFEST
 from draftkit.manifest import check_consistent, check_files, read_manifest
 from draftkit.models.embedded import EMBEDDED_NAME, embedded_dir, gguf_to_dir
@@ -141,10 +140,5 @@ def content_hash(ref: ResolvedModel) -> str:
     """sha256 over a model folder's config.json and weights (each file's name and sha256):
     what a bundle records of its target, so a head exported for one target is not run on
     another of the same shape (a base model for its instruct model, say). Reads every weight
-    byte: about a second a GB."""
-    h = hashlib.sha256()
-    folder = Path(ref.path)
-    for f in sorted(folder.glob("config.json")) + sorted(folder.glob("*.safetensors")):
-        h.update(f.name.encode())
-        h.update(sha256_file(f).encode())
-    return h.hexdigest()
+    byte: about a second a GB. The bundle's launcher computes it with the same function."""
+    return target_hash(Path(ref.path))

@@ -17,12 +17,11 @@ from draftkit.cli import main
 from draftkit.errors import ModelError
 from draftkit.export import check_bundle, export_bundle
 from draftkit.export.bundle import target_reference
-from draftkit.io import sha256_file
 from draftkit.models import resolve_model
 from draftkit.models.eagle3 import from_target, load_eagle3
 from draftkit.models.reduced_head import ReducedHead
-from tests.helpers import (fake_engines, make_llama, make_qwen3, make_tokenizer, save_head,
-                           save_model, write_manifest)
+from tests.helpers import (fake_engines, make_llama, make_qwen3, make_tokenizer, reseal,
+                           save_head, save_model, write_manifest)
 
 IDS = [1, 2, 5, 9, 40, 60, 77]  # the draft vocabulary, N = 7
 LAYERS = [2, 4, 5]  # the references' default for an 8-layer target: [2, L // 2, L - 3]
@@ -65,9 +64,7 @@ def _probe(target, seed: int = 0):
 def _rehash(bundle: Path) -> None:
     """The manifest's hashes for the bundle's files as they are now: edits below reach the
     layout checks instead of stopping at the hash check."""
-    manifest = json.loads((bundle / "draftkit.json").read_text())
-    manifest["files"] = {rel: sha256_file(bundle / rel) for rel in manifest["files"]}
-    write_manifest(bundle, manifest)
+    reseal(bundle)
 
 
 # --- export -------------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ from draftkit.cli import main
 from draftkit.errors import DraftkitError, ModelError
 from draftkit.export import check_bundle, export_bundle
 from draftkit.export import engines, preflight
-from draftkit.models.resolve import content_hash, resolve_model
 from tests.helpers import fake_engines, make_llama, make_tokenizer, save_model, write_manifest
 
 
@@ -363,7 +362,6 @@ def test_every_script_takes_the_target_and_checks_its_hash(tiny_dirs, tmp_path):
         done = _run(out / "serving" / script, env, "--target", str(other))
         assert done.returncode == 1 and done.stdout == ""
         assert "is not the one this bundle was exported for" in done.stderr
-    assert preflight.target_hash(here) == content_hash(resolve_model(str(target_dir)))
 
     # the HF snippet: the same check, the models in the dtype and on the device passed
     snippet = out / "serving" / "hf_transformers.py"

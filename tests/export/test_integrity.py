@@ -9,7 +9,6 @@ caught by the head check (models/head_check.py) or by the manifest's own consist
 """
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,38 +18,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from draftkit.cli import main
-from draftkit.export import export_bundle
 from draftkit.models.head_check import TARGET_FILE, record_target
 from draftkit.models.resolve import resolve_model
-from tests.export.test_eagle3 import _rehash, _saved
-from tests.helpers import make_llama, make_tokenizer, save_model, write_manifest
-
-
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """(target folder, loose head folder, bundle) built once; each test edits a copy."""
-    tmp = tmp_path_factory.mktemp("integrity")
-    _, target_dir, head_dir = _saved(tmp)
-    bundle = export_bundle(str(target_dir), str(head_dir), tmp / "bundle", k=2)
-    return target_dir, head_dir, bundle
-
-
-@pytest.fixture
-def bundle(exported, tmp_path):
-    """A copy of the exported bundle, and its target's folder."""
-    target_dir, _, original = exported
-    copy = tmp_path / "bundle"
-    shutil.copytree(original, copy)
-    return copy, target_dir
-
-
-@pytest.fixture
-def head(exported, tmp_path):
-    """A copy of the loose head, and its target's folder."""
-    target_dir, original, _ = exported
-    copy = tmp_path / "head"
-    shutil.copytree(original, copy)
-    return copy, target_dir
+from tests.export.test_eagle3 import _rehash
+from tests.helpers import make_llama, make_tokenizer, reseal, save_model, write_manifest
 
 
 def _refused(capsys, argv: list[str], says: str) -> str:
@@ -271,10 +242,10 @@ def test_a_vllm_json_naming_another_head_is_refused(bundle, tmp_path, capsys):
     spec = json.loads((out / "serving" / "vllm.json").read_text())
     (out / "serving" / "vllm.json").write_text(json.dumps(
         {**spec, "model": str(tmp_path / "other-head"), "num_speculative_tokens": 9}))
-    _rehash(out)
+    reseal(out, vllm_json=False)
     _refused(capsys, ["check", str(out)], "serving/vllm.json names the draft at")
     (out / "serving" / "vllm.json").write_text(json.dumps({**spec, "num_speculative_tokens": 9}))
-    _rehash(out)
+    reseal(out, vllm_json=False)
     _refused(capsys, ["check", str(out)], "serving/vllm.json says num_speculative_tokens 9 but "
                                           "draftkit.json's serving entry makes it 2")
 

@@ -1,9 +1,11 @@
 import json
+import shutil
 
 import pytest
 import torch
 
 from draftkit.errors import DraftkitError, ModelError
+from draftkit.io import sha256_file
 from draftkit.models import check_compatible, load_model, load_pair, load_tokenizer, resolve_model
 from draftkit.models.derive import derive_by_layers, derive_random, save_draft
 from tests.helpers import make_llama, make_tokenizer, save_model, write_manifest
@@ -41,11 +43,17 @@ def test_bad_gguf_is_clear(monkeypatch, tmp_path):
 def test_bundle_resolution(tiny_dirs, tmp_path):
     target_dir, draft_dir = tiny_dirs
     bundle = tmp_path / "bundle"
-    bundle.mkdir()
-    (bundle / "draft").symlink_to(draft_dir, target_is_directory=True)
-    write_manifest(bundle, target={"name": "tiny", "path": str(target_dir)})
-    assert resolve_model(str(bundle), "draft").path == draft_dir.resolve()
+    shutil.copytree(draft_dir, bundle / "draft")
+    files = {p.relative_to(bundle).as_posix(): sha256_file(p)
+             for p in sorted((bundle / "draft").iterdir())}
+    write_manifest(bundle, target={"name": "tiny", "path": str(target_dir)}, files=files)
+    assert resolve_model(str(bundle), "draft").path == (bundle / "draft").resolve()
     assert resolve_model(str(bundle), "target").path == target_dir.resolve()
+    # a bundle is plain files: a link would have the checks read outside it
+    shutil.rmtree(bundle / "draft")
+    (bundle / "draft").symlink_to(draft_dir, target_is_directory=True)
+    with pytest.raises(ModelError, match="holds a symbolic link, draft; a bundle is plain"):
+        resolve_model(str(bundle), "draft")
 
 
 def test_derive_layers_equals_hand_built(tmp_path):
