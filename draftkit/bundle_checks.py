@@ -139,6 +139,14 @@ def check_values(manifest: dict, where: str) -> None:
             raise bad(f"domains.{name}.k", row["k"], "not a whole number of at least 0")
     if manifest.get("serving") is not None:  # added later: bundles before it have none
         _check_serving(manifest["serving"], bad)
+    signing = manifest.get("signing")
+    if signing is not None and not (
+            isinstance(signing, dict) and signing.get("method") in ("key", "certificate", "none")
+            and (signing["method"] == "none" or (
+                isinstance(signing.get("key_id"), str) and len(signing["key_id"]) == 64 and
+                isinstance(signing.get("public_key"), str)))):
+        raise bad("signing", signing, "not a signing entry (method key, certificate or none; "
+                  "a signed one's key_id and public_key)")
 
 
 def _check_serving(serving, bad) -> None:

@@ -17,6 +17,7 @@ import sys
 from draftkit import __version__
 from draftkit.config import add_arguments, describe_keys, from_namespace
 from draftkit.errors import DraftkitError
+from draftkit.signing import set_trusted
 
 # name, module, args dataclass, function, one-line help
 COMMANDS: list[tuple[str, str, str, str, str]] = [
@@ -30,6 +31,8 @@ COMMANDS: list[tuple[str, str, str, str, str]] = [
      "measure alpha, tau, c and speedup per domain and write a report"),
     ("regimes", "draftkit.evaluate.command", "RegimesArgs", "regimes",
      "measure where speculation stops paying: entropy, draft cost, domain mismatch, batch size"),
+    ("keygen", "draftkit.signing", "KeygenArgs", "keygen",
+     "make a key pair to sign bundles with, and to trust them by"),
     ("export", "draftkit.export.command", "ExportArgs", "export",
      "export a draft as a bundle that HF, vLLM and SGLang take as it is"),
     ("check", "draftkit.export.command", "CheckArgs", "check",
@@ -129,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(entry[1])
     try:
         args = from_namespace(getattr(module, entry[2]), ns)
+        set_trusted(getattr(args, "trusted_key", None))  # every bundle this process loads
         getattr(module, entry[3])(args)
     except DraftkitError as e:
         print(f"draftkit {ns.command}: error: {e}", file=sys.stderr)

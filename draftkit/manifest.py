@@ -25,7 +25,8 @@ Every command that loads a bundle checks its files against their hashes (:func:`
 every time) and every value the bundle states in two places against the other
 (:func:`check_consistent`), as ``draftkit check`` does. The seal, the ranges and those checks
 are :mod:`draftkit.bundle_checks` (the standard library only), which the bundle's own
-``serving/preflight.py`` runs too; this module adds the typed record and its keys.
+``serving/preflight.py`` runs too; this module adds the typed record and its keys. Who signed
+the bundle is :mod:`draftkit.signing`'s.
 """
 
 from __future__ import annotations
@@ -172,6 +173,16 @@ class ServingEntry(Record):
 
 
 @dataclass(kw_only=True)
+class SigningEntry(Record):
+    """How the bundle is signed (:mod:`draftkit.signing`), recorded before it is: the
+    signature, ``draftkit.sig``, covers the manifest."""
+
+    method: str  # key, certificate, or none (exported with --unsigned)
+    key_id: str | None = None  # sha256 of the signer's public key PEM
+    public_key: str | None = None  # the signer's public key PEM: a bundle checks by itself
+
+
+@dataclass(kw_only=True)
 class Manifest(Record):
     """``draftkit.json``. Its own hash, ``manifest_sha256``, is set by :func:`write_manifest`
     and :func:`read_manifest` (None on a record not yet written)."""
@@ -193,6 +204,7 @@ class Manifest(Record):
     recipe: RecipeEntry | None
     versions: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)  # path in the bundle -> sha256
+    signing: SigningEntry | None = added_later()  # bundles before signing have none
     manifest_sha256: str | None = added_later()
 
 

@@ -43,6 +43,7 @@ from draftkit.export import export_bundle
 from draftkit.io import atomic_write_text
 from draftkit.models import load_model, load_tokenizer, resolve_model
 from draftkit.models.derive import derive_by_layers, save_draft
+from draftkit.signing import KEY_ENV, Signer, SigningArgs, new_key_pair
 from draftkit.tracking import Tracker
 
 RECIPE = Path("smollm2-135m-instruct_to_eagle3") / "quickstart_ttt.yaml"
@@ -54,9 +55,11 @@ REFERENCE_RUN = ("eval", "results", "reports", "2026-12-05-make-demo-fresh-clone
 UNTRAINED_SHOWN = ("chat", "creative")
 
 
-@dataclass
-class QuickstartArgs:
-    """Derive, distill, evaluate and export a draft for the embedded SmolLM2-135M-Instruct."""
+@dataclass(kw_only=True)
+class QuickstartArgs(SigningArgs):
+    """Derive, distill, evaluate and export a draft for the embedded SmolLM2-135M-Instruct. The
+    bundle is signed: by --signing-key (or $DRAFTKIT_SIGNING_KEY) where one is given, else by
+    a key pair made in OUT/keys on the first run."""
 
     out: str = option("runs/quickstart", help="output directory")
     minutes: float | None = option(None, help="also stop distillation after M minutes (a time "
@@ -183,6 +186,7 @@ def quickstart(args: QuickstartArgs) -> EvalReport:
         now = time.perf_counter()
         actual[stage], ended[0] = (now - ended[0]) / 60, now
 
+    signer = _signer(args, out)  # before the long stages: a wrong key is named now
     recipe = Path(args.recipe) if args.recipe else _repo_file("recipes", str(RECIPE))
     cfg0 = load_config(recipe)
     head = cfg0.draft.kind == "eagle3"
@@ -227,7 +231,7 @@ def quickstart(args: QuickstartArgs) -> EvalReport:
 
     stamp("5/6 export the bundle")
     bundle = export_bundle("embedded", str(best), out / "bundle", report=report,
-                           recipe=out / "distill" / "config.yaml", force=True)
+                           recipe=out / "distill" / "config.yaml", force=True, signer=signer)
     with Tracker("export", {"bundle": str(bundle)}, out_dir=out, group=group) as tracker:
         tracker.log_artifact(bundle, name="quickstart-bundle", type="model")
     done("export")
@@ -243,8 +247,10 @@ def quickstart(args: QuickstartArgs) -> EvalReport:
     print(headline(report))
     if report.plain_step is not None:
         print(plain_step_text(report))
+    trust = f" --trusted-key {signer.private_key.with_name('draftkit.pub')}" \
+        if signer is not None and signer.private_key.parent == out / "keys" else ""
     print(f"report: {out / 'report.md'}   bundle: {bundle}   "
-          f"(serve it: {bundle / 'serving'}; verify: draftkit check {bundle})")
+          f"(serve it: {bundle / 'serving'}; verify: draftkit check {bundle}{trust})")
     print(f"total {(time.perf_counter() - t_start) / 60:.1f} min")
     if timing is not None:
         timing.actual_minutes = actual
@@ -255,6 +261,19 @@ def quickstart(args: QuickstartArgs) -> EvalReport:
                   f"{off:+.0%} off (each stage's estimate and actual minutes: "
                   f"{out / 'timing.json'})")
     return report
+
+
+def _signer(args: QuickstartArgs, out: Path) -> Signer | None:
+    """Who signs the bundle: the key given (or none, with --unsigned), else the key pair in
+    ``out``/keys, made on the first run."""
+    if args.unsigned or args.signing_key or os.environ.get(KEY_ENV):
+        return args.signer()
+    private = out / "keys" / "draftkit.key"
+    if not private.is_file():
+        new_key_pair(private.parent)
+        print(f"made a key pair to sign the bundle with in {private.parent} (a team signs with "
+              f"its own: serve/README.md, signed bundles)")
+    return Signer(private)
 
 
 def _estimate(cfg, args: QuickstartArgs, domains: int, started: float) -> Timing:

@@ -10,7 +10,33 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # fails its launch with a line naming what it waited at (distill/distributed.py).
 os.environ.setdefault("DRAFTKIT_DIST_TIMEOUT", "60")
 
+import atexit  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
 import pytest  # noqa: E402
+
+# Every bundle a test exports is signed, as a user's is, by one key made for the session (the
+# processes tests start sign with it too); tests/export/test_signing.py tries the others.
+_KEYS = tempfile.mkdtemp(prefix="draftkit-test-keys-")
+atexit.register(shutil.rmtree, _KEYS, ignore_errors=True)
+os.environ.pop("DRAFTKIT_TRUSTED_KEYS", None)
+
+
+def _session_key() -> None:
+    from draftkit.signing import KEY_ENV, new_key_pair
+
+    os.environ[KEY_ENV] = str(new_key_pair(_KEYS)[0])
+
+
+_session_key()
+
+
+@pytest.fixture(autouse=True)
+def _trust_unset(monkeypatch):
+    """No test trusts a key it did not set: `draftkit ... --trusted-key` sets the process's
+    DRAFTKIT_TRUSTED_KEYS (for the processes it starts), undone after each test."""
+    monkeypatch.setenv("DRAFTKIT_TRUSTED_KEYS", "")
 
 
 def pytest_collection_modifyitems(items):

@@ -11,6 +11,7 @@ import copy
 import functools
 import importlib.util
 import json
+import os
 import random
 import socket
 import threading
@@ -542,21 +543,28 @@ def load_script(path: Path):
 
 def write_manifest(bundle: Path, manifest: dict | None = None, **fields) -> dict:
     """Write ``bundle``/draftkit.json sealed with its own hash, as export writes it: the
-    ``manifest`` given (a test's edit of a real one) or a minimal one with ``fields``."""
+    ``manifest`` given (a test's edit of a real one) or a minimal one with ``fields``. A signed
+    bundle is signed again with the tests' key (a forger who holds the key): the edit reaches
+    the checks after the signature's."""
+    from draftkit.bundle_checks import SIGNATURE
     from draftkit.manifest import NAME, seal
+    from draftkit.signing import KEY_ENV, Signer
 
     if manifest is None:
         manifest = {"target": {}, "draft": {}, "files": {}, "num_speculative_tokens": 0,
                     **fields}
     manifest = seal(manifest)
     (bundle / NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    if (bundle / SIGNATURE).is_file():
+        Signer(Path(os.environ[KEY_ENV])).sign(bundle)
     return manifest
 
 
 def reseal(bundle: Path, vllm_json: bool = True) -> dict:
     """``bundle`` made consistent again after a test edited its files, as an exporter at its
     place would write it: serving/vllm.json naming this bundle's own draft/, every file
-    rehashed, the manifest resealed: the edit reaches the checks after the hashes'."""
+    rehashed, the manifest resealed (and signed with the tests' key): the edit reaches the
+    checks after the hashes'."""
     from draftkit.io import sha256_file
 
     spec = bundle / "serving" / "vllm.json"
@@ -566,6 +574,18 @@ def reseal(bundle: Path, vllm_json: bool = True) -> dict:
     manifest = json.loads((bundle / "draftkit.json").read_text())
     manifest["files"] = {rel: sha256_file(bundle / rel) for rel in manifest["files"]}
     return write_manifest(bundle, manifest)
+
+
+def forge(bundle: Path, key_folder: Path) -> None:
+    """:func:`reseal`, then signed by a key of a forger's own (recorded in the manifest, as an
+    honest export records its signer)."""
+    from draftkit.signing import Signer, new_key_pair
+
+    manifest = reseal(bundle)
+    forger = Signer(new_key_pair(key_folder)[0])
+    manifest["signing"] = forger.entry().to_dict()
+    write_manifest(bundle, manifest)
+    forger.sign(bundle)
 
 
 def fake_engines(tmp_path: Path, vllm: str = "0.34.0", sglang: str = "0.5.23") -> dict:

@@ -35,6 +35,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from draftkit.bundle_signature import UNSIGNED
 from draftkit.errors import DraftkitError, ModelError
 from draftkit.evaluate.figures import EvalReport
 from draftkit.evaluate.analysis import shown_speedup
@@ -45,8 +46,8 @@ from draftkit.export.k import REPORT, ExportKValue, check_export_k, recommended_
 from draftkit.export.serving import serving_entry, write_serving
 from draftkit.io import atomic_dir, read_json, sha256_file
 from draftkit.manifest import (FORMAT, DomainEntry, DraftEntry, Manifest, RecipeEntry,
-                               ReportEntry, ServingEntry, TargetEntry, bundle_files,
-                               check_consistent, check_files, read_manifest,
+                               ReportEntry, ServingEntry, SigningEntry, TargetEntry,
+                               bundle_files, check_consistent, check_files, read_manifest,
                                write_manifest)
 from draftkit.manifest import NAME as MANIFEST
 from draftkit.models import check_compatible, load_tokenizer, resolve_model
@@ -55,6 +56,9 @@ from draftkit.models.load import is_eagle3_dir, load_causal_lm
 from draftkit.models.reduced_head import FILE, ReducedHead
 from draftkit.models.resolve import content_hash
 from draftkit.models.save import save_model, save_tokenizer
+from draftkit.signing import Signer, signer_from, verify
+
+FROM_ENV = "env"  # export_bundle's signer: the key DRAFTKIT_SIGNING_KEY names
 
 
 # --- hashing ------------------------------------------------------------------------------------
@@ -159,14 +163,16 @@ def _cast(model, dtype) -> None:
 def export_bundle(target: str, draft: str, out: str | Path,
                   report: str | Path | EvalReport | None = None, k: ExportKValue = REPORT,
                   recipe: str | Path | None = None, force: bool = False,
-                  dtype: str = "bfloat16") -> Path:
+                  dtype: str = "bfloat16", signer: Signer | None | str = FROM_ENV) -> Path:
     """Write the bundle for ``draft`` beside ``target`` to ``out``. ``report``: the eval report
     (the record, or the report.json the CLI is given) whose figures and K the bundle records;
     ``k``: an integer, or :data:`~draftkit.export.k.REPORT` (:mod:`draftkit.export.k`),
-    checked here, once."""
+    checked here, once; ``signer``: who signs it (:mod:`draftkit.signing`), None for an
+    unsigned bundle, or :data:`FROM_ENV`: the key ``DRAFTKIT_SIGNING_KEY`` names."""
     from transformers import AutoConfig
 
     k = check_export_k(k)  # refuses 'auto' before anything is loaded
+    signer = signer_from(None) if signer == FROM_ENV else signer  # before any work
 
     out = Path(out)
     if out.exists() and not force:
@@ -206,7 +212,10 @@ def export_bundle(target: str, draft: str, out: str | Path,
             target=target_entry, draft=replace(source.entry(), dtype=dtype),
             num_speculative_tokens=k, k_source=k_source, **figures, serving=serving,
             recipe=recipe_data, versions=_versions(),
-            files={str(p.relative_to(tmp)): sha256_file(p) for p in _bundle_files(tmp)}))
+            files={str(p.relative_to(tmp)): sha256_file(p) for p in _bundle_files(tmp)},
+            signing=signer.entry() if signer else SigningEntry(method=UNSIGNED)))
+        if signer is not None:
+            signer.sign(tmp)
     return out
 
 
@@ -303,7 +312,8 @@ def _versions() -> dict[str, str]:
 
 def check_bundle(bundle: str | Path, check_target: bool = True,
                  target: str | None = None) -> Manifest:
-    """Verify every file's sha256, an EAGLE-3 head's served layout, and the draft/target
+    """Verify every file's sha256, an EAGLE-3 head's served layout, the values the bundle
+    states twice, its signature (:func:`draftkit.signing.verify`), and the draft/target
     pairing (with ``target``, or the target the manifest records); return the manifest."""
     from transformers import AutoConfig
 
@@ -323,6 +333,7 @@ def check_bundle(bundle: str | Path, check_target: bool = True,
                          f"re-export the bundle") from None
     head = _check_kind(root, manifest)
     check_consistent(root, manifest)  # after the layout: a broken head is named as such
+    verify(root, manifest.signing)  # who signed it, as the process's trust setting asks
     if check_target:
         target_ref = resolve_model(target or str(root), "target")
         target_cfg = AutoConfig.from_pretrained(target_ref.path)

@@ -24,12 +24,14 @@ from draftkit.manifest import NAME as MANIFEST
 from draftkit.manifest import Manifest, read_manifest
 from draftkit.manifest import check_consistent
 from draftkit.models.args import ModelArgs
+from draftkit.signing import SigningArgs, TrustArgs, verify
 from draftkit.tracking import Tracker
 
 
-@dataclass
-class ExportArgs:
-    """Export a draft with its target reference and serving configs as a bundle."""
+@dataclass(kw_only=True)
+class ExportArgs(SigningArgs, TrustArgs):
+    """Export a draft with its target reference and serving configs as a bundle, signed
+    (:mod:`draftkit.signing`)."""
 
     out: str = option(help="bundle directory to create")
     draft: str = reuse(ModelArgs, "draft", note="; a LoRA adapter folder is merged; an EAGLE-3 "
@@ -51,8 +53,8 @@ class ExportArgs:
     force: bool = option(False, help="replace an existing bundle directory")
 
 
-@dataclass
-class CheckArgs:
+@dataclass(kw_only=True)
+class CheckArgs(TrustArgs):
     """Verify a bundle: every file's hash, the draft's config (an EAGLE-3 head's as vLLM and
     SGLang read it), and the pairing with its target; or a loose EAGLE-3 head folder against
     --target."""
@@ -71,7 +73,7 @@ class CheckArgs:
 def export(args: ExportArgs) -> Path:
     """``draftkit export``."""
     out = export_bundle(args.target, args.draft, args.out, args.report, args.k, args.recipe,
-                        args.force, args.dtype)
+                        args.force, args.dtype, args.signer())
     manifest = read_manifest(out)
     with Tracker("export", {"target": args.target, "draft": args.draft, "k": args.k}) as t:
         t.log_artifact(out, name=f"bundle-{out.name}", type="model",
@@ -114,6 +116,7 @@ def check(args: CheckArgs) -> Manifest:
         f"{entry.eagle_aux_hidden_state_layer_ids}" if entry.kind == EAGLE3 else ""
     print(f"bundle {args.bundle} OK: {len(manifest.files)} files verified, target "
           f"{manifest.target.name}{head}, K={manifest.num_speculative_tokens}")
+    print(f"  {verify(args.bundle, manifest.signing)}")
     for note in check_consistent(args.bundle, manifest):  # a moved bundle, say
         print(f"note: {note}")
     return manifest

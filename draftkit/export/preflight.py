@@ -23,16 +23,19 @@ are added where the installed release has them, and said on stderr where it does
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
 
 if __package__:  # draftkit.export.preflight
     from draftkit import bundle_checks as checks
-else:  # serving/preflight.py in a bundle: the copy of draftkit.bundle_checks beside it
+    from draftkit import bundle_signature as signature
+else:  # serving/preflight.py in a bundle: the copies of draftkit's modules beside it
     sys.dont_write_bytecode = True  # a __pycache__ in the bundle is a file it does not list
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import bundle_checks as checks  # noqa: E402
+    import bundle_signature as signature  # noqa: E402
 
 BUNDLE = Path(__file__).resolve().parent.parent
 NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
@@ -76,6 +79,21 @@ def read_sealed(bundle: Path) -> dict:
     except checks.BundleError as e:
         raise Refused(str(e)) from None
     return manifest
+
+
+def check_signature(bundle: Path, manifest: dict) -> str | None:
+    """Who signed the bundle, checked as every draftkit command checks it (the keys in
+    ``DRAFTKIT_TRUSTED_KEYS``, else the key the manifest names); a line to say where the
+    signature could not be checked (model-signing is not installed here and no key is
+    trusted), else None."""
+    try:
+        signature.verify(bundle, bundle / checks.SIGNATURE, manifest.get("signing"))
+    except signature.SignatureError as e:
+        trusted = os.environ.get(signature.TRUST_ENV, "").strip()
+        if trusted or "not installed here" not in str(e):
+            raise Refused(str(e)) from None
+        return f"the signature is not checked: {e}"
+    return None
 
 
 def split_target(args: list[str]) -> tuple[str | None, list[str]]:
@@ -260,6 +278,7 @@ def main(argv: list[str]) -> int:
         engine, installed, *rest = argv
         given, args = split_target(rest)
         manifest = read_sealed(BUNDLE)
+        signed = check_signature(BUNDLE, manifest)
         if "serving" not in manifest:
             raise Refused("this bundle's draftkit.json records no serving entry (exported by "
                           "an earlier draftkit); re-export it")
@@ -268,6 +287,8 @@ def main(argv: list[str]) -> int:
     except Refused as e:
         say(str(e))
         return 1
+    if signed:
+        say(signed)
     broken = sampled_broken(manifest["serving"]["engines"][engine], installed)
     if broken:  # greedy decoding is unaffected, so the launch goes on
         kind, first, last, what = broken

@@ -148,15 +148,16 @@ _LAUNCHERS = {"vllm": 'if [ "${argv[0]}" = python ]; then argv[0]="$python_of_vl
 
 def write_serving(folder: Path, entry: ServingEntry, draft_dir: str, kind: str, k: int,
                   figures: dict[str, DomainEntry]) -> None:
-    """``folder``/vllm.json, vllm.sh, sglang.sh, preflight.py (with the bundle_checks.py it
-    runs), hf_transformers.py and README.md
+    """``folder``/vllm.json, vllm.sh, sglang.sh, preflight.py (with the bundle_checks.py and
+    bundle_signature.py it runs), hf_transformers.py and README.md
     for the ``serving`` ``entry``; ``k`` is the recommended K (0 is said in every file),
     ``figures`` the manifest's measured figures per domain (its ``domains``)."""
     folder.mkdir(parents=True, exist_ok=True)
     spec = vllm_speculative_config(draft_dir, entry)
     (folder / "vllm.json").write_text(json.dumps(spec, indent=2) + "\n")
     shutil.copyfile(preflight.__file__, folder / "preflight.py")
-    shutil.copyfile(preflight.checks.__file__, folder / "bundle_checks.py")  # preflight's checks
+    for module in (preflight.checks, preflight.signature):  # the checks preflight runs
+        shutil.copyfile(module.__file__, folder / Path(module.__file__).name)
     for engine in ("vllm", "sglang"):
         (folder / f"{engine}.sh").write_text(
             "#!/usr/bin/env bash\n" + _header(engine, entry, k < 1, Path(draft_dir).parent) +
@@ -202,6 +203,7 @@ parser.add_argument("--dtype", default={entry.dtype!r},
 args = parser.parse_args()
 try:  # the bundle checked as `draftkit check` checks it, before any value is used
     manifest = preflight.read_sealed(here.parent)
+    preflight.check_signature(here.parent, manifest)
     target_path = preflight.check_target(manifest, args.target)
 except preflight.Refused as e:
     sys.exit(f"draftkit bundle: {{e}}")

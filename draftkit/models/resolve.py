@@ -23,6 +23,7 @@ from draftkit.errors import ModelError
 from draftkit.manifest import NAME as MANIFEST
 from draftkit.manifest import check_consistent, check_files, read_manifest
 from draftkit.models.embedded import EMBEDDED_NAME, embedded_dir, gguf_to_dir
+from draftkit.signing import verify
 
 Role = Literal["target", "draft"]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -87,6 +88,7 @@ def _resolve_bundle(spec: str, path: Path, role: Role) -> ResolvedModel:
     manifest = read_manifest(path)  # its figures and target reference, as exported
     check_files(path, manifest)  # draft/ as exported: every command that loads one checks
     check_consistent(path, manifest)  # and every value it states twice stated alike
+    verify(path, manifest.signing)  # and its signature, as the process's trust setting asks
     draft, target = manifest.draft, manifest.target
     if role == "draft":
         if not (path / "draft" / "config.json").is_file():

@@ -245,3 +245,38 @@ def test_a_swap_under_load(bundles, monkeypatch):
     finally:
         hold.set()
         srv.stop()
+
+
+def test_an_edit_in_place_and_a_forgery_are_refused_at_every_swap(bundles, monkeypatch,
+                                                                   tmp_path):
+    """A swap verifies content every time: the head of a bundle swapped in once and edited in
+    place since (its size and mtime kept) is refused when swapped to again. A server that
+    trusts a key refuses a bundle resealed and signed by another one (issue 65)."""
+    import os
+
+    from draftkit.signing import KEY_ENV, set_trusted
+    from tests.helpers import forge
+
+    b = shutil.copytree(bundles["b"], tmp_path / "b")
+    weights = b / "draft" / "model.safetensors"
+    srv = serve(bundles["a"], monkeypatch)
+    try:
+        assert swap(srv, b).status_code == 200 and swap(srv, bundles["a"]).status_code == 200
+        before = weights.stat()
+        with open(weights, "r+b") as f:  # a weight zeroed in place, size and mtime kept
+            f.seek(before.st_size - 64)
+            f.write(bytes(64))
+        os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+        one_line_error(swap(srv, b), 422, "draft/model.safetensors does not match its sha256")
+    finally:
+        srv.stop()
+
+    forge(b, tmp_path / "forger")  # the edit, resealed and signed by another key
+    set_trusted([os.environ[KEY_ENV].replace("draftkit.key", "draftkit.pub")])
+    srv = serve(bundles["a"], monkeypatch)
+    try:
+        one_line_error(swap(srv, b), 422, f"draft {bundles['id_a']} serves on",
+                       "which no trusted key matches")
+        assert swap(srv, bundles["b"]).status_code == 200  # the team's own bundle is taken
+    finally:
+        srv.stop()
