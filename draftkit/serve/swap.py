@@ -138,11 +138,11 @@ class EngineSwap:
         from draftkit.models.resolve import model_identity, resolve_model
 
         try:
-            manifest = check_bundle(Path(bundle).expanduser(), target=self.target_path)
+            manifest = check_bundle(Path(bundle), target=self.target_path)
             if not manifest.target.sha256:
                 raise DraftkitError("it records no content hash of its target (an earlier "
                                     "draftkit's export); re-export it to serve it here")
-            ref = resolve_model(str(Path(bundle).expanduser()), "draft")
+            ref = resolve_model(bundle, "draft")
             return DraftSwap(model_identity(ref), stage(ref, self.scheduler.engine),
                              source=bundle)
         except (DraftkitError, OSError) as e:

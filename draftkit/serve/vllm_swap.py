@@ -124,11 +124,11 @@ class BlueGreen:
         from draftkit.models.resolve import model_identity, resolve_model
 
         try:
-            manifest = check_bundle(Path(bundle).expanduser(), target=self.target_path)
+            manifest = check_bundle(Path(bundle), target=self.target_path)
             if not manifest.target.sha256:
                 raise DraftkitError("it records no content hash of its target (an earlier "
                                     "draftkit's export); re-export it to serve it here")
-            return model_identity(resolve_model(str(Path(bundle).expanduser()), "draft"))
+            return model_identity(resolve_model(bundle, "draft"))
         except (DraftkitError, OSError) as e:
             raise refused(bundle, previous, e) from None
 

@@ -4,6 +4,7 @@ real bundles of tiny models (``draftkit export``), served as ``draftkit serve`` 
 import shutil
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -130,6 +131,8 @@ def test_refused_bundles_leave_the_old_draft_serving(bundles, monkeypatch, tmp_p
                                                           "its sha256")
         one_line_error(swap(srv, bundles["target"]), 422, serving, "is not a draftkit bundle")
         one_line_error(swap(srv, tmp_path / "nowhere"), 422, serving, "does not exist")
+        said = one_line_error(swap(srv, "~/nowhere"), 422, "~/nowhere does not exist")
+        assert str(Path.home()) + "/" not in said  # a path the client did not send
         for body in ({}, {"bundle": 3}, []):
             r = httpx.post(f"{srv.base}/admin/draft", json=body,
                            headers={"Authorization": f"Bearer {TOKEN}"})
