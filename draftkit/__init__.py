@@ -1,3 +1,3 @@
 """draftkit: train, evaluate, export and serve draft models for speculative decoding."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
