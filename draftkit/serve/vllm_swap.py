@@ -180,10 +180,11 @@ class BlueGreen:
         """(prompt ids, token budget) of the most recent recorded requests."""
         if self.recorder is None:
             return []
-        from draftkit.traffic.record import read_traffic
+        from draftkit.traffic.shards import read_traffic
 
         try:
-            records = read_traffic(self.recorder.folder)
+            records = read_traffic(self.recorder.folder, target=self.recorder.target,
+                                   tokenizer=self.recorder.tokenizer)
         except DraftkitError:
             return []
         return [(r.prompt_ids, max(1, min(len(r.completion_ids), CANARY_TOKENS)))

@@ -7,6 +7,10 @@
 
 The figures and the flag rule: :mod:`draftkit.traffic.drift`. With ``--bundle`` the traffic
 must have been recorded with the bundle's target and tokenizer (their identities are checked).
+The folder is read through :func:`~draftkit.traffic.shards.read_traffic`: bad shards,
+duplicated and out-of-sequence records and records of another target are named and left out
+(``--strict`` refuses them), shards written before seals are counted as unverified, all of it
+said under the summary line.
 Requests the engine reported no acceptance counts for (a request of n > 1, a vLLM server
 started without per-request metrics, logs brought in with ``draftkit import-traffic``) are
 replayed through the bundle's draft (:mod:`draftkit.traffic.replay`; ``--replay``);
@@ -34,7 +38,8 @@ from draftkit.manifest import Manifest, read_manifest
 from draftkit.traffic.drift import (DRIFT, MIN_REQUESTS, DomainDrift, Estimate,
                                     TrafficReport, traffic_drift)
 from draftkit.traffic.fleet import FleetFigures, fleet_figures, fleet_lines
-from draftkit.traffic.record import Counts, TrafficRecord, engine_counts, read_traffic
+from draftkit.traffic.record import Counts, TrafficRecord, engine_counts
+from draftkit.traffic.shards import STRICT_HELP, read_traffic
 
 PLOT = ("alpha_per_position.png", "Served alpha_i against the eval's alpha")
 FLEET = "a vLLM fleet's own counters"  # the --help group of --prometheus and its flags
@@ -58,6 +63,7 @@ class TrafficArgs:
     min_requests: int = option(MIN_REQUESTS, help="fewest requests a domain needs to be "
                                                   "flagged; fewer are reported as too few")
     domain: str | None = option(None, help="only this domain label")
+    strict: bool = option(False, help=STRICT_HELP)
     replay: str = option(MISSING, choices=REPLAY_CHOICES, help="with --bundle, which requests' "
                          "acceptance to compute by replaying their completion through its "
                          "draft at its K: 'missing': those the engine reported no counts for "
@@ -98,16 +104,18 @@ class TrafficArgs:
 def traffic(args: TrafficArgs) -> TrafficReport | FleetFigures:
     """``draftkit traffic``: read the traffic, compare it with the bundle, print the table;
     with ``--prometheus``, the fleet's counters too (alone: -> them)."""
-    manifest = target = tokenizer = draft = None
+    manifest = target = tokenizer = draft = vocab = None
     if args.bundle:
-        manifest, target, tokenizer, draft = bundle_identities(args.bundle)
+        manifest, target, tokenizer, draft, vocab = bundle_identities(args.bundle)
     if args.prometheus:
         fleet = fleet_figures(args.prometheus, args.window, args.selector)
         print("\n".join(fleet_lines(fleet, manifest)))
         if args.folder is None:
             return fleet
         print()
-    records = read_traffic(args.folder, target=target, tokenizer=tokenizer)
+    read = read_traffic(args.folder, target=target, tokenizer=tokenizer, vocab=vocab,
+                        strict=args.strict)
+    records = read.records
     if args.domain is not None:
         labels = sorted({r.domain for r in records})
         records = [r for r in records if r.domain == args.domain]
@@ -120,7 +128,10 @@ def traffic(args: TrafficArgs) -> TrafficReport | FleetFigures:
     report = traffic_drift(records, manifest, counts, folder=str(args.folder),
                            bundle=args.bundle, draft=draft, min_requests=args.min_requests,
                            replay_k=replay_k(manifest) if manifest else None, created=now())
+    report.integrity = read.integrity
     print(summary(report))
+    for line in integrity_lines(report):
+        print(line)
     print(format_text_table(*drift_table(report)))
     for line in conclusions(report):
         print(line)
@@ -158,9 +169,10 @@ def replay_counts(records: list[TrafficRecord], counts: list[Counts | None], bun
     return out
 
 
-def bundle_identities(bundle: str) -> tuple[Manifest, str, str, str | None]:
-    """The bundle's manifest, and the identities of its target, tokenizer and draft (None:
-    no draft/ to fingerprint), as ``draftkit serve`` records them."""
+def bundle_identities(bundle: str) -> tuple[Manifest, str, str, str | None, int]:
+    """The bundle's manifest, the identities of its target, tokenizer and draft (None: no
+    draft/ to fingerprint), as ``draftkit serve`` records them, and its target's vocabulary
+    size (:func:`target_vocab`)."""
     from draftkit.models import resolve_model
     from draftkit.models.resolve import model_identity
     from draftkit.traffic.record import tokenizer_identity
@@ -168,7 +180,18 @@ def bundle_identities(bundle: str) -> tuple[Manifest, str, str, str | None]:
     manifest, target, tokenizer = bundle_target(bundle)
     draft = model_identity(resolve_model(bundle, "draft")) \
         if (Path(bundle) / "draft" / "config.json").is_file() else None
-    return manifest, model_identity(target), tokenizer_identity(tokenizer), draft
+    return (manifest, model_identity(target), tokenizer_identity(tokenizer), draft,
+            target_vocab(target, tokenizer))
+
+
+def target_vocab(target, tokenizer) -> int:
+    """How many token ids the target (resolved) knows: its config's vocabulary, at least its
+    tokenizer's. A recorded id at or past it is no token of this target."""
+    from transformers import AutoConfig
+
+    from draftkit.models.facts import vocab_size
+
+    return max(vocab_size(AutoConfig.from_pretrained(target.path)) or 0, len(tokenizer))
 
 
 def bundle_target(bundle: str):
@@ -221,6 +244,11 @@ def summary(report: TrafficReport) -> str:
     bundle = f"bundle {report.bundle}" if report.bundle else "no bundle"
     return (f"traffic {report.folder}: {report.requests} requests from {report.first} to "
             f"{report.last}, target {report.target}, {bundle}")
+
+
+def integrity_lines(report: TrafficReport) -> list[str]:
+    """What reading the folder verified and left out (:class:`Integrity`), under the summary."""
+    return report.integrity.lines() if report.integrity is not None else []
 
 
 def conclusions(report: TrafficReport) -> list[str]:
@@ -278,6 +306,7 @@ def write_plot(report: TrafficReport, out_dir: Path) -> dict[str, Path]:
 
 def render_markdown(report: TrafficReport, plots: dict[str, Path]) -> str:
     lines = ["# Served traffic against the bundle's eval", "", summary(report), ""]
+    lines += [f"- {line.strip()}" for line in integrity_lines(report)] + [""]
     lines += markdown_table(*drift_table(report))
     lines += [""] + [f"- {line}" for line in conclusions(report)]
     lines += [f"- {name}: {d.status}: {d.why}" for name, d in report.domains.items()
@@ -288,7 +317,9 @@ def render_markdown(report: TrafficReport, plots: dict[str, Path]) -> str:
 
 
 def render_html(report: TrafficReport, plots: dict[str, Path]) -> str:
-    body = [f"<p>{html.escape(summary(report))}</p>", html_table(*drift_table(report)), "<ul>"]
+    body = [f"<p>{html.escape(summary(report))}</p>", "<ul>"]
+    body += [f"<li>{html.escape(line.strip())}</li>" for line in integrity_lines(report)]
+    body += ["</ul>", html_table(*drift_table(report)), "<ul>"]
     body += [f"<li>{html.escape(line)}</li>" for line in conclusions(report)] + ["</ul>"]
     body += [f"<h2>{title}</h2>{html_image(title, path)}" for title, path in plots.items()]
     return html_page("Served traffic against the bundle's eval", body)

@@ -44,8 +44,9 @@ from dataclasses import dataclass, field
 
 from draftkit import metrics
 from draftkit.manifest import DomainEntry, Manifest
-from draftkit.records import Record
+from draftkit.records import Record, added_later
 from draftkit.traffic.record import ENGINE, REPLAY, Counts, TrafficRecord, engine_counts
+from draftkit.traffic.shards import Integrity
 
 LEVEL = 0.95
 RESAMPLES = 1000  # metrics.bootstrap draws in Python: 1 s a figure over 10,000 requests
@@ -117,6 +118,7 @@ class TrafficReport(Record):
     domains: dict[str, DomainDrift] = field(default_factory=dict)
     overall: DomainDrift
     notes: list[str] = field(default_factory=list)
+    integrity: Integrity | None = added_later()  # what reading the folder verified, left out
     created: str
 
     def flagged(self) -> list[str]:

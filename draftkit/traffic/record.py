@@ -1,31 +1,31 @@
-"""One served request as ``draftkit serve --record`` keeps it, and the folder of shards it fills.
+"""One served request as ``draftkit serve --record`` keeps it, and the check a record gets where
+it is read.
 
 A record holds what a draft needs to learn from the request and what the draft did on it: the
 rendered prompt's and the completion's token ids (the completion is a sample of the target:
 speculative decoding is lossless), the sampling settings, each round's K and how many of its
 drafted tokens were accepted, the domain label, the identities of the target, its tokenizer
-and the draft, and when it finished. No header, no text: ids only.
+and the draft, when it finished, and where it sits in its recording run (``run``, ``seq``). No
+header, no text: ids only. The ids are still the users' prompts and answers: they decode with
+the target's public tokenizer to the whole text.
 
-A folder holds shards ``traffic-<start>-<n>.jsonl``, one record per line. The recorder appends
-to a hidden ``.open`` file and renames it into place when it is full or the server stops, so a
-sealed shard holds only whole records, and a line that is not one (a shard truncated by hand or
-by a full disk) is an error that names it. :func:`read_traffic` also reads the whole lines of
-the shard a running server has open (each record is appended with one write), so a live
-server's traffic can be looked at and trained on without stopping it.
+A line of a shard is a user's file, not draftkit's word: :func:`parse_record` checks every
+field's type and range before a record is built, so whatever bytes a shard holds, a reader gets
+a record or a one-line :class:`~draftkit.errors.DraftkitError` saying what is wrong, and code
+past it trusts what it reads. The folder of shards, their seals and the one reader of it:
+:mod:`draftkit.traffic.shards`.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
+from draftkit.decode.sampling import DRAFT_SAMPLE_METHODS
 from draftkit.errors import DraftkitError
-from draftkit.records import Record
+from draftkit.records import Record, added_later
 
 FORMAT = 1
-SHARD_GLOB = "traffic-*.jsonl"
-OPEN_GLOB = ".traffic-*.open"
 UNLABELED = "unlabeled"
 LABEL_CHARS = 32  # a domain label's length at most, once cleaned (clean_label)
 DOMAIN_KEY = "domain"  # metadata key of a request's domain label
@@ -63,6 +63,10 @@ class TrafficRecord(Record):
     # engine reported no counts (draftkit traffic replays the completion through the draft)
     rounds: list[list[int]] | None
     source: str = SERVED  # SERVED: recorded by a server; IMPORTED: from a request log
+    # the recording run (one server's life, one import: a random id) and the record's number
+    # in it, 0, 1, 2, ... across the run's shards; None: written before records were numbered
+    run: str | None = added_later()
+    seq: int | None = added_later()
 
     def per_position(self, k_max: int) -> tuple[list[int], list[int]]:
         """(accepted, tested) at draft positions 0..k_max-1 over this request's rounds."""
@@ -148,92 +152,94 @@ def tokenizer_identity(tokenizer) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def sealed_path(open_shard: Path) -> Path:
-    """Where an open shard ``.traffic-X.open`` goes when it is sealed: ``traffic-X.jsonl``."""
-    return open_shard.with_name(open_shard.name[1:-len(".open")] + ".jsonl")
+# --- the check at the edge ---------------------------------------------------------------------
+
+ID_LIMIT = 1 << 31  # token ids lie below this (whatever the vocabulary)
+IDENTITY = r"[A-Za-z0-9_.:-]{1,64}"  # a model's or tokenizer's identity (hex digits as written)
+ROUND_K_LIMIT = 256  # K of a recorded round, at most: no engine drafts more
+REQUIRED = ("time", "domain", "target", "tokenizer", "prompt_ids", "completion_ids",
+            "sampling", "finish_reason", "rounds")
 
 
-def shard_paths(folder: str | Path) -> list[Path]:
-    """The sealed shards of a traffic folder, oldest first (their names sort by start)."""
-    return sorted(Path(folder).glob(SHARD_GLOB))
-
-
-def read_traffic(folder: str | Path, *, target: str | None = None,
-                 tokenizer: str | None = None) -> list[TrafficRecord]:
-    """Every record of a traffic folder, oldest first; ``target`` / ``tokenizer``: the
-    identities they must have been recorded under (a bundle's), else an error that says so.
-
-    Errors (one line each): not a folder, no sealed shard, a line that is not a whole record,
-    records of several targets or tokenizers in one folder."""
-    path = Path(folder)
-    if not path.is_dir():
-        raise DraftkitError(f"{path} is not a folder; give the folder `draftkit serve --record` "
-                            f"wrote")
-    records: list[TrafficRecord] = []
-    shards = shard_paths(path)
-    for shard in shards:
-        with open(shard, encoding="utf-8") as f:
-            for number, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                records.append(_parse(line, f"{shard}:{number}"))
-    for shard in sorted(path.glob(OPEN_GLOB)):
-        records += _open_shard(shard, shards)
-    if not records:
-        raise DraftkitError(f"{path} holds no recorded traffic; serve with "
-                            f"`draftkit serve BUNDLE --record {path}` and send requests first")
-    _one_of(records, "target", target, path)
-    _one_of(records, "tokenizer", tokenizer, path)
-    records.sort(key=lambda r: r.time)
-    return records
-
-
-def _open_shard(path: Path, sealed: list[Path]) -> list[TrafficRecord]:
-    """The whole lines of a shard a server is writing (its last line may be half written);
-    one sealed since the folder was listed is read under its sealed name."""
+def parse_record(line: bytes) -> TrafficRecord:
+    """The record a shard's line holds (its end of line included); a one-line DraftkitError
+    saying what is wrong with it otherwise, whatever the bytes."""
+    if not line.endswith(b"\n"):
+        raise DraftkitError("the record is cut short (no end of line)")
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        done = sealed_path(path)
-        if done in sealed or not done.is_file():
-            return []
-        data = done.read_bytes()
-    text = data[:data.rfind(b"\n") + 1].decode("utf-8")
-    return [_parse(line, f"{path}:{i}") for i, line in enumerate(text.splitlines(True), 1)
-            if line.strip()]
-
-
-def _parse(line: str, where: str) -> TrafficRecord:
-    remedy = "the shard is damaged; move it out of the folder (other shards still read)"
-    if not line.endswith("\n"):
-        raise DraftkitError(f"{where}: the record is cut short (no end of line); {remedy}")
-    try:
-        data = json.loads(line)
+        data = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise DraftkitError("not text (bytes that are not UTF-8)") from None
     except json.JSONDecodeError as e:
-        raise DraftkitError(f"{where}: not a whole record ({e.msg}); {remedy}") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        got = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise DraftkitError(f"{where}: not a draftkit traffic record of format {FORMAT} (format "
-                            f"{got}); {remedy}")
-    missing = [k for k in ("time", "domain", "target", "tokenizer", "prompt_ids",
-                           "completion_ids", "sampling", "finish_reason", "rounds")
-               if k not in data]
+        raise DraftkitError(f"not a whole record ({e.msg})") from None
+    except (ValueError, RecursionError):  # a number of 5,000 digits, [[[[... nested too deep
+        raise DraftkitError("not a record (JSON past the parser's limits)") from None
+    if not isinstance(data, dict) or type(data.get("format")) is not int or \
+            data["format"] != FORMAT:
+        raise DraftkitError(f"not a draftkit traffic record of format {FORMAT}")
+    missing = [k for k in REQUIRED if k not in data]
     if missing:
-        raise DraftkitError(f"{where}: the record lacks {', '.join(missing)}; {remedy}")
-    record = TrafficRecord.from_dict(data)
-    if not all(isinstance(t, int) for t in record.prompt_ids + record.completion_ids) or \
-            not (record.rounds is None or all(isinstance(r, list) and len(r) == 2 and
-                                              0 <= r[1] <= r[0] for r in record.rounds)) or \
-            record.source not in (SERVED, IMPORTED):
-        raise DraftkitError(f"{where}: token ids, rounds or source are malformed; {remedy}")
-    return record
+        raise DraftkitError(f"the record lacks {', '.join(missing)}")
+    wrong = field_problem(data)
+    if wrong:
+        raise DraftkitError(f"the record's {wrong}")
+    return TrafficRecord.from_dict(data)
 
 
-def _one_of(records: list[TrafficRecord], field: str, want: str | None, folder: Path) -> None:
-    seen = sorted({getattr(r, field) for r in records})
-    if len(seen) > 1:
-        raise DraftkitError(f"{folder} holds traffic of {len(seen)} {field}s ({', '.join(seen)}); "
-                            f"record each {field}'s traffic in a folder of its own")
-    if want is not None and seen and seen[0] != want:
-        raise DraftkitError(f"{folder} was recorded with {field} {seen[0]}, not this bundle's "
-                            f"({want}); use the traffic of the model it was served with")
+def _number(x, low: float, high: float) -> bool:
+    """An int or float (no bool) in [low, high]: NaN and the infinities compare outside."""
+    return type(x) in (int, float) and low <= x <= high
+
+
+def _int(x, low: int, high: int) -> bool:
+    return type(x) is int and low <= x < high
+
+
+def _ids(x) -> bool:
+    return isinstance(x, list) and all(type(t) is int and 0 <= t < ID_LIMIT for t in x)
+
+
+def field_problem(data: dict) -> str | None:
+    """What is wrong with a record's fields (its JSON object), in a few words; None: nothing.
+    Each field's type and range, as the recorder writes them."""
+    from datetime import datetime
+
+    import re
+
+    for key in ("time", "domain", "target", "tokenizer", "finish_reason"):
+        if not isinstance(data[key], str):
+            return f"{key} is not text"
+    for key in ("target", "tokenizer", "draft"):
+        if not (key == "draft" and data.get(key) is None or
+                isinstance(data.get(key), str) and re.fullmatch(IDENTITY, data[key])):
+            return f"{key} is not a model's identity (up to 64 letters, digits, _ . : -)"
+    if data["domain"] != clean_label(data["domain"]):
+        return "domain is not a label (lower case letters, digits, _ . -)"
+    try:
+        datetime.fromisoformat(data["time"])
+    except ValueError:
+        return "time is not an ISO 8601 time"
+    if not _ids(data["prompt_ids"]) or not _ids(data["completion_ids"]):
+        return f"prompt_ids or completion_ids are not token ids (integers in 0..{ID_LIMIT - 1})"
+    rounds = data["rounds"]
+    if not (rounds is None or isinstance(rounds, list) and all(
+            isinstance(r, list) and len(r) == 2 and _int(r[0], 0, ROUND_K_LIMIT + 1) and
+            _int(r[1], 0, r[0] + 1) for r in rounds)):
+        return (f"rounds are not [K, accepted] pairs of integers with 0 <= accepted <= K <= "
+                f"{ROUND_K_LIMIT}")
+    s = data["sampling"]
+    if not isinstance(s, dict) or not _number(s.get("temperature"), 0.0, 1e6) or \
+            not (_number(s.get("top_p"), 0.0, 1.0) and s["top_p"] > 0) or \
+            not _int(s.get("top_k"), 0, ID_LIMIT) or \
+            not (s.get("seed") is None or _int(s["seed"], -(1 << 63), 1 << 64)) or \
+            not _int(s.get("max_tokens"), 0, ID_LIMIT) or \
+            s.get("draft_sample_method") not in (None, *DRAFT_SAMPLE_METHODS):
+        return ("sampling is not temperature >= 0, top_p in (0, 1], top_k >= 0, seed an integer "
+                "or null, max_tokens >= 0, draft_sample_method "
+                f"{' or '.join(DRAFT_SAMPLE_METHODS)} or null")
+    if data.get("source", SERVED) not in (SERVED, IMPORTED):
+        return f"source is neither {SERVED} nor {IMPORTED}"
+    run, seq = data.get("run"), data.get("seq")
+    if not (run is None and seq is None or isinstance(run, str) and _int(seq, 0, 1 << 63)):
+        return "run and seq are not a run's id and a number >= 0 (or both absent)"
+    return None

@@ -4,9 +4,11 @@ scheduler's thread.
 The scheduler hands each finished request to :meth:`Recorder.add`, a queue put that never
 waits on the disk; a writer thread makes it a :class:`~draftkit.traffic.record.TrafficRecord`
 and appends it to the open shard ``.traffic-<start>-<n>.open`` as one JSON line (one write,
-no buffer left behind). A shard past ``shard_bytes`` is fsynced and renamed
-``traffic-<start>-<n>.jsonl``: sealed, and :func:`~draftkit.traffic.record.read_traffic` reads
-only those. The open shard is sealed too when the server stops. Where it can go wrong:
+no buffer left behind), numbered in the run (``run``, ``seq``). A shard past ``shard_bytes``
+gets its seal (a last line with its record count and sha256), is fsynced and renamed
+``traffic-<start>-<n>.jsonl``; so does the open shard when the server stops. The format and how
+:func:`~draftkit.traffic.shards.read_traffic` checks it: :mod:`draftkit.traffic.shards`. Where
+it can go wrong:
 
 - the server is killed: the next server recording into the folder seals its ``.open`` shard,
   keeping the whole lines (the one being written when it died is dropped);
@@ -28,6 +30,7 @@ shard seals).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -38,8 +41,9 @@ from pathlib import Path
 
 from draftkit.errors import ConfigError, DraftkitError
 from draftkit.io import fsync_path, take_lock
-from draftkit.traffic.record import (OPEN_GLOB, SERVED, SHARD_GLOB, SamplingEntry,
-                                     TrafficRecord, sealed_path)
+from draftkit.traffic.record import SERVED, SamplingEntry, TrafficRecord
+from draftkit.traffic.shards import (OPEN_GLOB, SEAL_BYTES, SEAL_PREFIX, SHARD_GLOB, seal_line,
+                                     sealed_path)
 
 log = logging.getLogger("draftkit.traffic")
 
@@ -72,34 +76,25 @@ def check_folder(folder: str | Path, quota_bytes: int) -> Path:
 
 
 def seal_leftover(path: Path) -> Path | None:
-    """Seal the ``.open`` shard a killed server left: cut to its last whole line, fsynced, then
-    renamed into place; an open shard without a whole line is removed. -> the sealed shard."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        end = _whole_lines_end(f, size)
+    """Seal the ``.open`` shard a killed server left: cut to its last whole line, its seal
+    appended (unless it died after writing it), fsynced, then renamed into place; an open shard
+    without a whole line is removed. -> the sealed shard."""
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
     if end == 0:
         path.unlink()
         return None
-    if end < size:
+    if end < len(data):
         os.truncate(path, end)  # the line being written when the server died
+    last = data[data.rfind(b"\n", 0, end - 1) + 1:end]
+    if not last.startswith(SEAL_PREFIX):
+        with open(path, "ab") as f:
+            f.write(seal_line(data.count(b"\n", 0, end), hashlib.sha256(data[:end]).hexdigest()))
     fsync_path(path)
     sealed = sealed_path(path)
     os.replace(path, sealed)
     fsync_path(path.parent)
     return sealed
-
-
-def _whole_lines_end(f, size: int, chunk: int = 1 << 16) -> int:
-    """Offset just past the last newline of file ``f`` (0: none), read from its end."""
-    pos = size
-    while pos > 0:
-        start = max(0, pos - chunk)
-        f.seek(start)
-        i = f.read(pos - start).rfind(b"\n")
-        if i >= 0:
-            return start + i + 1
-        pos = start
-    return 0
 
 
 class Recorder:
@@ -131,6 +126,10 @@ class Recorder:
         self._file = None  # the open shard (unbuffered)
         self._path: Path | None = None
         self._size = 0  # bytes of whole lines in the open shard
+        self._hash = hashlib.sha256()  # of those bytes, for its seal
+        self._lines = 0  # lines in the open shard
+        self.run = ""  # this run's id, chosen when the folder is taken
+        self._seq = 0  # the next record's number in the run
 
     # --- the server's side -------------------------------------------------------------------
 
@@ -157,6 +156,7 @@ class Recorder:
             raise
         self._lock, self.used, self.recording = lock, folder_bytes(self.folder), True
         self._stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        self.run, self._seq = os.urandom(6).hex(), 0
 
     def start(self) -> None:
         self.open()
@@ -212,28 +212,36 @@ class Recorder:
 
         when = datetime.fromtimestamp(item.pop("time"), timezone.utc)
         record = TrafficRecord(time=when.isoformat(timespec="milliseconds"), target=self.target,
-                               tokenizer=self.tokenizer, **item)
+                               tokenizer=self.tokenizer, **item, run=self.run, seq=self._seq)
         return (json.dumps(record.to_dict(), separators=(",", ":")) + "\n").encode()
 
     def _write(self, line: bytes) -> None:
-        if self.used + len(line) > self.quota_bytes:
+        if self.used + len(line) + SEAL_BYTES > self.quota_bytes:  # room for its shard's seal
             self._halt(f"{self.folder} reached its quota of {self.quota_bytes / MB:g} MB "
                        f"(--record-quota-mb)")
             return
         if self._file is None:
             self._new_shard()
-        try:
-            view = memoryview(line)
-            while view:  # one write; a short one (rare) goes on where it stopped
-                view = view[self._file.write(view):]
-        except BaseException:
-            os.ftruncate(self._file.fileno(), self._size)  # back to the last whole line
-            raise
-        self._size += len(line)
-        self.used += len(line)
+        self._append(self._file, line)
+        self._hash.update(line)
+        self._lines += 1
+        self._seq += 1
         self.written += 1
         if self._size >= self.shard_bytes:
             self._seal()
+
+    def _append(self, f, data: bytes) -> None:
+        """``data`` appended to the open shard ``f`` in one write (a short one, rare, goes on
+        where it stopped); a failed one cut back to the last whole line."""
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[f.write(view):]
+        except BaseException:
+            os.ftruncate(f.fileno(), self._size)
+            raise
+        self._size += len(data)
+        self.used += len(data)
 
     def _new_shard(self) -> None:
         # a number no shard of this folder has (a server started in the same second before)
@@ -242,7 +250,7 @@ class Recorder:
         self._path = self.folder / self._names(self._n)[0]
         fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE)
         self._file = os.fdopen(fd, "wb", buffering=0)
-        self._size = 0
+        self._size, self._hash, self._lines = 0, hashlib.sha256(), 0
 
     def _names(self, n: int) -> tuple[str, str]:
         """(open, sealed) file names of shard ``n`` of this server's run."""
@@ -250,11 +258,16 @@ class Recorder:
         return f".{stem}.open", f"{stem}.jsonl"
 
     def _seal(self) -> None:
+        """Append the open shard's seal, fsync it and rename it into place. Where that fails
+        the ``.open`` file stays, for the next server recording into the folder to seal."""
         if self._file is None:
             return
         f, self._file = self._file, None
-        os.fsync(f.fileno())
-        f.close()
+        try:
+            self._append(f, seal_line(self._lines, self._hash.hexdigest()))
+            os.fsync(f.fileno())
+        finally:
+            f.close()
         os.replace(self._path, self.folder / self._names(self._n)[1])
         fsync_path(self.folder)
         self._n += 1
@@ -273,7 +286,7 @@ class Recorder:
                     shard.unlink()
                     self.used -= stat.st_size
                     gone += 1
-            except FileNotFoundError:  # another process expired it first
+            except OSError:  # another process expired it first; not a file
                 continue
         if gone:
             log.info(f"deleted {gone} traffic shard(s) of {self.folder} older than "
@@ -297,11 +310,11 @@ class Recorder:
         """The folder's traffic is this target's (and tokenizer's): :func:`read_traffic` takes
         a folder of one. The first line of each shard says whose it is."""
         for shard in sorted(self.folder.glob(SHARD_GLOB)):
-            with open(shard, encoding="utf-8") as f:
-                try:
-                    first = json.loads(f.readline())
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    continue  # read_traffic names a damaged shard
+            try:
+                with open(shard, "rb") as f:
+                    first = json.loads(f.readline().decode("utf-8"))
+            except (OSError, ValueError, RecursionError):  # not UTF-8, not JSON, not a file
+                continue  # read_traffic names a damaged shard
             for field, mine in (("target", self.target), ("tokenizer", self.tokenizer)):
                 theirs = first.get(field) if isinstance(first, dict) else None
                 if theirs is not None and theirs != mine:

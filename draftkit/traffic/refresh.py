@@ -5,9 +5,10 @@ server actually answers. Served traffic is the best data a draft can get: its co
 samples of the target itself (speculative decoding is lossless), on the prompts users send.
 
 1. The traffic ``draftkit serve --record`` kept is read and checked against the bundle's
-   target and tokenizer; per domain, the most recent ``--heldout`` share of requests is set
-   aside, never trained on. A domain with fewer than ``--min-requests`` requests is measured
-   but not trained.
+   target and tokenizer (:func:`~draftkit.traffic.shards.read_traffic`: bad shards, duplicated
+   and out-of-sequence records are named and left out, or refused with ``--strict``); per
+   domain, the most recent ``--heldout`` share of requests is set aside, never trained on. A
+   domain with fewer than ``--min-requests`` requests is measured but not trained.
 2. The bundle's own recipe (the manifest records it) trains its draft from where it is (a
    warm start: an EAGLE-3 head keeps its layers; its vocabulary is chosen again at its size
    on the training rows, the tokens it keeps keeping their rows, so traffic in words the
@@ -35,6 +36,7 @@ from draftkit.config import option
 from draftkit.errors import ConfigError, DraftkitError
 from draftkit.io import atomic_write_text, take_lock
 from draftkit.traffic.record import TrafficRecord
+from draftkit.traffic.shards import STRICT_HELP
 
 
 @dataclass
@@ -68,6 +70,7 @@ class RefreshArgs:
                                           "rows; tokens it keeps keep their rows)")
     recipe: str | None = option(None, help="distillation recipe (default: the one the bundle "
                                            "records)")
+    strict: bool = option(False, help=STRICT_HELP)
     device: str | None = option(None, help="device for training and the comparison")
 
     def validate(self) -> None:
@@ -124,14 +127,20 @@ def _refresh(args: RefreshArgs, out: Path) -> Path:
     from draftkit.manifest import read_manifest
     from draftkit.models import load_tokenizer, resolve_model
     from draftkit.models.resolve import model_identity
-    from draftkit.traffic.record import read_traffic, tokenizer_identity
+    from draftkit.traffic.command import target_vocab
+    from draftkit.traffic.record import tokenizer_identity
+    from draftkit.traffic.shards import read_traffic
 
     bundle = Path(args.bundle)
     manifest = read_manifest(bundle)  # its seal checked before anything is used
     target_ref = resolve_model(str(bundle), "target")
     tokenizer = load_tokenizer(target_ref, "target")
-    records = read_traffic(args.traffic, target=model_identity(target_ref),
-                           tokenizer=tokenizer_identity(tokenizer))
+    traffic = read_traffic(args.traffic, target=model_identity(target_ref),
+                           tokenizer=tokenizer_identity(tokenizer),
+                           vocab=target_vocab(target_ref, tokenizer), strict=args.strict)
+    for line in traffic.integrity.lines():
+        print(line)
+    records = traffic.records
     train_rs, held, trained = split(records, args.heldout, args.min_requests)
     if not trained:
         raise DraftkitError(f"{args.traffic}: no domain has {args.min_requests} requests to "

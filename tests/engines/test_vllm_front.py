@@ -20,7 +20,7 @@ from draftkit.decode.engine import SpeculativeEngine
 from draftkit.export import export_bundle
 from draftkit.models import load_pair
 from draftkit.serve.command import ServeArgs, build
-from draftkit.traffic.record import read_traffic
+from draftkit.traffic.shards import read_traffic
 from draftkit.traffic.replay import Replayer, rounds_before_end
 from tests.helpers import LiveServer, engine_llama, make_tokenizer, noisy_copy, save_model
 

@@ -18,7 +18,7 @@ from draftkit.serve.app import create_proxy_app
 from draftkit.serve.command import ServeArgs
 from draftkit.serve.upstream import Pool, discover
 from draftkit.serve.vllm_front import NoSwap
-from draftkit.traffic.record import read_traffic
+from draftkit.traffic.shards import read_traffic
 from draftkit.traffic.recorder import Recorder
 from tests.helpers import LiveServer
 from tests.serve import fake_vllm

@@ -1,6 +1,7 @@
 """``draftkit serve --record``: finished requests kept as token ids in sealed shards, labelled
 by metadata, user or route, and split per domain in /metrics."""
 
+import hashlib
 import json
 import logging
 
@@ -10,9 +11,9 @@ import pytest
 from draftkit.cli import main
 from draftkit.errors import DraftkitError
 from draftkit.serve.detok import TextStream
-from draftkit.traffic.record import (SamplingEntry, TrafficRecord, read_traffic, shard_paths,
-                                     tokenizer_identity)
+from draftkit.traffic.record import SamplingEntry, TrafficRecord, tokenizer_identity
 from draftkit.traffic.recorder import Recorder, folder_bytes
+from draftkit.traffic.shards import read_traffic, shard_paths
 from tests.helpers import start_server
 from tests.serve.test_metrics import samples
 
@@ -81,9 +82,11 @@ def test_finished_requests_are_recorded_as_served(tiny_models, tmp_path):
     assert (sampling.temperature, sampling.top_p, sampling.seed, sampling.max_tokens) == (
         0.8, 0.9, 7, 10)
     lines = [line for shard in shard_paths(tmp_path / "traffic")
-             for line in shard.read_text().splitlines()]
+             for line in shard.read_text().splitlines()[:-1]]  # the seal last
     assert sorted(json.dumps(r.to_dict(), separators=(",", ":")) for r in records) == \
         sorted(lines)
+    # numbered in the run, across its shards
+    assert sorted(r.seq for r in records) == [0, 1, 2, 3] and len({r.run for r in records}) == 1
 
 
 def test_labels_opt_out_headers_and_domain_metrics(tiny_models, tmp_path):
@@ -162,8 +165,13 @@ def test_shards_rotate_by_size_and_hold_whole_lines(tiny_models, tmp_path):
     for shard in shards:
         data = shard.read_bytes()
         assert data.endswith(b"\n")
-        assert all(json.loads(line)["format"] == 1 for line in data.splitlines())
-    assert len(read_traffic(folder)) == rec.written == 6
+        *lines, seal = data.splitlines(keepends=True)
+        assert all(json.loads(line)["format"] == 1 for line in lines)
+        assert json.loads(seal)["seal"] == {"records": len(lines),
+                                            "sha256": hashlib.sha256(b"".join(lines)).hexdigest()}
+    traffic = read_traffic(folder)
+    assert len(traffic) == rec.written == 6 and [r.seq for r in traffic] == list(range(6))
+    assert traffic.integrity.sealed_shards == len(shards) and not traffic.integrity.left_out
     assert folder_bytes(folder) == rec.used
 
 
@@ -188,8 +196,12 @@ def test_a_killed_servers_open_shard_is_sealed_keeping_whole_lines(tmp_path):
     try:
         assert not list(folder.glob(".traffic-*.open"))
         assert [p.name for p in shard_paths(folder)] == ["traffic-20250101T000000Z-00000.jsonl"]
-        assert shard_paths(folder)[0].read_text() == whole
-        assert [r.completion_ids for r in read_traffic(folder)] == [[1], [2]]
+        *lines, seal = shard_paths(folder)[0].read_bytes().splitlines(keepends=True)
+        assert b"".join(lines) == whole.encode()  # sealed as it was found
+        assert json.loads(seal)["seal"]["records"] == 2
+        traffic = read_traffic(folder)
+        assert [r.completion_ids for r in traffic] == [[1], [2]]
+        assert traffic.integrity.sealed_shards == 1
         with pytest.raises(DraftkitError, match="another server is recording into"):
             Recorder(folder, target=TARGET, tokenizer="k" * 16).open()
     finally:

@@ -2,6 +2,7 @@
 target, a warm-started head measured against the old one; the export rule; bad inputs."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -162,9 +163,17 @@ def test_refresh_bad_inputs_are_one_line_and_write_nothing(served, capsys):
         err = capsys.readouterr().err.strip()
         assert code == 2 and said in err and len(err.splitlines()) == 1, err
         assert out == taken or not out.exists()
-    code = main(["refresh", str(bundle), "--traffic", str(traffic), "--out", str(tmp / "o4"),
+    damaged = tmp / "damaged"
+    shutil.copytree(traffic, damaged)
+    (damaged / "traffic-x-2.jsonl").write_bytes(b"\xff\x00 what a bad disk leaves\n")
+    code = main(["refresh", str(bundle), "--traffic", str(damaged), "--out", str(tmp / "o4"),
                  "--min-requests", "40"])
-    assert code == 2 and "no domain has 40 requests" in capsys.readouterr().err
+    said = capsys.readouterr()
+    assert code == 2 and "no domain has 40 requests" in said.err
+    assert "left out: 1 bad shard(s)" in said.out and "traffic-x-2.jsonl:1: not text" in said.out
+    code = main(["refresh", str(bundle), "--traffic", str(damaged), "--out", str(tmp / "o6"),
+                 "--strict"])
+    assert code == 2 and "--strict refuses" in capsys.readouterr().err
     code = main(["refresh", str(bundle), "--traffic", str(traffic), "--out", str(tmp / "o5"),
                  "--traffic-repeat", "0"])
     assert code == 2 and "--traffic-repeat must be >= 1, got 0" in capsys.readouterr().err

@@ -121,7 +121,7 @@ def bundle_traffic(tmp_path_factory):
     dirs = save_model(target, tok, root / "target"), save_model(noisy_copy(target, 0.05), tok,
                                                                 root / "draft")
     bundle = export_bundle(str(dirs[0]), str(dirs[1]), root / "bundle", k=K, dtype="float32")
-    _, target_id, tokenizer_id, _ = bundle_identities(str(bundle))
+    _, target_id, tokenizer_id, _, _ = bundle_identities(str(bundle))
     pair = load_pair(str(bundle), str(bundle))
     ps = prompts(24, len(tok))
     results = SpeculativeEngine(pair.target, pair.draft).generate(ps, k=K, max_new_tokens=24)
@@ -184,7 +184,8 @@ def chat_entry(content, answer, *, finish="length", n_tokens=None, **request):
 def test_request_logs_become_records_that_traffic_replays(bundle_traffic, tmp_path, capsys):
     from draftkit.chat import encode_prompt
     from draftkit.models import load_pair
-    from draftkit.traffic.record import IMPORTED, read_traffic
+    from draftkit.traffic.record import IMPORTED
+    from draftkit.traffic.shards import read_traffic
 
     bundle, _, _ = bundle_traffic
     pair = load_pair(str(bundle), str(bundle))
@@ -223,6 +224,9 @@ def test_request_logs_become_records_that_traffic_replays(bundle_traffic, tmp_pa
 
     records = read_traffic(into)
     assert all(r.source == IMPORTED and r.rounds is None and r.draft is None for r in records)
+    # written as a server writes them: a sealed shard, its records numbered
+    assert records.integrity.sealed_records == 6 and not records.integrity.left_out
+    assert sorted(r.seq for r in records) == list(range(6))
     by_domain = {r.domain: r for r in records}
     assert sorted(by_domain) == ["code", "creative", "support"]
     code = [r for r in records if r.domain == "code"]

@@ -43,7 +43,7 @@ def start_front(bundle: str, upstream: str, record: Path) -> tuple[subprocess.Po
 def main(argv: list[str] | None = None) -> int:
     from draftkit.metrics import bootstrap
     from draftkit.serve import replicas as R
-    from draftkit.traffic.record import read_traffic
+    from draftkit.traffic.shards import read_traffic
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bundle", required=True, help="a bundle from draftkit export")

@@ -41,7 +41,7 @@ def load_test():
 
 def main(argv: list[str] | None = None) -> int:
     from draftkit.metrics import bootstrap
-    from draftkit.traffic.record import read_traffic
+    from draftkit.traffic.shards import read_traffic
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bundle")

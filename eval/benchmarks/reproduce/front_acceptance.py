@@ -32,7 +32,7 @@ from draftkit.evaluate.suite import builtin_suites_dir, load_suite
 from draftkit.manifest import read_manifest
 from draftkit.models import load_tokenizer
 from draftkit.models.resolve import resolve_model
-from draftkit.traffic.record import read_traffic
+from draftkit.traffic.shards import read_traffic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "serve"))
 import load_test as lt  # noqa: E402  (serve/load_test.py: its server launcher)

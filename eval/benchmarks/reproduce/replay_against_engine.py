@@ -21,7 +21,8 @@ from collections import defaultdict
 
 from draftkit.models import load_pair
 from draftkit.traffic.command import bundle_identities, replay_k
-from draftkit.traffic.record import engine_counts, read_traffic
+from draftkit.traffic.record import engine_counts
+from draftkit.traffic.shards import read_traffic
 from draftkit.traffic.replay import Replayer, rounds_before_end
 
 
@@ -31,8 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bundle", required=True)
     ap.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
     args = ap.parse_args(argv)
-    manifest, target, tokenizer, draft = bundle_identities(args.bundle)
-    records = [r for r in read_traffic(args.traffic, target=target, tokenizer=tokenizer)
+    manifest, target, tokenizer, draft, vocab = bundle_identities(args.bundle)
+    records = [r for r in read_traffic(args.traffic, target=target, tokenizer=tokenizer,
+                                       vocab=vocab)
                if r.draft == draft and r.rounds is not None]
     k = replay_k(manifest)
     print(f"{len(records)} requests the bundle's draft served, with the engine's counts; K {k}")

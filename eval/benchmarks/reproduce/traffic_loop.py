@@ -270,7 +270,7 @@ def figures(out: Path, domains, timed: dict, new_draft: str) -> list[dict]:
     recorded rounds), each draft's served speedup over plain and the new one's over the old,
     with 95% intervals over requests."""
     from draftkit import metrics
-    from draftkit.traffic.record import read_traffic
+    from draftkit.traffic.shards import read_traffic
 
     n = len(timed["new"])
     recorded = {"new": [r for r in read_traffic(out / "traffic") if r.draft == new_draft][-n:],
