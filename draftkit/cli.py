@@ -1,9 +1,10 @@
 """The one ``draftkit`` command. Each subcommand is a plain function taking a typed dataclass.
 
-A subcommand is registered below as (name, module, dataclass, function). The module must keep
-heavy imports (torch, transformers, wandb) inside its functions so ``draftkit --help`` is fast;
-its dataclass is the single source for the flags and their help. A subcommand is listed here
-only once it works.
+A subcommand is registered below as (name, module, dataclass, function). ``draftkit --help``
+imports no command module (the names and one-line helps are here); ``draftkit COMMAND ...``
+imports that command's module only, which must keep heavy imports (torch, transformers, wandb)
+inside its functions, so ``draftkit COMMAND --help`` is fast too; its dataclass is the single
+source for the flags and their help. A subcommand is listed here only once it works.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import sys
 from draftkit import __version__
 from draftkit.config import add_arguments, describe_keys, from_namespace
 from draftkit.errors import DraftkitError
-from draftkit.signing import set_trusted
 
 # name, module, args dataclass, function, one-line help
 COMMANDS: list[tuple[str, str, str, str, str]] = [
@@ -52,13 +52,19 @@ COMMANDS: list[tuple[str, str, str, str, str]] = [
 ]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``draftkit`` parser: a subparser per command, its flags read from its dataclass.
+    With ``only``, only that command's module is imported and its flags added (the others are
+    listed by name and help): ``draftkit --help`` imports none, ``draftkit COMMAND ...`` one."""
     parser = argparse.ArgumentParser(
         prog="draftkit", description="Train, evaluate, export and serve draft models for "
                                      "speculative decoding.")
     parser.add_argument("--version", action="version", version=f"draftkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module, cls_name, _, help_text in COMMANDS:
+        if only is not None and name != only:
+            sub.add_parser(name, help=help_text)
+            continue
         cls = getattr(importlib.import_module(module), cls_name)
         kwargs = {}
         recipe = getattr(cls, "recipe_config", None)  # a command that reads a YAML recipe
@@ -71,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
         add_arguments(p, cls)
     parser.commands = sub.choices  # name -> its parser, for parse() below
     return parser
+
+
+def command_word(argv: list[str]) -> str:
+    """The command ``argv`` names: its first word that is not a flag (the top-level parser has
+    no flag that takes a value); "" where there is none."""
+    return next((w for w in argv if not w.startswith("-")), "")
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
@@ -122,7 +134,8 @@ def _cpu_accelerator_for_deepspeed() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     _quiet_libraries()
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(command_word(argv))
     ns = parse(parser, argv)
     if not ns.command:
         parser.print_help()
@@ -132,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(entry[1])
     try:
         args = from_namespace(getattr(module, entry[2]), ns)
+        from draftkit.signing import set_trusted  # keygen's module: not imported for --help
+
         set_trusted(getattr(args, "trusted_key", None))  # every bundle this process loads
         getattr(module, entry[3])(args)
     except DraftkitError as e:

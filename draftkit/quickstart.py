@@ -39,7 +39,6 @@ from draftkit.evaluate.command import EvalArgs, run_eval
 from draftkit.evaluate.figures import EvalReport
 from draftkit.evaluate.report import (domain_table, format_text_table, headline,
                                       plain_step_text, write_report)
-from draftkit.export import export_bundle
 from draftkit.io import atomic_write_text
 from draftkit.models import load_model, load_tokenizer, resolve_model
 from draftkit.models.derive import derive_by_layers, save_draft
@@ -169,6 +168,7 @@ def _derive_draft(args: QuickstartArgs, cfg0, recipe: Path, out: Path, group: st
 
 def quickstart(args: QuickstartArgs) -> EvalReport:
     from draftkit.distill.trainer import prepare, train  # torch
+    from draftkit.export.bundle import export_bundle  # torch
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

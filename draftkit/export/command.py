@@ -17,7 +17,6 @@ from pathlib import Path
 from draftkit.config import option, reuse
 from draftkit.decode.k import DEFAULT_FIXED_K
 from draftkit.errors import ModelError
-from draftkit.export.bundle import check_bundle, export_bundle
 from draftkit.export.k import REPORT, ExportK
 from draftkit.export.eagle3 import KIND as EAGLE3
 from draftkit.manifest import NAME as MANIFEST
@@ -72,6 +71,7 @@ class CheckArgs(TrustArgs):
 
 def export(args: ExportArgs) -> Path:
     """``draftkit export``."""
+    from draftkit.export.bundle import export_bundle  # torch
     out = export_bundle(args.target, args.draft, args.out, args.report, args.k, args.recipe,
                         args.force, args.dtype, args.signer())
     manifest = read_manifest(out)
@@ -100,6 +100,7 @@ def export(args: ExportArgs) -> Path:
 
 def check(args: CheckArgs) -> Manifest:
     """``draftkit check BUNDLE``, or ``draftkit check HEAD --target T [--record-target]``."""
+    from draftkit.export.bundle import check_bundle  # torch
     from draftkit.models.load import is_eagle3_dir
 
     root = Path(args.bundle)

@@ -22,6 +22,21 @@ def test_help_lists_built_subcommands(capsys):
         assert name in out
 
 
+def test_help_imports_neither_torch_nor_a_command_module():
+    """`draftkit --help` imports no command module, and `draftkit COMMAND --help` (which reads
+    its command's dataclass) no torch: the CLI answers in a fraction of a second."""
+    probe = ("import sys\nfrom draftkit.cli import main\ntry:\n    main(sys.argv[1:])\n"
+             "except SystemExit:\n    pass\nprint(sorted(sys.modules))")
+    modules = {module for _, module, *_ in COMMANDS}
+    for argv in [["--help"]] + [[name, "--help"] for name, *_ in COMMANDS]:
+        ran = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True,
+                             text=True, timeout=120)
+        loaded = set(eval(ran.stdout.strip().splitlines()[-1]))
+        assert "torch" not in loaded, argv
+        if argv == ["--help"]:
+            assert not loaded & modules, loaded & modules
+
+
 def test_distill_help_lists_every_recipe_key_and_each_one_loads(capsys, tmp_path):
     import re
 
