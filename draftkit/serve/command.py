@@ -21,7 +21,9 @@ identities and a domain label; never text nor a header. The label is the request
 else its route's: with ``--route-labels code,math`` the API is served under ``/code/v1`` and
 ``/math/v1`` too (``base_url="http://host:8000/code/v1"``), else "unlabeled". A request with
 ``metadata: {"draftkit_record": "off"}`` is served but not recorded; aborted requests are not
-recorded. The label also splits /metrics' acceptance per domain (serve/metrics.py).
+recorded. The label also splits /metrics' acceptance per domain (serve/metrics.py). The ids
+are the users' prompts and answers: ``--no-record-prompts`` keeps no prompt ids (the completion
+and the engine's counts only).
 SIGINT / SIGTERM stop admitting, let in-flight requests finish (up to
 ``--shutdown-timeout`` seconds), cancel the rest and exit 0.
 
@@ -57,7 +59,7 @@ from draftkit.manifest import read_manifest
 from draftkit.models import load_pair
 from draftkit.models.args import ModelArgs
 from draftkit.traffic.record import LABEL_CHARS, UNLABELED, clean_label
-from draftkit.traffic.recorder import MB, Recorder, check_folder
+from draftkit.traffic.recorder import MB, check_folder, open_recorder
 
 NO_DRAFT = "none"  # --draft none: plain decoding, even when the bundle holds a draft
 ENGINE = "serving engine"  # the --help group of --engine and the vLLM front's flags
@@ -114,6 +116,11 @@ class ServeArgs(ModelArgs, SpeculationArgs):
                                                  "shards older than this many days (at start "
                                                  "and as shards seal); default: keep them. "
                                                  "Recorded ids are users' prompts and answers")
+    record_prompts: bool = option(True, group=RECORD, help="keep each request's prompt ids "
+                                  "(--no-record-prompts: the completion and the engine's counts "
+                                  "only, prompt_ids null, where a policy forbids keeping "
+                                  "prompts; such records cannot be replayed by `draftkit "
+                                  "traffic` nor trained on by `draftkit refresh`)")
     route_labels: list[str] = option([], metavar="LABEL,...", group=RECORD, help="serve the API "
                                      "under /LABEL/v1 too, for each label (code,math,chat): a "
                                      "request that comes by one is labelled with it unless its "
@@ -276,7 +283,7 @@ def build_engine(args: ServeArgs):
     max_model_len = args.max_model_len or min(engine.context or DEFAULT_MAX_MODEL_LEN,
                                               DEFAULT_MAX_MODEL_LEN)
     k = KChoice.of(args.k, args.k_max, has_draft=engine.draft is not None)  # validated above
-    recorder = open_recorder(args, pair) if args.record else None
+    recorder = open_recorder(args, pair.target_ref, pair.tokenizer) if args.record else None
     app = create_app(engine, pair.tokenizer, model_name=name, k=k,
                      max_batch=args.max_batch, max_model_len=max_model_len,
                      max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
@@ -308,22 +315,6 @@ def eval_domains(bundle: str | None) -> dict:
     if path is None or not (path / MANIFEST).is_file():
         return {}
     return read_manifest(path).domains
-
-
-def open_recorder(args: ServeArgs, pair) -> Recorder:
-    """The traffic folder of ``--record``, taken (locked, a killed server's shards sealed):
-    its records carry the target's and its tokenizer's identities (and each the identity of
-    the draft it decoded with, the scheduler's)."""
-    from draftkit.models.resolve import model_identity
-    from draftkit.traffic.record import tokenizer_identity
-
-    recorder = Recorder(args.record, target=model_identity(pair.target_ref),
-                        tokenizer=tokenizer_identity(pair.tokenizer),
-                        shard_bytes=int(args.record_shard_mb * MB),
-                        quota_bytes=int(args.record_quota_mb * MB),
-                        retention_days=args.record_retention_days)
-    recorder.open()
-    return recorder
 
 
 def serve(args: ServeArgs) -> None:

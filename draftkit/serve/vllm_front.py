@@ -39,8 +39,7 @@ from draftkit.serve.vllm_request import sampling_defaults
 from draftkit.serve.swap import TOKEN_ENV
 from draftkit.serve.upstream import Pool, discover
 from draftkit.serve.vllm_swap import BlueGreen
-from draftkit.traffic.record import tokenizer_identity
-from draftkit.traffic.recorder import MB, Recorder, check_folder
+from draftkit.traffic.recorder import MB, check_folder, open_recorder
 
 
 class NoSwap:
@@ -85,12 +84,7 @@ def build_front(args, name: str):
             upstreams = [discover(r.url, draft, r.draft_sample_method) for r in swapper.replicas]
             where = f"{len(upstreams)} vLLM server(s) ({swapper.launch.release}) started here"
         if args.record:
-            recorder = Recorder(args.record, target=model_identity(target_ref),
-                                tokenizer=tokenizer_identity(tokenizer),
-                                shard_bytes=int(args.record_shard_mb * MB),
-                                quota_bytes=int(args.record_quota_mb * MB),
-                                retention_days=args.record_retention_days)
-            recorder.open()
+            recorder = open_recorder(args, target_ref, tokenizer)
         app = create_proxy_app(Pool(upstreams, read_timeout=args.upstream_timeout),
                                model_name=name, vocab=vocab, swapper=swapper,
                                max_body_bytes=args.max_body_bytes,

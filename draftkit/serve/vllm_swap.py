@@ -177,7 +177,8 @@ class BlueGreen:
                 "verdict": "below" if high < 0 else "above" if low > 0 else "within noise"}
 
     def recent_prompts(self) -> list[tuple[list[int], int]]:
-        """(prompt ids, token budget) of the most recent recorded requests."""
+        """(prompt ids, token budget) of the most recent recorded requests that kept their
+        prompt (the folder read as ``draftkit traffic`` reads it: bad shards left out)."""
         if self.recorder is None:
             return []
         from draftkit.traffic.shards import read_traffic
@@ -188,7 +189,7 @@ class BlueGreen:
         except DraftkitError:
             return []
         return [(r.prompt_ids, max(1, min(len(r.completion_ids), CANARY_TOKENS)))
-                for r in records[-CANARY:]]
+                for r in [r for r in records if r.prompt_ids is not None][-CANARY:]]
 
     async def decode(self, upstream, prompt: list[int], budget: int) -> tuple[int, int] | None:
         """(accepted, tested) of one greedy request on ``upstream``, asked directly (not

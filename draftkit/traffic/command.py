@@ -123,7 +123,8 @@ def traffic(args: TrafficArgs) -> TrafficReport | FleetFigures:
             raise DraftkitError(f"no request in {args.folder} is labelled {args.domain!r}; its "
                                 f"labels: {', '.join(labels)}")
     counts = [None if args.replay == ALL else engine_counts(r) for r in records]
-    if args.bundle and args.replay != OFF and None in counts:
+    if args.bundle and args.replay != OFF and any(
+            x is None and r.prompt_ids is not None for r, x in zip(records, counts)):
         counts = replay_counts(records, counts, args.bundle, manifest, args.device)
     report = traffic_drift(records, manifest, counts, folder=str(args.folder),
                            bundle=args.bundle, draft=draft, min_requests=args.min_requests,
@@ -151,13 +152,14 @@ def replay_k(manifest: Manifest) -> int:
 def replay_counts(records: list[TrafficRecord], counts: list[Counts | None], bundle: str,
                   manifest: Manifest, device: str | None) -> list[Counts | None]:
     """``counts`` with each None replaced by a replay of its record through the bundle's
-    draft at the bundle's K (:mod:`draftkit.traffic.replay`), with a progress bar."""
+    draft at the bundle's K (:mod:`draftkit.traffic.replay`), with a progress bar; a record
+    kept without its prompt cannot be replayed and stays None."""
     from tqdm.auto import tqdm
 
     from draftkit.models import load_pair
     from draftkit.traffic.replay import Replayer
 
-    todo = [i for i, x in enumerate(counts) if x is None]
+    todo = [i for i, x in enumerate(counts) if x is None and records[i].prompt_ids is not None]
     if not (Path(bundle) / "draft" / "config.json").is_file():
         raise ModelError(f"{bundle} holds no draft to replay {len(todo)} requests through; "
                          f"pass --replay off, or the bundle that served them")

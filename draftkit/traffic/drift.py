@@ -343,6 +343,13 @@ def _notes(records: list[TrafficRecord], counts: list[Counts | None],
              f"engine (n > 1, a vLLM server without --per-request-spec-decode-metrics "
              f"detailed, or imported logs) and are left out of the figures; --bundle replays "
              f"them through its draft"] if uncounted else []
+    promptless = sum(r.prompt_ids is None for r in records)
+    if promptless:
+        notes.append(f"{promptless} of {len(records)} requests were recorded without their "
+                     f"prompt (--no-record-prompts): their figures are the engine's counts "
+                     f"alone; they cannot be replayed (a replay needs the prompt: "
+                     f"{sum(x is None for r, x in zip(records, counts) if r.prompt_ids is None)} "
+                     f"without counts are left out) nor trained on by `draftkit refresh`")
     replayed = sum(x is not None and x.source == REPLAY for x in counts)
     if replayed:
         notes.append(f"{replayed} of {len(records)} requests' acceptance comes from replaying "

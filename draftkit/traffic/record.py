@@ -7,7 +7,8 @@ speculative decoding is lossless), the sampling settings, each round's K and how
 drafted tokens were accepted, the domain label, the identities of the target, its tokenizer
 and the draft, when it finished, and where it sits in its recording run (``run``, ``seq``). No
 header, no text: ids only. The ids are still the users' prompts and answers: they decode with
-the target's public tokenizer to the whole text.
+the target's public tokenizer to the whole text. A server told not to keep prompts
+(``--no-record-prompts``) writes ``prompt_ids`` null.
 
 A line of a shard is a user's file, not draftkit's word: :func:`parse_record` checks every
 field's type and range before a record is built, so whatever bytes a shard holds, a reader gets
@@ -55,7 +56,9 @@ class TrafficRecord(Record):
     target: str  # models.resolve.model_identity of the target
     tokenizer: str  # tokenizer_identity of its tokenizer
     draft: str | None  # model_identity of the draft; None: plain decoding
-    prompt_ids: list[int]  # the rendered prompt (chat template applied)
+    # the rendered prompt (chat template applied); None: recorded without it
+    # (--no-record-prompts), so it cannot be replayed nor trained on
+    prompt_ids: list[int] | None
     completion_ids: list[int]  # as served, cut at a stop string
     sampling: SamplingEntry
     finish_reason: str
@@ -219,7 +222,8 @@ def field_problem(data: dict) -> str | None:
         datetime.fromisoformat(data["time"])
     except ValueError:
         return "time is not an ISO 8601 time"
-    if not _ids(data["prompt_ids"]) or not _ids(data["completion_ids"]):
+    if not (data["prompt_ids"] is None or _ids(data["prompt_ids"])) or \
+            not _ids(data["completion_ids"]):
         return f"prompt_ids or completion_ids are not token ids (integers in 0..{ID_LIMIT - 1})"
     rounds = data["rounds"]
     if not (rounds is None or isinstance(rounds, list) and all(

@@ -24,8 +24,9 @@ to stop (said in the log).
 
 Recorded ids are the users' prompts and answers (they decode with the target's tokenizer to the
 whole text): the folder is created readable by its owner only (0700) and each shard so (0600),
-and ``retention_days`` deletes sealed shards older than that (when the folder is taken and as each
-shard seals).
+``retention_days`` deletes sealed shards older than that (when the folder is taken and as each
+shard seals), and ``prompts`` False keeps no prompt at all (``prompt_ids`` null: the completion
+and the engine's counts only).
 """
 
 from __future__ import annotations
@@ -97,6 +98,23 @@ def seal_leftover(path: Path) -> Path | None:
     return sealed
 
 
+def open_recorder(args, target_ref, tokenizer) -> Recorder:
+    """The traffic folder of ``draftkit serve --record`` (``args``: the serve command's),
+    taken (locked, a killed server's shards sealed), for either engine: its records carry the
+    target's (resolved) and its tokenizer's identities, and each the identity of the draft it
+    decoded with, the engine's."""
+    from draftkit.models.resolve import model_identity
+    from draftkit.traffic.record import tokenizer_identity
+
+    recorder = Recorder(args.record, target=model_identity(target_ref),
+                        tokenizer=tokenizer_identity(tokenizer),
+                        shard_bytes=int(args.record_shard_mb * MB),
+                        quota_bytes=int(args.record_quota_mb * MB),
+                        retention_days=args.record_retention_days, prompts=args.record_prompts)
+    recorder.open()
+    return recorder
+
+
 class Recorder:
     """A traffic folder being filled: :meth:`open` takes it (the serve command, before the
     server starts, so a refusal is one line), :meth:`start` / :meth:`stop` run the writer with
@@ -105,13 +123,14 @@ class Recorder:
     ``target``, ``tokenizer``: the identities every record carries
     (:func:`~draftkit.models.resolve.model_identity`,
     :func:`~draftkit.traffic.record.tokenizer_identity`); the draft's comes with each record
-    (the draft it decoded with: a server may swap its draft)."""
+    (the draft it decoded with: a server may swap its draft). ``prompts`` False: records keep
+    no prompt ids (null), where a policy forbids keeping prompts."""
 
     def __init__(self, folder: str | Path, *, target: str, tokenizer: str,
                  shard_bytes: int = 64 * MB, quota_bytes: int = 10240 * MB,
-                 retention_days: float | None = None):
+                 retention_days: float | None = None, prompts: bool = True):
         self.folder = Path(folder).expanduser()
-        self.target, self.tokenizer = target, tokenizer
+        self.target, self.tokenizer, self.prompts = target, tokenizer, prompts
         self.shard_bytes, self.quota_bytes = shard_bytes, quota_bytes
         # sealed shards older than this many seconds are deleted; None: kept
         self.retention_s = None if retention_days is None else retention_days * DAY
@@ -173,7 +192,8 @@ class Recorder:
         if not self.recording:
             return
         item = dict(time=time.time() if when is None else when, draft=draft, domain=domain,
-                    prompt_ids=prompt_ids, completion_ids=completion_ids, sampling=sampling,
+                    prompt_ids=prompt_ids if self.prompts else None,
+                    completion_ids=completion_ids, sampling=sampling,
                     finish_reason=finish_reason, rounds=rounds, source=source)
         try:
             self._queue.put_nowait(item)

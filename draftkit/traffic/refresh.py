@@ -6,7 +6,8 @@ samples of the target itself (speculative decoding is lossless), on the prompts 
 
 1. The traffic ``draftkit serve --record`` kept is read and checked against the bundle's
    target and tokenizer (:func:`~draftkit.traffic.shards.read_traffic`: bad shards, duplicated
-   and out-of-sequence records are named and left out, or refused with ``--strict``); per
+   and out-of-sequence records are named and left out, or refused with ``--strict``; records
+   kept without their prompt are left out too, counted: there is nothing to train on); per
    domain, the most recent ``--heldout`` share of requests is set aside, never trained on. A
    domain with fewer than ``--min-requests`` requests is measured but not trained.
 2. The bundle's own recipe (the manifest records it) trains its draft from where it is (a
@@ -140,7 +141,14 @@ def _refresh(args: RefreshArgs, out: Path) -> Path:
                            vocab=target_vocab(target_ref, tokenizer), strict=args.strict)
     for line in traffic.integrity.lines():
         print(line)
-    records = traffic.records
+    records = [r for r in traffic if r.prompt_ids is not None]
+    if len(records) < len(traffic):
+        print(f"left out: {len(traffic) - len(records)} of {len(traffic)} requests recorded "
+              f"without their prompt (--no-record-prompts): nothing to train on or decode")
+    if not records:
+        raise DraftkitError(f"{args.traffic}: every request was recorded without its prompt "
+                            f"(--no-record-prompts); refresh trains on prompts and their "
+                            f"answers: record with prompts kept")
     train_rs, held, trained = split(records, args.heldout, args.min_requests)
     if not trained:
         raise DraftkitError(f"{args.traffic}: no domain has {args.min_requests} requests to "

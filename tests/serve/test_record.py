@@ -254,7 +254,10 @@ def test_bad_recording_flags_are_one_line_errors(tmp_path, capsys):
 def test_serve_records_under_the_models_identities(tiny_dirs, tmp_path):
     """`draftkit serve --record` stamps each record with the target's and its tokenizer's
     identities and with the identity of the draft it decoded with (none under --k 0: plain
-    decoding, each round [0, 0])."""
+    decoding, each round [0, 0]); --no-record-prompts (here under --k 0) keeps no prompt ids,
+    the completion and the counts only."""
+    from draftkit.cli import build_parser, parse
+    from draftkit.config import from_namespace
     from draftkit.models.resolve import model_identity, resolve_model
     from draftkit.serve.command import ServeArgs, build
     from tests.helpers import LiveServer
@@ -262,9 +265,10 @@ def test_serve_records_under_the_models_identities(tiny_dirs, tmp_path):
     target, draft = tiny_dirs
     for k, drafted in ((2, model_identity(resolve_model(str(draft), "draft"))), (0, None)):
         folder = tmp_path / f"traffic-k{k}"
-        app, desc, _ = build(ServeArgs(bundle=str(target), draft=str(draft), k=k, max_batch=2,
-                                    max_model_len=64, device="cpu", record=str(folder),
-                                    served_model_name="tiny"))
+        argv = ["serve", str(target), "--draft", str(draft), "--k", str(k), "--max-batch", "2",
+                "--max-model-len", "64", "--device", "cpu", "--record", str(folder),
+                "--served-model-name", "tiny"] + (["--no-record-prompts"] if k == 0 else [])
+        app, desc, _ = build(from_namespace(ServeArgs, parse(build_parser(), argv)))
         assert f"recording into {folder}" in desc
         srv = LiveServer(app)
         try:
@@ -276,6 +280,7 @@ def test_serve_records_under_the_models_identities(tiny_dirs, tmp_path):
         assert (r.target, r.draft) == (model_identity(resolve_model(str(target))), drafted)
         assert r.tokenizer == tokenizer_identity(app.state.completions.tokenizer)
         assert r.rounds and all(kn[0] == k for kn in r.rounds)
+        assert r.prompt_ids == ([10, 11] if k else None) and r.completion_ids
 
 
 def test_shards_are_their_owners_only_and_expire_after_the_retention(tmp_path, caplog):

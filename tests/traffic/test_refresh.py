@@ -174,6 +174,12 @@ def test_refresh_bad_inputs_are_one_line_and_write_nothing(served, capsys):
     code = main(["refresh", str(bundle), "--traffic", str(damaged), "--out", str(tmp / "o6"),
                  "--strict"])
     assert code == 2 and "--strict refuses" in capsys.readouterr().err
+    promptless = tmp / "promptless"
+    promptless.mkdir()
+    (promptless / "traffic-x-1.jsonl").write_text(json.dumps({**rec, "prompt_ids": None}) + "\n")
+    code = main(["refresh", str(bundle), "--traffic", str(promptless), "--out", str(tmp / "o7")])
+    assert code == 2 and "every request was recorded without its prompt" in \
+        capsys.readouterr().err
     code = main(["refresh", str(bundle), "--traffic", str(traffic), "--out", str(tmp / "o5"),
                  "--traffic-repeat", "0"])
     assert code == 2 and "--traffic-repeat must be >= 1, got 0" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """Traffic as sealed data: each shard's seal (record count and sha256) and each record's number
 in its run, checked by the one reader; what fails is named, left out and counted, or refused
-with --strict; shards written before seals still read, as unverified."""
+with --strict; shards written before seals still read, as unverified; records kept without
+their prompt."""
 
 import json
 from pathlib import Path
@@ -17,10 +18,10 @@ from tests.traffic.test_drift import mixed, record, write_shard
 T, K = {"target": "t" * 16, "tokenizer": "k" * 16}, "k" * 16
 
 
-def record_into(folder: Path, records, *, shard_bytes=1500, ids=T) -> Recorder:
+def record_into(folder: Path, records, *, shard_bytes=1500, prompts=True, ids=T) -> Recorder:
     """``records`` written by a recorder (a run of its own), as a server writes them."""
     rec = Recorder(folder, target=ids["target"], tokenizer=ids["tokenizer"],
-                   shard_bytes=shard_bytes)
+                   shard_bytes=shard_bytes, prompts=prompts)
     rec.start()
     for i, r in enumerate(records):
         rec.add(domain=r.domain, prompt_ids=r.prompt_ids, completion_ids=r.completion_ids,
@@ -198,3 +199,21 @@ def test_a_duplicated_line_and_an_edited_round_are_named_and_the_verdict_stands(
     assert statuses(report) == before
     assert main(["traffic", str(folder), "--bundle", str(path), "--strict"]) == 2
     assert "--strict refuses" in capsys.readouterr().err
+
+
+def test_records_without_prompts_say_what_cannot_be_computed(bundle, tmp_path, capsys):
+    """--no-record-prompts keeps the completion and the engine's counts: the figures come
+    from the counts; a request without counts cannot be replayed (it needs the prompt), and
+    the table says both."""
+    path, ids = bundle
+    folder = tmp_path / "traffic"
+    uncounted = record([], 3, **ids)
+    uncounted.rounds = None
+    record_into(folder, mixed(6, **ids) + [uncounted], prompts=False, ids=ids)
+    found = read_traffic(folder)
+    assert [r.prompt_ids for r in found] == [None] * 7 and found[0].rounds is not None
+    report = traffic(TrafficArgs(folder=str(folder), bundle=str(path)))
+    out = capsys.readouterr().out
+    assert "7 of 7 requests were recorded without their prompt (--no-record-prompts)" in out
+    assert "cannot be replayed (a replay needs the prompt: 1 without counts are left out)" in out
+    assert report.domains["code"].counts == {"engine": 6, "none": 1}
