@@ -17,7 +17,7 @@ import sys
 
 from draftkit import __version__
 from draftkit.config import add_arguments, describe_keys, from_namespace
-from draftkit.errors import DraftkitError
+from draftkit.errors import EXIT_DECLINED, EXIT_OK, EXIT_REFUSED, Declined, DraftkitError
 
 # name, module, args dataclass, function, one-line help
 COMMANDS: list[tuple[str, str, str, str, str]] = [
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = parse(parser, argv)
     if not ns.command:
         parser.print_help()
-        return 2
+        return EXIT_REFUSED
     entry = next(c for c in COMMANDS if c[0] == ns.command)
     _cpu_accelerator_for_deepspeed()
     module = importlib.import_module(entry[1])
@@ -149,20 +149,23 @@ def main(argv: list[str] | None = None) -> int:
 
         set_trusted(getattr(args, "trusted_key", None))  # every bundle this process loads
         getattr(module, entry[3])(args)
+    except Declined as e:  # before DraftkitError, of which it is one
+        print(f"draftkit {ns.command}: no: {e}", file=sys.stderr)
+        return EXIT_DECLINED
     except DraftkitError as e:
         print(f"draftkit {ns.command}: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_REFUSED
     except OSError as e:
         if e.filename is None:  # not about a path the user gave: a bug, keep the traceback
             raise
         print(f"draftkit {ns.command}: error: cannot use {e.filename} ({e.strerror}); check "
               f"the path (a folder where one is expected, a file where one is) and its "
               f"permissions", file=sys.stderr)
-        return 2
+        return EXIT_REFUSED
     except KeyboardInterrupt:
         print(f"draftkit {ns.command}: interrupted", file=sys.stderr)
         return 130
-    return 0
+    return EXIT_OK  # an unexpected error escapes with its traceback: Python exits 1
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from draftkit.config import option, reuse
 from draftkit.decode.k import DEFAULT_FIXED_K
-from draftkit.errors import ModelError
+from draftkit.errors import Declined, ModelError
 from draftkit.export.k import REPORT, ExportK
 from draftkit.export.eagle3 import KIND as EAGLE3
 from draftkit.manifest import NAME as MANIFEST
@@ -109,7 +109,12 @@ def check(args: CheckArgs) -> Manifest:
     if args.record_target:
         raise ModelError(f"--record-target is for a loose EAGLE-3 head folder; {root} is not "
                          f"one (a bundle records its target's content hash already)")
-    manifest = check_bundle(args.bundle, target=args.target)
+    try:
+        manifest = check_bundle(args.bundle, target=args.target)
+    except ModelError as e:
+        if (root / MANIFEST).is_file():  # a bundle that fails a check: the answer is no
+            raise Declined(str(e)) from None
+        raise
     entry = manifest.draft
     parallel = manifest.serving is not None and manifest.serving.engines.vllm.parallel_drafting
     depth = f" of {entry.num_hidden_layers} layers" if (entry.num_hidden_layers or 1) > 1 else ""

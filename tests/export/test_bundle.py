@@ -132,7 +132,7 @@ def test_an_edited_manifest_is_refused_by_check_and_by_every_command_loading_the
         with pytest.raises(ModelError, match=named):
             resolve_model(str(out), "draft")  # generate, eval, serve, export load through here
         capsys.readouterr()
-        assert main(["check", str(out)]) == 2
+        assert main(["check", str(out)]) == 3  # a bundle that fails a check: a valid "no"
         err = capsys.readouterr().err
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     (out / "draftkit.json").write_text(sealed)  # the file as exported checks again
