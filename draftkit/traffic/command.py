@@ -10,7 +10,8 @@ must have been recorded with the bundle's target and tokenizer (their identities
 The folder is read through :func:`~draftkit.traffic.shards.read_traffic`: bad shards,
 duplicated and out-of-sequence records and records of another target are named and left out
 (``--strict`` refuses them), shards written before seals are counted as unverified, all of it
-said under the summary line.
+said under the summary line. The table shows the ``--top`` largest domains by requests (and
+every flagged one); the rest fold into one row (``--all``: a row per label).
 Requests the engine reported no acceptance counts for (a request of n > 1, a vLLM server
 started without per-request metrics, logs brought in with ``draftkit import-traffic``) are
 replayed through the bundle's draft (:mod:`draftkit.traffic.replay`; ``--replay``);
@@ -36,7 +37,7 @@ from draftkit.evaluate.report import format_text_table
 from draftkit.manifest import NAME as MANIFEST
 from draftkit.manifest import Manifest, read_manifest
 from draftkit.traffic.drift import (DRIFT, MIN_REQUESTS, DomainDrift, Estimate,
-                                    TrafficReport, traffic_drift)
+                                    TrafficReport, domain_drift, traffic_drift)
 from draftkit.traffic.fleet import FleetFigures, fleet_figures, fleet_lines
 from draftkit.traffic.record import Counts, TrafficRecord, engine_counts
 from draftkit.traffic.shards import STRICT_HELP, read_traffic
@@ -45,6 +46,7 @@ PLOT = ("alpha_per_position.png", "Served alpha_i against the eval's alpha")
 FLEET = "a vLLM fleet's own counters"  # the --help group of --prometheus and its flags
 MISSING, ALL, OFF = "missing", "all", "off"  # --replay
 REPLAY_CHOICES = (MISSING, ALL, OFF)
+TOP = 20  # domains the table shows by default; the rest fold into one row
 
 
 @dataclass
@@ -63,6 +65,9 @@ class TrafficArgs:
     min_requests: int = option(MIN_REQUESTS, help="fewest requests a domain needs to be "
                                                   "flagged; fewer are reported as too few")
     domain: str | None = option(None, help="only this domain label")
+    top: int = option(TOP, help="rows for the largest domains by requests (and every flagged "
+                                "one); the rest fold into one row, 'other (N labels)'")
+    all: bool = option(False, help="a row for every domain label (no folding)")
     strict: bool = option(False, help=STRICT_HELP)
     replay: str = option(MISSING, choices=REPLAY_CHOICES, help="with --bundle, which requests' "
                          "acceptance to compute by replaying their completion through its "
@@ -85,6 +90,8 @@ class TrafficArgs:
     def validate(self) -> None:
         if self.min_requests < 1:
             raise ConfigError("--min-requests must be >= 1")
+        if self.top < 1:
+            raise ConfigError(f"--top must be >= 1, got {self.top}; --all shows every label")
         if self.folder is None and self.prometheus is None:
             raise ConfigError("give the traffic folder (DIR) `draftkit serve --record DIR` "
                               "wrote, or --prometheus URL, or both")
@@ -130,6 +137,7 @@ def traffic(args: TrafficArgs) -> TrafficReport | FleetFigures:
                            bundle=args.bundle, draft=draft, min_requests=args.min_requests,
                            replay_k=replay_k(manifest) if manifest else None, created=now())
     report.integrity = read.integrity
+    fold(report, records, counts, None if args.all else args.top)
     print(summary(report))
     for line in integrity_lines(report):
         print(line)
@@ -219,9 +227,31 @@ def _estimate(e: Estimate | None, pattern: str) -> str:
     return f"{pattern.format(e.value)} ({pattern.format(e.low)}-{pattern.format(e.high)})"
 
 
+def fold(report: TrafficReport, records: list[TrafficRecord], counts: list[Counts | None],
+         top: int | None) -> None:
+    """Keep the ``top`` largest domains by requests (and every flagged one) as rows of the
+    table; the rest become one row, ``report.other``, their requests together (None: a row
+    per domain). ``report.domains`` keeps every one."""
+    if top is None or len(report.domains) <= top:
+        return
+    shown = set(shown_domains(report)[:top]) | set(report.flagged())
+    report.folded = [name for name in shown_domains(report) if name not in shown]
+    folded = set(report.folded)
+    rest = [(r, x) for r, x in zip(records, counts) if r.domain in folded]
+    report.other = domain_drift([r for r, _ in rest], [x for _, x in rest], c=report.overall.c,
+                                c_source=report.overall.c_source, compare=False)
+
+
+def shown_domains(report: TrafficReport) -> list[str]:
+    """The domains the table has a row for, largest (by requests) first."""
+    folded = set(report.folded or ())
+    return sorted((name for name in report.domains if name not in folded),
+                  key=lambda name: (-report.domains[name].requests, name))
+
+
 def drift_table(report: TrafficReport) -> tuple[list[str], list[list[str]]]:
-    """Header and rows: each domain, then all the traffic together (no status: the eval has
-    no overall row in the manifest)."""
+    """Header and rows: each domain shown, largest first, the folded ones as one row, then
+    all the traffic together (no status: the eval has no overall row in the manifest)."""
     header = ["domain", "requests", "acceptance from", "tokens", "alpha_1", "alpha (95%)",
               "eval alpha", "tau (95%)", "eval tau", "c", "speedup predicted (95%)", "status"]
 
@@ -236,7 +266,9 @@ def drift_table(report: TrafficReport) -> tuple[list[str], list[list[str]]]:
                 _estimate(d.speedup_predicted, "{:.2f}").replace(" (", "x ("),
                 d.status or "-"]
 
-    rows = [row(name, d) for name, d in report.domains.items()]
+    rows = [row(name, report.domains[name]) for name in shown_domains(report)]
+    if report.other is not None:
+        rows.append(row(f"other ({len(report.folded)} labels)", report.other))
     if len(report.domains) > 1:
         rows.append(row("overall", report.overall))
     return header, rows
@@ -270,6 +302,9 @@ def conclusions(report: TrafficReport) -> list[str]:
                      "one)")
     lines.append("alpha_1: served only (the bundle keeps no eval alpha_1); predicted speedup: "
                  "the served alpha_i at the served K, v = 1")
+    if report.folded:
+        lines.append(f"other: {len(report.folded)} smaller labels in one row, none flagged "
+                     f"(--all gives each a row; report.json keeps every one)")
     return lines + [f"note: {n}" for n in report.notes]
 
 
@@ -278,7 +313,8 @@ def conclusions(report: TrafficReport) -> list[str]:
 def write_plot(report: TrafficReport, out_dir: Path) -> dict[str, Path]:
     """Served alpha_i per domain, and each domain's eval alpha as a dashed line of its colour;
     no plot where nothing was drafted."""
-    drafted = {n: d for n, d in report.domains.items() if d.alpha_per_position}
+    drafted = {n: report.domains[n] for n in shown_domains(report)
+               if report.domains[n].alpha_per_position}
     if not drafted:
         return {}
     import matplotlib
@@ -311,7 +347,8 @@ def render_markdown(report: TrafficReport, plots: dict[str, Path]) -> str:
     lines += [f"- {line.strip()}" for line in integrity_lines(report)] + [""]
     lines += markdown_table(*drift_table(report))
     lines += [""] + [f"- {line}" for line in conclusions(report)]
-    lines += [f"- {name}: {d.status}: {d.why}" for name, d in report.domains.items()
+    lines += [f"- {name}: {d.status}: {d.why}" for name, d in
+              ((n, report.domains[n]) for n in shown_domains(report))
               if d.status and d.status != DRIFT]
     for title, path in plots.items():
         lines += ["", f"## {title}", "", f"![{title}]({path.name})"]

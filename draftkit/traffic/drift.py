@@ -119,6 +119,8 @@ class TrafficReport(Record):
     overall: DomainDrift
     notes: list[str] = field(default_factory=list)
     integrity: Integrity | None = added_later()  # what reading the folder verified, left out
+    folded: list[str] | None = added_later()  # labels the table folds into one row ...
+    other: DomainDrift | None = added_later()  # ... their requests together (no status)
     created: str
 
     def flagged(self) -> list[str]:

@@ -1,7 +1,7 @@
 """Traffic as sealed data: each shard's seal (record count and sha256) and each record's number
 in its run, checked by the one reader; what fails is named, left out and counted, or refused
 with --strict; shards written before seals still read, as unverified; records kept without
-their prompt."""
+their prompt; the table's largest domains."""
 
 import json
 from pathlib import Path
@@ -217,3 +217,25 @@ def test_records_without_prompts_say_what_cannot_be_computed(bundle, tmp_path, c
     assert "7 of 7 requests were recorded without their prompt (--no-record-prompts)" in out
     assert "cannot be replayed (a replay needs the prompt: 1 without counts are left out)" in out
     assert report.domains["code"].counts == {"engine": 6, "none": 1}
+
+
+def test_the_table_shows_the_largest_domains_and_folds_the_rest(bundle, tmp_path, capsys):
+    """--top N rows by requests, every flagged domain too, the rest in one row; --all: every
+    label. report.json keeps every domain."""
+    path, ids = bundle
+    folder = tmp_path / "traffic"
+    # accepting more than the bundle's mean eval alpha (0.65): not flagged
+    labels = [record([[3, 3], [3, 1 + j % 2]], 7, f"l{i:02d}", n=j, **ids)
+              for i in range(25) for j in range(8 + (i < 3))]
+    write_shard(folder, labels + mixed(6, "code", **ids))  # code: the smallest, and drifted
+    argv = ["traffic", str(folder), "--bundle", str(path), "--min-requests", "5"]
+    assert main(argv + ["--top", "3"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split()[0] for line in out.splitlines() if " engine " in line]
+    assert rows == ["l00", "l01", "l02", "code", "other", "overall"]
+    assert "other (22 labels)" in out and "drift: code" in out
+    assert main(argv + ["--all", "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "other (" not in out and "\nl24 " in out
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert len(report["domains"]) == 26 and "folded" not in report
