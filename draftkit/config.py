@@ -373,8 +373,8 @@ def load_recipe(cls: type, path: str | Path, overrides: list[str] | None = None)
     if path.is_dir():
         raise ConfigError(f"recipe {path} is a folder; pass one of its YAML files")
     if not path.is_file():
-        raise ConfigError(f"recipe {path} does not exist; pass a YAML file "
-                          f"(see the recipes/ folder for examples)")
+        raise ConfigError(f"recipe {path} does not exist; pass a YAML file, or a packaged "
+                          f"recipe by its name under recipes/ (draftkit's share/recipes)")
     try:
         data = _yaml_load(path.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError:

@@ -29,7 +29,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import draftkit
 from draftkit.config import option
 from draftkit.decode.k import AUTO
 from draftkit.distill.command import load_config
@@ -42,13 +41,15 @@ from draftkit.evaluate.report import (domain_table, format_text_table, headline,
 from draftkit.io import atomic_write_text
 from draftkit.models import load_model, load_tokenizer, resolve_model
 from draftkit.models.derive import derive_by_layers, save_draft
+from draftkit.resources import share_path, shared
 from draftkit.signing import KEY_ENV, Signer, SigningArgs, new_key_pair
 from draftkit.tracking import Tracker
 
 RECIPE = Path("smollm2-135m-instruct_to_eagle3") / "quickstart_ttt.yaml"
-# The run the README's quickstart figures come from: its timing.json is what a new run's time
-# estimate is scaled from, and its machine's speed is printed beside this one's.
-REFERENCE_RUN = ("eval", "results", "reports", "2026-12-05-make-demo-fresh-clone")
+# The run the README's quickstart figures come from: its timing.json (packaged as
+# share/eval/reference/timing.json) is what a new run's time estimate is scaled from, and its
+# machine's speed is printed beside this one's.
+REFERENCE_RUN = "eval/results/reports/2026-12-05-make-demo-fresh-clone"
 # Domains an EAGLE-3 quickstart evaluates beside the ones it trained: traffic it was not trained
 # for (the domain-mismatch regime), in the same report.
 UNTRAINED_SHOWN = ("chat", "creative")
@@ -83,14 +84,6 @@ class QuickstartArgs(SigningArgs):
             raise ConfigError(f"--minutes must be positive, got {self.minutes}")
         if min(self.eval_limit, self.eval_tokens, self.prompts_per_domain) < 1:
             raise ConfigError("--eval-limit, --eval-tokens and --prompts-per-domain must be >= 1")
-
-
-def _repo_file(*parts: str) -> Path:
-    path = Path(draftkit.__file__).resolve().parent.parent.joinpath(*parts)
-    if not path.exists():
-        raise DraftkitError(f"{path} is missing; the quickstart runs from a draftkit checkout "
-                            f"(pip install -e .)")
-    return path
 
 
 def write_code_text(path: Path, chunks: int, lines: int = 40) -> Path:
@@ -160,7 +153,7 @@ def _derive_draft(args: QuickstartArgs, cfg0, recipe: Path, out: Path, group: st
     del target
     stamp(f"    draft: target layers {','.join(map(str, layers))} -> {init_dir}")
     code_text = write_code_text(out / "data" / "code_text.jsonl", args.code_text_chunks)
-    prompts = _repo_file("eval", "train_prompts")
+    prompts = shared("eval", "train_prompts")
     cfg = distill_config(args, recipe, out, init_dir,
                          sorted(prompts.glob("*.jsonl")) + [code_text], group)
     return cfg, init_dir
@@ -187,7 +180,7 @@ def quickstart(args: QuickstartArgs) -> EvalReport:
         actual[stage], ended[0] = (now - ended[0]) / 60, now
 
     signer = _signer(args, out)  # before the long stages: a wrong key is named now
-    recipe = Path(args.recipe) if args.recipe else _repo_file("recipes", str(RECIPE))
+    recipe = Path(args.recipe) if args.recipe else shared("recipes", *RECIPE.parts)
     cfg0 = load_config(recipe)
     head = cfg0.draft.kind == "eagle3"
 
@@ -276,6 +269,11 @@ def _signer(args: QuickstartArgs, out: Path) -> Signer | None:
     return Signer(private)
 
 
+def reference_dir() -> Path:
+    """The folder of the reference run's timing.json, as packaged (share/eval/reference)."""
+    return share_path("eval", "reference")
+
+
 def _estimate(cfg, args: QuickstartArgs, domains: int, started: float) -> Timing:
     """Time this machine (:mod:`draftkit.estimate`) and print how long each stage will take,
     scaled from the reference run's ``timing.json`` (the set-up: what has passed since
@@ -295,8 +293,8 @@ def _estimate(cfg, args: QuickstartArgs, domains: int, started: float) -> Timing
     already = (time.perf_counter() - started) / 60
     timing = Timing(probe=here, steps=cfg.max_steps,
                     decodes=domains * args.eval_limit * args.eval_tokens)
-    where = "/".join(REFERENCE_RUN)
-    reference = read_timing(Path(draftkit.__file__).resolve().parent.parent / where)
+    where = REFERENCE_RUN
+    reference = read_timing(reference_dir())
     if reference is None or not reference.actual_minutes:
         print(f"    {machine_text(timing)}; no reference run to scale an estimate from "
               f"({where}/timing.json): this run's timing.json can be one", flush=True)

@@ -59,7 +59,7 @@ def test_the_quickstart_prints_an_estimate_scaled_from_its_reference(tmp_path, t
 
     cfg = distill_config(tmp_path, tiny_dirs, draft={"kind": "eagle3", "draft_vocab_size": 40})
     args = qs.QuickstartArgs(eval_limit=2, eval_tokens=8)
-    monkeypatch.setattr(qs, "REFERENCE_RUN", (str(tmp_path / "nowhere"),))
+    monkeypatch.setattr(qs, "reference_dir", lambda: tmp_path / "nowhere")
     import time
 
     timing = qs._estimate(cfg, args, domains=4, started=time.perf_counter() - 6)
@@ -67,7 +67,7 @@ def test_the_quickstart_prints_an_estimate_scaled_from_its_reference(tmp_path, t
     ref = tmp_path / "ref"
     write_timing(ref, _reference(**{"set-up": 0.5, "data": 5.0, "distill": 6.0,
                                    "evaluate": 2.0, "export": 0.2}))
-    monkeypatch.setattr(qs, "REFERENCE_RUN", (str(ref),))
+    monkeypatch.setattr(qs, "reference_dir", lambda: ref)
     timing = qs._estimate(cfg, args, domains=4, started=time.perf_counter() - 6)
     said = capsys.readouterr().out
     assert timing.steps == cfg.max_steps and timing.decodes == 4 * 2 * 8

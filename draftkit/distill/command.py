@@ -31,6 +31,7 @@ from draftkit.distill.distributed import zero_stage
 from draftkit.errors import ConfigError, DraftkitError, ModelError
 from draftkit.models import check_compatible, load_tokenizer, resolve_model
 from draftkit.models.embedded import embedded_config_and_tokenizer
+from draftkit.resources import packaged_recipe
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 # a path ending in one of these is a file, never a hub id (compared in lower case)
@@ -60,7 +61,11 @@ class DistillArgs:
 
 
 def load_config(recipe: str | Path, overrides: list[str] | None = None) -> DistillConfig:
-    """Parse a recipe with overrides and make its relative paths absolute."""
+    """Parse a recipe with overrides and make its relative paths absolute. A recipe that is not
+    a file here is looked up among the packaged ones (``smollm2-135m-instruct_to_eagle3/
+    quickstart_ttt.yaml``, as under recipes/), so an installed draftkit runs them too."""
+    if not Path(recipe).exists():
+        recipe = packaged_recipe(str(recipe)) or recipe
     cfg = load_recipe(DistillConfig, recipe, overrides)
     return resolve_paths(cfg, Path(recipe).resolve().parent, str(recipe))
 

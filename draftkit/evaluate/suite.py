@@ -8,7 +8,7 @@ per line, either as text or as OpenAI-style messages ending with a user turn::
 
 Acceptance rate depends on the domain (code and math are far more predictable than creative
 writing), so results are always reported per domain. The shipped suites live in
-``eval/suites/`` next to the package and are never used for training; ``eval/train_prompts/``
+``eval/suites/`` (shipped in the package) and are never used for training; ``eval/train_prompts/``
 holds the training-side prompts, disjoint from them.
 """
 
@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import draftkit
 from draftkit.chat import Prompt
 from draftkit.errors import DraftkitError
 from draftkit.io import read_jsonl
+from draftkit.resources import shared
 
 _ROW_KEYS = ("domain", "prompt", "messages")
 _MESSAGE_KEYS = ("role", "content")
@@ -38,22 +38,13 @@ class SuiteRow:
 
 
 def builtin_suites_dir() -> Path:
-    """The shipped suites, ``eval/suites/`` in the repository next to the package."""
-    return _repo_dir("suites")
+    """The shipped suites, ``eval/suites/`` (packaged: :mod:`draftkit.resources`)."""
+    return shared("eval", "suites")
 
 
 def builtin_train_prompts_dir() -> Path:
     """The shipped distillation prompts, ``eval/train_prompts/``; disjoint from the suites."""
-    return _repo_dir("train_prompts")
-
-
-def _repo_dir(name: str) -> Path:
-    path = Path(draftkit.__file__).resolve().parent.parent / "eval" / name
-    if not path.is_dir():
-        raise DraftkitError(f"the built-in prompts are not at {path}; they ship in the draftkit "
-                            f"repository (eval/{name}/), so install draftkit from a checkout "
-                            f"with 'pip install -e .' or pass a suite path")
-    return path
+    return shared("eval", "train_prompts")
 
 
 def load_suite(path: str | Path, limit: int | None = None,

@@ -67,14 +67,19 @@ def test_summarization_prompts_hold_a_paragraph():
 
 
 def test_builtin_dir_is_eval_suites_in_the_repository():
-    assert builtin_suites_dir() == Path(__file__).resolve().parents[2] / "eval" / "suites"
+    """The packaged suites (draftkit/share/eval/suites) are the checkout's eval/suites, the
+    same files, not a second set."""
+    root = Path(__file__).resolve().parents[2]
+    assert builtin_suites_dir().resolve() == root / "eval" / "suites"
+    assert builtin_train_prompts_dir().resolve() == root / "eval" / "train_prompts"
 
 
 def test_missing_builtin_dir_says_where_it_looked(monkeypatch, tmp_path):
-    import draftkit
+    from draftkit import resources
 
-    monkeypatch.setattr(draftkit, "__file__", str(tmp_path / "draftkit" / "__init__.py"))
-    with pytest.raises(DraftkitError, match=r"eval/suites.*pip install -e \."):
+    monkeypatch.setattr(resources, "share_path", lambda *parts: tmp_path.joinpath(*parts))
+    with pytest.raises(DraftkitError, match=r"eval/suites is missing from this install "
+                                            r".*; reinstall draftkit"):
         builtin_suites_dir()
 
 
