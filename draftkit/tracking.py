@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from draftkit.config import to_dict
+from draftkit.extras import missing, require
 
 PROJECT = "draftkit"
 
@@ -39,6 +40,10 @@ class Tracker:
             return
         mode = os.environ.get("WANDB_MODE") or "offline"
         if mode == "disabled":
+            return
+        if missing(("wandb",)):  # logging is optional, unless it was asked for by name
+            if os.environ.get("WANDB_MODE"):
+                require("train", f"WANDB_MODE={mode}", ("wandb",))
             return
         import wandb
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from draftkit.errors import DraftkitError
+from draftkit.extras import require
 
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text",
             ".text": "text"}
@@ -100,6 +101,7 @@ def _files_with_rows(pattern: str, fmt: str) -> list[str]:
 def _load(src: Any, fmt: str, file: str):
     """One file of the source (its hub id for the hub) as a ``datasets.Dataset``; a load
     failure is one line naming it."""
+    require("train", "reading training data", ("datasets",))
     import datasets
 
     datasets.disable_progress_bars()

@@ -28,6 +28,7 @@ from typing import Any
 
 from draftkit.distill.schedule import warmup_cosine
 from draftkit.errors import ConfigError, DraftkitError
+from draftkit.extras import require
 from draftkit.io import read_json
 
 # Keys DeepSpeed needs to size the batch and pick the ZeRO stage. "auto" is filled from train.*.
@@ -179,6 +180,7 @@ def all_reduce_mean(value: float, dist: Dist) -> float:
 def deepspeed_engine(model: Any, params: list, path: str, train: Any, total_steps: int,
                      warmup: int, min_lr_ratio: float):
     """Wrap the draft in a DeepSpeed engine; ``auto`` values come from ``train``."""
+    require("train", "DeepSpeed training", ("deepspeed",))
     import deepspeed
 
     _say_build_locks()

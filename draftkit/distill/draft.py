@@ -16,6 +16,7 @@ import torch
 from draftkit.data import Rows
 from draftkit.distill.config import DistillConfig
 from draftkit.errors import DraftkitError
+from draftkit.extras import require
 from draftkit.io import atomic_write_json
 from draftkit.models import check_compatible, load_model, load_tokenizer, resolve_model
 from draftkit.models.derive import derive_by_layers, derive_random, save_draft
@@ -42,6 +43,7 @@ def build_draft(cfg: DistillConfig, target: Any, tokenizer: Any, target_ref: Any
     draft = draft.float()
     apply_freeze(draft, d.freeze)
     if d.lora.enabled:
+        require("train", "LoRA training", ("peft",))
         from peft import LoraConfig, get_peft_model
 
         draft = get_peft_model(draft, LoraConfig(

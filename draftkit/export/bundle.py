@@ -35,6 +35,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import draftkit
 from draftkit.bundle_signature import UNSIGNED
 from draftkit.errors import DraftkitError, ModelError
 from draftkit.evaluate.figures import EvalReport
@@ -299,8 +300,8 @@ def _figures(report: EvalReport | None) -> dict:
 def _versions() -> dict[str, str]:
     import importlib.metadata as md
 
-    out = {}
-    for name in ("draftkit", "torch", "transformers", "peft", "safetensors", "tokenizers"):
+    out = {"draftkit": draftkit.__version__}  # its distribution is draftkit-spec
+    for name in ("torch", "transformers", "peft", "safetensors", "tokenizers"):
         try:
             out[name] = md.version(name)
         except md.PackageNotFoundError:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftkit.errors import ModelError
+from draftkit.extras import require
 from draftkit.io import read_json
 from draftkit.models.compat import check_compatible, check_eagle3
 from draftkit.models.facts import vocab_size
@@ -120,6 +121,7 @@ def load_causal_lm(path, dtype: "torch.dtype", role: Role = "target"):
     path = Path(path)
     try:
         if (path / "adapter_config.json").is_file():
+            require("train", "a LoRA adapter", ("peft",))
             from peft import AutoPeftModelForCausalLM
 
             # Serving engines take plain weights, not adapters: merge LoRA at load time.

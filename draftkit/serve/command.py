@@ -54,6 +54,7 @@ from draftkit.decode.choice import KChoice
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.engines.vllm import CPU_FIX_CHOICES, CPU_FIX_HELP, PYTHON_HELP
 from draftkit.errors import ConfigError, DraftkitError
+from draftkit.extras import require
 from draftkit.manifest import NAME as MANIFEST
 from draftkit.manifest import read_manifest
 from draftkit.models import load_pair
@@ -259,6 +260,7 @@ def build(args: ServeArgs):
     """Load the models (or start vLLM) and build the app, no server started: (app,
     description, close), ``close`` stopping what the build started (vLLM's servers) where
     the app never ran."""
+    require("serve", "draftkit serve")
     if args.front:
         from draftkit.serve.vllm_front import build_front
 
