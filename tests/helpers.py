@@ -406,6 +406,24 @@ def broken_verify(draft_tokens, q, p, generator=None):
     return Verdict(n, nxt, torch.minimum(p[:, :-1], q).sum(-1))
 
 
+
+def broken_block_verify(draft_tokens, q, p, generator=None):
+    """Negative control for block verification: after keeping n < K tokens it draws from the
+    token rule's residual max(0, p - q) instead of max(0, w_n p - q)."""
+    import torch
+
+    from draftkit.decode.sampling import sample, uniform
+    from draftkit.decode.verify import Verdict, block_acceptance, residual
+
+    bsz, k = draft_tokens.shape
+    h, _ = block_acceptance(draft_tokens, q, p)
+    eta = uniform((bsz, k), generator, p.device)
+    n = torch.where(eta < h, torch.arange(1, k + 1), 0).amax(-1)
+    rows = torch.arange(bsz)
+    q_pad = torch.cat([q, q.new_zeros(bsz, 1, q.shape[-1])], dim=1)
+    nxt = sample(residual(p[rows, n], q_pad[rows, n]), generator)
+    return Verdict(n, nxt, torch.minimum(p[:, :-1], q).sum(-1))
+
 # --- tiny distillation recipes ----------------------------------------------------------------
 
 ROW_WORDS = "the a of to and in is it that for on with as was he she they we you".split()

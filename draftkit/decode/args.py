@@ -3,7 +3,9 @@
 - :class:`SpeculationArgs`: ``--k`` and ``--k-max`` (generate, eval, serve, regimes; bench
   takes ``--k`` alone, fixed);
 - :class:`SamplingArgs`: ``--temperature``, ``--top-k``, ``--top-p`` and ``--seed``
-  (generate, eval; regimes takes ``--seed``; serve's requests carry their own);
+  (generate, eval; regimes takes ``--seed``; serve's requests carry their own), and how drafts
+  are chosen and verified when sampling, ``--draft-sample-method`` and ``--verify`` (serve
+  takes ``--verify`` too);
 - :class:`DecodingArgs`: both, as generate and eval take them (and eval's settings).
 
 A command's args dataclass inherits them; a command that needs another default, or one of the
@@ -18,7 +20,8 @@ from typing import ClassVar
 
 from draftkit.config import option
 from draftkit.decode.k import AUTO, K, K_MAX, check_k
-from draftkit.decode.sampling import DRAFT_SAMPLE_METHODS, PROBABILISTIC, SamplingParams
+from draftkit.decode.sampling import (DRAFT_SAMPLE_METHODS, PROBABILISTIC, TOKEN, VERIFY_RULES,
+                                      SamplingParams)
 from draftkit.errors import ConfigError, DraftkitError
 
 GROUP = "decoding options"
@@ -59,9 +62,18 @@ class SamplingArgs:
                                            "probability p: vLLM's default "
                                            "draft_sample_method, which accepts less); both "
                                            "emit the target's distribution")
+    verify: str = option(TOKEN, group=GROUP, choices=VERIFY_RULES,
+                         help="how drafted tokens are verified at temperature > 0: token (one "
+                              "at a time, each kept with min(1, p/q)) or block (the block "
+                              "jointly, Sun et al., arXiv 2403.10444: vLLM's "
+                              "rejection_sample_method block), which keeps as many or more "
+                              "(more only where the draft samples: the same under greedy "
+                              "drafts); both emit the target's distribution, and greedy "
+                              "decoding is the same under either")
 
     def sampling_params(self):
-        return SamplingParams(self.temperature, self.top_k, self.top_p, self.draft_sample_method)
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.draft_sample_method,
+                              self.verify)
 
     def validate(self) -> None:
         try:

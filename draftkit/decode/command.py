@@ -75,7 +75,8 @@ def generate(args: GenerateArgs) -> list[dict]:
         results = engine.generate(batch, k=k, max_new_tokens=args.max_new_tokens,
                                   temperature=args.temperature, top_k=args.top_k,
                                   top_p=args.top_p, seed=args.seed + i,
-                                  draft_sample_method=args.draft_sample_method)
+                                  draft_sample_method=args.draft_sample_method,
+                                  verify=args.verify)
         for r in results:
             rec = {"text": tok.decode(r.tokens, skip_special_tokens=True),
                    "new_tokens": len(r.tokens),

@@ -60,7 +60,7 @@ from draftkit.decode.drafters import make_drafter
 from draftkit.decode.graphs import forward_path
 from draftkit.decode.k import AUTO, K_MAX, KValue
 from draftkit.decode.runners import make_runner
-from draftkit.decode.sampling import (PROBABILISTIC, SamplingParams, next_tokens,
+from draftkit.decode.sampling import (PROBABILISTIC, TOKEN, SamplingParams, next_tokens,
                                       next_tokens_among)
 from draftkit.decode.stats import DecodeStats, RoundStats
 from draftkit.decode.verify import committed_block, verify
@@ -145,17 +145,17 @@ class SpeculativeEngine:
     def generate(self, prompts: list[list[int]], *, k: KChoice | KValue = AUTO,
                  max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int | None = None, k_max: int = K_MAX,
-                 stats: DecodeStats | None = None,
-                 draft_sample_method: str = PROBABILISTIC) -> list[Result]:
+                 stats: DecodeStats | None = None, draft_sample_method: str = PROBABILISTIC,
+                 verify: str = TOKEN) -> list[Result]:
         """Decode every prompt (token ids) and return one :class:`Result` per prompt.
 
         ``k``: a :class:`~draftkit.decode.choice.KChoice` (a command's, validated where it
         entered; with ``auto`` its policy goes on learning across calls), or a K given here,
         checked once: fixed, or ``"auto"`` up to ``k_max``; K = 0 without a draft.
-        ``draft_sample_method``: :attr:`SamplingParams.draft_sample_method`."""
+        ``draft_sample_method`` and ``verify``: :class:`SamplingParams`' own."""
         import torch
 
-        params = SamplingParams(temperature, top_k, top_p, draft_sample_method)
+        params = SamplingParams(temperature, top_k, top_p, draft_sample_method, verify)
         choice = k if isinstance(k, KChoice) else resolve_k(
             k, k_max, has_draft=self.draft is not None)
         if self.one_row_cohorts and len(prompts) > 1:  # one policy learns from every row
@@ -164,7 +164,7 @@ class SpeculativeEngine:
             return [self.generate([p], k=choice, max_new_tokens=max_new_tokens,
                                   temperature=temperature, top_k=top_k, top_p=top_p,
                                   seed=None if seed is None else seed + i, stats=stats,
-                                  draft_sample_method=draft_sample_method)[0]
+                                  draft_sample_method=draft_sample_method, verify=verify)[0]
                     for i, p in enumerate(prompts)]
         with torch.inference_mode():
             batch = self.start(prompts, params, max_new_tokens, seed, choice, stats)

@@ -45,6 +45,8 @@ def row_generator(seed: int | None, device=None) -> "torch.Generator":
 MIN_TEMPERATURE = 1e-5
 PROBABILISTIC, GREEDY_DRAFT = "probabilistic", "greedy"  # SamplingParams.draft_sample_method
 DRAFT_SAMPLE_METHODS = (PROBABILISTIC, GREEDY_DRAFT)
+TOKEN, BLOCK = "token", "block"  # SamplingParams.verify: verify.py's verify_sampled, block_verify
+VERIFY_RULES = (TOKEN, BLOCK)
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,11 @@ class SamplingParams:
     # rule of Leviathan et al.; GREEDY_DRAFT takes q's argmax and verifies it as one-hot, so a
     # token is kept with probability p(d), as vLLM's default draft_sample_method does
     draft_sample_method: str = "probabilistic"
+    # how a sampled row's drafts are verified: TOKEN one at a time (Leviathan et al.), BLOCK
+    # jointly (Sun et al., arXiv 2403.10444: vLLM's rejection_sample_method block), which keeps
+    # as many or more (the same number in expectation under GREEDY_DRAFT); both emit the
+    # target's distribution, and greedy rows are unaffected
+    verify: str = TOKEN
 
     def __post_init__(self) -> None:
         # each message starts with the parameter's name as its flag spells it, less the "--"
@@ -73,6 +80,9 @@ class SamplingParams:
             raise DraftkitError(f"draft-sample-method must be one of "
                                 f"{', '.join(DRAFT_SAMPLE_METHODS)}, got "
                                 f"{self.draft_sample_method!r}")
+        if self.verify not in VERIFY_RULES:
+            raise DraftkitError(f"verify must be one of {', '.join(VERIFY_RULES)}, got "
+                                f"{self.verify!r}")
 
     @property
     def greedy(self) -> bool:
