@@ -36,6 +36,7 @@ from fastapi.responses import Response
 
 from draftkit.decode.choice import KChoice, resolve_k
 from draftkit.decode.k import AUTO, K_MAX, KValue
+from draftkit.decode.sampling import TOKEN
 from draftkit.errors import ConfigError
 from draftkit.serve.http import check_route, error_response, install_error_handlers
 from draftkit.serve.metrics import ServeMetrics
@@ -133,7 +134,7 @@ async def proxied_routed_chat_completions(route: str, request: Request):
 
 
 def create_app(engine, tokenizer, *, model_name: str, k: KChoice | KValue = AUTO,
-               k_max: int = K_MAX, max_batch: int = 16, max_model_len: int | None = None,
+               k_max: int = K_MAX, verify: str = TOKEN, max_batch: int = 16, max_model_len: int | None = None,
                max_tokens_limit: int = 2048, max_body_bytes: int = 1 << 20,
                route_labels: tuple[str, ...] = (), recorder=None, draft: str | None = None,
                admin_token: str | None = None, target_path: str | None = None) -> FastAPI:
@@ -143,7 +144,8 @@ def create_app(engine, tokenizer, *, model_name: str, k: KChoice | KValue = AUTO
     ``route_labels``: labels served as ``/<label>/v1/...`` routes (see the module).
 
     ``k``: the serve command's :class:`~draftkit.decode.choice.KChoice`, or a K given here,
-    checked once (fixed, or ``auto`` up to ``k_max``). ``draft``: the draft's identity
+    checked once (fixed, or ``auto`` up to ``k_max``); ``verify``: how sampled requests'
+    drafts are verified (:attr:`~draftkit.decode.sampling.SamplingParams.verify`). ``draft``: the draft's identity
     (``model_identity``); ``admin_token``: turns ``POST /admin/draft`` on, checking bundles
     against the target in ``target_path``."""
     metrics = ServeMetrics(model_name)
@@ -176,7 +178,7 @@ def create_app(engine, tokenizer, *, model_name: str, k: KChoice | KValue = AUTO
         raise ConfigError("an admin token needs the target's folder: a new bundle is checked "
                           "against it")
     completions = Completions(model_name, tokenizer, scheduler, metrics, max_tokens_limit,
-                              tuple(route_labels))
+                              tuple(route_labels), verify)
     app = _front(lifespan, metrics, completions, engine_routes, max_body_bytes,
                  Admin(admin_token, metrics, EngineSwap(target_path, scheduler)), down,
                  lambda: scheduler.context)

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftkit.config import option, reuse
-from draftkit.decode.args import SpeculationArgs
+from draftkit.decode.args import SamplingArgs, SpeculationArgs
 from draftkit.decode.choice import KChoice
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.engines.vllm import CPU_FIX_CHOICES, CPU_FIX_HELP, PYTHON_HELP
@@ -82,6 +82,8 @@ class ServeArgs(ModelArgs, SpeculationArgs):
     # distinct from "take the bundle's"
     draft: str = reuse(ModelArgs, "draft", "", note="; overrides the bundle's; none = plain "
                        "decoding")
+    verify: str = reuse(SamplingArgs, "verify", note=" (every sampled request; --engine vllm "
+                        "verifies as the bundle's speculative config says)")
     host: str = option("127.0.0.1", help="address to listen on")
     port: int = option(8000, help="port to listen on")
     max_batch: int = option(16, help="slots: requests decoded together at most")
@@ -229,8 +231,8 @@ class ServeArgs(ModelArgs, SpeculationArgs):
 # flags for the vLLM servers the front starts; flags of draftkit's own engine
 STARTED_HERE = ("replicas", "tensor_parallel_size", "engine_args", "engine_log_dir",
                 "vllm_cpu_fix")
-ENGINE_ONLY = ("k", "k_max", "max_batch", "max_model_len", "max_tokens_limit", "fast_path",
-               "device", "dtype", "draft")
+ENGINE_ONLY = ("k", "k_max", "verify", "max_batch", "max_model_len", "max_tokens_limit",
+               "fast_path", "device", "dtype", "draft")
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ServeArgs)
              if f.default is not dataclasses.MISSING}
 
@@ -286,7 +288,7 @@ def build_engine(args: ServeArgs):
                                               DEFAULT_MAX_MODEL_LEN)
     k = KChoice.of(args.k, args.k_max, has_draft=engine.draft is not None)  # validated above
     recorder = open_recorder(args, pair.target_ref, pair.tokenizer) if args.record else None
-    app = create_app(engine, pair.tokenizer, model_name=name, k=k,
+    app = create_app(engine, pair.tokenizer, model_name=name, k=k, verify=args.verify,
                      max_batch=args.max_batch, max_model_len=max_model_len,
                      max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
                      route_labels=tuple(args.route_labels), recorder=recorder,

@@ -17,7 +17,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from draftkit.chat import encode_prompt
-from draftkit.decode.sampling import SamplingParams
+from draftkit.decode.sampling import TOKEN, SamplingParams
 from draftkit.errors import DraftkitError
 from draftkit.serve.detok import TextStream
 from draftkit.serve.http import (DISCONNECT_POLL_S, RequestError, Stream, check_model,
@@ -38,6 +38,7 @@ class Completions:
     metrics: ServeMetrics
     max_tokens_limit: int = 2048
     route_labels: tuple[str, ...] = ()  # --route-labels: served as /<label>/v1/...
+    verify: str = TOKEN  # --verify: how sampled requests' drafts are verified
 
     async def answer(self, request: Request, req, chat: bool,
                      route: str | None = None) -> Response:
@@ -94,7 +95,7 @@ class Completions:
         temperature = 1.0 if req.temperature is None else req.temperature
         try:  # a temperature below MIN_TEMPERATURE decodes as greedy
             params = SamplingParams(temperature, max(req.top_k or 0, 0),
-                                    1.0 if req.top_p is None else req.top_p)
+                                    1.0 if req.top_p is None else req.top_p, verify=self.verify)
         except DraftkitError as e:
             raise RequestError(str(e)) from None
         return Job(prompt_ids, params, max_tokens, req.seed,

@@ -298,6 +298,7 @@ def test_an_upstream_that_is_not_vllm_is_refused_at_start():
 @pytest.mark.parametrize("flags,says", [
     (dict(engine="vllm", k="3"), "--k is for draftkit's own engine"),
     (dict(engine="vllm", max_batch=4), "--max-batch is for draftkit's own engine"),
+    (dict(engine="vllm", verify="block"), "--verify is for draftkit's own engine"),
     (dict(replicas=2), "--replicas is for --engine vllm"),
     (dict(upstream=["http://x:1"], replicas=2), "--replicas is for vLLM servers the front"),
     (dict(engine="vllm", engine_args="--port 9"), "--engine-args --port: the front sets it"),

@@ -187,6 +187,25 @@ def test_seeded_sampling_is_reproducible(server):
     assert a == b and len(others | {a}) > 1
 
 
+def test_a_server_started_with_block_verification_verifies_sampled_requests_so(
+        tiny_models, monkeypatch):
+    import draftkit.decode.verify as verify_module
+
+    rows = []
+    real = verify_module.block_verify
+    monkeypatch.setattr(verify_module, "block_verify",
+                        lambda d, *a: rows.append(d.shape[0]) or real(d, *a))
+    srv = start_server(tiny_models, k=2, verify="block")
+    try:
+        kw = dict(model="tiny", prompt="a poem about", max_tokens=8)
+        srv.client().completions.create(temperature=0, **kw)
+        assert not rows  # greedy: the argmax verdict, whatever the rule
+        srv.client().completions.create(temperature=1.0, seed=3, **kw)
+        assert rows
+    finally:
+        srv.stop()
+
+
 @pytest.mark.parametrize("body,param", [
     (b'{"model": "tiny", "prompt": "hi",', None),
     ({"model": "tiny", "prompt": "hi", "bogus": 1}, "bogus"),
