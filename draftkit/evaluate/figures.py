@@ -212,6 +212,9 @@ class EvalReport(Record):
     # how the draft chose its tokens (temperature > 0): probabilistic, or greedy (vLLM's
     # default draft_sample_method); None: greedy decoding, or a report from before the choice
     draft_sample_method: str | None = added_later()
+    # how the sampled drafts were verified (temperature > 0): token, or block (Sun et al.,
+    # arXiv 2403.10444); None: greedy decoding, or a report from before the choice (token)
+    verify: str | None = added_later()
 
 
 # --- draftkit regimes ----------------------------------------------------------------------------

@@ -122,7 +122,7 @@ class Evaluator:
         return _timed(lambda: self.engine.generate(
             prompts, k=k, max_new_tokens=max_new_tokens, temperature=s.temperature,
             top_k=s.top_k, top_p=s.top_p, seed=seed, stats=stats,
-            draft_sample_method=s.draft_sample_method), self.device)
+            draft_sample_method=s.draft_sample_method, verify=s.verify), self.device)
 
     def warm_up(self, prompts: list[list[int]], k: KValue) -> None:
         """Decode ``prompts`` once with K = 0 and once at ``k``, untimed and uncounted."""

@@ -407,6 +407,7 @@ def plain_step_text(report: EvalReport) -> str | None:
 
 def _summary_lines(report: EvalReport) -> list[str]:
     drafts = f", {report.draft_sample_method} drafts" if report.draft_sample_method else ""
+    drafts += f", {report.verify} verification" if report.verify else ""
     lines = [f"target `{report.target}`, draft `{report.draft}`, device {report.device}, dtype "
              f"{report.dtype}, temperature {report.temperature}{drafts}, K {report.k}"]
     lines.append(headline(report))  # the batch sweep's break-even included

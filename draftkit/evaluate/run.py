@@ -84,6 +84,7 @@ def eval_report(target: str, draft: str, suite: Path, settings: EvalSettings, *,
         dtype=dtype_name(pair.target),
         temperature=settings.temperature, k=settings.k, created=now(), domains=figures,
         draft_sample_method=settings.draft_sample_method if settings.temperature > 0 else None,
+        verify=settings.verify if settings.temperature > 0 else None,
         overall=overall, k_sweep=k_rows, batch_sweep=batch_rows,
         break_even=analysis.break_even(batch_rows, figures), plain_step=baseline,
         batch_sweep_k=sweep_k(settings) if batch_rows else None)

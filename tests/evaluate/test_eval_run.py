@@ -477,7 +477,8 @@ def test_a_parallel_heads_report_prices_its_draft_once_a_round(suite, tmp_path):
 def test_sampled_evals_say_what_greedy_drafts_would_keep(tiny_dirs, tmp_path):
     """At temperature > 0 with sampled drafts the report adds the draft's teacher-forced
     acceptance with greedy drafts (vLLM's default rule) beside alpha after; an eval run with
-    --draft-sample-method greedy measures that rule itself and says so."""
+    --draft-sample-method greedy measures that rule itself and says so, as one with --verify
+    block says which verification it measured."""
     target, draft = tiny_dirs
     suite = tmp_path / "s.jsonl"
     suite.write_text('{"domain": "chat", "prompt": "what is the answer"}\n'
@@ -486,13 +487,13 @@ def test_sampled_evals_say_what_greedy_drafts_would_keep(tiny_dirs, tmp_path):
                   temperature=1.0)
     sampled = evaluate(tiny_args(target, draft, suite, tmp_path / "a", **common))
     fig = sampled.domains["chat"]
-    assert sampled.draft_sample_method == "probabilistic"
+    assert sampled.draft_sample_method == "probabilistic" and sampled.verify == "token"
     assert 0 <= fig.alpha_greedy_drafts <= 1 and fig.alpha_greedy_drafts != fig.alpha_after
     assert sampled.overall.alpha_greedy_drafts is not None
     header, _ = domain_table(sampled)
     assert "alpha, greedy drafts" in header and "alpha after" in header
     greedy = evaluate(tiny_args(target, draft, suite, tmp_path / "b", **common,
-                                draft_sample_method="greedy"))
-    assert greedy.draft_sample_method == "greedy"
+                                draft_sample_method="greedy", verify="block"))
+    assert greedy.draft_sample_method == "greedy" and greedy.verify == "block"
     assert greedy.domains["chat"].alpha_greedy_drafts is None  # it is the rule measured
-    assert "greedy drafts" in (tmp_path / "b" / "report.md").read_text()
+    assert "greedy drafts, block verification" in (tmp_path / "b" / "report.md").read_text()
