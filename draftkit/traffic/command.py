@@ -36,6 +36,7 @@ from draftkit.evaluate.render import (fmt, html_image, html_page, html_table, ma
 from draftkit.evaluate.report import format_text_table
 from draftkit.manifest import NAME as MANIFEST
 from draftkit.manifest import Manifest, read_manifest
+from draftkit.signing import TrustArgs
 from draftkit.traffic.drift import (DRIFT, MIN_REQUESTS, DomainDrift, Estimate,
                                     TrafficReport, domain_drift, traffic_drift)
 from draftkit.traffic.fleet import FleetFigures, fleet_figures, fleet_lines
@@ -49,8 +50,8 @@ REPLAY_CHOICES = (MISSING, ALL, OFF)
 TOP = 20  # domains the table shows by default; the rest fold into one row
 
 
-@dataclass
-class TrafficArgs:
+@dataclass(kw_only=True)
+class TrafficArgs(TrustArgs):
     """Served acceptance per domain from the traffic `draftkit serve --record DIR` kept:
     alpha_i, alpha, tau and the predicted speedup with 95% intervals over requests, beside the
     bundle's eval figures, each domain whose served alpha lies below its eval's flagged."""

@@ -36,12 +36,13 @@ from pathlib import Path
 from draftkit.config import option
 from draftkit.errors import ConfigError, DraftkitError
 from draftkit.io import atomic_write_text, take_lock
+from draftkit.signing import SigningArgs, TrustArgs
 from draftkit.traffic.record import TrafficRecord
 from draftkit.traffic.shards import STRICT_HELP
 
 
-@dataclass
-class RefreshArgs:
+@dataclass(kw_only=True)
+class RefreshArgs(SigningArgs, TrustArgs):
     """Retrain a bundle's draft on its recorded traffic; export it only where it is faster."""
 
     bundle: str = option(help="the bundle that served the traffic", positional=True)
@@ -111,6 +112,7 @@ def split(records: list[TrafficRecord], heldout: float, min_requests: int
 
 
 def refresh(args: RefreshArgs) -> Path:
+    signer = args.signer()  # before any work: a missing or wrong key is named now
     out = Path(args.out)
     if out.exists():
         raise DraftkitError(f"{out} already exists; choose another --out (refresh never "
@@ -119,12 +121,12 @@ def refresh(args: RefreshArgs) -> Path:
     lock = take_lock(out.parent / f".{out.name}.refresh.lock", f"another `draftkit refresh` is "
                      f"writing {out}; wait for it or choose another --out")
     try:
-        return _refresh(args, out)
+        return _refresh(args, out, signer)
     finally:
         lock.release()
 
 
-def _refresh(args: RefreshArgs, out: Path) -> Path:
+def _refresh(args: RefreshArgs, out: Path, signer) -> Path:
     from draftkit.manifest import read_manifest
     from draftkit.models import load_tokenizer, resolve_model
     from draftkit.models.resolve import model_identity
@@ -170,7 +172,8 @@ def _refresh(args: RefreshArgs, out: Path) -> Path:
     from draftkit.export import export_bundle
 
     target = "embedded" if manifest.target.kind == "embedded" else manifest.target.path
-    written = export_bundle(target, str(best), out, k=k, recipe=work / "distill" / "config.yaml")
+    written = export_bundle(target, str(best), out, k=k, recipe=work / "distill" / "config.yaml",
+                            signer=signer)
     print(f"{why}: wrote {written} (serve it, or swap it into a running server)")
     return written
 

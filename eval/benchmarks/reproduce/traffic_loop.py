@@ -55,6 +55,16 @@ SHIFTED = ("chat", "summarization", "translation")
 TRAINED = ("code", "math")
 
 
+def signing_key(out: Path) -> None:
+    """The key the refresh signs its bundle with: $DRAFTKIT_SIGNING_KEY, else a pair made in
+    OUT/keys for this run (the refreshed bundle is signed, as every bundle is)."""
+    from draftkit.signing import KEY_ENV, new_key_pair
+
+    if not os.environ.get(KEY_ENV):
+        private = out / "keys" / "draftkit.key"
+        os.environ[KEY_ENV] = str(private if private.is_file() else new_key_pair(out / "keys")[0])
+
+
 def prompts(domain: str) -> list[list[dict]]:
     """The domain's training prompts as chat messages (a row holds a prompt or a chat)."""
     path = ROOT / "eval" / "train_prompts" / f"{domain}.jsonl"
@@ -159,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    signing_key(out)
     new = out / "bundle-refreshed"
     token = secrets.token_hex(16)
     model = Path(args.bundle).resolve().name
