@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftkit.config import option
-from draftkit.errors import ConfigError, DraftkitError, ModelError
+from draftkit.errors import ConfigError, Declined, DraftkitError, ModelError
 from draftkit.evaluate.figures import now
 from draftkit.evaluate.render import (fmt, html_image, html_page, html_table, markdown_table,
                                       save_png, write_files)
@@ -110,8 +110,19 @@ class TrafficArgs(TrustArgs):
 
 
 def traffic(args: TrafficArgs) -> TrafficReport | FleetFigures:
-    """``draftkit traffic``: read the traffic, compare it with the bundle, print the table;
-    with ``--prometheus``, the fleet's counters too (alone: -> them)."""
+    """``draftkit traffic``: :func:`traffic_report`, and the answer "no" (Declined: exit status
+    3) where it flags drift, so a script can act on it."""
+    report = traffic_report(args)
+    flagged = report.flagged() if isinstance(report, TrafficReport) else []
+    if flagged:
+        raise Declined(f"drift in {', '.join(flagged)}: served alpha below the eval's (the "
+                       f"table above says by how much)")
+    return report
+
+
+def traffic_report(args: TrafficArgs) -> TrafficReport | FleetFigures:
+    """Read the traffic, compare it with the bundle, print the table; with ``--prometheus``,
+    the fleet's counters too (alone: -> them)."""
     manifest = target = tokenizer = draft = vocab = None
     if args.bundle:
         manifest, target, tokenizer, draft, vocab = bundle_identities(args.bundle)

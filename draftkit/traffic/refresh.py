@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftkit.config import option
-from draftkit.errors import ConfigError, DraftkitError
+from draftkit.errors import ConfigError, Declined, DraftkitError
 from draftkit.io import atomic_write_text, take_lock
 from draftkit.signing import SigningArgs, TrustArgs
 from draftkit.traffic.record import TrafficRecord
@@ -166,8 +166,8 @@ def _refresh(args: RefreshArgs, out: Path, signer) -> Path:
     k = args.k or max(1, manifest.num_speculative_tokens)
     rows, (ok, why) = _compare(args, bundle, best, held, k)
     _write_comparison(work, rows, ok, why, k)
-    if not ok:
-        raise DraftkitError(f"{out} not written: {why}; the comparison is in "
+    if not ok:  # the answer is no: exit status 3, not an error
+        raise Declined(f"{out} not written: {why}; the comparison is in "
                             f"{work / 'refresh.md'}")
     from draftkit.export import export_bundle
 

@@ -179,3 +179,12 @@ def test_a_path_that_cannot_be_written_is_one_line(tiny_dirs, tmp_path, capsys):
                  "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert f"cannot use {tmp_path / 'afile'}" in err and "Traceback" not in err
+
+
+def test_a_malformed_recipe_exits_2_in_one_line(tmp_path, capsys):
+    """Exit statuses: 2 for bad input (this), 3 for a valid "no" (tests/traffic, check)."""
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("target: embedded\ndraft: [unclosed\n")
+    assert main(["distill", str(recipe), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is not valid YAML; fix the syntax" in err, err

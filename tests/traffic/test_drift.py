@@ -162,9 +162,12 @@ def test_the_table_and_the_report_files(bundle, tmp_path, capsys):
     path, ids = bundle
     write_shard(tmp_path / "t", mixed(30, **ids) + mixed(30, "chat", **ids))
     out = tmp_path / "report"
-    assert main(["traffic", str(tmp_path / "t"), "--bundle", str(path), "--out", str(out)]) == 0
-    text = capsys.readouterr().out
+    assert main(["traffic", str(tmp_path / "t"), "--bundle", str(path), "--out", str(out)]) == 3
+    said = capsys.readouterr()  # drift found is the answer "no": exit 3, after the report
+    text = said.out
     assert "drift: code: served alpha" in text and "eval alpha" in text
+    assert said.err.strip() == "draftkit traffic: no: drift in code: served alpha below the " \
+        "eval's (the table above says by how much)"
     for name in ("report.json", "report.md", "report.html", "alpha_per_position.png"):
         assert (out / name).stat().st_size > 0
     report = TrafficReport.from_dict(json.loads((out / "report.json").read_text()))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from draftkit.cli import main
-from draftkit.errors import DraftkitError
+from draftkit.errors import Declined, DraftkitError
 from draftkit.traffic.compare import MIX, DomainComparison, Speedup, decide
 from draftkit.traffic.record import SamplingEntry, TrafficRecord
 from draftkit.traffic.refresh import RefreshArgs, refresh, split
@@ -110,7 +110,7 @@ def test_a_refresh_trains_from_the_served_head_and_writes_the_bundle_only_if_fas
     try:
         refresh(_args(bundle, traffic, out))
         exported = True
-    except DraftkitError as e:
+    except Declined as e:  # the answer "no" (exit status 3)
         assert str(e).startswith(f"{out} not written: ") and "refresh.md" in str(e)
         exported = False
     work = tmp / "new.work"
@@ -183,6 +183,26 @@ def test_refresh_bad_inputs_are_one_line_and_write_nothing(served, capsys):
     code = main(["refresh", str(bundle), "--traffic", str(traffic), "--out", str(tmp / "o5"),
                  "--traffic-repeat", "0"])
     assert code == 2 and "--traffic-repeat must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_a_refresh_that_declines_exits_3_and_signs_what_it_writes(served, capsys, monkeypatch):
+    """Not faster is a valid "no": exit status 3, nothing written; refresh without a key
+    stops before it trains (a bundle is unsigned only when asked)."""
+    import draftkit.traffic.refresh as refresh_module
+
+    bundle, traffic, tmp = served
+    argv = ["refresh", str(bundle), "--traffic", str(traffic), "--out", str(tmp / "no"),
+            "--steps", "1", "--min-requests", "4", "--heldout", "0.34"]
+    monkeypatch.setattr(refresh_module, "_compare",
+                        lambda *a: ([], (False, "the new draft is not faster on the mix")))
+    assert main(argv) == 3 and not (tmp / "no").exists()
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress bar
+    assert last.startswith(f"draftkit refresh: no: {tmp / 'no'} not written: the new draft "
+                           f"is not faster")
+    monkeypatch.delenv("DRAFTKIT_SIGNING_KEY")
+    assert main(argv[:5] + [str(tmp / "no2")] + argv[6:]) == 2
+    assert "a bundle is signed: pass --signing-key PEM" in capsys.readouterr().err
+    assert not (tmp / "no2.work").exists()  # stopped before any work
 
 
 def test_two_refreshes_cannot_write_one_out(served):

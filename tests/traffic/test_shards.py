@@ -10,7 +10,7 @@ import pytest
 
 from draftkit.cli import main
 from draftkit.errors import DraftkitError
-from draftkit.traffic.command import TrafficArgs, traffic
+from draftkit.traffic.command import TrafficArgs, traffic_report
 from draftkit.traffic.recorder import Recorder
 from draftkit.traffic.shards import read_traffic, seal_line, shard_paths
 from tests.traffic.test_drift import mixed, record, write_shard
@@ -178,7 +178,7 @@ def test_a_duplicated_line_and_an_edited_round_are_named_and_the_verdict_stands(
     folder = tmp_path / "traffic"
     record_into(folder, mixed(40, **ids) + mixed(40, "chat", **ids), shard_bytes=4000, ids=ids)
     args = TrafficArgs(folder=str(folder), bundle=str(path))
-    before = statuses(traffic(args))
+    before = statuses(traffic_report(args))
     assert before == {"code": "drift", "chat": "ok"}
     capsys.readouterr()
     chat = [s for s in shard_paths(folder) if b'"domain":"chat"' in s.read_bytes()]
@@ -194,7 +194,7 @@ def test_a_duplicated_line_and_an_edited_round_are_named_and_the_verdict_stands(
         changed.write_bytes(b"".join(map(all_accepted, lines[:-1])) + lines[-1])
         said = f"{changed}: its bytes do not hash to its seal"
     assert trusted(folder, path)["chat"] != "ok"
-    report = traffic(args)
+    report = traffic_report(args)
     assert said in capsys.readouterr().out
     assert statuses(report) == before
     assert main(["traffic", str(folder), "--bundle", str(path), "--strict"]) == 2
@@ -212,7 +212,7 @@ def test_records_without_prompts_say_what_cannot_be_computed(bundle, tmp_path, c
     record_into(folder, mixed(6, **ids) + [uncounted], prompts=False, ids=ids)
     found = read_traffic(folder)
     assert [r.prompt_ids for r in found] == [None] * 7 and found[0].rounds is not None
-    report = traffic(TrafficArgs(folder=str(folder), bundle=str(path)))
+    report = traffic_report(TrafficArgs(folder=str(folder), bundle=str(path)))
     out = capsys.readouterr().out
     assert "7 of 7 requests were recorded without their prompt (--no-record-prompts)" in out
     assert "cannot be replayed (a replay needs the prompt: 1 without counts are left out)" in out
@@ -229,12 +229,12 @@ def test_the_table_shows_the_largest_domains_and_folds_the_rest(bundle, tmp_path
               for i in range(25) for j in range(8 + (i < 3))]
     write_shard(folder, labels + mixed(6, "code", **ids))  # code: the smallest, and drifted
     argv = ["traffic", str(folder), "--bundle", str(path), "--min-requests", "5"]
-    assert main(argv + ["--top", "3"]) == 0
+    assert main(argv + ["--top", "3"]) == 3  # code drifted: the answer "no"
     out = capsys.readouterr().out
     rows = [line.split()[0] for line in out.splitlines() if " engine " in line]
     assert rows == ["l00", "l01", "l02", "code", "other", "overall"]
     assert "other (22 labels)" in out and "drift: code" in out
-    assert main(argv + ["--all", "--out", str(tmp_path / "r")]) == 0
+    assert main(argv + ["--all", "--out", str(tmp_path / "r")]) == 3
     out = capsys.readouterr().out
     assert "other (" not in out and "\nl24 " in out
     report = json.loads((tmp_path / "r" / "report.json").read_text())
