@@ -110,6 +110,7 @@ class ReportEntry(Record):
     temperature: float | None
     created: str | None
     draft_sample_method: str | None = added_later()  # sampled: how the draft chose its tokens
+    verify: str | None = added_later()  # sampled: how drafts were verified, token or block
 
 
 @dataclass(kw_only=True)
@@ -170,6 +171,9 @@ class ServingEntry(Record):
     # how the eval's draft chose tokens when it sampled: greedy (vLLM's default), or None for
     # probabilistic (the scripts write it) and for a greedy eval
     measured_draft_sample_method: str | None = added_later()
+    # block where the eval verified sampled drafts by block (Sun et al., arXiv 2403.10444): the
+    # scripts write vLLM's rejection_sample_method block; None: token verification, or greedy
+    measured_verify: str | None = added_later()
 
 
 @dataclass(kw_only=True)

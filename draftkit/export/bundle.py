@@ -247,7 +247,8 @@ def _serving(source, draft_dir: str, target: str, k: int, dtype: str,
     return serving_entry(source.kind, target, k, dtype, tp, table, refused,
                          report.temperature if report else None,
                          parallel=source.parallel, deep=engines.is_deep_head(source.config),
-                         draft_sample_method=report.draft_sample_method if report else None)
+                         draft_sample_method=report.draft_sample_method if report else None,
+                         verify=report.verify if report else None)
 
 
 def _warn(line: str) -> None:

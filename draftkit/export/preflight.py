@@ -16,8 +16,9 @@ bundle needs, a target other than the one exported for (its content hash), a ten
 size the draft does not shard at, an engine that rewrites this draft into another kind of
 model (or drafts a parallel head autoregressively), a bundle moved under a path vLLM reads as
 another method. vLLM is told ``parallel_drafting`` for a parallel head. Settings a newer
-release has (vLLM's ``draft_sample_method`` and K per batch size, SGLang's rejection sampling)
-are added where the installed release has them, and said on stderr where it does not.
+release has (vLLM's ``draft_sample_method``, K per batch size and block verification, SGLang's
+rejection sampling) are added where the installed release has them, and said on stderr where
+it does not.
 """
 
 from __future__ import annotations
@@ -206,6 +207,8 @@ def vllm_command(manifest: dict, version, given: str | None, args: list[str],
         say(f"vLLM {'.'.join(map(str, version))} drafts greedily (draft_sample_method from "
             f"{features['draft_sample_method']}): acceptance at temperature > 0 differs from "
             f"the measured alpha; serving/README.md says by how much")
+    if serving.get("measured_verify") == "block":
+        block_verification(spec, version, features, cpu)
     table = serving.get("k_per_batch_size")
     if table and at_least(version, features["num_speculative_tokens_per_batch_size"]):
         spec["num_speculative_tokens_per_batch_size"] = table
@@ -221,6 +224,39 @@ def vllm_command(manifest: dict, version, given: str | None, args: list[str],
     launch = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model"] if cpu else \
         ["vllm", "serve"]
     return [*launch, target, "--speculative-config", json.dumps(spec), *dtype, *args]
+
+
+def no_block_verification(version, features: dict, cpu: bool, parallel: bool) -> str | None:
+    """Why this vLLM would not verify by block (one line), or None where it does: from the
+    release ``features`` names, on its Model Runner V2 only. Its V1 runner, which it runs on
+    the CPU build (no Triton), for a parallel EAGLE head and under
+    VLLM_USE_V2_MODEL_RUNNER=0, has no block rule: asked for one it drafts greedily and
+    verifies token by token."""
+    first, v1 = features.get("rejection_sample_method"), "its V1 model runner"
+    if not first or not at_least(version, first):
+        return (f"vLLM {'.'.join(map(str, version))} has no block verification "
+                f"(rejection_sample_method block from {first})")
+    if cpu:
+        return f"vLLM's CPU build runs {v1} (no Triton), which has no block verification"
+    if parallel:
+        return f"vLLM runs a parallel EAGLE head on {v1}, which has no block verification"
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").lower() in ("0", "false"):
+        return f"VLLM_USE_V2_MODEL_RUNNER=0 runs {v1}, which has no block verification"
+    return None
+
+
+def block_verification(spec: dict, version, features: dict, cpu: bool) -> None:
+    """Add ``rejection_sample_method: block`` to vLLM's speculative config ``spec`` for a bundle
+    measured with block verification where this vLLM verifies by block; elsewhere keep token
+    verification with the draft's own probabilities, and say so on stderr."""
+    why = no_block_verification(version, features, cpu, bool(spec.get("parallel_drafting")))
+    if why:
+        say(f"{why}: it verifies token by token, so at temperature > 0 it keeps fewer drafted "
+            f"tokens than measured (`draftkit eval --verify token` measures it as served)")
+        return
+    spec["rejection_sample_method"] = "block"  # verify as draftkit measured
+    say("block verification runs on vLLM's Model Runner V2; where vLLM logs that it uses the "
+        "V1 model runner instead, it drafts greedily and accepts less than measured")
 
 
 def sglang_command(manifest: dict, version, given: str | None, args: list[str],

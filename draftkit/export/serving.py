@@ -35,11 +35,13 @@ METHODS = {"standalone": ("draft_model", "STANDALONE"), "eagle3": ("eagle3", "EA
 def serving_entry(kind: str, target: str, k: int, dtype: str, tp: list[int],
                   k_table: list[list[int]] | None, refused: dict[str, str],
                   temperature: float | None, parallel: bool = False,
-                  deep: bool = False, draft_sample_method: str | None = None) -> ServingEntry:
+                  deep: bool = False, draft_sample_method: str | None = None,
+                  verify: str | None = None) -> ServingEntry:
     """The manifest's ``serving`` entry: what the scripts check and launch with. ``k`` is the
     recommended K (0: speculation did not pay; the engines need K >= 1 to load a draft at all,
     so they are given 1); ``parallel``: the draft is a parallel EAGLE-3 head; ``deep``: one of
-    more than one layer."""
+    more than one layer; ``draft_sample_method`` and ``verify``: the eval's rules when it
+    sampled."""
     vllm_features = dict(FEATURES["vllm"])
     # a parallel head needs a later vLLM than any EAGLE-3 head: without parallel_drafting it
     # drafts positions 2..K autoregressively, as it was not trained to
@@ -51,6 +53,8 @@ def serving_entry(kind: str, target: str, k: int, dtype: str, tp: list[int],
         k_per_batch_size=k_table, measured_temperature=temperature,
         # vLLM is told to choose drafts as the eval did (greedy only where it measured so)
         measured_draft_sample_method=draft_sample_method if temperature else None,
+        # and to verify them by block where the eval did (token verification is its default)
+        measured_verify=verify if temperature and verify == "block" else None,
         engines=EnginesEntry(
             vllm=VllmEntry(method=METHODS[kind][0], min_version=vllm_first[0],
                            why=vllm_first[1], features=vllm_features,
@@ -74,6 +78,8 @@ def vllm_speculative_config(draft_dir: str, entry: ServingEntry) -> dict:
             "draft_sample_method": entry.measured_draft_sample_method or "probabilistic"}
     if entry.engines.vllm.parallel_drafting:
         spec["parallel_drafting"] = True
+    elif entry.measured_verify == "block":  # V1 runs a parallel head, and V1 has no block rule
+        spec["rejection_sample_method"] = "block"
     if entry.k_per_batch_size:
         spec["num_speculative_tokens_per_batch_size"] = entry.k_per_batch_size
         spec["num_speculative_tokens"] = max([spec["num_speculative_tokens"]] +

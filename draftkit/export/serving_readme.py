@@ -9,7 +9,8 @@ of it alone (SGLang's target-only verification, ``srt/speculative/`` with its ac
 thresholds at 1.0, unless ``--speculative-use-rejection-sampling``, which its EAGLE workers
 alone take), is still exact, but accepts less than alpha at temperature > 0. At temperature 0
 every engine keeps the draft's token where it is the target's argmax, so greedy figures hold on
-all of them.
+all of them. A bundle measured with block verification (arXiv 2403.10444) keeps more of its
+sampled drafts than an engine that verifies token by token will.
 """
 
 from __future__ import annotations
@@ -44,6 +45,14 @@ def sampling_rows(entry: ServingEntry, kind: str,
         rows = [(f"vLLM >= {dsm} (the scripts write draft_sample_method probabilistic)", same),
                 (f"vLLM older than {dsm} (drafts greedily, q one-hot)",
                  lower if greedy else greedy_drafts_cell(figures or {}, lower))]
+    if entry.measured_verify == "block":  # rows about drafts hold for the kept share, these
+        block = FEATURES["vllm"]["rejection_sample_method"]
+        rows += [(f"vLLM >= {block} on its Model Runner V2 (the scripts write "
+                  f"rejection_sample_method block, as measured)", same),
+                 (f"vLLM older than {block}, its CPU build, a parallel head, its V1 model "
+                  f"runner (token verification; vllm.sh says so)", "at temperature > 0 fewer "
+                  "drafted tokens are kept than measured with block verification (tau "
+                  "below it); `draftkit eval --verify token` measures it as served")]
     for build, first, last, what in entry.engines.vllm.sampled_broken or []:
         rows.append((f"vllm-{build} {first} to {last} (vllm.sh warns)",
                      f"greedy figures hold; sampled requests gain nothing, as its verification "
@@ -117,7 +126,8 @@ def readme(entry: ServingEntry, kind: str, k: int, figures: dict[str, DomainEntr
     out += ["## Which measured figures hold where", "",
             f"Measured at temperature {_temperature(entry)}"
             + (f" with {entry.measured_draft_sample_method} drafts"
-               if entry.measured_draft_sample_method else "") + ", K "
+               if entry.measured_draft_sample_method else "")
+            + (", block verification" if entry.measured_verify == "block" else "") + ", K "
             f"{entry.num_speculative_tokens}"
             + (", per domain: " + ", ".join(
                 f"{d} alpha {_fmt(r.alpha)} tau {_fmt(r.tau)}"

@@ -256,6 +256,47 @@ def test_the_readme_states_what_greedy_drafts_keep_and_a_greedy_eval_is_served_g
         "draft_sample_method"] == "greedy"
 
 
+def test_a_bundle_measured_with_block_verification_is_served_so_where_vllm_has_it(
+        tiny_dirs, tmp_path):
+    """vLLM 0.25.0 on is told rejection_sample_method block (its Model Runner V2 verifies so);
+    0.24.0, the CPU build and VLLM_USE_V2_MODEL_RUNNER=0 (the V1 runner, which would draft
+    greedily if asked for block) keep token verification, and vllm.sh says so. A bundle
+    measured with token verification is never told block."""
+    target_dir, draft_dir = tiny_dirs
+    out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "b", report=_report(
+        tmp_path, SWEEP, temperature=1.0, draft_sample_method="probabilistic", verify="block"))
+    manifest = check_bundle(out)
+    assert manifest.serving.measured_verify == "block" and manifest.report.verify == "block"
+    assert manifest.serving.engines.vllm.features["rejection_sample_method"] == "0.25.0"
+    script = out / "serving" / "vllm.sh"
+
+    def spec(env) -> tuple[dict, str]:
+        said = _run(script, env)
+        assert said.returncode == 0, said.stderr
+        argv = said.stdout.splitlines()
+        return json.loads(argv[argv.index("--speculative-config") + 1]), said.stderr
+
+    config, err = spec(fake_engines(tmp_path, vllm="0.25.0"))
+    assert config["rejection_sample_method"] == "block" and "Model Runner V2" in err
+    for env, why in ((lambda: fake_engines(tmp_path, vllm="0.24.0"), "vLLM 0.24.0 has no block"),
+                     (lambda: _cpu_build_engines(tmp_path, "0.32.0", True), "CPU build runs its"),
+                     (lambda: {**fake_engines(tmp_path, vllm="0.32.0"),
+                               "VLLM_USE_V2_MODEL_RUNNER": "0"}, "VLLM_USE_V2_MODEL_RUNNER=0")):
+        config, err = spec(env())  # each stand-in written just before it runs (one folder)
+        assert "rejection_sample_method" not in config and why in err, err
+        assert config["draft_sample_method"] == "probabilistic"  # its own q, token by token
+    assert json.loads((out / "serving" / "vllm.json").read_text())[
+        "rejection_sample_method"] == "block"
+    readme = (out / "serving" / "README.md").read_text()
+    assert "with probabilistic drafts, block verification, K 3" in readme
+    assert "| vLLM >= 0.25.0 on its Model Runner V2 (the scripts write rejection_sample_method " \
+           "block, as measured) | alpha, tau and K hold as measured |" in readme
+    token = export_bundle(str(target_dir), str(draft_dir), tmp_path / "t", report=_report(
+        tmp_path, SWEEP, temperature=1.0, draft_sample_method="probabilistic", verify="token"))
+    assert check_bundle(token).serving.measured_verify is None
+    said = _run(token / "serving" / "vllm.sh", fake_engines(tmp_path, vllm="0.32.0"))
+    assert "rejection_sample_method" not in said.stdout and "block" not in said.stderr
+
 # --- 6. silent rewrites -------------------------------------------------------------------------------
 
 def test_what_vllm_reads_off_the_draft_path_is_refused(tiny_dirs, tmp_path):
