@@ -31,6 +31,7 @@ from __future__ import annotations
 import gc
 import importlib.metadata
 import importlib.util
+import inspect
 import json
 import os
 import sys
@@ -95,10 +96,15 @@ def bundle_config(bundle: str, target: str | None) -> tuple[str, dict, str]:
     spec.loader.exec_module(preflight)
     with open(os.path.join(bundle, "draftkit.json")) as f:
         manifest = json.load(f)
+    # the CPU build's settings as its vllm.sh would have them (a bundle's preflight from before
+    # the CPU launch takes no cpu, and writes nothing that depends on it)
+    cpu = build() == "cpu" and "cpu" in inspect.signature(preflight.vllm_command).parameters
     argv = preflight.vllm_command(manifest, preflight.version_tuple(vllm.__version__), target,
-                                  [], bundle=preflight.Path(bundle))
+                                  [], bundle=preflight.Path(bundle), **({"cpu": True} if cpu
+                                                                        else {}))
     config = json.loads(argv[argv.index("--speculative-config") + 1])
-    return argv[2], config, argv[argv.index("--dtype") + 1]
+    model = argv[argv.index("--model") + 1] if cpu else argv[2]  # python -m ... --model T
+    return model, config, argv[argv.index("--dtype") + 1]
 
 
 def load(engines: dict, msg: dict) -> dict:

