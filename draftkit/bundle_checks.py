@@ -9,6 +9,9 @@ hash, ``manifest_sha256``, over canonical JSON), its values in range (:func:`che
 every file it lists with its sha256 and none it does not (:func:`check_files`), and every value
 the bundle states in two places stated alike (:func:`check_consistent`). Each failure is one
 :class:`BundleError` line naming the field or file; draftkit turns it into its own error type.
+
+Long: the bundle's launcher runs a copy of this file, so every check it runs (and the target's
+hash it compares) is here; split in two, the copies would have to be kept in step.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import struct
 from pathlib import Path
 
@@ -62,13 +66,71 @@ def file_hash(path: Path) -> str:
 
 def target_hash(folder: Path) -> str:
     """A target folder's content hash, as a bundle records it: sha256 over config.json's and
-    each safetensors file's name and sha256, in that order. Reads every weight byte (about a
-    second a GB)."""
+    each safetensors file's name and sha256, in that order.
+
+    A target's weights are read once, not by every command (16 GB for an 8B target): each
+    file's sha256 is kept in a record in draftkit's cache (``$DRAFTKIT_CACHE/file-hashes/``),
+    keyed by the file's size, inode and modification and status-change times, and taken from
+    there while they stay. Any write to the file changes its status-change time, which cannot
+    be set back, so an edited file is read again. A file the Hugging Face cache names by its
+    sha256 (``blobs/<sha256>``) is taken by that name on first sight."""
+    files = sorted(folder.glob("config.json")) + sorted(folder.glob("*.safetensors"))
+    known, seen = _read_record(folder), {}
     h = hashlib.sha256()
-    for f in sorted(folder.glob("config.json")) + sorted(folder.glob("*.safetensors")):
+    for f in files:
+        stamp = _stamp(f)
+        entry = known.get(f.name)
+        digest = entry["sha256"] if entry is not None and entry.get("stamp") == stamp else \
+            _named_digest(f) or file_hash(f)
+        seen[f.name] = {"stamp": stamp, "sha256": digest}
         h.update(f.name.encode())
-        h.update(file_hash(f).encode())
+        h.update(digest.encode())
+    if seen != known:
+        _write_record(folder, seen)
     return h.hexdigest()
+
+
+def _stamp(path: Path) -> list[int]:
+    st = path.stat()  # the file a hub-cache link leads to
+    return [st.st_size, st.st_ino, st.st_dev, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _named_digest(path: Path) -> str | None:
+    """The sha256 the Hugging Face cache names a weight blob by, where it does."""
+    real = path.resolve()
+    name = real.name
+    ok = real.parent.name == "blobs" and len(name) == 64 and \
+        all(c in "0123456789abcdef" for c in name)
+    return name if ok else None
+
+
+def _record_path(folder: Path) -> Path:
+    root = os.environ.get("DRAFTKIT_CACHE") or Path.home() / ".cache" / "draftkit"
+    key = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:32]
+    return Path(root) / "file-hashes" / f"{key}.json"
+
+
+def _read_record(folder: Path) -> dict:
+    try:
+        record = json.loads(_record_path(folder).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) and all(
+        isinstance(v, dict) and isinstance(v.get("sha256"), str) for v in record.values()) \
+        else {}
+
+
+def _write_record(folder: Path, record: dict) -> None:
+    """The record, written whole (a reader never sees half of it); a cache that cannot be
+    written costs a read next time, nothing else."""
+    path = _record_path(folder)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 def bundle_files(root: Path) -> list[Path]:
