@@ -123,7 +123,7 @@ def test_the_resolver_refuses_what_the_parser_refuses(k, k_max):
 SHARED = {f.name: f.metadata["help"] for cls in (SpeculationArgs, SamplingArgs)
           for f in fields(cls)}
 # each command's shared flags: decoding ones where the command decodes with them
-TAKES = {"generate": list(SHARED), "eval": list(SHARED), "serve": ["k", "k_max"],
+TAKES = {"generate": list(SHARED), "eval": list(SHARED), "serve": ["k", "k_max", "verify"],
          "regimes": ["k", "k_max", "seed"], "bench": ["k"]}
 
 
