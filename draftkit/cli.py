@@ -25,6 +25,8 @@ COMMANDS: list[tuple[str, str, str, str, str]] = [
      "run the whole loop on the embedded default target"),
     ("derive", "draftkit.models.command", "DeriveArgs", "derive",
      "derive a draft from a target (copy layers or shrink it)"),
+    ("init", "draftkit.distill.init", "InitArgs", "init",
+     "write a commented EAGLE-3 recipe for your target and data"),
     ("distill", "draftkit.distill.command", "DistillArgs", "distill",
      "distill a draft against the target's logits from a YAML recipe"),
     ("eval", "draftkit.evaluate.command", "EvalArgs", "evaluate",
