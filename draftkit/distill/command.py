@@ -28,6 +28,7 @@ from typing import ClassVar
 from draftkit.config import load_recipe, option
 from draftkit.distill.config import DistillConfig
 from draftkit.distill.distributed import zero_stage
+from draftkit.distill.sizing import size_job, size_lines, target_facts
 from draftkit.errors import ConfigError, DraftkitError, ModelError
 from draftkit.models import check_compatible, load_tokenizer, resolve_model
 from draftkit.models.embedded import embedded_config_and_tokenizer
@@ -232,6 +233,8 @@ def distill(args: DistillArgs):
               f"steps of {cfg.train.batch_size}x{cfg.train.grad_accum}x{cfg.data.seq_len} "
               f"tokens, {cfg.loss.divergence} at temperature {cfg.loss.temperature}, teacher "
               f"{cfg.teacher.mode}, data {cfg.data.regime}: {sources}")
+        for line in size_lines(size_job(cfg, *target_facts(cfg.target))):
+            print(f"  {line}")
         for note in notes:
             print(f"  note: {note}")
         return None
