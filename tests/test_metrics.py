@@ -1,4 +1,4 @@
-"""draftkit.metrics against the closed forms and README.md's optimal-K table (arXiv 2211.17192)."""
+"""draftkit.metrics: the closed forms (arXiv 2211.17192) and eval/README.md's optimal-K table."""
 
 import math
 import random
@@ -7,7 +7,7 @@ import pytest
 
 from draftkit import metrics as m
 
-# (alpha, c) -> (K, speedup) from the table in README.md, "How speculation pays"
+# (alpha, c) -> (K, speedup) from the table in eval/README.md, "How speculation pays"
 TABLE = {(0.5, 0.05): (3, 1.63), (0.5, 0.1): (2, 1.46), (0.5, 0.2): (1, 1.25),
          (0.5, 0.3): (1, 1.15), (0.5, 0.5): (0, 1.0), (0.6, 0.5): (1, 1.07),
          (0.7, 0.1): (4, 1.98), (0.8, 0.1): (6, 2.47), (0.8, 0.3): (3, 1.55),
