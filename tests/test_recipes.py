@@ -160,8 +160,8 @@ def test_dry_run_checks_what_it_can_without_weights(tmp_path, tiny_dirs):
     shapeless = tmp_path / "shapeless.jsonl"
     shapeless.write_text('{"question": "2+2?", "domain": "math"}\n')
     path = _recipe(tmp_path, f"target: {target}\ndata: {{sources: [{{path: {shapeless}}}]}}\n")
-    with pytest.raises(ConfigError, match=r"data.sources\[0\]: shapeless.jsonl:1: the row has "
-                                          r"no non-empty 'messages', 'prompt', 'text' or 'prompt_ids'"):
+    with pytest.raises(ConfigError, match=r"data.sources\[0\]: shapeless.jsonl:1: the row is "
+                                          r"in none of the shapes draftkit reads"):
         check_config(load_config(path), str(path))
 
 

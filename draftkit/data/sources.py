@@ -1,44 +1,27 @@
 """Reading training rows through ``datasets``: local JSONL / Parquet / text files or the hub.
 
-Each row becomes an :class:`Example` of one domain, in one of three shapes:
+A source's files are read one by one (each row's origin names its file and row), its
+``columns`` renamed to draftkit's, and each row becomes an :class:`Example` of one domain by
+the shape it is in (:mod:`draftkit.data.shapes`: ShareGPT or SpecForge ``conversations``,
+OpenAI ``messages``, ``prompt`` / ``response``, ``prompt_ids`` / ``response_ids``, or
+``text``; a ``.txt`` file is one ``text`` row, a ``document`` that
+:func:`draftkit.data.pack.passages` cuts into runs of whole lines).
 
-- ``messages``: an OpenAI-style chat; a final assistant turn is the response;
-- ``prompt`` (and optionally ``response``): a user prompt and the answer to it;
-- ``text``: plain text, every token trained; a ``.txt`` file is one such row, a ``document``
-  that :func:`draftkit.data.pack.passages` cuts into runs of whole lines;
-- ``prompt_ids`` and ``response_ids``: a rendered prompt and its answer as the target's token
-  ids (served traffic, as ``draftkit serve --record`` keeps it), trained as they are.
-
-The domain comes from the source (``domain: code``) or from the row's ``domain`` column. A
-source's ``columns`` renames other columns to these first (``{question: prompt}``).
+The domain comes from the source (``domain: code``) or from the row's ``domain`` column.
 """
 
 from __future__ import annotations
 
 import glob
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from draftkit.data.shapes import Example, to_example
 from draftkit.errors import DraftkitError
 from draftkit.extras import require
 
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text",
             ".text": "text"}
-
-
-@dataclass
-class Example:
-    domain: str
-    messages: list[dict[str, str]] | None = None  # chat up to (not including) the response
-    response: str | None = None  # the assistant's answer, if the row has one
-    text: str | None = None  # plain text rows
-    origin: str = ""  # "file:row" for error messages
-    heldout: bool = True  # may be drawn for the held-out split (its source's ``heldout``)
-    document: bool = False  # a whole text file, cut into passages before the held-out split
-    prompt_ids: list[int] | None = None  # a prompt already rendered and tokenized
-    response_ids: list[int] | None = None  # ... and its answer's ids
-    repeat: int = 1  # trained this many times an epoch (its source's ``repeat``)
 
 
 def source_format(src: Any) -> str:
@@ -165,61 +148,6 @@ def load_rows(src: Any, fmt: str) -> list[tuple[str, dict]]:
     return rows
 
 
-def to_example(row: dict, domain: str | None, origin: str) -> Example:
-    """One raw row as an Example; rows of no known shape are an error naming the row."""
-    domain = domain or row.get("domain")
-    if not domain:
-        raise DraftkitError(f"{origin}: the row has no 'domain' column and its source sets no "
-                            f"domain; add domain: NAME to the source")
-    if row.get("messages"):
-        for j, m in enumerate(row["messages"]):
-            # Arrow gives every message the keys of all rows' messages, so absent ones are None.
-            if not (isinstance(m, dict) and isinstance(m.get("role"), str)
-                    and isinstance(m.get("content"), str)):
-                has = ", ".join(f"{k} ({type(v).__name__})" for k, v in m.items()
-                                if v is not None) if isinstance(m, dict) else type(m).__name__
-                raise DraftkitError(f"{origin}: message {j + 1} has {has or 'nothing'}; a chat "
-                                    f"message needs a 'role' and a 'content' string (text "
-                                    f"only); fix the row")
-        messages = [{"role": m["role"], "content": m["content"]} for m in row["messages"]]
-        response = None
-        if messages[-1]["role"] == "assistant":
-            response = messages[-1]["content"]
-            messages = messages[:-1]
-        if not messages:
-            raise DraftkitError(f"{origin}: the chat has only an assistant turn")
-        return Example(str(domain), messages=messages, response=response, origin=origin)
-    if row.get("prompt_ids") is not None:
-        return _ids_example(row, str(domain), origin)
-    row = dict(row)
-    for key in ("prompt", "response", "text"):
-        value = row.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            row[key] = str(value)  # a numeric answer (gsm8k-style) is its digits
-        elif value is not None and not isinstance(value, str):
-            raise DraftkitError(f"{origin}: '{key}' is a {type(value).__name__} "
-                                f"({value!r:.40}); it must be a string: fix the row")
-    if row.get("prompt"):
-        return Example(str(domain), messages=[{"role": "user", "content": row["prompt"]}],
-                       response=row.get("response") or None, origin=origin)
-    if row.get("text"):
-        return Example(str(domain), text=row["text"], origin=origin)
-    raise DraftkitError(f"{origin}: the row has no non-empty 'messages', 'prompt', 'text' or "
-                        f"'prompt_ids' column (columns: {', '.join(row) or 'none'})")
-
-
-def _ids_example(row: dict, domain: str, origin: str) -> Example:
-    """A row of token ids: a rendered prompt and the answer to it, both non-empty."""
-    ids = {key: row.get(key) for key in ("prompt_ids", "response_ids")}
-    for key, value in ids.items():
-        if not (isinstance(value, list) and value and
-                all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)):
-            raise DraftkitError(f"{origin}: '{key}' must be a non-empty list of token ids "
-                                f"(non-negative integers); fix the row")
-    return Example(domain, prompt_ids=ids["prompt_ids"], response_ids=ids["response_ids"],
-                   origin=origin)
-
-
 def load_examples(sources: list) -> dict[str, list[Example]]:
     """All sources, grouped by domain in first-seen order. Empty inputs are errors."""
     by_domain: dict[str, list[Example]] = {}
@@ -227,7 +155,7 @@ def load_examples(sources: list) -> dict[str, list[Example]]:
         fmt = source_format(src)
         document = fmt == "text"
         for origin, row in load_rows(src, fmt):
-            ex = to_example(row, src.domain, origin)
+            ex = to_example(row, src.domain, origin, src.shape)
             ex.heldout, ex.document, ex.repeat = src.heldout, document, src.repeat
             by_domain.setdefault(ex.domain, []).append(ex)
     if not by_domain:

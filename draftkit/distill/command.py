@@ -208,7 +208,7 @@ def _check_sources(cfg: DistillConfig, source: str) -> list[str]:
                 notes.append(f"dataset '{src.path}' is a hub id: loaded when the run starts")
                 continue
             for origin, row in load_rows(src, fmt)[:DRY_RUN_ROWS]:
-                to_example(row, src.domain, origin)
+                to_example(row, src.domain, origin, src.shape)
         except DraftkitError as e:
             raise ConfigError(f"{where}: {e}") from None
     return notes

@@ -53,7 +53,7 @@ def size_job(cfg, tokenizer=None, hidden_size: int | None = None) -> JobSize:
             hub += 1
             continue
         for origin, row in load_rows(src, fmt):
-            examples.append((to_example(row, src.domain, origin), src.repeat))
+            examples.append((to_example(row, src.domain, origin, src.shape), src.repeat))
     generated = cfg.data.regime in ("target", "on_policy")
     per_char = _tokens_per_char([e for e, _ in examples[:SAMPLE]], tokenizer)
     tokens = trained = 0

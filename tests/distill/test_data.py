@@ -85,7 +85,9 @@ def test_bad_inputs_are_clear(tmp_path):
     with pytest.raises(DraftkitError, match="no 'domain' column"):
         load_examples([DataSource(path=str(nodom))])
     odd = _jsonl(tmp_path / "o.jsonl", [{"foo": "bar"}])
-    with pytest.raises(DraftkitError, match="no non-empty 'messages', 'prompt', 'text' or 'prompt_ids'"):
+    with pytest.raises(DraftkitError, match=r"o.jsonl:1: the row is in none of the shapes "
+                                            r"draftkit reads \(its columns: foo\); expected "
+                                            r"ShareGPT"):
         load_examples([DataSource(path=str(odd), domain="x")])
     chat = _jsonl(tmp_path / "c.jsonl", [{"messages": [{"role": "user", "content": "hi"}]},
                                          {"messages": [{"role": "user", "text": "hi"}]}])
@@ -147,7 +149,7 @@ def test_column_mapping_on_local_files_and_bad_mappings(tmp_path):
     (ex,) = load_examples([src])["chat"]  # the mapped column wins over one of the same name
     assert ex.messages[0]["content"] == "hi" and ex.response == "hello"
     with pytest.raises(ConfigError, match="r.yaml: .*renames 'q' to 'prompts', "
-                                          "which is not one of messages, prompt"):
+                                          "which is not one of conversations, messages, prompt"):
         from_dict(DataSource, {"path": "x.jsonl", "columns": {"q": "prompts"}}, "r.yaml")
     with pytest.raises(ConfigError, match="key 'columns' expects mapping of str to str"):
         from_dict(DataSource, {"path": "x.jsonl", "columns": ["q:prompt"]}, "r.yaml")
