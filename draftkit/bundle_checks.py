@@ -322,6 +322,16 @@ def _check_draft(root: Path, manifest: dict, differ) -> None:
                      f"draft/'s weights are stored as {', '.join(floats)}")
     if draft.get("kind") != "eagle3":
         return
+    spec = config.get("speculators_config")
+    if serving is not None and isinstance(spec, dict):  # what `vllm serve draft/` runs
+        proposed = (spec.get("proposal_methods") or [{}])[0].get("speculative_tokens")
+        verifier = (spec.get("verifier") or {}).get("name_or_path")
+        if proposed != serving["num_speculative_tokens"]:
+            raise differ(f"draft/config.json's speculators_config proposes K {_shown(proposed)}",
+                         f"serving.num_speculative_tokens is {serving['num_speculative_tokens']}")
+        if verifier != serving["target"]:
+            raise differ(f"draft/config.json's speculators_config verifier is {_shown(verifier)}",
+                         f"serving.target is {serving['target']}")
     layers = config.get("eagle_aux_hidden_state_layer_ids")
     if draft.get("eagle_aux_hidden_state_layer_ids") != layers:
         raise differ(f"{NAME} records tapped layers "

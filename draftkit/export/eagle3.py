@@ -45,6 +45,7 @@ Export reads only the target's embedding, not all its weights
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -285,6 +286,8 @@ class Eagle3Export:
         check_context(config, target_config, f"EAGLE-3 head {folder}")
         check_bundle_target(target_ref, draft_ref, target_sha256)
         self.ref, self.target_config, self.config = draft_ref, target_config, config
+        # the target vLLM serves when given the head folder alone (speculators_config)
+        self.verifier = target_ref.spec if target_ref.kind == "hub" else str(target_ref.path)
         self.target = target_embedding(target_ref.path, target_config)
         self.head = load_head(folder, self.target, draft_ref.spec)  # float32, as the target's
         # embedding; checked (layers, vocabulary maps) before anything is written
@@ -302,6 +305,8 @@ class Eagle3Export:
         from draftkit.models.eagle3 import load_eagle3, save_eagle3
 
         save_eagle3(self.head, folder, dtype=getattr(torch, dtype))
+        add_speculators_config(folder / "config.json", self.verifier, self.target_config, k,
+                               self.parallel)
         with torch.no_grad():  # the stored values, exactly: compared in float32 below
             for name, p in self.head.named_parameters():
                 if not name.startswith("embed_tokens."):  # the target's, not stored
@@ -336,3 +341,35 @@ class Eagle3Export:
                           num_hidden_layers=self.head.config.num_hidden_layers,
                           eagle_aux_hidden_state_layer_ids=self.head.aux_layers,
                           draft_vocab_size=self.head.d2t.numel())
+
+
+def add_speculators_config(path: Path, verifier: str, target_config: Any, k: int,
+                           parallel: bool) -> None:
+    """The head's config.json, given the keys of vLLM's speculators format as well, so
+    ``vllm serve BUNDLE/draft`` serves the target (the verifier) with this head and K, with
+    nothing else (vLLM's ``maybe_override_with_speculators``). The head's own keys stay as the
+    engines read them: with ``model_type`` llama, vLLM loads the folder as before when it is
+    given as a speculative model, and SGLang ignores the rest. ``norm_before_residual`` is
+    written out false: the speculators format reads its absence as true, which draftkit's head
+    does not compute."""
+    config = json.loads(path.read_text())
+    layer = {key: value for key, value in config.items() if key not in _NOT_LAYER}
+    config.update({
+        "speculators_model_type": "peagle" if parallel else "eagle3",
+        "norm_before_residual": False,
+        "transformer_layer_config": layer,
+        "speculators_config": {
+            "algorithm": "peagle" if parallel else "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": max(k, 1)}],
+            "verifier": {"name_or_path": verifier,
+                         "architectures": list(getattr(target_config, "architectures", None)
+                                               or [])}}})
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+# the head's keys that are not its Llama layer's (speculators' transformer_layer_config)
+_NOT_LAYER = ("architectures", "draft_vocab_size", "eagle_aux_hidden_state_layer_ids",
+              "eagle_config", "target_hidden_size", "parallel_drafting", "ptd_token_id",
+              "speculators_model_type", "speculators_config", "transformer_layer_config",
+              "norm_before_residual")

@@ -108,10 +108,10 @@ def default_aux_layers(num_layers: int) -> list[int]:
 def layout(config: dict) -> str | None:
     """The layout a head folder's config.json (a dict) is in: :data:`ENGINES` (draftkit's,
     SGLang's, SpecForge's), :data:`SPECULATORS`, :data:`EAGLE`, or None for no EAGLE-3 head."""
+    if ARCHITECTURE in (config.get("architectures") or []):
+        return ENGINES  # draftkit's own exports carry speculators' keys too
     if "speculators_model_type" in config:
         return SPECULATORS if config["speculators_model_type"] == "eagle3" else None
-    if ARCHITECTURE in (config.get("architectures") or []):
-        return ENGINES
     return EAGLE if "draft_vocab_size" in config else None
 
 

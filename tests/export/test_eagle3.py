@@ -321,7 +321,8 @@ BROKEN = [  # (edit of the bundle's draft/, what check says)
     (_config_edit(eagle_aux_hidden_state_layer_ids=None), "not three ascending layer ids"),
     (_config_edit(max_position_embeddings=64), "max_position_embeddings 64 is below the "
                                                "target's 256"),
-    (_config_edit(architectures=["LlamaForCausalLM"], draft_vocab_size=None),
+    (_config_edit(architectures=["LlamaForCausalLM"], draft_vocab_size=None,
+                  speculators_model_type=None),
      "records the draft's kind as 'eagle3' but draft/ holds a 'standalone' draft"),
     (_config_edit(architectures=["LlamaForCausalLM"]),  # the EAGLE repository's layout
      r"architectures is \['LlamaForCausalLM'\], not \['LlamaForCausalLMEagle3'\]"),

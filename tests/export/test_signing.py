@@ -18,7 +18,7 @@ from draftkit.manifest import read_manifest
 from draftkit.signing import KEY_ENV, TRUST_ENV, Signer, key_id, set_trusted
 from tests.export.test_eagle3 import _saved
 from tests.export.test_integrity import _edit_config, _refused
-from tests.helpers import forge, write_manifest
+from tests.helpers import forge, reseal, write_manifest
 
 
 @pytest.fixture
@@ -182,7 +182,11 @@ def test_the_launcher_runs_the_checks_check_runs(bundle):
     assert "num_speculative_tokens is 2 but serving.num_speculative_tokens is 3" in ran.stderr
     manifest["serving"]["num_speculative_tokens"] = 2
     manifest["serving"]["target"] = manifest["target"]["path"] = "/nowhere/target"
+    config = json.loads((out / "draft" / "config.json").read_text())
+    config["speculators_config"]["verifier"]["name_or_path"] = "/nowhere/target"
+    (out / "draft" / "config.json").write_text(json.dumps(config))  # `vllm serve draft/`'s
     write_manifest(out, manifest)
+    reseal(out)
     ran = subprocess.run(preflight, capture_output=True, text=True)
     assert ran.returncode == 1 and ran.stdout == ""
     assert "/nowhere/target, is not a folder here; pass --target" in ran.stderr
