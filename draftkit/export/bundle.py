@@ -44,6 +44,7 @@ from draftkit.export import engines
 from draftkit.export.eagle3 import (Eagle3Export, check_against_target,
                                     check_served_layout)
 from draftkit.export.k import REPORT, ExportKValue, check_export_k, recommended_k
+from draftkit.export.model_card import model_card
 from draftkit.export.serving import serving_entry, write_serving
 from draftkit.io import atomic_dir, read_json, sha256_file
 from draftkit.manifest import (FORMAT, DomainEntry, DraftEntry, Manifest, RecipeEntry,
@@ -207,6 +208,12 @@ def export_bundle(target: str, draft: str, out: str | Path,
             e.args = (str(e).replace(str(tmp), str(out)),)
             raise
         write_serving(tmp / "serving", serving, final_draft, source.kind, k, figures["domains"])
+        (tmp / "draft" / "README.md").write_text(model_card(
+            name=f"{source.entry().name} for {target_entry.name}", kind=source.kind,
+            target=target_ref.spec if target_ref.kind == "hub" else target_entry.name,
+            target_sha256=target_entry.sha256, k=k, k_source=k_source,
+            recipe=recipe_data.config if recipe_data else None, report=report_data,
+            signed=signer is not None))
         write_manifest(tmp, Manifest(
             format=FORMAT,
             created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -33,6 +33,11 @@ def test_export_check_and_hf_assisted_generation(tiny_dirs, tmp_path):
     assert vllm == {"method": "draft_model", "model": str((out / "draft").resolve()),
                     "num_speculative_tokens": 4, "draft_sample_method": "probabilistic"}
     assert "--speculative-num-draft-tokens 5" in (out / "serving" / "sglang.sh").read_text()
+    card = (out / "draft" / "README.md").read_text()  # the model card, hashed with the rest
+    assert card.startswith("---\nbase_model: ") and "draft/README.md" in manifest.files
+    assert "**K (num_speculative_tokens):** 4 (the K the eval's decodes used most)" in card
+    assert "| code | " in card and "| 0.600 | 2.10 |" in card
+    assert "Trained on:** not recorded" in card
 
     # HF assisted generation with the bundle's draft equals the target's greedy output.
     from transformers import AutoModelForCausalLM
