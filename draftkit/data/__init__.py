@@ -1,8 +1,12 @@
 """Training data for distillation: rows -> examples -> (generated responses) -> packed rows.
 
 - :mod:`draftkit.data.sources`: files / hub datasets through ``datasets``, with a domain;
+- :mod:`draftkit.data.shapes`: the row shapes read (ShareGPT, SpecForge, OpenAI messages,
+  prompt / response, token ids, text), each row an :class:`Example`;
 - :mod:`draftkit.data.generate`: the target's responses to prompts, cached and resumable;
-- :mod:`draftkit.data.pack`: chat-template rendering, response-only masks, packing.
+- :mod:`draftkit.data.turns`: multi-turn chats: each assistant turn where the template puts
+  it, and the target's own answers to every user turn;
+- :mod:`draftkit.data.pack`: chat-template rendering, assistant-only masks, packing.
 
 :func:`build_rows` ties them together for a recipe's ``data`` section.
 """
@@ -19,6 +23,7 @@ from typing import Any, Callable
 from draftkit.data.pack import (Rows, Tokenized, encode_example_prompt, pack, passages, positions,
                                 tokenize_example)
 from draftkit.data.sources import Example, load_examples
+from draftkit.data.turns import answer_every_turn
 from draftkit.errors import DraftkitError
 from draftkit.models.embedded import cache_root
 
@@ -83,7 +88,7 @@ def build_rows(data: Any, tokenizer: Any, seed: int, generate: Callable | None =
     ends (:func:`draftkit.data.generate.answer_stop_ids`), which ends responses written in the
     data too.
     """
-    tokenizer = _FixedDate(tokenizer)
+    tokenizer = _TrainingRender(tokenizer, data.enable_thinking)
     by_domain = {domain: [p for ex in examples for p in passages(ex, tokenizer, data.seq_len)]
                  for domain, examples in load_examples(data.sources).items()}
     domains = list(by_domain)
@@ -92,14 +97,19 @@ def build_rows(data: Any, tokenizer: Any, seed: int, generate: Callable | None =
     responses: list[list[int] | None] = [None] * len(examples)
     prompts: dict[int, list[int]] = {}
     if data.regime in ("target", "on_policy"):
-        prompts = {i: encode_example_prompt(tokenizer, ex) for i, ex in enumerate(examples)
-                   if ex.messages is not None}
-        if not prompts:
-            raise DraftkitError(f"data.regime: {data.regime} needs prompts ('prompt' or "
-                                f"'messages' rows); the sources hold only text")
+        if all(ex.messages is None for ex in examples):
+            raise DraftkitError(f"data.regime: {data.regime} needs prompts (chat or 'prompt' "
+                                f"rows); the sources hold only text")
         if generate is None:
             raise DraftkitError("target-generated data needs the target model")
         g = data.generate
+        # a chat's earlier turns answered by the target first, so that its history is what
+        # a served conversation's would be
+        examples = answer_every_turn(examples, tokenizer, generate, g.temperature, seed,
+                                     stop_ids or [tokenizer.eos_token_id])
+        train, heldout = examples[:len(train)], examples[len(train):]
+        prompts = {i: encode_example_prompt(tokenizer, ex) for i, ex in enumerate(examples)
+                   if ex.messages is not None}
         answers = generate(list(prompts.values()), g.temperature, seed)
         for i, ans in zip(prompts, answers):
             responses[i] = ans
@@ -178,11 +188,19 @@ def fixed_date_template(template: str) -> str:
             + " else draftkit_strftime_now(format) }}{%- endmacro %}\n" + template)
 
 
-class _FixedDate:
-    """A tokenizer whose chat template renders on ``TRAINING_DAY``; all else is its own."""
+class _TrainingRender:
+    """A tokenizer whose chat template renders as training needs: on ``TRAINING_DAY``, and
+    with the recipe's reasoning mode (``data.enable_thinking``, where it sets one; a template
+    that never reads it is an error, not a setting silently ignored). All else is its own."""
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: Any, enable_thinking: bool | None = None):
         self._tokenizer = tokenizer
+        self._kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        template = getattr(tokenizer, "chat_template", None)
+        if self._kwargs and "enable_thinking" not in str(template or ""):
+            raise DraftkitError("data.enable_thinking is set, and the target's chat template "
+                                "has no reasoning mode (it never reads enable_thinking); "
+                                "remove data.enable_thinking")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._tokenizer, name)
@@ -198,7 +216,7 @@ class _FixedDate:
         template = self._tokenizer.get_chat_template(chat_template, kwargs.get("tools"))
         return self._tokenizer.apply_chat_template(
             conversation, *args, chat_template=fixed_date_template(template),
-            date_string=TRAINING_DATE, **kwargs)
+            date_string=TRAINING_DATE, **self._kwargs, **kwargs)
 
 
 def default_generation_dir() -> Path:

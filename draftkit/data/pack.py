@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 
-from draftkit.chat import apply_template, encode_prompt
-from draftkit.data.sources import Example
+from draftkit.chat import encode_prompt
+from draftkit.data.shapes import Example
+from draftkit.data.turns import check_template, has_answers, render_chat
 from draftkit.errors import DraftkitError
 
 
@@ -66,15 +67,6 @@ class Rows:
                     else self.position_ids[index])
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def passages(ex: Example, tokenizer: Any, seq_len: int) -> list[Example]:
     """A whole text file (``ex.document``) as runs of whole lines that fit ``seq_len`` tokens,
     so that one file gives held-out passages as well as training ones; any other example as it
@@ -101,10 +93,8 @@ def passages(ex: Example, tokenizer: Any, seq_len: int) -> list[Example]:
 def encode_example_prompt(tokenizer: Any, ex: Example) -> list[int]:
     """The ids of a chat or prompt row's prompt, rendered with the target's chat template; a
     row that cannot be rendered is an error naming it."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise DraftkitError(f"{ex.origin}: the target's tokenizer has no chat template, so "
-                            f"prompt and chat rows cannot be rendered; give 'text' rows")
     try:
+        check_template(tokenizer)
         return encode_prompt(tokenizer, ex.messages)
     except DraftkitError as e:
         raise DraftkitError(f"{ex.origin}: {e}") from None
@@ -116,43 +106,50 @@ def tokenize_example(tokenizer: Any, ex: Example, response_only: bool = True,
                      stop_ids: list[int] | None = None) -> Tokenized:
     """Ids and target flags of one example.
 
-    ``response_ids`` (from a generation cache) are appended to the rendered prompt as they
-    are, so the draft learns exactly the tokens the target produced. ``prompt``: the prompt's
-    ids (:func:`encode_example_prompt`), when the caller has rendered it already. A response
-    written in the data ends at the first of ``stop_ids`` (the target's end-of-turn tokens,
+    A chat is trained on its assistant turns, where the chat template puts them
+    (:func:`draftkit.data.turns.render_chat`): every one of a multi-turn chat. ``response_ids``
+    (from a generation cache) are appended to the rendered prompt as they are, so the draft
+    learns exactly the tokens the target produced. ``prompt``: the prompt's ids
+    (:func:`encode_example_prompt`), when the caller has rendered it already. A turn written
+    in the data ends at the first of ``stop_ids`` after it (the target's end-of-turn tokens,
     :func:`draftkit.data.generate.answer_stop_ids`; default: the tokenizer's eos).
     """
     if ex.text is not None:
         ids = tokenizer(ex.text)["input_ids"]
         return Tokenized(list(ids), [True] * len(ids), ex.domain, ex.origin, splittable=True)
+    stops = list(stop_ids if stop_ids is not None else [tokenizer.eos_token_id])
     if ex.prompt_ids is not None:  # ids as served: trained as they are, nothing re-rendered
         prompt, response_ids = ex.prompt_ids, response_ids or ex.response_ids
         _check_ids(ex, prompt + response_ids, len(tokenizer))
-    if prompt is None:
-        prompt = encode_example_prompt(tokenizer, ex)
-    if response_ids is not None:
-        ids = prompt + list(response_ids)
-        start = len(prompt)
-    elif ex.response is not None:
-        full = ex.messages + [{"role": "assistant", "content": ex.response}]
-        try:
-            text = apply_template(tokenizer, full, add_generation_prompt=False)
-        except DraftkitError as e:
-            raise DraftkitError(f"{ex.origin}: {e}") from None
-        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-        # Templates may rewrite earlier turns once a response follows: the response starts
-        # where the two renderings diverge.
-        start = _common_prefix(prompt, ids)
-        # ... and ends at the turn's end token: what a template writes after it (ChatML's
-        # newline) is never drafted, as decoding stops there, as the target's answers do
-        stops = set(stop_ids if stop_ids is not None else [tokenizer.eos_token_id])
-        end = next((i for i in range(start, len(ids)) if ids[i] in stops), None)
-        if end is not None:
-            ids = ids[:end + 1]
-    else:
-        raise DraftkitError(f"{ex.origin}: a prompt without a response; use data.regime: "
-                            f"target to have the target answer it")
-    target = [(not response_only) or i >= start for i in range(len(ids))]
+    try:
+        if response_ids is not None:
+            if has_answers(ex.messages):  # a multi-turn chat's earlier answers are trained too
+                prompt, answered = render_chat(tokenizer, ex.messages, True, stops)
+            else:
+                if prompt is None:
+                    check_template(tokenizer)
+                    prompt = encode_prompt(tokenizer, ex.messages)
+                answered = [False] * len(prompt)
+            ids = prompt + list(response_ids)
+            answered = answered + [True] * len(response_ids)
+        elif ex.response is not None:
+            last = {"role": "assistant", "content": ex.response}
+            if ex.reasoning is not None:
+                last["reasoning_content"] = ex.reasoning
+            ids, answered = render_chat(tokenizer, ex.messages + [last], False, stops)
+            if not any(answered):
+                raise DraftkitError("the chat template marks no assistant turn in its "
+                                    "generation blocks; fix the template")
+            # what a template writes after the last turn's end token (ChatML's newline) is
+            # never drafted, as decoding stops there, as the target's answers do
+            end = max(i for i, a in enumerate(answered) if a) + 1
+            ids, answered = ids[:end], answered[:end]
+        else:
+            raise DraftkitError("a prompt without a response; use data.regime: target to have "
+                                "the target answer it")
+    except DraftkitError as e:
+        raise DraftkitError(f"{ex.origin}: {e}") from None
+    target = [(not response_only) or a for a in answered]
     return Tokenized(ids, target, ex.domain, ex.origin)
 
 

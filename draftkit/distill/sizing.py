@@ -59,8 +59,10 @@ def size_job(cfg, tokenizer=None, hidden_size: int | None = None) -> JobSize:
     tokens = trained = 0
     for example, repeat in examples:
         prompt, answer = _lengths(example, per_char)
-        if generated and example.text is None:
-            answer = cfg.data.generate.max_new_tokens
+        if generated and example.messages is not None:
+            # the target answers every user turn of a chat (draftkit.data.turns)
+            users = sum(m["role"] == "user" for m in example.messages)
+            answer = cfg.data.generate.max_new_tokens * users
         tokens += repeat * (prompt + answer)
         trained += repeat * (answer if example.text is None else prompt + answer)
     packed = max(1, math.ceil(tokens / cfg.data.seq_len))
@@ -101,8 +103,11 @@ def _lengths(example, per_char: float) -> tuple[int, int]:
         return len(example.prompt_ids), len(example.response_ids or [])
     if example.text is not None:
         return round(len(example.text) * per_char), 0
-    prompt = sum(len(m.get("content") or "") for m in example.messages or [])
-    return round(prompt * per_char), round(len(example.response or "") * per_char)
+    # a chat's answers are all its assistant turns, each one trained
+    turns = example.messages or []
+    prompt = sum(len(m.get("content") or "") for m in turns if m["role"] != "assistant")
+    answers = sum(len(m.get("content") or "") for m in turns if m["role"] == "assistant")
+    return round(prompt * per_char), round((answers + len(example.response or "")) * per_char)
 
 
 def size_lines(size: JobSize, processes_note: bool = True) -> list[str]:

@@ -269,11 +269,11 @@ def test_answers_stop_where_decoding_stops_and_greedy_ones_are_shared_across_see
 def test_a_template_passing_strftime_now_a_variable_still_gets_a_date():
     """Only literal formats can be fixed to the training day; another still renders today's
     date, as without draftkit (it rendered nothing)."""
-    from draftkit.data import _FixedDate
+    from draftkit.data import _TrainingRender
 
     tok = make_tokenizer()
     tok.chat_template = ("{%- set fmt = '%Y' %}{{ '<|im_start|>system ' + strftime_now(fmt) + "
                          "' <|im_end|> ' }}" + CHAT_TEMPLATE)
-    text = _FixedDate(tok).apply_chat_template([{"role": "user", "content": "hi"}],
+    text = _TrainingRender(tok).apply_chat_template([{"role": "user", "content": "hi"}],
                                                tokenize=False)
     assert f"system {datetime.date.today().year} <|im_end|>" in text
