@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import gzip
 import hashlib
 import io
 import json
 import os
 import shutil
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -30,14 +32,20 @@ from draftkit.errors import DraftkitError
 
 def read_text(path: str | Path, what: str, remedy: str,
               error: type[DraftkitError] = DraftkitError) -> str:
-    """The UTF-8 text of a file (a leading byte-order mark dropped, as some editors write
-    one), or ``error``: "<what> <path> does not exist / is a folder / ...; <remedy>"."""
+    """The UTF-8 text of a file (a ``.gz`` file's decompressed, as HumanEval ships its
+    questions; a leading byte-order mark dropped, as some editors write one), or ``error``:
+    "<what> <path> does not exist / is a folder / ...; <remedy>"."""
     path = Path(path)
     if not path.exists():
         raise error(f"{what} {path} does not exist; {remedy}")
     if path.is_dir():
         raise error(f"{what} {path} is a folder; {remedy}")
     data = path.read_bytes()
+    if path.suffix == ".gz":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as e:
+            raise error(f"{what} {path} is not whole gzip data ({e}); {remedy}") from None
     if data.startswith(codecs.BOM_UTF8):
         data = data[len(codecs.BOM_UTF8):]
     try:

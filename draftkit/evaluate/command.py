@@ -55,8 +55,10 @@ class EvalArgs(ModelArgs, EvalSettings):
     one K policy runs per domain, learning across its prompts as a server's does across
     requests; --k-max also bounds the K sweep's predictions."""
 
-    suite: str = option("builtin", help="JSONL suite file or folder of them; 'builtin' = the "
-                                        "shipped eval/suites")
+    suite: str = option("builtin", help="JSONL suite file or folder of them: draftkit's rows, "
+                                        "or MT-Bench's, Spec-Bench's, HumanEval's or GSM8K's "
+                                        "question files as published (their categories the "
+                                        "domains); 'builtin' = the shipped eval/suites")
     out: str = option("runs/eval", help="output directory for the report")
     baseline_draft: str | None = option(None, help="a second draft (e.g. before distillation): "
                                                    "its teacher-forced alpha on the same "
@@ -147,6 +149,8 @@ def evaluate(args: EvalArgs) -> EvalReport:
     with Tracker("eval", to_dict(args), out_dir=args.out) as tracker:
         report = run_eval(args)
         files = write_report(report, args.out, tracker)
+    if report.benchmark:
+        print(f"benchmark {report.benchmark}")
     print(format_text_table(*domain_table(report)))
     print(f"\n{headline(report)}")
     if report.plain_step is not None:

@@ -215,6 +215,9 @@ class EvalReport(Record):
     # how the sampled drafts were verified (temperature > 0): token, or block (Sun et al.,
     # arXiv 2403.10444); None: greedy decoding, or a report from before the choice (token)
     verify: str | None = added_later()
+    # the public benchmark the suite's questions came from (MT-Bench, Spec-Bench, HumanEval,
+    # GSM8K); None: draftkit's own suite rows
+    benchmark: str | None = added_later()
 
 
 # --- draftkit regimes ----------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from draftkit.evaluate import analysis
 from draftkit.evaluate.figures import ALPHA_BEFORE, BatchRow, DomainFigures, EvalReport, now
 from draftkit.evaluate.measure import GREEDY_DRAFTS, DomainRun, Evaluator
 from draftkit.evaluate.settings import EvalSettings
-from draftkit.evaluate.suite import by_domain, load_suite
+from draftkit.evaluate.suite import benchmark_of, by_domain, load_suite
 from draftkit.models import dtype_name, load_another_draft, load_pair
 
 
@@ -87,7 +87,7 @@ def eval_report(target: str, draft: str, suite: Path, settings: EvalSettings, *,
         verify=settings.verify if settings.temperature > 0 else None,
         overall=overall, k_sweep=k_rows, batch_sweep=batch_rows,
         break_even=analysis.break_even(batch_rows, figures), plain_step=baseline,
-        batch_sweep_k=sweep_k(settings) if batch_rows else None)
+        batch_sweep_k=sweep_k(settings) if batch_rows else None, benchmark=benchmark_of(rows))
 
 
 def batch_sweep(ev: Evaluator, prompts: list[list[int]], overall: DomainFigures,

@@ -1,15 +1,26 @@
 """Domain evaluation suites: prompts grouped by domain, read from JSONL.
 
-A suite is a JSONL file, or a folder of them (``*.jsonl``, read in sorted order), one prompt
-per line, either as text or as OpenAI-style messages ending with a user turn::
+A suite is a JSONL file (gzipped too), or a folder of them (``*.jsonl`` and ``*.jsonl.gz``,
+read in sorted order), one prompt per line. Its rows are draftkit's own, as text or as
+OpenAI-style messages ending with a user turn::
 
     {"domain": "code", "prompt": "Write a Python function that reverses a string."}
     {"domain": "chat", "messages": [{"role": "user", "content": "..."}, ...]}
 
+or a public benchmark's question file as its project publishes it, recognised by its shape:
+
+- MT-Bench's ``question.jsonl`` (``question_id``, ``category``, ``turns``) and Spec-Bench's
+  (the same shape, MT-Bench's 80 questions and its own categories beside them): each
+  question's first turn, its category the domain;
+- HumanEval (``task_id``, ``prompt``, ``entry_point``, ...; ``HumanEval.jsonl.gz``): the
+  prompt, domain "code";
+- GSM8K (``question``, ``answer``): the question, domain "math".
+
 Acceptance rate depends on the domain (code and math are far more predictable than creative
-writing), so results are always reported per domain. The shipped suites live in
-``eval/suites/`` (shipped in the package) and are never used for training; ``eval/train_prompts/``
-holds the training-side prompts, disjoint from them.
+writing), so results are always reported per domain, and a report names the benchmark its
+rows came from. The shipped suites live in ``eval/suites/`` (shipped in the package) and are
+never used for training; ``eval/train_prompts/`` holds the training-side prompts, disjoint from
+them. Nothing is downloaded: a benchmark's file is the user's.
 """
 
 from __future__ import annotations
@@ -28,6 +39,14 @@ _ROLES = ("system", "user", "assistant")
 _EXAMPLE = '{"domain": "code", "prompt": "..."}'
 
 
+# MT-Bench's categories; a question file with others is Spec-Bench's
+MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction",
+                       "stem", "humanities")
+_SHAPES = ("draftkit's own (domain with prompt or messages), MT-Bench or Spec-Bench "
+           "(question_id, category, turns), HumanEval (task_id, prompt, entry_point) or GSM8K "
+           "(question, answer)")
+
+
 @dataclass(frozen=True)
 class SuiteRow:
     """One evaluation prompt."""
@@ -35,6 +54,7 @@ class SuiteRow:
     domain: str  # e.g. "code", "math"; results are grouped by it
     prompt: Prompt  # plain text, or messages rendered with the target's chat template
     source: str  # "file:line" it was read from, for error messages and reports
+    benchmark: str | None = None  # the public benchmark it is from; None: draftkit's own row
 
 
 def builtin_suites_dir() -> Path:
@@ -76,6 +96,13 @@ def load_suite(path: str | Path, limit: int | None = None,
     return rows
 
 
+def benchmark_of(rows: list[SuiteRow]) -> str | None:
+    """The public benchmark(s) ``rows`` come from, as a report names them; None for
+    draftkit's own rows."""
+    names = list(dict.fromkeys(r.benchmark for r in rows if r.benchmark))
+    return " + ".join(names) or None
+
+
 def by_domain(rows: list[SuiteRow]) -> dict[str, list[SuiteRow]]:
     """Rows grouped by domain; domains and rows keep their first-seen order."""
     groups: dict[str, list[SuiteRow]] = {}
@@ -86,7 +113,8 @@ def by_domain(rows: list[SuiteRow]) -> dict[str, list[SuiteRow]]:
 
 def _suite_files(path: Path) -> list[Path]:
     if path.is_dir():
-        files = sorted(p for p in path.glob("*.jsonl") if p.is_file())
+        files = sorted(p for p in [*path.glob("*.jsonl"), *path.glob("*.jsonl.gz")]
+                       if p.is_file())
         if not files:
             raise DraftkitError(f"{path}: the suite folder has no *.jsonl files; add one with "
                                 f"lines like {_EXAMPLE}")
@@ -98,11 +126,69 @@ def _suite_files(path: Path) -> list[Path]:
 
 
 def _read_file(file: Path) -> list[SuiteRow]:
-    rows = [_parse_row(obj, source) for source, obj in read_jsonl(
-        file, "suite file", f"save the suite as UTF-8 JSONL, one object per line like {_EXAMPLE}")]
-    if not rows:
+    objs = read_jsonl(file, "suite file", f"save the suite as UTF-8 JSONL, one object per line "
+                                          f"like {_EXAMPLE}")
+    if not objs:
         raise DraftkitError(f"{file}: the suite file has no prompts; add lines like {_EXAMPLE}")
-    return rows
+    shape = _shape(*objs[0])
+    for source, obj in objs[1:]:  # one file, one benchmark
+        if _shape(source, obj) != shape:
+            raise DraftkitError(f"{source}: a {_shape(source, obj)} row in a {shape} file; a "
+                                f"suite file holds rows of one shape: split it")
+    if shape == "draftkit":
+        return [_parse_row(obj, source) for source, obj in objs]
+    if shape == "humaneval":
+        return [SuiteRow("code", _text(obj, "prompt", source), source, "HumanEval")
+                for source, obj in objs]
+    if shape == "gsm8k":
+        return [SuiteRow("math", _text(obj, "question", source), source, "GSM8K")
+                for source, obj in objs]
+    return _questions(objs)
+
+
+def _shape(source: str, obj) -> str:
+    """Which suite shape a JSONL row is in (the module's docstring), or an error naming it."""
+    if not isinstance(obj, dict) or "domain" in obj:
+        return "draftkit"  # whose reader says what is wrong with it
+    if "turns" in obj and "category" in obj:
+        return "question"
+    if "task_id" in obj and "entry_point" in obj:
+        return "humaneval"
+    if "question" in obj and "answer" in obj:
+        return "gsm8k"
+    if "prompt" in obj or "messages" in obj:
+        return "draftkit"
+    raise DraftkitError(f"{source}: a row of no suite shape draftkit reads (keys "
+                        f"{', '.join(obj) or 'none'}); give {_SHAPES}")
+
+
+def _text(obj: dict, key: str, source: str) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise DraftkitError(f"{source}: missing or empty '{key}'; give its text")
+    return value
+
+
+def _questions(objs: list) -> list[SuiteRow]:
+    """MT-Bench's or Spec-Bench's questions: each one's first turn, its category the domain;
+    Spec-Bench where a category is not one of MT-Bench's."""
+    rows, categories, turns = [], set(), 0
+    for source, obj in objs:
+        category, asked = obj.get("category"), obj.get("turns")
+        if not isinstance(category, str) or not category.strip():
+            raise DraftkitError(f"{source}: missing or empty 'category'; give the question's "
+                                f"category, e.g. \"writing\"")
+        if not (isinstance(asked, list) and asked and
+                all(isinstance(t, str) and t.strip() for t in asked)):
+            raise DraftkitError(f"{source}: 'turns' must be a non-empty list of the question's "
+                                f"turns as text")
+        categories.add(category)
+        turns = max(turns, len(asked))
+        rows.append((category, asked[0], source))
+    name = "MT-Bench" if categories <= set(MT_BENCH_CATEGORIES) else "Spec-Bench"
+    if turns > 1:  # the later turns follow the target's own answers, which a suite has not
+        name += " (first turns)"
+    return [SuiteRow(category, prompt, source, name) for category, prompt, source in rows]
 
 
 def _parse_row(obj, source: str) -> SuiteRow:
