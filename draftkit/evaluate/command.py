@@ -67,6 +67,10 @@ class EvalArgs(ModelArgs, EvalSettings):
     limit: int | None = option(None, help="at most N prompts per domain")
     domains: list[str] | None = option(None, nargs="*", metavar="DOMAIN",
                                        help="only these domains (space- or comma-separated)")
+    turns: str = option("first", choices=("first", "every"),
+                        help="MT-Bench's and Spec-Bench's multi-turn questions: first: each "
+                             "one's first turn; every: each later turn too, a prompt of its own "
+                             "after the target's greedy answers to the turns before it")
     engine: str = option("draftkit", choices=("draftkit", "vllm"), group=ENGINE_GROUP,
                          help="draftkit: measure in draftkit's own engine (the usual report); "
                               "vllm: decode the bundle (--draft BUNDLE) in vLLM, in its own "
@@ -96,6 +100,9 @@ class EvalArgs(ModelArgs, EvalSettings):
             raise ConfigError("--k-max must be >= 1")
         if self.limit is not None and self.limit < 1:
             raise ConfigError("--limit must be >= 1")
+        if self.engine == "vllm" and self.turns != "first":
+            raise ConfigError("--turns every is for draftkit's own eval; --engine vllm "
+                              "compares first turns")
 
 
 def engine_temperatures(args: EvalArgs) -> list[float]:
@@ -139,7 +146,8 @@ def run_eval(args: EvalArgs) -> EvalReport:
     settings = dataclasses.replace(args, k_sweep=[k for k in args.k_sweep if k <= args.k_max])
     return eval_report(args.target, args.draft, suite_path(args.suite), settings,
                        baseline_draft=args.baseline_draft, limit=args.limit,
-                       domains=args.domains, device=args.device, dtype=args.dtype)
+                       domains=args.domains, device=args.device, dtype=args.dtype,
+                       every_turn=args.turns == "every")
 
 
 def evaluate(args: EvalArgs) -> EvalReport:

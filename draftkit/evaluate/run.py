@@ -19,19 +19,24 @@ from draftkit.evaluate import analysis
 from draftkit.evaluate.figures import ALPHA_BEFORE, BatchRow, DomainFigures, EvalReport, now
 from draftkit.evaluate.measure import GREEDY_DRAFTS, DomainRun, Evaluator
 from draftkit.evaluate.settings import EvalSettings
-from draftkit.evaluate.suite import benchmark_of, by_domain, load_suite
+from draftkit.evaluate.suite import benchmark_of, by_domain, load_suite, with_later_turns
 from draftkit.models import dtype_name, load_another_draft, load_pair
 
 
 def eval_report(target: str, draft: str, suite: Path, settings: EvalSettings, *,
                 baseline_draft: str | None = None, limit: int | None = None,
                 domains: list[str] | None = None, device: str | None = None,
-                dtype: str = "auto") -> EvalReport:
+                dtype: str = "auto", every_turn: bool = False) -> EvalReport:
     """Measure ``draft`` against ``target`` on the suite's domains (at most ``limit`` prompts
     each, only ``domains`` if given) and return the report; with ``baseline_draft``, its
-    teacher-forced acceptance on the same continuations is each row's ``alpha_before``."""
+    teacher-forced acceptance on the same continuations is each row's ``alpha_before``.
+    ``every_turn``: a benchmark's multi-turn questions add their later turns, each after the
+    target's greedy answers to those before (:func:`~draftkit.evaluate.suite.with_later_turns`)."""
     rows = load_suite(suite, limit=limit, domains=domains)
     pair = load_pair(target, draft, device=device, dtype=dtype)
+    if every_turn:
+        rows = with_later_turns(rows, lambda chats: target_answers(pair, chats,
+                                                                   settings.max_new_tokens))
     baselines: dict[str, Any] = {}
     if baseline_draft:
         baselines[ALPHA_BEFORE] = load_another_draft(pair, baseline_draft, device=device,
@@ -87,7 +92,20 @@ def eval_report(target: str, draft: str, suite: Path, settings: EvalSettings, *,
         verify=settings.verify if settings.temperature > 0 else None,
         overall=overall, k_sweep=k_rows, batch_sweep=batch_rows,
         break_even=analysis.break_even(batch_rows, figures), plain_step=baseline,
-        batch_sweep_k=sweep_k(settings) if batch_rows else None, benchmark=benchmark_of(rows))
+        batch_sweep_k=sweep_k(settings) if batch_rows else None,
+        benchmark=benchmark_of(rows, every_turn))
+
+
+def target_answers(pair: Any, chats: list, max_new_tokens: int) -> list[str]:
+    """The target's greedy answer to each chat, as text a client sends back in the history."""
+    from draftkit.data.generate import answer_stop_ids, engine_answers
+    from draftkit.data.turns import answer_text
+
+    stops = answer_stop_ids(pair.target, pair.tokenizer)
+    prompts = [encode_prompt(pair.tokenizer, chat) for chat in chats]
+    done = dict(engine_answers(pair.target, prompts, max_new_tokens, 0.0, stops,
+                               [0] * len(prompts), min(len(prompts), 16)))
+    return [answer_text(pair.tokenizer, done[i], stops) for i in range(len(prompts))]
 
 
 def batch_sweep(ev: Evaluator, prompts: list[list[int]], overall: DomainFigures,

@@ -11,7 +11,8 @@ or a public benchmark's question file as its project publishes it, recognised by
 
 - MT-Bench's ``question.jsonl`` (``question_id``, ``category``, ``turns``) and Spec-Bench's
   (the same shape, MT-Bench's 80 questions and its own categories beside them): each
-  question's first turn, its category the domain;
+  question's first turn, its category the domain (:func:`with_later_turns` adds the later
+  turns, after the target's own answers);
 - HumanEval (``task_id``, ``prompt``, ``entry_point``, ...; ``HumanEval.jsonl.gz``): the
   prompt, domain "code";
 - GSM8K (``question``, ``answer``): the question, domain "math".
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from draftkit.chat import Prompt
 from draftkit.errors import DraftkitError
@@ -55,6 +57,7 @@ class SuiteRow:
     prompt: Prompt  # plain text, or messages rendered with the target's chat template
     source: str  # "file:line" it was read from, for error messages and reports
     benchmark: str | None = None  # the public benchmark it is from; None: draftkit's own row
+    later_turns: tuple[str, ...] = ()  # a benchmark question's turns after the first
 
 
 def builtin_suites_dir() -> Path:
@@ -96,11 +99,35 @@ def load_suite(path: str | Path, limit: int | None = None,
     return rows
 
 
-def benchmark_of(rows: list[SuiteRow]) -> str | None:
-    """The public benchmark(s) ``rows`` come from, as a report names them; None for
+def benchmark_of(rows: list[SuiteRow], every_turn: bool = False) -> str | None:
+    """The public benchmark(s) ``rows`` come from, as a report names them, saying which turns
+    of multi-turn questions were measured (``every_turn``: :func:`with_later_turns`); None for
     draftkit's own rows."""
     names = list(dict.fromkeys(r.benchmark for r in rows if r.benchmark))
+    if any(r.later_turns for r in rows):
+        names = [f"{n} ({'every turn' if every_turn else 'first turns'})" for n in names]
     return " + ".join(names) or None
+
+
+def with_later_turns(rows: list[SuiteRow],
+                     answer: Callable[[list[list[dict[str, str]]]], list[str]]
+                     ) -> list[SuiteRow]:
+    """``rows`` and, after them, each multi-turn question's later turns as prompts of their
+    own, each following the target's answers to the turns before it, as MT-Bench's answers are
+    generated. ``answer(chats)``: the target's answer text to each chat, a call a turn."""
+    out = list(rows)
+    chats = {i: [{"role": "user", "content": r.prompt}] for i, r in enumerate(rows)
+             if r.later_turns}
+    turn = 0
+    while live := {i: c for i, c in chats.items() if turn < len(rows[i].later_turns)}:
+        for i, text in zip(live, answer(list(live.values()))):
+            row = rows[i]
+            live[i] += [{"role": "assistant", "content": text},
+                        {"role": "user", "content": row.later_turns[turn]}]
+            out.append(SuiteRow(row.domain, list(live[i]), f"{row.source} turn {turn + 2}",
+                                row.benchmark))
+        turn += 1
+    return out
 
 
 def by_domain(rows: list[SuiteRow]) -> dict[str, list[SuiteRow]]:
@@ -172,7 +199,7 @@ def _text(obj: dict, key: str, source: str) -> str:
 def _questions(objs: list) -> list[SuiteRow]:
     """MT-Bench's or Spec-Bench's questions: each one's first turn, its category the domain;
     Spec-Bench where a category is not one of MT-Bench's."""
-    rows, categories, turns = [], set(), 0
+    rows, categories = [], set()
     for source, obj in objs:
         category, asked = obj.get("category"), obj.get("turns")
         if not isinstance(category, str) or not category.strip():
@@ -183,12 +210,10 @@ def _questions(objs: list) -> list[SuiteRow]:
             raise DraftkitError(f"{source}: 'turns' must be a non-empty list of the question's "
                                 f"turns as text")
         categories.add(category)
-        turns = max(turns, len(asked))
-        rows.append((category, asked[0], source))
+        rows.append((category, asked, source))
     name = "MT-Bench" if categories <= set(MT_BENCH_CATEGORIES) else "Spec-Bench"
-    if turns > 1:  # the later turns follow the target's own answers, which a suite has not
-        name += " (first turns)"
-    return [SuiteRow(category, prompt, source, name) for category, prompt, source in rows]
+    return [SuiteRow(category, asked[0], source, name, tuple(asked[1:]))
+            for category, asked, source in rows]
 
 
 def _parse_row(obj, source: str) -> SuiteRow:

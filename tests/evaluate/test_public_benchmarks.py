@@ -10,7 +10,7 @@ import pytest
 
 from draftkit.errors import DraftkitError
 from draftkit.evaluate import by_domain, load_suite
-from draftkit.evaluate.suite import MT_BENCH_CATEGORIES, benchmark_of
+from draftkit.evaluate.suite import MT_BENCH_CATEGORIES, benchmark_of, with_later_turns
 
 SPEC_BENCH_OWN = ("translation", "summarization", "qa", "math_reasoning", "rag")
 
@@ -63,6 +63,26 @@ def test_mt_bench_and_spec_bench_read_their_first_turns_by_category(tmp_path):
     # Spec-Bench's own part alone has single turns
     only = _write(tmp_path / "own.jsonl", [_question(161, "qa", 1)])
     assert benchmark_of(load_suite(only)) == "Spec-Bench"
+
+
+def test_later_turns_follow_the_targets_answers_to_the_turns_before(tmp_path):
+    rows = load_suite(_write(tmp_path / "q.jsonl", [
+        _question(81, "writing", 2), _question(82, "stem", 3), _question(161, "qa", 1)]))
+    asked = []
+
+    def answer(chats):
+        asked.append(chats)
+        return [f"answer {len(asked)}.{i}" for i in range(len(chats))]
+
+    out = with_later_turns(rows, answer)
+    assert [len(a) for a in asked] == [2, 1]  # a call a turn: both questions, then the stem one
+    assert out[:3] == rows and [r.source.rpartition("/")[2] for r in out[3:]] == [
+        "q.jsonl:1 turn 2", "q.jsonl:2 turn 2", "q.jsonl:2 turn 3"]
+    assert [m["content"] for m in out[-1].prompt] == [
+        "write stem question 82 turn 1", "answer 1.1", "write stem question 82 turn 2",
+        "answer 2.0", "write stem question 82 turn 3"]
+    assert [r.domain for r in out[3:]] == ["writing", "stem", "stem"]
+    assert benchmark_of(out, every_turn=True) == "Spec-Bench (every turn)"
 
 
 def test_humaneval_and_gsm8k_as_their_projects_ship_them(tmp_path):
@@ -123,3 +143,10 @@ def test_eval_on_mt_bench_and_spec_bench_names_the_benchmark_and_its_categories(
         assert json.loads((out / "report.json").read_text())["benchmark"] == report.benchmark
         header = (out / "report.md").read_text().splitlines()[2]
         assert header == f"benchmark {name} (first turns)"
+    # every turn: each question's second turn after the target's answer to its first
+    report = evaluate(EvalArgs(target=str(target), draft=str(draft),
+                               suite=str(tmp_path / "MT-Bench" / "question.jsonl"),
+                               out=str(tmp_path / "every"), k=2, max_new_tokens=4, k_sweep=[],
+                               batch_sizes=[], turns="every"))
+    assert report.benchmark == "MT-Bench (every turn)"
+    assert [d.n_prompts for d in report.domains.values()] == [2] * 8
