@@ -199,6 +199,9 @@ def export_bundle(target: str, draft: str, out: str | Path,
     target_for_serving = str(target_ref.path) if target_ref.kind != "hub" else target_ref.spec
     serving = _serving(source, final_draft, target_for_serving, k, dtype, report_data)
 
+    ran = Path(draft).parent / "config.yaml"  # a distill run's best/ sits beside its config
+    if recipe is None and Path(draft).name == "best" and ran.is_file():
+        recipe = ran
     recipe_data = _read_recipe(recipe) if recipe else None
     figures = _figures(report_data)
     with atomic_dir(out, overwrite=force) as tmp:

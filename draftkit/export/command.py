@@ -43,7 +43,8 @@ class ExportArgs(SigningArgs, TrustArgs):
                                      f"decodes used most, else {DEFAULT_FIXED_K} (vLLM and "
                                      "SGLang draft a fixed K: 'auto' is refused)")
     recipe: str | None = option(None, help="the distillation recipe (resolved config.yaml) that "
-                                           "trained the draft, recorded in the bundle")
+                                           "trained the draft, recorded in the bundle "
+                                           "(default: a run's config.yaml, for its best/)")
     dtype: str = option("bfloat16", choices=("float32", "float16", "bfloat16"),
                         help="dtype the draft is stored in, and the engines' scripts serve the "
                              "target in: the dtype the target is served in (vLLM casts the "

@@ -22,7 +22,7 @@ def model_card(*, name: str, kind: str, target: str, target_sha256: str | None, 
     lines = ["---", f"base_model: {target}", "tags:", "- speculative-decoding",
              f"- {kind}", "- draftkit", "---", "",
              f"# {name}", "",
-             f"{what.capitalize()} for speculative decoding with **{target}**: it proposes "
+             f"{what[0].upper()}{what[1:]} for speculative decoding with **{target}**: it proposes "
              f"tokens, the target verifies them, and the output is the target's.", "",
              f"- **Target:** {target}" + (f" (content sha256 {target_sha256[:16]}...)"
                                          if target_sha256 else ""),
