@@ -119,7 +119,7 @@ def build_rows(data: Any, tokenizer: Any, seed: int, generate: Callable | None =
                                prompts.get(i), stop_ids) for i, ex in enumerate(examples)]
     train_prompts = [i for i in sorted(prompts) if i < n]  # example indices
     extra = _extra_answers(data, tokenizer, [(train[i], prompts[i]) for i in train_prompts],
-                           seed, generate)
+                           seed, generate, stop_ids)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else \
         tokenizer.eos_token_id
     # a source's ``repeat`` weighs it: its rows enter the epoch that many times, each copy a
@@ -140,7 +140,8 @@ def build_rows(data: Any, tokenizer: Any, seed: int, generate: Callable | None =
 
 
 def _extra_answers(data: Any, tokenizer: Any, train: list[tuple[Example, list[int]]],
-                   seed: int, generate: Callable | None) -> list[Tokenized]:
+                   seed: int, generate: Callable | None,
+                   stop_ids: list[int] | None = None) -> list[Tokenized]:
     """``extra_samples`` sampled answers to every training (example, prompt ids), as further
     examples.
 
@@ -157,7 +158,7 @@ def _extra_answers(data: Any, tokenizer: Any, train: list[tuple[Example, list[in
         # they are greedy
         draw_seed = seed + 1 + j if g.temperature > 0 else seed + j
         answers = generate([p for _, p in train], g.extra_temperature, draw_seed)
-        out += [tokenize_example(tokenizer, ex, data.response_only, ans, prompt)
+        out += [tokenize_example(tokenizer, ex, data.response_only, ans, prompt, stop_ids)
                 for (ex, prompt), ans in zip(train, answers)]
     return out
 
