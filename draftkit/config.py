@@ -160,16 +160,17 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def _type_name(tp: Any) -> str:
+def type_name(tp: Any) -> str:
+    """A field's type in words, as errors and help name it: ``float or null``, ``list of int``."""
     inner, optional = _unwrap_optional(tp)
     if _parsed(inner) is not None:
         name = _parsed(inner).name
     elif typing.get_origin(inner) is Literal:
         name = " | ".join(repr(a) for a in typing.get_args(inner))
     elif typing.get_origin(inner) is list:
-        name = f"list of {_type_name(typing.get_args(inner)[0])}"
+        name = f"list of {type_name(typing.get_args(inner)[0])}"
     elif typing.get_origin(inner) is dict:
-        name = "mapping of {} to {}".format(*map(_type_name, typing.get_args(inner)))
+        name = "mapping of {} to {}".format(*map(type_name, typing.get_args(inner)))
     else:
         name = getattr(inner, "__name__", str(inner))
     return f"{name} or null" if optional else name
@@ -180,7 +181,7 @@ def coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     inner, optional = _unwrap_optional(tp)
 
     def fail() -> ConfigError:
-        return ConfigError(f"{source}: key '{key}' expects {_type_name(tp)}, got {value!r}; "
+        return ConfigError(f"{source}: key '{key}' expects {type_name(tp)}, got {value!r}; "
                            f"fix the value")
 
     if value is None or (optional and isinstance(value, str) and value.lower() in ("null", "none")):
@@ -441,33 +442,49 @@ def _checked_overrides(cls: type, overrides: list[str]) -> list[tuple[str, Any]]
     return pairs
 
 
-def describe_keys(cls: type, prefix: str = "") -> list[str]:
-    """One entry per leaf key of a nested config: ``key = default (type)``, then its help.
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """One leaf key of a nested config, as ``--help`` and the docs site's reference list it."""
+
+    name: str  # dotted (train.lr); a list item's keys under key[] (data.sources[].path)
+    default: str  # as YAML writes it, or "(required)"
+    type: str  # in words: "float or null", "list of int"
+    help: str
+
+
+def recipe_keys(cls: type, prefix: str = "") -> list[Key]:
+    """Every leaf key of a nested config, in declaration order, with its class's default.
 
     Nested dataclasses are walked (``train.lr``); a list of dataclasses shows its item's keys
-    under ``key[]`` (``data.sources[].path``). The recipe help of a command is built from it.
+    under ``key[]`` (``data.sources[].path``).
     """
-    import textwrap
-
-    lines = []
+    keys = []
     hints = _hints(cls)
     for f in dataclasses.fields(cls):
         tp, _ = _unwrap_optional(hints[f.name])
         item = typing.get_args(tp)[0] if typing.get_origin(tp) is list else None
         if dataclasses.is_dataclass(tp):
-            lines += describe_keys(tp, f"{prefix}{f.name}.")
+            keys += recipe_keys(tp, f"{prefix}{f.name}.")
             continue
         if item is not None and dataclasses.is_dataclass(item):
-            lines += describe_keys(item, f"{prefix}{f.name}[].")
+            keys += recipe_keys(item, f"{prefix}{f.name}[].")
             continue
         value = _default(f)
         shown = "(required)" if value is _MISSING else \
             yaml.safe_dump(value, default_flow_style=True).split("\n...")[0].strip()
-        head = f"{prefix}{f.name} = {shown} ({_type_name(hints[f.name])})"
-        lines.append(head + "\n" + textwrap.fill(f.metadata.get("help", ""), width=90,
-                                                   initial_indent="    ",
-                                                   subsequent_indent="    "))
-    return lines
+        keys.append(Key(prefix + f.name, shown, type_name(hints[f.name]),
+                        f.metadata.get("help", "")))
+    return keys
+
+
+def describe_keys(cls: type) -> list[str]:
+    """One entry per leaf key of a nested config (:func:`recipe_keys`): ``key = default
+    (type)``, then its help, indented. The recipe help of a command is built from it."""
+    import textwrap
+
+    return [f"{k.name} = {k.default} ({k.type})\n" +
+            textwrap.fill(k.help, width=90, initial_indent="    ", subsequent_indent="    ")
+            for k in recipe_keys(cls)]
 
 
 def dump_yaml(cfg: Any, path: str | Path) -> None:
@@ -537,7 +554,7 @@ def _argparse_type(tp: Any, name: str):
             return coerce(text, tp, name, "command line")
         except ConfigError as e:
             raise argparse.ArgumentTypeError(str(e).split(": ", 1)[-1]) from None
-    convert.__name__ = _type_name(tp)
+    convert.__name__ = type_name(tp)
     return convert
 
 
@@ -554,7 +571,7 @@ def from_namespace(cls: type, ns: argparse.Namespace) -> Any:
             try:
                 kwargs[f.name] = coerce(kwargs[f.name], hints[f.name], f.name, "command line")
             except ConfigError:
-                raise ConfigError(f"{flag} expects {_type_name(hints[f.name])}, got "
+                raise ConfigError(f"{flag} expects {type_name(hints[f.name])}, got "
                                   f"{kwargs[f.name]!r}") from None
         words = kwargs.get(f.name)
         if f.metadata.get("nargs") and not f.metadata.get("positional") and words and \
