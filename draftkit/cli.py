@@ -17,7 +17,8 @@ import sys
 
 from draftkit import __version__
 from draftkit.config import add_arguments, describe_keys, from_namespace
-from draftkit.errors import EXIT_DECLINED, EXIT_OK, EXIT_REFUSED, Declined, DraftkitError
+from draftkit.errors import (EXIT_DECLINED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, Declined,
+                             DraftkitError)
 
 # name, module, args dataclass, function, one-line help
 COMMANDS: list[tuple[str, str, str, str, str]] = [
@@ -166,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_REFUSED
     except KeyboardInterrupt:
         print(f"draftkit {ns.command}: interrupted", file=sys.stderr)
-        return 130
-    return EXIT_OK  # an unexpected error escapes with its traceback: Python exits 1
+        return EXIT_INTERRUPTED
+    return EXIT_OK  # an unexpected error escapes with its traceback: EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -4,12 +4,18 @@ The library raises :class:`DraftkitError` with a message that says what is wrong
 do; the CLI prints it as one line and exits non-zero, the server turns it into an HTTP 400.
 Anything else that escapes is a bug in draftkit and keeps its traceback.
 
-The CLI's exit statuses: 0 done; 2 bad input, or a bundle, recipe or flag refused
-(:class:`DraftkitError`); 3 a valid "no" (:class:`Declined`: refresh found no faster draft,
-traffic found drift, check found a bundle that fails a check); 1 anything unexpected.
+The CLI's exit statuses are the ``EXIT_*`` constants below, each with what it means; the docs
+site's reference lists them from here.
 """
 
-EXIT_OK, EXIT_REFUSED, EXIT_DECLINED = 0, 2, 3  # 1: Python's own, for a traceback
+EXIT_OK = 0  # done
+EXIT_FAILED = 1  # an unexpected failure, with its traceback (Python's own status for one)
+# bad input, or a bundle, recipe or flag refused (DraftkitError): one line saying what to do
+EXIT_REFUSED = 2
+# a valid "no" (Declined): refresh found no faster draft, traffic found drift, check found a
+# bundle that fails a check
+EXIT_DECLINED = 3
+EXIT_INTERRUPTED = 130  # interrupted (Ctrl-C), as a shell reports SIGINT
 
 
 class DraftkitError(Exception):
