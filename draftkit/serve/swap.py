@@ -44,7 +44,7 @@ from draftkit.serve.http import RequestError, error_response
 from draftkit.serve.metrics import ServeMetrics
 from draftkit.serve.scheduler import DraftSwap, Scheduler
 
-TOKEN_ENV = "DRAFTKIT_ADMIN_TOKEN"
+TOKEN_ENV = "DRAFTKIT_ADMIN_TOKEN"  # the token POST /admin/draft asks for, where no --admin-token
 
 
 class Admin:
