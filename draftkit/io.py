@@ -17,7 +17,6 @@ from __future__ import annotations
 import codecs
 import contextlib
 import gzip
-import hashlib
 import io
 import json
 import os
@@ -27,6 +26,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from draftkit.bundle_checks import file_hash
 from draftkit.errors import DraftkitError
 
 
@@ -239,9 +239,6 @@ def recover_writes(folder: Path, names: Iterable[str] = ("*",)) -> None:
 
 
 def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in chunks (weights can be large)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    """Hex sha256 of a file, read in chunks (weights can be large): the bundle checks' own
+    function (draftkit.bundle_checks, which bundles carry and so imports nothing of draftkit)."""
+    return file_hash(path)

@@ -21,16 +21,15 @@ def exported(tmp_path_factory):
 @pytest.fixture
 def bundle(exported, tmp_path):
     """A copy of the exported bundle, and its target's folder."""
-    target_dir, _, original = exported
-    copy = tmp_path / "bundle"
-    shutil.copytree(original, copy)
-    return copy, target_dir
+    return _copy(exported[2], tmp_path / "bundle"), exported[0]
 
 
 @pytest.fixture
 def head(exported, tmp_path):
     """A copy of the loose head, and its target's folder."""
-    target_dir, original, _ = exported
-    copy = tmp_path / "head"
-    shutil.copytree(original, copy)
-    return copy, target_dir
+    return _copy(exported[1], tmp_path / "head"), exported[0]
+
+
+def _copy(original, to):
+    shutil.copytree(original, to)
+    return to
