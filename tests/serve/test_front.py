@@ -363,6 +363,23 @@ def blue_green(monkeypatch, old_servers, tmp_path, greens: Greens, identity="dra
     return LiveServer(app), swapper, old
 
 
+def recorded(folder, at_least: int = 1, within: float = 20.0) -> None:
+    """Wait until the recorder's writer thread has put ``at_least`` requests on disk (a loaded
+    machine may take a while)."""
+    from draftkit.errors import DraftkitError
+    from draftkit.traffic.shards import read_traffic
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            if len(read_traffic(folder)) >= at_least:
+                return
+        except DraftkitError:  # no shard yet
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"nothing recorded in {folder} within {within} s")
+
+
 def swap(srv, bundle="new-bundle") -> httpx.Response:
     return httpx.post(srv.base + "/admin/draft", json={"bundle": bundle},
                       headers={"Authorization": "Bearer tok"}, timeout=60)
@@ -386,6 +403,7 @@ def test_blue_green_moves_new_requests_to_the_new_draft_and_drains_the_old(
         for t in threads:
             t.start()
         time.sleep(0.5)
+        recorded(tmp_path / "traffic")  # the canary decodes what is on disk: wait for some
         answer = swap(srv)
         time.sleep(0.5)
         stop.set()
@@ -455,6 +473,7 @@ def test_a_bundle_that_fails_its_canary_leaves_the_old_draft_serving(
         for i in range(6):  # recorded traffic: the canary's requests
             assert post(srv, "/v1/completions", {"prompt": [i, 2], "max_tokens": 12}
                         ).status_code == 200
+        recorded(tmp_path / "traffic", at_least=6)
         answer = swap(srv)
         assert answer.status_code == 422, answer.text
         error = answer.json()["error"]
