@@ -3,7 +3,7 @@
 Pure math on floats: no models, no I/O. The decoder, the K policy, the eval stage and the
 reports all use these functions, so every figure draftkit prints means the same thing.
 
-Notation (Leviathan et al., arXiv 2211.17192; see README.md, "How speculation pays"):
+Notation (Leviathan et al., arXiv 2211.17192; see eval/README.md, "How speculation pays"):
 
 - alpha: probability that a drafted token is accepted; ``alpha_i`` the conditional acceptance
   at draft position i given positions 1..i-1 were accepted (it falls with i in practice).
@@ -116,7 +116,8 @@ def draft_forwards(k: int, per_round: bool = False) -> int:
 
 def speedup_from_times(tau_value: float, t_target: float, t_draft: float, t_verify: float,
                        t_overhead: float, k: int, per_round: bool = False) -> float:
-    """The general model (README.md, "How speculation pays"), in seconds at one batch and context:
+    """The general model (eval/README.md, "How speculation pays"), in seconds at one batch and
+    context:
 
     S = tau * T_target / (F(K) T_draft + T_verify(K + 1) + T_overhead),
 
@@ -332,7 +333,7 @@ def units_to_decide(n: int, estimate: float, low: float, high: float,
     return max(n + 1, math.ceil(n * (half / distance) ** 2))
 
 
-# --- other stacks' figures (README.md, "How speculation pays") ---------------------------------
+# --- other stacks' figures (eval/README.md, "How speculation pays") --------------------------
 
 def tau_from_acceptance_rate(rate: float, k: int) -> float:
     """vLLM "draft acceptance rate" / SGLang ``spec_accept_rate`` = (tau - 1) / K -> tau."""

@@ -1,8 +1,8 @@
 """Per-round decoding statistics and the estimators built on them.
 
-Counts are token-weighted over rows, server-style (README.md, "How speculation pays"). From them:
-alpha with the truncation correction (accepted / (accepted + rejections)), alpha as the mean of
-1 - TV(p, q) at the tested positions, conditional alpha_i per draft position, tau (tokens per
+Counts are token-weighted over rows, server-style (eval/README.md, "How speculation pays"). From
+them: alpha with the truncation correction (accepted / (accepted + rejections)), alpha as the mean
+of 1 - TV(p, q) at the tested positions, conditional alpha_i per draft position, tau (tokens per
 target call), c (draft step / target step time) and v(K) (verify inflation). Times are measured
 after synchronising the device.
 

@@ -10,7 +10,7 @@ the keys in order; ``from_dict`` reads an earlier version's too (a missing figur
   :class:`CostRegime`, :class:`MismatchRegime`, :class:`BatchRegime`) over the figures of each
   point measured (:class:`PointFigures`) and the crossovers found (:class:`Crossover`).
 
-Terms (alpha, tau, c, v, K): README.md, "How speculation pays"; each figure: eval/README.md.
+Terms (alpha, tau, c, v, K): eval/README.md, "How speculation pays"; each figure: eval/README.md.
 
 Long: every record both reports are made of, each a few lines, one schema read together.
 """

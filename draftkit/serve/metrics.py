@@ -1,12 +1,12 @@
 """Prometheus metrics for ``GET /metrics``, named like vLLM's with a ``draftkit:`` prefix.
 
-Speculation counters mirror vLLM's (README.md, "How speculation pays"): ``spec_decode_num_drafts``
-(one per row per speculative round), ``..._num_draft_tokens``, ``..._num_accepted_tokens`` and
-``..._num_accepted_tokens_per_pos{position=}``; the text format appends ``_total``. From them a
-dashboard gets tau = 1 + accepted / drafts per round, vLLM's acceptance rate accepted / drafted
-(not alpha: a round stops testing at its first rejection) and alpha at each position from the
-per-position counters. The gauge
-``draftkit:spec_decode_k`` is the K of the latest round (0: speculation off at this load).
+Speculation counters mirror vLLM's (eval/README.md, "How speculation pays"):
+``spec_decode_num_drafts`` (one per row per speculative round), ``..._num_draft_tokens``,
+``..._num_accepted_tokens`` and ``..._num_accepted_tokens_per_pos{position=}``; the text format
+appends ``_total``. From them a dashboard gets tau = 1 + accepted / drafts per round, vLLM's
+acceptance rate accepted / drafted (not alpha: a round stops testing at its first rejection) and
+alpha at each position from the per-position counters. The gauge ``draftkit:spec_decode_k`` is the
+K of the latest round (0: speculation off at this load).
 
 Labels are vLLM's: ``model_name`` and ``engine`` on every series (``engine`` is "0": one engine
 per server, where vLLM counts its data-parallel engines), plus ``position`` on the per-position

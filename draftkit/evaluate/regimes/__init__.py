@@ -1,7 +1,7 @@
 """The regime map (``draftkit regimes``): where speculation stops paying for this target, draft
 and traffic.
 
-Speculative decoding fails in four known ways (README.md, "How speculation pays"). Each is
+Speculative decoding fails in four known ways (eval/README.md, "How speculation pays"). Each is
 measured on the user's own target, draft and prompts, always against plain decoding (K = 0) run
 right next to it, prompt by prompt (:meth:`~draftkit.evaluate.measure.Evaluator.run_domain`):
 
