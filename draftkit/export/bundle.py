@@ -56,7 +56,7 @@ from draftkit.models import check_compatible, load_tokenizer, resolve_model
 from draftkit.models.facts import context_window, vocab_size
 from draftkit.models.load import is_eagle3_dir, load_causal_lm
 from draftkit.models.reduced_head import FILE, ReducedHead
-from draftkit.models.resolve import content_hash
+from draftkit.models.resolve import bundle_ref, content_hash
 from draftkit.models.save import save_model, save_tokenizer
 from draftkit.signing import Signer, signer_from, verify
 
@@ -323,10 +323,12 @@ def _versions() -> dict[str, str]:
 # --- check --------------------------------------------------------------------------------------
 
 def check_bundle(bundle: str | Path, check_target: bool = True,
-                 target: str | None = None) -> Manifest:
+                 target: str | None = None, said: list[str] | None = None) -> Manifest:
     """Verify every file's sha256, an EAGLE-3 head's served layout, the values the bundle
     states twice, its signature (:func:`draftkit.signing.verify`), and the draft/target
-    pairing (with ``target``, or the target the manifest records); return the manifest."""
+    pairing (with ``target``, or the target the manifest records); return the manifest.
+    ``said`` gets what was found beyond the faults: who signed it, and notes (a moved
+    bundle)."""
     from transformers import AutoConfig
 
     root = Path(bundle)
@@ -344,13 +346,17 @@ def check_bundle(bundle: str | Path, check_target: bool = True,
         raise ModelError(f"bundle draft/config.json does not load ({type(e).__name__}); "
                          f"re-export the bundle") from None
     head = _check_kind(root, manifest)
-    check_consistent(root, manifest)  # after the layout: a broken head is named as such
-    verify(root, manifest.signing)  # who signed it, as the process's trust setting asks
-    if check_target:
-        target_ref = resolve_model(target or str(root), "target")
+    notes = check_consistent(root, manifest)  # after the layout: a broken head is named
+    signed = verify(root, manifest.signing)  # who signed it, as the process's trust asks
+    if said is not None:
+        said += [signed, *(f"note: {note}" for note in notes)]
+    if check_target:  # the bundle's models from the manifest verified above, not again
+        target_ref = resolve_model(target, "target") if target else \
+            bundle_ref(str(root), root, manifest, "target")
         target_cfg = AutoConfig.from_pretrained(target_ref.path)
         check_compatible(load_tokenizer(target_ref, "target"),
-                         load_tokenizer(resolve_model(str(root), "draft"), "draft"),
+                         load_tokenizer(bundle_ref(str(root), root, manifest, "draft"),
+                                        "draft"),
                          target_cfg, draft_cfg)
         if head is not None:
             check_against_target(head, target_cfg, root / "draft")

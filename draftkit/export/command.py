@@ -21,9 +21,8 @@ from draftkit.export.k import REPORT, ExportK
 from draftkit.export.eagle3 import KIND as EAGLE3
 from draftkit.manifest import NAME as MANIFEST
 from draftkit.manifest import Manifest, read_manifest
-from draftkit.manifest import check_consistent
 from draftkit.models.args import ModelArgs
-from draftkit.signing import SigningArgs, TrustArgs, verify
+from draftkit.signing import SigningArgs, TrustArgs
 from draftkit.tracking import Tracker
 
 
@@ -110,8 +109,9 @@ def check(args: CheckArgs) -> Manifest:
     if args.record_target:
         raise ModelError(f"--record-target is for a loose EAGLE-3 head folder; {root} is not "
                          f"one (a bundle records its target's content hash already)")
+    said: list[str] = []  # who signed it, and notes (a moved bundle)
     try:
-        manifest = check_bundle(args.bundle, target=args.target)
+        manifest = check_bundle(args.bundle, target=args.target, said=said)
     except ModelError as e:
         if (root / MANIFEST).is_file():  # a bundle that fails a check: the answer is no
             raise Declined(str(e)) from None
@@ -123,9 +123,9 @@ def check(args: CheckArgs) -> Manifest:
         f"{entry.eagle_aux_hidden_state_layer_ids}" if entry.kind == EAGLE3 else ""
     print(f"bundle {args.bundle} OK: {len(manifest.files)} files verified, target "
           f"{manifest.target.name}{head}, K={manifest.num_speculative_tokens}")
-    print(f"  {verify(args.bundle, manifest.signing)}")
-    for note in check_consistent(args.bundle, manifest):  # a moved bundle, say
-        print(f"note: {note}")
+    print(f"  {said[0]}")
+    for line in said[1:]:
+        print(line)
     return manifest
 
 

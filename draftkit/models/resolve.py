@@ -89,6 +89,13 @@ def _resolve_bundle(spec: str, path: Path, role: Role) -> ResolvedModel:
     check_files(path, manifest)  # draft/ as exported: every command that loads one checks
     check_consistent(path, manifest)  # and every value it states twice stated alike
     verify(path, manifest.signing)  # and its signature, as the process's trust setting asks
+    return bundle_ref(spec, path, manifest, role)
+
+
+def bundle_ref(spec: str, path: Path, manifest, role: Role) -> ResolvedModel:
+    """The draft or the target of the bundle at ``path`` whose ``manifest`` the caller has
+    verified already (as :func:`resolve_model` does first): a check that resolved the bundle
+    does not hash and verify it again for each model in it."""
     draft, target = manifest.draft, manifest.target
     if role == "draft":
         if not (path / "draft" / "config.json").is_file():

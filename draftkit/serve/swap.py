@@ -135,14 +135,14 @@ class EngineSwap:
         """``draftkit check``'s verification against the serving target, then the draft read
         into host memory (a worker thread's work)."""
         from draftkit.export.bundle import check_bundle
-        from draftkit.models.resolve import model_identity, resolve_model
+        from draftkit.models.resolve import bundle_ref, model_identity
 
         try:
             manifest = check_bundle(Path(bundle), target=self.target_path)
             if not manifest.target.sha256:
                 raise DraftkitError("it records no content hash of its target (an earlier "
                                     "draftkit's export); re-export it to serve it here")
-            ref = resolve_model(bundle, "draft")
+            ref = bundle_ref(bundle, Path(bundle), manifest, "draft")  # checked just above
             return DraftSwap(model_identity(ref), stage(ref, self.scheduler.engine),
                              source=bundle)
         except (DraftkitError, OSError) as e:

@@ -121,14 +121,14 @@ class BlueGreen:
         """``draftkit check``'s verification against the serving target; -> the new draft's
         identity (a worker thread's work)."""
         from draftkit.export.bundle import check_bundle
-        from draftkit.models.resolve import model_identity, resolve_model
+        from draftkit.models.resolve import bundle_ref, model_identity
 
         try:
             manifest = check_bundle(Path(bundle), target=self.target_path)
             if not manifest.target.sha256:
                 raise DraftkitError("it records no content hash of its target (an earlier "
                                     "draftkit's export); re-export it to serve it here")
-            return model_identity(resolve_model(bundle, "draft"))
+            return model_identity(bundle_ref(bundle, Path(bundle), manifest, "draft"))
         except (DraftkitError, OSError) as e:
             raise refused(bundle, previous, e) from None
 
