@@ -27,6 +27,10 @@ class SignatureError(Exception):
     """Why a bundle's signature, or a trusted key, is refused, in one line."""
 
 
+class NotInstalled(SignatureError):
+    """The bundle is signed and model-signing, which checks it, is not installed here."""
+
+
 def key_id(public_pem: bytes) -> str:
     """A public key's identity: sha256 of its PEM (SubjectPublicKeyInfo), as model-signing
     writes it into a signature's verification material."""
@@ -123,8 +127,8 @@ def _check(root: Path, signature: Path, entry: dict, *, public_key: bytes | None
     try:
         from model_signing import verifying
     except ImportError:
-        raise SignatureError(f"{root} is signed, and model-signing, which checks signatures, is "
-                             f"not installed here; pip install model-signing") from None
+        raise NotInstalled(f"{root} is signed, and model-signing, which checks signatures, is "
+                           f"not installed here; pip install model-signing") from None
     config = verifying.Config()
     try:
         with tempfile.TemporaryDirectory() as tmp:

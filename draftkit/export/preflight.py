@@ -7,18 +7,17 @@ not have draftkit).
 (``INSTALLED_VERSION`` ends ``+cpu`` for vLLM's CPU build, which is launched through its OpenAI
 server module: its ``vllm`` command cannot start.)
 
-It checks the bundle as ``draftkit check`` does, by the same code (``bundle_checks.py``,
-copied beside it): ``draftkit.json``'s own seal, its values, the sha256 of every file it lists
-and every value it states twice, before it reads any value; then it reads what export recorded (its ``serving`` entry, beside
-``serving/``) and prints the engine's command, one argument a line, or one line on stderr and
-exit status 1 when the engine would not serve the bundle as measured: a release older than the
-bundle needs, a target other than the one exported for (its content hash), a tensor-parallel
-size the draft does not shard at, an engine that rewrites this draft into another kind of
-model (or drafts a parallel head autoregressively), a bundle moved under a path vLLM reads as
-another method. vLLM is told ``parallel_drafting`` for a parallel head. Settings a newer
-release has (vLLM's ``draft_sample_method``, K per batch size and block verification, SGLang's
-rejection sampling) are added where the installed release has them, and said on stderr where
-it does not.
+It checks the bundle as ``draftkit check`` does, by the same code (``bundle_checks.py``, copied
+beside it): ``draftkit.json``'s own seal, its values, the sha256 of every file it lists and every
+value it states twice, before it reads any value; then it reads what export recorded (its
+``serving`` entry, beside ``serving/``) and prints the engine's command, one argument a line, or
+one line on stderr and exit status 1 when the engine would not serve the bundle as measured: a
+release older than the bundle needs, a target other than the one exported for (its content hash), a
+tensor-parallel size the draft does not shard at, an engine that rewrites this draft into another
+kind of model (or drafts a parallel head autoregressively), a bundle moved under a path vLLM reads
+as another method. vLLM is told ``parallel_drafting`` for a parallel head. Settings a newer release
+has (vLLM's ``draft_sample_method``, K per batch size and block verification, SGLang's rejection
+sampling) are added where the installed release has them, and said on stderr where it does not.
 """
 
 from __future__ import annotations
@@ -89,11 +88,12 @@ def check_signature(bundle: Path, manifest: dict) -> str | None:
     trusted), else None."""
     try:
         signature.verify(bundle, bundle / checks.SIGNATURE, manifest.get("signing"))
-    except signature.SignatureError as e:
-        trusted = os.environ.get(signature.TRUST_ENV, "").strip()
-        if trusted or "not installed here" not in str(e):
+    except signature.NotInstalled as e:  # refused only where keys are trusted
+        if os.environ.get(signature.TRUST_ENV, "").strip():
             raise Refused(str(e)) from None
         return f"the signature is not checked: {e}"
+    except signature.SignatureError as e:
+        raise Refused(str(e)) from None
     return None
 
 
