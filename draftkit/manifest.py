@@ -83,7 +83,7 @@ class DraftEntry(Record):
 @dataclass(kw_only=True)
 class DomainEntry(Record):
     """One domain's figures that serving decisions rest on: the eval report's
-    :class:`~draftkit.evaluate.figures.DomainFigures` narrowed (``DomainEntry.of(row)``). Any
+    :class:`~draftkit.figures.DomainFigures` narrowed (``DomainEntry.of(row)``). Any
     may be None, as a report an earlier draftkit wrote reads."""
 
     alpha: float | None  # acceptance while decoding

@@ -35,9 +35,9 @@ from draftkit.distill.command import load_config
 from draftkit.errors import ConfigError, DraftkitError
 from draftkit.estimate import Timing, write_timing
 from draftkit.evaluate.command import EvalArgs, run_eval
-from draftkit.evaluate.figures import EvalReport
-from draftkit.evaluate.report import (domain_table, format_text_table, headline,
-                                      plain_step_text, write_report)
+from draftkit.evaluate.report import (domain_table, format_text_table, headline, plain_step_text,
+                                      write_report)
+from draftkit.figures import EvalReport
 from draftkit.io import atomic_write_text
 from draftkit.models import load_model, load_tokenizer, resolve_model
 from draftkit.models.derive import derive_by_layers, save_draft

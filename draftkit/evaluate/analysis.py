@@ -1,7 +1,7 @@
 """From measurements to the report's figures: what ``draftkit eval`` writes per domain.
 
 :class:`~draftkit.evaluate.measure.Evaluator` measures; these functions turn its runs into
-:class:`~draftkit.evaluate.figures.DomainFigures` (alpha, alpha_i, tau, c, v and the speedup the
+:class:`~draftkit.figures.DomainFigures` (alpha, alpha_i, tau, c, v and the speedup the
 model predicts for the rounds the run had), the ``overall`` row (token-weighted over the
 domains), a verdict per row, the K sweep's rows (tau and speedup predicted for K = 1..k_max
 from the measured alpha_i and v(K), beside the K the sweep measured), a verdict per measured
@@ -19,10 +19,10 @@ from typing import Callable
 from draftkit import metrics
 from draftkit.decode.stats import DecodeStats
 from draftkit.evaluate import entropy, floor
-from draftkit.evaluate.figures import (ALPHA_BEFORE, BatchBreakEven, BatchRow, BreakEven,
-                                       DomainFigures, KSweepRow, PlainStep, PointFigures)
 from draftkit.evaluate.measure import DomainRun, KMeasurement, paired_speedup
 from draftkit.evaluate.settings import EvalSettings
+from draftkit.figures import (ALPHA_BEFORE, BatchBreakEven, BatchRow, BreakEven, DomainFigures,
+                              KSweepRow, PlainStep, shown_speedup)
 
 
 def domain_figures(run: DomainRun, n_prompts: int, settings: EvalSettings) -> DomainFigures:
@@ -269,24 +269,6 @@ def break_even(batch_rows: list[BatchRow], domains: dict[str, DomainFigures]) ->
         per_domain[name] = break_even_batch(bs, predicted)
     return BreakEven.of(break_even_batch(bs, [shown_speedup(r) for r in rows]),
                         per_domain=per_domain)
-
-
-# a gain not shown counts as just short of break-even, on the losing side of 1.0
-NOT_SHOWN = 1.0 - 1e-9
-
-
-def shown_speedup(row: BatchRow | PointFigures) -> float | None:
-    """A row's measured speedup where the measurement backs a gain: its interval lies above 1.0
-    (over prompts, or over batches at a batch size above 1), or, without one (one prompt or
-    batch, or a report from before intervals), the speedup model predicts a gain from the row's
-    own alpha, c and v too. Otherwise a measured gain is noise and counts as none
-    (:data:`NOT_SHOWN`). The regime map reads its points' curves the same way."""
-    s = row.speedup_measured
-    if s is None or s <= 1.0:
-        return s
-    backed = (row.speedup_low > 1.0 if row.speedup_low is not None
-              else (row.speedup_predicted or 0.0) > 1.0)
-    return s if backed else NOT_SHOWN
 
 
 def break_even_batch(batch_sizes: list[int], speedups: list[float | None]) -> BatchBreakEven:

@@ -28,13 +28,13 @@ from draftkit.decode.args import SamplingArgs, SpeculationArgs
 from draftkit.decode.k import AUTO, K
 from draftkit.engines.vllm import CPU_FIX_CHOICES, CPU_FIX_HELP, PYTHON_HELP
 from draftkit.errors import ConfigError
-from draftkit.evaluate.figures import EvalReport, RegimesReport
 from draftkit.evaluate.regimes.drafts import DEFAULT_DRAFT_LAYERS
 from draftkit.evaluate.regimes.report import REGIMES, write_regimes_report
-from draftkit.evaluate.report import (domain_table, format_text_table, headline,
-                                      plain_step_text, write_report)
+from draftkit.evaluate.report import (domain_table, format_text_table, headline, plain_step_text,
+                                      write_report)
 from draftkit.evaluate.settings import EvalSettings
 from draftkit.evaluate.suite import builtin_suites_dir
+from draftkit.figures import EvalReport, RegimesReport
 from draftkit.models.args import ModelArgs
 from draftkit.tracking import Tracker
 

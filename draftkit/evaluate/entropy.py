@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from draftkit.evaluate.figures import EntropyTable
+from draftkit.figures import EntropyTable
 
 EDGES = (0.0, 0.1, 0.5, 1.0, 2.0, math.inf)  # nats
 

@@ -25,17 +25,17 @@ from typing import Any, Callable
 import torch
 
 from draftkit import metrics
+from draftkit.decode.choice import PLAIN, KChoice
 from draftkit.decode.clock import synchronize
 from draftkit.decode.drafters import teacher_forced_logits
 from draftkit.decode.engine import SpeculativeEngine
-from draftkit.decode.choice import PLAIN, KChoice
 from draftkit.decode.k import KValue
 from draftkit.decode.sampling import (GREEDY_DRAFT, SamplingParams, draft_probabilities,
                                       probabilities)
 from draftkit.decode.stats import DecodeStats
 from draftkit.evaluate import entropy
-from draftkit.evaluate.figures import BatchRow, EntropyTable
 from draftkit.evaluate.settings import EvalSettings
+from draftkit.figures import BatchRow, EntropyTable
 from draftkit.models.reduced_head import head_of
 
 # Tokens of the untimed warm-up decodes: enough to run every forward the timed decodes run

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
-from draftkit.evaluate.figures import Record
+from draftkit.figures import Record
 from draftkit.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 

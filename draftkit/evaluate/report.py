@@ -1,6 +1,6 @@
 """Writing an evaluation report: JSON for machines, Markdown and HTML for people, PNG plots.
 
-The report is an :class:`~draftkit.evaluate.figures.EvalReport`, written as report.json by its
+The report is an :class:`~draftkit.figures.EvalReport`, written as report.json by its
 ``to_dict``. Writers take whatever sections are present: a quick run without sweeps still
 renders, only without those plots. The Markdown and HTML lead with the per-domain table, then
 the plots, each sweep's with its table of measured rows (interval and verdict).
@@ -16,9 +16,9 @@ import textwrap
 from pathlib import Path
 
 from draftkit.decode.k import AUTO
-from draftkit.evaluate.figures import ALPHA_BEFORE, DomainFigures, EvalReport, KSweepRow
 from draftkit.evaluate.render import (error_bars, fmt, html_image, html_page, html_table,
                                       interval_cell, markdown_table, save_png, write_files)
+from draftkit.figures import ALPHA_BEFORE, DomainFigures, EvalReport, KSweepRow
 
 ENTROPY_NOTE = ("Teacher-forced on the decoded continuations; each cell is the acceptance in "
                 "that bucket of the target's entropy and (the bucket's share of positions). "

@@ -16,10 +16,10 @@ from tqdm.auto import tqdm
 
 from draftkit.chat import encode_prompt
 from draftkit.evaluate import analysis
-from draftkit.evaluate.figures import ALPHA_BEFORE, BatchRow, DomainFigures, EvalReport, now
 from draftkit.evaluate.measure import GREEDY_DRAFTS, DomainRun, Evaluator
 from draftkit.evaluate.settings import EvalSettings
 from draftkit.evaluate.suite import benchmark_of, by_domain, load_suite, with_later_turns
+from draftkit.figures import ALPHA_BEFORE, BatchRow, DomainFigures, EvalReport, now
 from draftkit.models import dtype_name, load_another_draft, load_pair
 
 

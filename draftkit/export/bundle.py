@@ -38,20 +38,17 @@ from pathlib import Path
 import draftkit
 from draftkit.bundle_signature import UNSIGNED
 from draftkit.errors import DraftkitError, ModelError
-from draftkit.evaluate.figures import EvalReport
-from draftkit.evaluate.analysis import shown_speedup
 from draftkit.export import engines
-from draftkit.export.eagle3 import (Eagle3Export, check_against_target,
-                                    check_served_layout)
+from draftkit.export.eagle3 import Eagle3Export, check_against_target, check_served_layout
 from draftkit.export.k import REPORT, ExportKValue, check_export_k, recommended_k
 from draftkit.export.model_card import model_card
 from draftkit.export.serving import serving_entry, write_serving
+from draftkit.figures import EvalReport, shown_speedup
 from draftkit.io import atomic_dir, read_json, sha256_file
-from draftkit.manifest import (FORMAT, DomainEntry, DraftEntry, Manifest, RecipeEntry,
-                               ReportEntry, ServingEntry, SigningEntry, TargetEntry,
+from draftkit.manifest import (FORMAT, NAME as MANIFEST, DomainEntry, DraftEntry, Manifest,
+                               RecipeEntry, ReportEntry, ServingEntry, SigningEntry, TargetEntry,
                                bundle_files, check_consistent, check_files, read_manifest,
                                write_manifest)
-from draftkit.manifest import NAME as MANIFEST
 from draftkit.models import check_compatible, load_tokenizer, resolve_model
 from draftkit.models.facts import context_window, vocab_size
 from draftkit.models.load import is_eagle3_dir, load_causal_lm

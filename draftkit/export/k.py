@@ -15,7 +15,7 @@ from draftkit.decode.k import AUTO, DEFAULT_FIXED_K, parse_k
 from draftkit.errors import ConfigError
 
 if TYPE_CHECKING:
-    from draftkit.evaluate.figures import EvalReport
+    from draftkit.figures import EvalReport
 
 
 REPORT = "report"  # the K the eval report's decodes used most (DEFAULT_FIXED_K without one)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from draftkit.evaluate.figures import EvalReport
+from draftkit.figures import EvalReport
 
 
 def model_card(*, name: str, kind: str, target: str, target_sha256: str | None, k: int,

@@ -30,15 +30,14 @@ from pathlib import Path
 
 from draftkit.config import option
 from draftkit.errors import ConfigError, Declined, DraftkitError, ModelError
-from draftkit.evaluate.figures import now
 from draftkit.evaluate.render import (fmt, html_image, html_page, html_table, markdown_table,
                                       save_png, write_files)
 from draftkit.evaluate.report import format_text_table
-from draftkit.manifest import NAME as MANIFEST
-from draftkit.manifest import Manifest, read_manifest
+from draftkit.figures import now
+from draftkit.manifest import NAME as MANIFEST, Manifest, read_manifest
 from draftkit.signing import TrustArgs
-from draftkit.traffic.drift import (DRIFT, MIN_REQUESTS, DomainDrift, Estimate,
-                                    TrafficReport, domain_drift, traffic_drift)
+from draftkit.traffic.drift import (DRIFT, MIN_REQUESTS, DomainDrift, Estimate, TrafficReport,
+                                    domain_drift, traffic_drift)
 from draftkit.traffic.fleet import FleetFigures, fleet_figures, fleet_lines
 from draftkit.traffic.record import Counts, TrafficRecord, engine_counts
 from draftkit.traffic.shards import STRICT_HELP, read_traffic

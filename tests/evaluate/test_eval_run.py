@@ -9,9 +9,9 @@ import pytest
 
 from draftkit import metrics
 from draftkit.evaluate.command import EvalArgs, evaluate, run_eval
-from draftkit.evaluate.figures import DomainFigures, EvalReport
-from draftkit.evaluate.report import domain_table
 from draftkit.evaluate.measure import KMeasurement
+from draftkit.evaluate.report import domain_table
+from draftkit.figures import DomainFigures, EvalReport
 
 # report.json's keys: the report's and each per-domain row's (and overall's)
 DOMAIN_KEYS = ("n_prompts", "new_tokens", "alpha", "alpha_tv", "alpha_after", "alpha_per_position",
@@ -426,7 +426,7 @@ def test_the_sweeps_pair_their_measurements_and_give_intervals(tiny_dirs):
 
 
 def test_a_sweep_rows_verdict_is_the_tables_rule_at_its_k():
-    from draftkit.evaluate.figures import BatchRow, KSweepRow
+    from draftkit.figures import BatchRow, KSweepRow
     from draftkit.evaluate.analysis import sweep_verdict
 
     fig = DomainFigures.from_dict({"alpha_per_position": [0.8, 0.7], "alpha": 0.75, "c": 0.1,

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from draftkit.evaluate.figures import (ALPHA_BEFORE, DomainFigures, EntropyTable, EvalReport,
-                                       PointFigures, PromptPoint, RegimesReport)
 from draftkit.evaluate.regimes.report import write_regimes_report
 from draftkit.evaluate.report import write_report
+from draftkit.figures import (ALPHA_BEFORE, DomainFigures, EntropyTable, EvalReport, PointFigures,
+                              PromptPoint, RegimesReport)
 
 REPORTS = Path(__file__).parent / "reports"
 

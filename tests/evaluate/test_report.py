@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from draftkit.evaluate.figures import BatchRow, DomainFigures, EvalReport
-from draftkit.evaluate.report import break_even_text, domain_table, format_text_table, write_report
 from draftkit.evaluate.analysis import break_even
+from draftkit.evaluate.report import break_even_text, domain_table, format_text_table, write_report
+from draftkit.figures import BatchRow, DomainFigures, EvalReport
 
 
 def sample_report():

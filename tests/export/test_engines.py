@@ -16,8 +16,7 @@ from safetensors.torch import load_file
 
 from draftkit.cli import main
 from draftkit.errors import DraftkitError, ModelError
-from draftkit.export import check_bundle, export_bundle
-from draftkit.export import engines, preflight
+from draftkit.export import check_bundle, engines, export_bundle, preflight
 from tests.helpers import fake_engines, make_llama, make_tokenizer, save_model, write_manifest
 
 
@@ -190,7 +189,7 @@ def test_k_per_batch_size_comes_from_the_batch_sweep(tiny_dirs, tmp_path):
     noisy = [(1, 3, 1.5, 1.4), (2, 3, 1.02, 0.97), (4, 3, 1.2, 1.1)]
     rows = [SimpleNamespace(batch_size=b, k=k, speedup_measured=s, speedup_predicted=p,
                             speedup_low=s - 0.1 if b == 1 else None) for b, k, s, p in noisy]
-    from draftkit.evaluate.analysis import shown_speedup
+    from draftkit.figures import shown_speedup
     assert engines.k_per_batch_size(rows, shown_speedup) == [[1, 1, 3], [2, 3, 0], [4, 4, 3]]
     assert engines.k_per_batch_size([], shown_speedup) is None
     # without a sweep, no table: vLLM runs one K

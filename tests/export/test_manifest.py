@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from draftkit.errors import ConfigError, DraftkitError, ModelError
-from draftkit.evaluate.figures import EvalReport
+from draftkit.figures import EvalReport
 from draftkit.export import check_bundle, export_bundle
 from draftkit.manifest import NAME, DomainEntry, Manifest, read_manifest, write_manifest
 from tests.helpers import write_manifest as reseal

@@ -23,6 +23,6 @@ per-round overhead, so the gap between the two is that overhead.
 - :mod:`.measure`: the measurements, draft by draft;
 - :mod:`.crossovers`: crossovers and the entropy fit, and how they read in words;
 - :mod:`.analysis`: each regime's section of the report, with its one-sentence answer;
-- :mod:`.run`: all of it, from the suite to the :class:`~draftkit.evaluate.figures.RegimesReport`;
+- :mod:`.run`: all of it, from the suite to the :class:`~draftkit.figures.RegimesReport`;
 - :mod:`.report`: report.md, report.html and one plot per regime.
 """

@@ -11,14 +11,13 @@ import statistics
 from typing import TYPE_CHECKING, Callable
 
 from draftkit import metrics
-from draftkit.evaluate.figures import (BatchRegime, BatchRow, CostRegime, Crossover,
-                                       CrossoverPair, DraftInfo, DraftPoint, EntropyCrossovers,
-                                       EntropyRegime, EntropyRegimeCrossovers, MismatchCounts,
-                                       MismatchRegime, PointFigures, PolicyBatchRow, PromptPoint,
-                                       RegimesReport, TemperatureCrossovers, TemperaturePoint)
 from draftkit.evaluate.regimes.crossovers import (crossing, describe, entropy_crossover,
                                                   entropy_model_text)
-from draftkit.evaluate.analysis import shown_speedup
+from draftkit.figures import (BatchRegime, BatchRow, CostRegime, Crossover, CrossoverPair,
+                              DraftInfo, DraftPoint, EntropyCrossovers, EntropyRegime,
+                              EntropyRegimeCrossovers, MismatchCounts, MismatchRegime, PointFigures,
+                              PolicyBatchRow, PromptPoint, RegimesReport, TemperatureCrossovers,
+                              TemperaturePoint, shown_speedup)
 
 if TYPE_CHECKING:  # the measurements import torch; only their types are read here
     from draftkit.evaluate.regimes.measure import PromptFigures

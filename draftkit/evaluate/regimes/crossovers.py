@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 
 from draftkit import metrics
-from draftkit.evaluate.figures import Crossover, EntropyFit, PointFigures
+from draftkit.figures import Crossover, EntropyFit, PointFigures
 
 
 def crossing(xs, ys, level: float = 1.0, log_x: bool = False) -> Crossover:

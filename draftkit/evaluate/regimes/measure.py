@@ -14,10 +14,10 @@ from draftkit import metrics
 from draftkit.decode.k import AUTO
 from draftkit.decode.stats import DecodeStats
 from draftkit.evaluate import analysis as eval_analysis
-from draftkit.evaluate.figures import DomainFigures, PointFigures, PolicyBatchRow
-from draftkit.evaluate.regimes.drafts import Draft
 from draftkit.evaluate.measure import DomainRun, Evaluator, batches
+from draftkit.evaluate.regimes.drafts import Draft
 from draftkit.evaluate.settings import EvalSettings
+from draftkit.figures import DomainFigures, PointFigures, PolicyBatchRow
 
 
 # how the measured speedups' intervals are taken, as the report states it

@@ -10,11 +10,11 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from draftkit.evaluate.figures import (BatchRegime, CostRegime, Crossover, EntropyRegime,
-                                       MismatchRegime, RegimesReport)
 from draftkit.evaluate.regimes.crossovers import describe, entropy_model_text
 from draftkit.evaluate.render import (error_bars, fmt, html_image, html_page, html_table,
                                       interval_cell, markdown_table, save_png, write_files)
+from draftkit.figures import (BatchRegime, CostRegime, Crossover, EntropyRegime, MismatchRegime,
+                              RegimesReport)
 
 # report key, title
 REGIMES = [("entropy", "Entropy and temperature"), ("draft_cost", "Draft cost"),

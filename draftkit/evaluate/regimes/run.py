@@ -1,5 +1,5 @@
 """A regime map from start to end: the suite and models loaded, the drafts built, every regime
-measured and analysed into a :class:`~draftkit.evaluate.figures.RegimesReport`."""
+measured and analysed into a :class:`~draftkit.figures.RegimesReport`."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import torch
 from tqdm.auto import tqdm
 
 from draftkit.chat import encode_prompt
-from draftkit.evaluate.figures import RegimesReport, now
-from draftkit.evaluate.regimes.analysis import (batch_regime, cost_regime, entropy_regime,
-                                                headline, mismatch_regime)
+from draftkit.evaluate.regimes.analysis import (batch_regime, cost_regime, entropy_regime, headline,
+                                                mismatch_regime)
 from draftkit.evaluate.regimes.drafts import build_drafts, num_layers
 from draftkit.evaluate.regimes.measure import INTERVALS, measure, planned_runs
 from draftkit.evaluate.settings import EvalSettings
 from draftkit.evaluate.suite import by_domain, load_suite
+from draftkit.figures import RegimesReport, now
 from draftkit.models import dtype_name, load_pair
 
 

@@ -412,3 +412,24 @@ class RegimesReport(Record):
         """(report key, section) of the four regimes, in the report's order."""
         return [("entropy", self.entropy), ("draft_cost", self.draft_cost),
                 ("mismatch", self.mismatch), ("batch", self.batch)]
+
+
+# --- what a measured speedup shows --------------------------------------------------------------
+
+# a gain not shown counts as just short of break-even, on the losing side of 1.0
+NOT_SHOWN = 1.0 - 1e-9
+
+
+def shown_speedup(row: BatchRow | PointFigures) -> float | None:
+    """A row's measured speedup where the measurement backs a gain: its interval lies above 1.0
+    (over prompts, or over batches at a batch size above 1), or, without one (one prompt or
+    batch, or a report from before intervals), the speedup model predicts a gain from the row's
+    own alpha, c and v too. Otherwise a measured gain is noise and counts as none
+    (:data:`NOT_SHOWN`). Eval's batch sweep, the regime map's curves and export's K per batch
+    size read rows the same way."""
+    s = row.speedup_measured
+    if s is None or s <= 1.0:
+        return s
+    backed = (row.speedup_low > 1.0 if row.speedup_low is not None
+              else (row.speedup_predicted or 0.0) > 1.0)
+    return s if backed else NOT_SHOWN
