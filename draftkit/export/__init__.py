@@ -1,7 +1,7 @@
 """Bundles: a tuned draft with its target reference, measured figures and serving configs.
 
 ``check_bundle`` and ``export_bundle`` (:mod:`draftkit.export.bundle`) are read from here on
-first use, so importing a light module of this package (k.py, preflight.py) does not import
+first use, so importing a light module of this package (k.py, serving.py) does not import
 torch and transformers with them: ``draftkit COMMAND --help`` stays fast.
 """
 

@@ -12,7 +12,7 @@ A bundle is a folder that serving systems take as it is::
       draftkit.json     target reference, the draft's kind (standalone or eagle3; an EAGLE-3
                         head's tapped layers) and dtype, measured figures, what serving needs
                         (``serving``: engine releases, tensor-parallel sizes, K per batch
-                        size; :mod:`draftkit.export.engines`), recipe, versions, sha256 of
+                        size; :mod:`draftkit.engines.releases`), recipe, versions, sha256 of
                         each file and of itself (:mod:`draftkit.manifest`)
 
 The draft's kind is a property of the draft (an EAGLE-3 head's config.json names its
@@ -38,12 +38,12 @@ from pathlib import Path
 import draftkit
 from draftkit.bundle_signature import UNSIGNED
 from draftkit.errors import DraftkitError, ModelError
-from draftkit.export import engines
+from draftkit.engines import releases
 from draftkit.export.eagle3 import Eagle3Export, check_against_target, check_served_layout
 from draftkit.export.k import REPORT, ExportKValue, check_export_k, recommended_k
 from draftkit.export.model_card import model_card
-from draftkit.export.serving import serving_entry, write_serving
-from draftkit.figures import EvalReport, shown_speedup
+from draftkit.export.serving import k_per_batch_size, serving_entry, write_serving
+from draftkit.figures import EvalReport
 from draftkit.io import atomic_dir, read_json, sha256_file
 from draftkit.manifest import (FORMAT, NAME as MANIFEST, DomainEntry, DraftEntry, Manifest,
                                RecipeEntry, ReportEntry, ServingEntry, SigningEntry, TargetEntry,
@@ -106,7 +106,7 @@ class StandaloneExport:
                              f"{t_max}; serving would cut contexts short. Set it to {t_max} in "
                              f"the draft's config.json (and check its RoPE settings) before "
                              f"exporting")
-        engines.check_context(self.model.config, target_cfg, f"draft {draft_ref.path}")
+        releases.check_context(self.model.config, target_cfg, f"draft {draft_ref.path}")
         self.config = self.model.config
 
     def write(self, folder: Path, tokenizer, k: int, dtype: str) -> None:
@@ -232,28 +232,28 @@ def _serving(source, draft_dir: str, target: str, k: int, dtype: str,
     """The manifest's ``serving`` entry for this draft (:func:`serving_entry`), refusing what
     no engine would serve as the bundle says and warning, one line each, of what one engine
     would not."""
-    rewrite = engines.vllm_path_rewrite(draft_dir) if source.kind == StandaloneExport.kind \
+    rewrite = releases.vllm_path_rewrite(draft_dir) if source.kind == StandaloneExport.kind \
         else None
     if rewrite:  # vLLM would switch method draft_model to another for this path
         raise DraftkitError(f"the bundle's draft path {draft_dir} makes vLLM serve it as method "
                             f"{rewrite!r}, not draft_model (SpeculativeConfig reads the method "
                             f"off the draft's path); choose an --out without "
-                            f"{', '.join(repr(p) for p, _ in engines.VLLM_PATH_METHODS)}")
-    refused = engines.refused_engines(source.config)
-    tp = engines.tp_sizes(source.config)
+                            f"{', '.join(repr(p) for p, _ in releases.VLLM_PATH_METHODS)}")
+    refused = releases.refused_engines(source.config)
+    tp = releases.tp_sizes(source.config)
     for line in refused.values():
         _warn(f"{line}; its serving script will refuse to start")
-    missing = [n for n in engines.COMMON_TP if n not in tp]
+    missing = [n for n in releases.COMMON_TP if n not in tp]
     if missing:
         sglang = "" if "sglang" in refused else \
             "SGLang cannot serve it beside a target at those; "
         _warn(f"the draft shards at tensor-parallel sizes {tp} only, not "
               f"{', '.join(map(str, missing))} (its attention heads, KV heads and MLP width do "
               f"not divide them): {sglang}vLLM runs it at draft_tensor_parallel_size 1")
-    table = engines.k_per_batch_size(report.batch_sweep, shown_speedup) if report else None
+    table = k_per_batch_size(report.batch_sweep) if report else None
     return serving_entry(source.kind, target, k, dtype, tp, table, refused,
                          report.temperature if report else None,
-                         parallel=source.parallel, deep=engines.is_deep_head(source.config),
+                         parallel=source.parallel, deep=releases.is_deep_head(source.config),
                          draft_sample_method=report.draft_sample_method if report else None,
                          verify=report.verify if report else None)
 

@@ -13,7 +13,7 @@ loaders read (vLLM 0.34: ``model_executor/models/llama_eagle3.py`` and
   model class by that name, vLLM maps it to its EAGLE-3 Llama;
 - ``num_hidden_layers`` a count (a deeper head's later layers as vLLM computes them, with the
   ``hidden_norm`` it builds into each; SGLang's extra layers differ, so it is refused such a
-  head: :mod:`draftkit.export.engines`) and ``tie_word_embeddings`` false (SGLang would make
+  head: :mod:`draftkit.engines.releases`) and ``tie_word_embeddings`` false (SGLang would make
   the embedding the head);
 - the target's width, KV heads and head_dim (both engines share the target's embedding and
   apply ``fc`` only to features wider than it; vLLM puts the head's layer in the target's
@@ -51,7 +51,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from draftkit.errors import ModelError
-from draftkit.export.engines import check_context
+from draftkit.engines.releases import check_context
 from draftkit.io import read_json
 from draftkit.manifest import DraftEntry
 from draftkit.models.facts import text_config

@@ -7,10 +7,10 @@ with ``parallel_drafting`` for a parallel one (P-EAGLE, arXiv 2602.01469);
 SGLang's STANDALONE or EAGLE3 speculative algorithm, drafting a single chain (top-k 1); HF's
 ``assistant_model`` with a constant ``num_assistant_tokens``, which cannot run an EAGLE-3 head.
 
-What the engines need beyond the flags (:mod:`draftkit.export.engines`: releases, dtype,
+What the engines need beyond the flags (:mod:`draftkit.engines.releases`: releases, dtype,
 tensor-parallel sizes, sampling, K per batch size) is the manifest's ``serving`` entry
 (:func:`serving_entry`); ``vllm.sh`` and ``sglang.sh`` hand it to ``preflight.py``
-(:mod:`draftkit.export.preflight`, copied beside them), which checks the installed engine and
+(:mod:`draftkit.engines.preflight`, copied beside them), which checks the installed engine and
 the target and prints the command they run. ``README.md`` says which measured figures hold on
 which engine.
 """
@@ -22,10 +22,11 @@ import shlex
 import shutil
 from pathlib import Path
 
-from draftkit.export import preflight
-from draftkit.export.engines import (BROKEN_SAMPLED_VERIFY, FEATURES, MIN_VERSIONS,
+from draftkit.engines import preflight
+from draftkit.engines.releases import (BROKEN_SAMPLED_VERIFY, FEATURES, MIN_VERSIONS,
                                      VLLM_PATH_METHODS)
 from draftkit.export.serving_readme import readme
+from draftkit.figures import BatchRow, shown_speedup
 from draftkit.manifest import DomainEntry, EnginesEntry, ServingEntry, SglangEntry, VllmEntry
 
 # the draft's kind -> (vLLM's speculative method, SGLang's speculative algorithm)
@@ -264,3 +265,27 @@ result = engine.generate([ids], k={k}, max_new_tokens=128, temperature=0.0)[0]
 print(pair.tokenizer.decode(result.tokens, skip_special_tokens=True))
 print(f"tau {{result.tau:.2f}}: tokens kept per target forward")
 '''
+
+
+# --- K per batch size ----------------------------------------------------------------------------
+
+def k_per_batch_size(rows: list[BatchRow]) -> list[list[int]] | None:
+    """vLLM's ``num_speculative_tokens_per_batch_size`` from an eval report's batch sweep:
+    ``[start, end, K]`` with inclusive batch-size ranges, the first starting at 1, each
+    measured batch size's K running up to the next one measured, K = 0 where the row's gain is
+    not shown (:func:`~draftkit.figures.shown_speedup`, eval's rule). vLLM
+    (``v1/spec_decode/dynamic/utils.py``) takes K >= 0, ranges sorted and apart, the first from 1; a batch size past the last range keeps
+    its K. None without a sweep."""
+    rows = sorted(rows, key=lambda r: r.batch_size)
+    if not rows:
+        return None
+    ks = [r.k if (shown_speedup(r) or 0.0) > 1.0 and r.k > 0 else 0 for r in rows]
+    starts = [1] + [r.batch_size for r in rows[1:]]
+    table: list[list[int]] = []
+    for i, (start, k) in enumerate(zip(starts, ks)):
+        end = starts[i + 1] - 1 if i + 1 < len(starts) else max(rows[-1].batch_size, start)
+        if table and table[-1][2] == k:
+            table[-1][1] = end  # the same K as the range before: one range
+        else:
+            table.append([start, end, k])
+    return table

@@ -15,7 +15,7 @@ sampled drafts than an engine that verifies token by token will.
 
 from __future__ import annotations
 
-from draftkit.export.engines import FEATURES
+from draftkit.engines.releases import FEATURES
 from draftkit.manifest import DomainEntry, ServingEntry
 
 

@@ -48,7 +48,7 @@ from draftkit.engines.vllm import (CPU_FIX, EngineError, cpu_fix_applies, find_p
                                   installed_release, last_log_line)
 from draftkit.engines.vllm_worker import cpu_kv_cache_bytes
 from draftkit.decode.sampling import DRAFT_SAMPLE_METHODS, GREEDY_DRAFT
-from draftkit.export.preflight import flag_value
+from draftkit.engines.preflight import flag_value
 
 START_S = 900.0  # how long a replica may take to answer /health
 STOP_S = 30.0  # how long a replica may take to exit on SIGTERM

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftkit.export.preflight import flag_value
+from draftkit.engines.preflight import flag_value
 from draftkit.serve.upstream import Upstream
 from draftkit.traffic.record import SamplingEntry
 

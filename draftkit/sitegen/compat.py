@@ -1,7 +1,7 @@
 """The compatibility table: which engine release serves which kind of draft, what works there,
 and what was measured.
 
-What works is :mod:`draftkit.export.engines`' (the first release per engine and draft kind,
+What works is :mod:`draftkit.engines.releases`' (the first release per engine and draft kind,
 the settings later releases add, the builds known broken, what SGLang is refused), the same
 tables export checks a bundle against; what was measured is every engine comparison
 (``draftkit eval --engine vllm``) whose ``report.json`` is committed under
@@ -16,7 +16,7 @@ from pathlib import Path
 from draftkit.sitegen.reference import cell, code, generated, prose, table
 
 ENGINES = {"vllm": "vLLM", "sglang": "SGLang"}
-KINDS = {  # the draft kinds engines.MIN_VERSIONS names, in words
+KINDS = {  # the draft kinds releases.MIN_VERSIONS names, in words
     "standalone": "standalone draft",
     "eagle3": "EAGLE-3 head",
     "parallel": "parallel EAGLE-3 head (P-EAGLE)",
@@ -39,7 +39,7 @@ def comparisons(root: Path) -> list[tuple[Path, object]]:
 
 def _refused(kind: str) -> dict[str, str]:
     """Engine -> why it is refused a draft of ``kind``, as export says it."""
-    from draftkit.export.engines import refused_engines
+    from draftkit.engines.releases import refused_engines
     from draftkit.models.eagle3 import ARCHITECTURE
 
     config = {"parallel": {"parallel_drafting": True},
@@ -51,7 +51,7 @@ def page(root: Path) -> str:
     """The compatibility page, its links relative to the docs tree's top (``root``'s layout)."""
     import draftkit
     from draftkit.evaluate.parity.report import verdicts
-    from draftkit.export import engines
+    from draftkit.engines import releases
 
     measured = comparisons(root)
     link = {path: path.relative_to(root).with_name("report.md").as_posix()
@@ -69,21 +69,21 @@ def page(root: Path) -> str:
              "every row of [the results](eval/results/README.md)"]]
     for engine, name in ENGINES.items():
         for kind, words in KINDS.items():
-            if (engine, kind) in engines.MIN_VERSIONS:
-                release, why = engines.MIN_VERSIONS[(engine, kind)]
+            if (engine, kind) in releases.MIN_VERSIONS:
+                release, why = releases.MIN_VERSIONS[(engine, kind)]
                 rows.append([name, words, f">= {release}", cell(why), seen(engine, kind)])
             elif engine in _refused(kind):
                 rows.append([name, words, "refused", cell(_refused(kind)[engine]), "-"])
     features = [[ENGINES[engine], code(key), release]
-                for engine, keys in engines.FEATURES.items() for key, release in keys.items()]
+                for engine, keys in releases.FEATURES.items() for key, release in keys.items()]
     broken = [[f"{ENGINES['vllm']} ({build} build)", f"{first} to {last}", cell(what)]
-              for build, first, last, what in engines.BROKEN_SAMPLED_VERIFY]
+              for build, first, last, what in releases.BROKEN_SAMPLED_VERIFY]
     runs = [[r.created[:10], cell(r.engine), KINDS.get(r.draft_kind, r.draft_kind), r.dtype,
              cell(r.target), "<br>".join(cell(v) for v in verdicts(r)), f"[report]({link[p]})"]
             for p, r in measured]
     return "\n".join([
         "# Compatibility", "",
-        generated("`draftkit/export/engines.py` (what each release serves, as export checks "
+        generated("`draftkit/engines/releases.py` (what each release serves, as export checks "
                   "it) and the engine comparisons committed in `eval/results/reports`"),
         "Which serving engine releases serve which kind of draft as draftkit exports it. "
         "`draftkit export` checks a bundle against these tables and records them in its "
@@ -106,4 +106,4 @@ def page(root: Path) -> str:
         "CPU build's sampled verification) are rows of [the results](eval/results/README.md).",
         "",
         *table(["date", "engine", "draft kind", "dtype", "target", "findings", "report"], runs),
-        "## Where the releases come from", "", prose(engines), ""])
+        "## Where the releases come from", "", prose(releases), ""])

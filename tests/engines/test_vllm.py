@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save_file
 from draftkit.errors import ModelError
 from draftkit.evaluate.parity.measure import engine_parity
 from draftkit.export import check_bundle, export_bundle
-from draftkit.export.engines import sampled_verify_broken
+from draftkit.engines.releases import sampled_verify_broken
 from draftkit.io import sha256_file
 from tests.helpers import (engine_llama, engine_qwen3, fit_eagle3, make_tokenizer, noisy_copy,
                            save_model, write_manifest)
@@ -142,7 +142,7 @@ def sampled_control(report, control, info) -> None:
         assert not info.corrected, f"{info.label}: the correction did not correct it"
         assert known is not None, (
             f"{info.label} fails the control at temperature 1 (acceptance "
-            f"{control.acceptance}): add it to export.engines.BROKEN_SAMPLED_VERIFY")
+            f"{control.acceptance}): add it to engines.releases.BROKEN_SAMPLED_VERIFY")
         assert control.acceptance < 0.5
         assert any("sampled verification is broken" in n and info.label in n
                    for n in report.notes)

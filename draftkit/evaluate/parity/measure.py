@@ -36,8 +36,8 @@ from draftkit.errors import DraftkitError
 from draftkit.evaluate.measure import paired_speedup
 from draftkit.evaluate.parity import figures as F
 from draftkit.evaluate.parity.figures import PromptRun
-from draftkit.export.engines import FEATURES, sampled_verify_broken
-from draftkit.export.preflight import at_least, no_block_verification, version_tuple
+from draftkit.engines.preflight import at_least, no_block_verification, version_tuple
+from draftkit.engines.releases import FEATURES, sampled_verify_broken
 from draftkit.figures import now
 from draftkit.io import append_jsonl, read_jsonl
 from draftkit.manifest import NAME as MANIFEST, Manifest

@@ -28,7 +28,7 @@ import re
 import sys
 from pathlib import Path
 
-if __package__:  # draftkit.export.preflight
+if __package__:  # draftkit.engines.preflight
     from draftkit import bundle_checks as checks
     from draftkit import bundle_signature as signature
 else:  # serving/preflight.py in a bundle: the copies of draftkit's modules beside it

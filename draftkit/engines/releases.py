@@ -5,7 +5,7 @@ vLLM's speculative config takes.
 
 Export asks these before it writes (a refusal is one line), records the answers in the
 manifest's ``serving`` entry, and the bundle's scripts check them again where the engine runs
-(:mod:`draftkit.export.preflight`). The figures below were read in each release's own wheel from
+(:mod:`draftkit.engines.preflight`). The figures below were read in each release's own wheel from
 the package index (``vllm-X.whl`` / ``sglang-X.whl``, the files named), the rules in vLLM 0.34's
 and SGLang 0.5.23's source; a first release is the earliest one whose code has it, the one
 before it checked to lack it:
@@ -60,6 +60,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from draftkit.engines.preflight import sampled_broken
 from draftkit.errors import ModelError
 from draftkit.models.facts import text_config
 
@@ -264,36 +265,10 @@ def refused_engines(config: Any) -> dict[str, str]:
     return out
 
 
-# --- K per batch size ----------------------------------------------------------------------------
-
-def k_per_batch_size(rows: list, shown) -> list[list[int]] | None:
-    """vLLM's ``num_speculative_tokens_per_batch_size`` from an eval report's batch sweep:
-    ``[start, end, K]`` with inclusive batch-size ranges, the first starting at 1, each
-    measured batch size's K running up to the next one measured, K = 0 where the row's gain is
-    not shown (``shown(row)``, eval's rule). vLLM (``v1/spec_decode/dynamic/utils.py``) takes
-    K >= 0, ranges sorted and apart, the first from 1; a batch size past the last range keeps
-    its K. None without a sweep."""
-    rows = sorted(rows, key=lambda r: r.batch_size)
-    if not rows:
-        return None
-    ks = [r.k if (shown(r) or 0.0) > 1.0 and r.k > 0 else 0 for r in rows]
-    starts = [1] + [r.batch_size for r in rows[1:]]
-    table: list[list[int]] = []
-    for i, (start, k) in enumerate(zip(starts, ks)):
-        end = starts[i + 1] - 1 if i + 1 < len(starts) else max(rows[-1].batch_size, start)
-        if table and table[-1][2] == k:
-            table[-1][1] = end  # the same K as the range before: one range
-        else:
-            table.append([start, end, k])
-    return table
-
-
 def sampled_verify_broken(build: str, version: str) -> str | None:
     """Why speculative sampling is broken on this engine build and release (one line naming
     the releases), or None where draftkit knows of no such fault. A release past the last one
     checked is not assumed fixed or broken: the engine comparison's control decides."""
-    from draftkit.export.preflight import sampled_broken
-
     record = sampled_broken({"sampled_broken": BROKEN_SAMPLED_VERIFY},
                             version + ("+cpu" if build == "cpu" else ""))
     if record is None:
