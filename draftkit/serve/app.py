@@ -193,10 +193,9 @@ def create_proxy_app(pool: Pool, *, model_name: str, vocab: int, swapper,
     """The same front over vLLM servers (``pool``, :mod:`draftkit.serve.upstream`): requests
     are passed to the least busy one (:mod:`draftkit.serve.proxy`), recorded with
     ``recorder`` (a request's unset sampling read as ``defaults``, the servers' own:
-    :func:`~draftkit.serve.vllm_request.sampling_defaults`), counted under the same metric names;
-    ``swapper`` runs ``POST /admin/draft``
-    (:mod:`draftkit.serve.vllm_swap`). ``on_stop``: called once the front stops (it stops the
-    vLLM servers it started)."""
+    :func:`~draftkit.traffic.vllm_sampling.sampling_defaults`), counted under the same metric
+    names; ``swapper`` runs ``POST /admin/draft`` (:mod:`draftkit.serve.vllm_swap`).
+    ``on_stop``: called once the front stops (it stops the vLLM servers it started)."""
     metrics = ServeMetrics(model_name)
     metrics.serving_draft(pool.upstreams[0].draft if pool.upstreams else "none")
     if recorder is not None:

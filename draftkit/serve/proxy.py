@@ -38,8 +38,9 @@ from draftkit.serve.metrics import ServeMetrics
 from draftkit.serve.protocol import error_body
 from draftkit.serve.upstream import NoUpstream, Pool, Upstream
 from draftkit.serve.vllm_answer import Served, events, rounds_of, stats, upstream_message
-from draftkit.serve.vllm_request import DEFAULTS, Job
+from draftkit.serve.vllm_request import Job
 from draftkit.traffic.record import recorded, request_label
+from draftkit.traffic.vllm_sampling import DEFAULTS
 
 log = logging.getLogger("draftkit.serve")
 

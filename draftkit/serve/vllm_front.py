@@ -35,7 +35,7 @@ from draftkit.models.resolve import model_identity, resolve_model
 from draftkit.serve import replicas as R
 from draftkit.serve.app import create_proxy_app
 from draftkit.serve.http import RequestError
-from draftkit.serve.vllm_request import sampling_defaults
+from draftkit.traffic.vllm_sampling import sampling_defaults
 from draftkit.serve.swap import TOKEN_ENV
 from draftkit.serve.upstream import Pool, discover
 from draftkit.serve.vllm_swap import BlueGreen

@@ -36,8 +36,15 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftkit.chat import encode_prompt
 from draftkit.config import option
 from draftkit.errors import ConfigError, DraftkitError
+from draftkit.io import read_jsonl
+from draftkit.models.resolve import model_identity
+from draftkit.traffic.command import bundle_target
+from draftkit.traffic.record import IMPORTED, request_label, tokenizer_identity
+from draftkit.traffic.recorder import Recorder
+from draftkit.traffic.vllm_sampling import applied_sampling, sampling_defaults
 
 # why a request was skipped
 ERROR, NO_CHOICES, NOT_TEXT, UNPAIRED, UNKNOWN = (
@@ -79,8 +86,6 @@ class Entry:
 
 def read_logs(paths: list[str]) -> tuple[list[Entry], Counter]:
     """The logs' requests with their answers, and the lines skipped by why."""
-    from draftkit.io import read_jsonl
-
     entries, skipped = [], Counter()
     batch_in: dict[str, tuple[str, dict]] = {}
     batch_out: dict[str, tuple[str, object]] = {}
@@ -136,8 +141,6 @@ def _text(content: object) -> str | None:
 def prompt_ids(tokenizer, request: dict) -> list[int] | None:
     """The request's prompt as the server rendered it (chat messages through the template, a
     text completion's text tokenized, its token ids as sent); None where it is none of them."""
-    from draftkit.chat import encode_prompt
-
     if isinstance(request.get("messages"), list):
         messages = []
         for m in request["messages"]:
@@ -172,12 +175,6 @@ def completion_ids(tokenizer, request: dict, choice: dict) -> list[int] | None:
 
 def import_traffic(args: ImportArgs) -> dict:
     """``draftkit import-traffic``: read the logs, write the records; -> what it did."""
-    from draftkit.models.resolve import model_identity
-    from draftkit.serve.vllm_request import Job, sampling_defaults
-    from draftkit.traffic.command import bundle_target
-    from draftkit.traffic.record import IMPORTED, request_label, tokenizer_identity
-    from draftkit.traffic.recorder import Recorder
-
     entries, skipped = read_logs(args.logs)
     _, target_ref, tokenizer = bundle_target(args.bundle)
     defaults = sampling_defaults(target_ref.path)
@@ -198,13 +195,12 @@ def import_traffic(args: ImportArgs) -> dict:
         served = usage.get("completion_tokens") if isinstance(usage, dict) else None
         mismatched += isinstance(served, int) and served != sum(map(len, answers))
         created = e.answer.get("created")
-        job = Job(e.request, chat, request_label(e.request.get("metadata"),
-                                                 e.request.get("user"), args.domain), True, 0.0)
+        domain = request_label(e.request.get("metadata"), e.request.get("user"), args.domain)
         for choice, ids in zip(e.answer["choices"], answers):
             # no max_tokens in the request: the answer's length stands for its budget
-            todo.append(dict(domain=job.domain, prompt_ids=prompt, completion_ids=ids,
-                             sampling=job.sampling(len(prompt), len(prompt) + len(ids),
-                                                   defaults),
+            todo.append(dict(domain=domain, prompt_ids=prompt, completion_ids=ids,
+                             sampling=applied_sampling(e.request, chat, len(prompt),
+                                                       len(prompt) + len(ids), defaults),
                              finish_reason=str(choice.get("finish_reason") or "stop"),
                              rounds=None, draft=None, source=IMPORTED,
                              when=float(created) if isinstance(created, (int, float))

@@ -492,7 +492,7 @@ def test_a_bundle_that_fails_its_canary_leaves_the_old_draft_serving(
 
 
 def test_a_record_says_the_sampling_vllm_applied_where_the_request_set_none(tmp_path):
-    from draftkit.serve.vllm_request import DEFAULTS, sampling_defaults
+    from draftkit.traffic.vllm_sampling import DEFAULTS, sampling_defaults
 
     (tmp_path / "generation_config.json").write_text(json.dumps(
         {"temperature": 0.6, "top_p": 0.9, "eos_token_id": 2}))
