@@ -112,6 +112,20 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
+def cut_torn_tail(path: Path) -> None:
+    """Drop a torn last line (a run killed mid-write): the next append would glue its answer
+    onto it, and a reader that skips lines it cannot parse would then lose that answer with
+    the torn line."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with open(path, "rb+") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) == b"\n":
+            return
+        f.seek(0)
+        f.truncate(f.read().rfind(b"\n") + 1)
+
+
 def fsync_path(path: Path | str) -> None:
     """Sync a file's data, or a folder's entries (a rename into it reaches the disk only
     then)."""

@@ -28,7 +28,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from draftkit.io import append_jsonl, one_builder
+from draftkit.io import append_jsonl, cut_torn_tail, one_builder
 from draftkit.models.facts import stop_token_ids
 
 if TYPE_CHECKING:
@@ -71,19 +71,6 @@ def read_cache(path: Path) -> dict[str, list[int]]:
         except (json.JSONDecodeError, KeyError, TypeError):
             continue
     return done
-
-
-def cut_torn_tail(path: Path) -> None:
-    """Drop a torn last line (a run killed mid-write): the next append would glue its answer
-    onto it, and :func:`read_cache` would then skip that answer with the torn line."""
-    if not path.is_file() or path.stat().st_size == 0:
-        return
-    with open(path, "rb+") as f:
-        f.seek(-1, os.SEEK_END)
-        if f.read(1) == b"\n":
-            return
-        f.seek(0)
-        f.truncate(f.read().rfind(b"\n") + 1)
 
 
 def prompt_seed(seed: int, key: str) -> int:

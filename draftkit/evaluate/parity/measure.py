@@ -30,16 +30,15 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from draftkit.data.generate import cut_torn_tail
 from draftkit.decode.sampling import BLOCK, GREEDY_DRAFT, PROBABILISTIC, TOKEN
+from draftkit.engines.preflight import at_least, no_block_verification, version_tuple
+from draftkit.engines.releases import FEATURES, sampled_verify_broken
 from draftkit.errors import DraftkitError
 from draftkit.evaluate.measure import paired_speedup
 from draftkit.evaluate.parity import figures as F
 from draftkit.evaluate.parity.figures import PromptRun
-from draftkit.engines.preflight import at_least, no_block_verification, version_tuple
-from draftkit.engines.releases import FEATURES, sampled_verify_broken
 from draftkit.figures import now
-from draftkit.io import append_jsonl, read_jsonl
+from draftkit.io import append_jsonl, cut_torn_tail, read_jsonl
 from draftkit.manifest import NAME as MANIFEST, Manifest
 
 CONTROL_PROMPTS = 2  # per domain: the control needs no draft quality, only enough drafts
