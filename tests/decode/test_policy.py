@@ -7,7 +7,7 @@ import pytest
 
 from draftkit import metrics
 from draftkit.decode.policy import KPolicy
-from draftkit.decode.simulate import best_fixed_k, simulate_speedup
+from draftkit.labs.simulate import best_fixed_k, simulate_load, simulate_speedup
 from draftkit.decode.stats import RoundStats
 
 
@@ -75,7 +75,7 @@ def test_hysteresis_avoids_thrashing_under_clock_noise():
     assert chosen[50:].count(0) <= 250 // p.retime_every + 1
 
 
-# --- against the best fixed K, in the decode simulator (draftkit/decode/simulate.py) -----------
+# --- against the best fixed K, in the decode simulator (draftkit/labs/simulate.py) -------------
 
 
 @pytest.mark.parametrize("alpha,c", [(0.9, 0.05), (0.7, 0.1), (0.5, 0.2)])
@@ -241,8 +241,6 @@ def test_auto_under_a_servers_changing_load():
     (it was 6% below while a batch size borrowed a smaller one's plain step and draft step);
     where it never pays, within 2%; where it pays at every batch size, within 2% of the best
     fixed K."""
-    from draftkit.decode.simulate import simulate_load
-
     auto, chosen = simulate_load(0.6, 0.17)
     assert auto >= 0.97
     def share(rows):  # of rounds that speculated
@@ -259,8 +257,9 @@ def test_a_plain_step_timed_in_a_slow_stretch_does_not_price_a_losing_k_as_a_gai
     """A shared machine drifts: plain steps timed at 36 ms in a slow stretch, then it runs at
     25 ms a plain step and 28 ms a 2-token verify (v 1.12), alpha 0.13 at batch 4: K = 1 loses
     (0.93x). Kept as the median of the last nine, the slow plain steps outlive the stretch
-    (retimed 1 round in 20, by a hundred rounds) and K = 1 reads as a 1.3x gain; as ratios to the plain step timed just
-    before them, the speculative timings price it as the loss it is."""
+    (retimed 1 round in 20, by a hundred rounds) and K = 1 reads as a 1.3x gain; as ratios to
+    the plain step timed just before them, the speculative timings price it as the loss it
+    is."""
     def after_a_slow_stretch(**policy_args):
         p = KPolicy(k_max=1, **policy_args)
 

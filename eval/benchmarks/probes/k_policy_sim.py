@@ -1,4 +1,4 @@
-"""``--k auto`` in the decode simulator (draftkit/decode/simulate.py): the speedup
+"""``--k auto`` in the decode simulator (draftkit/labs/simulate.py): the speedup
 over plain decoding at batch 1, i.i.d. alpha and draft cost ratio c, as the mean over seeds
 0..``--seeds``-1, beside the same simulation at the K that the speedup model finds best.
 ``--rev`` adds a column for the policy as committed at a git revision, to compare a change
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from draftkit.decode.policy import KPolicy  # noqa: E402
-from draftkit.decode.simulate import best_fixed_k, linear_v, simulate_speedup  # noqa: E402
+from draftkit.labs.simulate import best_fixed_k, linear_v, simulate_speedup  # noqa: E402
 
 
 def concave_v(k: int) -> float:

@@ -1,0 +1,9 @@
+"""Labs: development tools and experiments, outside the path a user's train -> decode -> export
+-> serve run needs.
+
+- :mod:`.simulate`: a decode simulator that prices the K policy against the best fixed K over
+  thousands of rounds in a second (the K policy's tests and ``eval/benchmarks/probes``).
+
+Nothing in the core imports a module of this package; these modules may import anything in the
+core. A labs module may change or go without notice.
+"""
