@@ -119,44 +119,6 @@ def test_quality_bar_is_judged_on_the_drafts_each_run_keeps(tmp_path, capsys):
     assert "best against best): NOT met" in capsys.readouterr().out
 
 
-def test_feature_draft_reads_the_previous_feature_and_both_losses_are_scored(tmp_path,
-                                                                             tiny_dirs, capsys):
-    import torch
-
-    mod = load_script(BENCHMARKS / "probes" / "feature_draft_probe.py")
-    feats = torch.arange(1.0, 7.0).view(1, 6, 1)  # (B, T, H)
-    pos = torch.tensor([[0, 1, 2, 0, 1, 2]])  # two packed examples
-    # f_(t-1) at t, and zero where an example starts: nothing crosses the packing boundary
-    assert mod.shifted(feats, pos).flatten().tolist() == [0, 1, 2, 0, 4, 5]
-
-    recipe, _ = tiny_recipe(tmp_path, tiny_dirs[0])
-    out = tmp_path / "probe"
-    assert mod.main(["--recipe", str(recipe), "--set", "draft.draft_vocab_size=64", "--steps", "3",
-                     "--every", "2", "--out", str(out)]) == 0
-    summary = json.loads((out / "summary.json").read_text())
-    steps = {loss: [json.loads(x)["step"] for x in (out / loss / "metrics.jsonl").open()]
-             for loss in ("fkl", "ce")}
-    assert steps == {"fkl": [0, 2, 3], "ce": [0, 2, 3]}
-    best = summary["best"]
-    assert all(0.0 <= best[loss][k] <= 1.0 for loss in ("fkl", "ce")
-               for k in ("alpha/code", "alpha2/code"))
-    assert (out / "fkl" / "best.pt").is_file() and (out / "features.pt").is_file()
-    assert summary["margin"]["fkl"]["alpha/code"] == pytest.approx(
-        best["fkl"]["alpha/code"] - best["ce"]["alpha/code"])
-    assert "fkl - ce: alpha/code=" in capsys.readouterr().out
-
-    # Scored as the recipe's drafts are: q is zero outside the reduced vocabulary.
-    from draftkit.data import positions
-
-    _, target, _, heldout, head = mod.load(str(recipe), ["draft.draft_vocab_size=64"])
-    assert len(head) == 64
-    fn = mod.draft_logits_fn(mod.make_draft(target), target, head)
-    logits = fn(heldout.input_ids[:2], positions(heldout, slice(0, 2)))  # (B, T, V)
-    outside = torch.ones(logits.shape[-1], dtype=torch.bool)
-    outside[head.ids] = False
-    assert torch.isinf(logits[..., outside]).all() and torch.isfinite(logits[..., ~outside]).all()
-
-
 def test_ttt_heads_are_scored_at_the_same_positions_as_their_training_scores_them(tmp_path,
                                                                                    tiny_dirs):
     """Every head is scored K = --positions deep on the recipe's held-out rows; the head
