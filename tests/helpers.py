@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import importlib.util
+import itertools
 import json
 import os
 import random
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 from draftkit.config import from_dict
+from draftkit.decode.choice import KChoice
 from draftkit.distill.config import DistillConfig
 
 # --- tiny models and tokenizer ----------------------------------------------------------------
@@ -623,6 +625,32 @@ def fake_engines(tmp_path: Path, vllm: str = "0.34.0", sglang: str = "0.5.23") -
     return {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
 
 
+class ScriptedK:
+    """A K policy a test scripts, for a batch driven round by round: ``choose`` (as
+    :class:`~draftkit.decode.policy.KPolicy`'s) takes the next K of what :meth:`play` was
+    given; ``choice`` is the :class:`~draftkit.decode.choice.KChoice` a batch opens with, up to
+    ``k_max``."""
+
+    def __init__(self, k_max: int, ks=0):
+        self.k_max = k_max
+        self.choice = KChoice(k_max=k_max, policy=self)
+        self.play(ks)
+
+    def play(self, ks) -> ScriptedK:
+        """From the next round on, the K of ``ks``: an int (every round) or an iterable of
+        them."""
+        self._ks = itertools.repeat(ks) if isinstance(ks, int) else iter(ks)
+        return self
+
+    def choose(self, batch: int) -> int:
+        k = next(self._ks)
+        assert 0 <= k <= self.k_max, f"K = {k} beyond the batch's {self.k_max}"
+        return k
+
+    def observe(self, r) -> None:
+        """Nothing to learn: the script decides."""
+
+
 def decodes_alone_as_batched(engine, prompts, reference, k, max_new_tokens):
     """Assert the engine's batched tokens and each prompt's alone equal ``reference``; returns
     the batched run's stats."""
@@ -644,25 +672,25 @@ def slots_decode_as_the_target(engine, prompts, k: int) -> None:
     target's own tokens, a freed slot starting afresh."""
     import torch
 
-    from draftkit.decode.choice import resolve_k
     from draftkit.decode.sampling import SamplingParams
 
     target, (a, b, c), d = engine.target_model, prompts, [60, 61, 62]
+    script = ScriptedK(k, k)
     with torch.inference_mode():
-        state = engine.open(3, resolve_k(k, has_draft=True), max_len=96)
+        state = engine.open(3, script.choice, max_len=96)
         (sa,) = state.admit([a], SamplingParams(), 20)
         (sb,) = state.admit([b], SamplingParams(0.9), 30, [1])
         for _ in range(3):
-            state.step(k)
+            state.step()
         (sc,) = state.admit([c], SamplingParams(), 12)  # joins mid-flight
-        state.step(2)
+        script.play(2)
+        state.step()
         state.release(sb)
         (sd,) = state.admit([d], SamplingParams(), 15)  # the freed slot
         assert sd == sb and engine.draft.features[sd] and engine.draft.lengths[sd] == 0
-        step = 0
+        script.play(itertools.cycle(range(k + 1)))
         while state.live:
-            state.step(step)
-            step = (step + 1) % (k + 1)
+            state.step()
     for slot, prompt, n in ((sa, a, 20), (sc, c, 12), (sd, d, 15)):
         assert state.output(slot).tokens == hf_greedy(target, prompt, n)
     assert state.output(sa).stats.accepted > 0
@@ -675,28 +703,26 @@ def drafts_are_the_heads_own(engine, prompts, ks: list[int], drafts) -> list[int
     target's own; returns the K of every block checked."""
     import torch
 
-    from draftkit.decode.choice import resolve_k
     from draftkit.decode.sampling import SamplingParams
 
-    head, target, real, checked = engine.draft_model, engine.target_model, engine._draft, []
-
-    def spy(state, rows, lengths, k):
-        seqs = [state.tokens[b, :n].tolist() for b, n in zip(rows, lengths)]
-        drafted, q = real(state, rows, lengths, k)
-        for b, seq, d in zip(rows, seqs, drafted.tolist()):
-            if not state.done[b]:
-                assert d == drafts(head, target, seq, k), (b, len(seq), k)
-                checked.append(k)
-        return drafted, q
-
-    engine._draft = spy
+    head, target, checked = engine.draft_model, engine.target_model, []
     with torch.inference_mode():
-        state = engine.start(prompts, SamplingParams(), 20,
-                             k=resolve_k(max(ks), has_draft=True))
-        rounds = 0
-        while not state.finished:
-            state.step(ks[rounds % len(ks)])
-            rounds += 1
-    assert [r.tokens for r in state.results()] == [hf_greedy(target, p, 20) for p in prompts]
+        batch = engine.start(prompts, SamplingParams(), 20,
+                             k=ScriptedK(max(ks), itertools.cycle(ks)).choice)
+        real = batch._draft
+
+        def spy(rows, lengths, k):  # a fixed batch: slot b holds prompt b
+            seqs = [prompts[b] + batch.output(b).tokens for b in rows]  # the committed tokens
+            drafted, q = real(rows, lengths, k)
+            for b, seq, d in zip(rows, seqs, drafted.tolist()):
+                if not batch.output(b).done:
+                    assert d == drafts(head, target, seq, k), (b, len(seq), k)
+                    checked.append(k)
+            return drafted, q
+
+        batch._draft = spy
+        while not batch.finished:
+            batch.step()
+    assert [r.tokens for r in batch.results()] == [hf_greedy(target, p, 20) for p in prompts]
     return checked
 

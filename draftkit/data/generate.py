@@ -131,9 +131,9 @@ def engine_answers(model: Any, prompts: list[list[int]], max_new_tokens: int,
     finished row's slot refilled at once (on the general transformers path, whose cache cannot
     take one new row, a new cohort when the last one is done). Greedy at ``temperature`` 0;
     otherwise prompt i is sampled from its own generator seeded with ``seeds[i]``."""
-    from draftkit.decode.batch import round_margin
     from draftkit.decode.engine import SpeculativeEngine
     from draftkit.decode.sampling import SamplingParams
+    from draftkit.decode.state import round_margin
 
     if not prompts:
         return

@@ -24,11 +24,12 @@ engine is the same, the kind of draft is its drafter's (drafters.py)::
     SpeculativeEngine(target_model, head).generate(prompts_token_ids, k=3)
 """
 
-from draftkit.decode.batch import Batch, Result, RowStats
+from draftkit.decode.batch import Batch
 from draftkit.decode.choice import KChoice, resolve_k
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.policy import KPolicy
 from draftkit.decode.sampling import SamplingParams
+from draftkit.decode.state import Result, RowStats
 from draftkit.decode.stats import DecodeStats, RoundStats
 
 __all__ = ["Batch", "DecodeStats", "KChoice", "KPolicy", "Result", "RoundStats", "RowStats",

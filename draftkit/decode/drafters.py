@@ -1,6 +1,6 @@
 """Drafters: how a draft reads the sequence and proposes tokens, whatever kind of draft it is.
 
-The engine (engine.py) runs one round for every draft; the kinds differ only in what the draft
+The batch (batch.py) runs one round for every draft; the kinds differ only in what the draft
 reads, and that lives here, behind one interface:
 
 - ``prefill(state, slots, inp, last, aux)``: the admitted rows' prompts (right-padded ``inp``,
@@ -13,19 +13,19 @@ reads, and that lives here, behind one interface:
 - ``next_logits(tokens, i, rows, lengths)``: having read d_(i+1) (b,), d_(i+2)'s logits;
 - ``round_logits(state, rows, lengths, k)``: in place of the two above for a ``per_round``
   drafter, its one forward: all K drafts' logits (b, K, V) or (b, K, N). None reads another
-  draft, so the engine chooses the K at once, one call where K would each pay the sampler's
+  draft, so the batch chooses the K at once, one call where K would each pay the sampler's
   fixed cost;
-- ``vocab``: the draft's reduced head, or None: the tokens its logits score. The engine
+- ``vocab``: the draft's reduced head, or None: the tokens its logits score. The batch
   chooses the drafts among them (:func:`~draftkit.decode.sampling.next_tokens_among`): on a CPU
   a greedy token of SmolLM2's 4096-token head costs 0.011 ms there against 0.094 over all V
   (``eval/benchmarks/probes/sampler_cost.py``; 2026-12-06, one core, batch 1);
 - ``after_round(state, rows, k, kept, aux)``: what the round leaves the draft to read.
 
 ``aux_layers`` names the target layers whose input hidden states the draft reads (None: it
-reads tokens only); the engine has the target's forwards capture them on the way.
+reads tokens only); the batch has the target's forwards capture them on the way.
 
 A drafter owns its per-slot state (how many positions its cache holds, an EAGLE-3 head's
-pending features), sized by ``open(slots)`` when the engine opens a batch; the batch's own
+pending features), sized by ``open(slots)`` when a batch opens on it; the batch's own
 state it only reads.
 
 :class:`StandaloneDrafter` is a small causal LM over tokens. :class:`Eagle3Drafter` is an
@@ -46,7 +46,7 @@ from draftkit.models.compat import check_eagle3
 if TYPE_CHECKING:
     import torch
 
-    from draftkit.decode.batch import BatchState
+    from draftkit.decode.state import BatchState
     from draftkit.models.reduced_head import ReducedHead
 
 
@@ -259,7 +259,7 @@ class ParallelEagle3Drafter(Eagle3Drafter):
     That forward feeds the pending features as :class:`Eagle3Drafter`'s first does, the last
     (position L - 2, token L - 1) scoring d_1, and behind them K - 1 placeholders (the learned
     feature and token) at positions L - 1 .. L + K - 3 scoring d_2..d_K, each attending to the
-    context and the placeholders before it. None reads a drafted token, so the engine chooses
+    context and the placeholders before it. None reads a drafted token, so the batch chooses
     the K drafts from these logits at once (:meth:`round_logits`; the autoregressive
     ``first_logits`` and ``next_logits`` it inherits are not called) and verifies them as any
     draft's. The placeholders' keys lie where the next round writes the target's features, as

@@ -16,7 +16,7 @@ loop:
    recorder (a queue put: the disk is the recorder's thread's).
 
 How many requests may join is the batch's to say (``Batch.free_slots``): on the general
-(non-Llama) runner the engine admits only into an empty batch, so requests are admitted in
+(non-Llama) runner the batch admits only into an empty one, so requests are admitted in
 cohorts, a new one when the last has left (one row at a time for a model with a sliding
 window).
 
@@ -42,10 +42,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from draftkit.decode.batch import round_margin
 from draftkit.decode.choice import KChoice
 from draftkit.decode.k import AUTO
 from draftkit.decode.sampling import SamplingParams
+from draftkit.decode.state import round_margin
 from draftkit.errors import ConfigError
 from draftkit.serve.detok import TextStream
 from draftkit.serve.metrics import ServeMetrics

@@ -9,7 +9,7 @@ From the records ``draftkit serve --record`` kept (:mod:`.record`), per domain l
   (:func:`metrics.alpha_from_counts`): a round stops testing at its first rejection, so
   accepted / drafted would read low;
 - tau: completion tokens per target call over the decoding rounds, the token the prefill
-  emits left out (as :attr:`draftkit.decode.batch.Result.tau`), pooled over requests as
+  emits left out (as :attr:`draftkit.decode.state.Result.tau`), pooled over requests as
   :meth:`DecodeStats.tau` pools rows. A completion cut at a stop string lost the tokens after
   it, so tau reads a little low on such requests;
 - predicted speedup: what the cost model (:func:`metrics.speedup`: Leviathan et al., arXiv

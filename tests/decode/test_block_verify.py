@@ -263,7 +263,7 @@ def test_block_rows_decode_batched_as_alone_with_ragged_acceptance(engine, monke
             slots = batch.admit(prompts, params, 12, seeds)
             ragged = False
             while batch.live:
-                r = batch.step(3)
+                r = batch.step()
                 ragged |= any(0 < n < r.rows for n in r.accepted_per_position)
         return [batch.output(s).tokens for s in slots], ragged
 

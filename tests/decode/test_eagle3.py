@@ -14,10 +14,10 @@ from draftkit.decode.runners import HFRunner, LlamaRunner
 from draftkit.decode.sampling import SamplingParams
 from draftkit.decode.stats import DecodeStats
 from draftkit.errors import DraftkitError
-from tests.helpers import (broken_verify, decodes_alone_as_batched, drafts_are_the_heads_own,
-                           eagle3_greedy_drafts, eagle3_models, head_marginals, hf_greedy,
-                           make_llama, make_tokenizer, save_head, slots_decode_as_the_target,
-                           small_vocab_eagle3)
+from tests.helpers import (ScriptedK, broken_verify, decodes_alone_as_batched,
+                           drafts_are_the_heads_own, eagle3_greedy_drafts, eagle3_models,
+                           head_marginals, hf_greedy, make_llama, make_tokenizer, save_head,
+                           slots_decode_as_the_target, small_vocab_eagle3)
 
 PROMPTS = [[5, 9, 22, 31, 7], [11, 12], [40, 41, 42, 43, 44, 45, 46, 47, 8, 50, 51]]
 N_NEW = 16
@@ -153,9 +153,10 @@ def test_a_rows_pending_features_are_what_the_target_read(models):
     target, _, fitted = models
     engine = SpeculativeEngine(target, fitted, eos_token_id=None)
     with torch.inference_mode():
-        state = engine.start(PROMPTS, SamplingParams(), 6, k=resolve_k(2, has_draft=True))
-        for k in (0, 0, 2, 0, 2, 2, 2, 2, 2, 2):
-            state.step(k)
+        state = engine.start(PROMPTS, SamplingParams(), 6,
+                             k=ScriptedK(2, (0, 0, 2, 0, 2, 2, 2, 2, 2, 2)).choice)
+        for _ in range(10):
+            state.step()
             for b in range(3):
                 pending = sum(f.shape[0] for f in engine.draft.features[b])
                 out, committed = state.output(b), len(PROMPTS[b]) + len(state.output(b).tokens)
@@ -330,12 +331,12 @@ def test_the_general_runner_admits_cohorts_with_an_eagle3_head(models):
         state = engine.open(3, resolve_k(2, has_draft=True), max_len=96)
         slots = state.admit([a, b], SamplingParams(), 10)
         while state.live:
-            state.step(2)
+            state.step()
         first = [state.output(s).tokens for s in slots]
         for s in slots:
             state.release(s)
         (sc,) = state.admit([c], SamplingParams(), 12)  # a new cohort
         while state.live:
-            state.step(2)
+            state.step()
     assert first == [hf_greedy(target, a, 10), hf_greedy(target, b, 10)]
     assert state.output(sc).tokens == hf_greedy(target, c, 12)

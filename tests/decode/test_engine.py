@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from draftkit.decode.batch import Batch
 from draftkit.decode.choice import resolve_k
 from draftkit.decode.cache import StaticKVCache, WriteIndex
 from draftkit.decode.engine import SpeculativeEngine
@@ -10,7 +11,7 @@ from draftkit.decode.runners import HFRunner, LlamaRunner
 from draftkit.decode.sampling import SamplingParams
 from draftkit.decode.stats import DecodeStats
 from draftkit.errors import DraftkitError
-from tests.helpers import (broken_verify, chi_square_p, decodes_alone_as_batched,
+from tests.helpers import (ScriptedK, broken_verify, chi_square_p, decodes_alone_as_batched,
                            exact_marginals, hf_greedy, make_mistral, noisy_copy,
                            tiny_target_and_draft)
 
@@ -223,12 +224,14 @@ def test_step_api_draft_catches_up_after_plain_rounds(models, reference):
     target, _, close = models
     engine = SpeculativeEngine(target, close, eos_token_id=None)
     with torch.inference_mode():
-        state = engine.start(PROMPTS, SamplingParams(), N_NEW, k=resolve_k(3, has_draft=True))
+        script = ScriptedK(3, 0)
+        state = engine.start(PROMPTS, SamplingParams(), N_NEW, k=script.choice)
         for _ in range(5):
-            state.step(0)
+            state.step()
+        script.play(3)
         rounds = []
         while not state.finished:
-            rounds.append(state.step(3))
+            rounds.append(state.step())
     assert [r.tokens for r in state.results()] == reference
     first = rounds[0]
     assert first.k == 3 and sum(first.accepted_per_position) >= 2 * first.rows
@@ -256,19 +259,19 @@ def test_reduced_draft_vocab_keeps_the_target_distribution(small_vocab):
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast", "hf-cache"])
-def test_reduced_draft_vocab_proposes_only_its_tokens(models, reference, fast):
+def test_reduced_draft_vocab_proposes_only_its_tokens(models, reference, fast, monkeypatch):
     target, _, close = models
     ids = sorted(set(t for ref in reference for t in ref[::2]))  # half the tokens it will need
     sub = _with_vocab(close, ids)
     engine = SpeculativeEngine(target, sub, eos_token_id=None, fast_path=fast)
     drafted = []
-    real_draft = engine._draft
+    real_draft = Batch._draft
 
     def spy(*a, **k):
         out = real_draft(*a, **k)
         drafted.extend(out[0].flatten().tolist())
         return out
-    engine._draft = spy
+    monkeypatch.setattr(Batch, "_draft", spy)
     res = engine.generate(PROMPTS, k=3, max_new_tokens=N_NEW)
     assert [r.tokens for r in res] == reference  # lossless under greedy too
     assert drafted and set(drafted) <= set(ids)
@@ -286,7 +289,7 @@ def test_drafts_sampled_among_the_heads_tokens_are_those_of_the_whole_vocabulary
 
     target, _, close = models
     sub = _with_vocab(close, list(range(3, close.config.vocab_size, 3)))
-    runs = []
+    runs, real = [], Batch._draft
     for whole in (False, True):
         engine = SpeculativeEngine(target, sub, eos_token_id=None)
         d = engine.draft
@@ -296,13 +299,13 @@ def test_drafts_sampled_among_the_heads_tokens_are_those_of_the_whole_vocabulary
             first, nxt = d.first_logits, d.next_logits
             monkeypatch.setattr(d, "first_logits", lambda *a: head.expand(first(*a)))
             monkeypatch.setattr(d, "next_logits", lambda *a: head.expand(nxt(*a)))
-        drafts, real = [], engine._draft
+        drafts = []
 
-        def spy(*a, real=real, drafts=drafts):
+        def spy(*a, drafts=drafts):
             out = real(*a)
             drafts.append(out)
             return out
-        engine._draft = spy
+        monkeypatch.setattr(Batch, "_draft", spy)
         res = engine.generate(PROMPTS, k=3, max_new_tokens=N_NEW, temperature=params.temperature,
                               top_k=params.top_k, top_p=params.top_p, seed=5)
         runs.append(([r.tokens for r in res], drafts))
@@ -362,7 +365,7 @@ def test_the_step_api_builds_no_graph_outside_inference_mode(fast):
     state = engine.start([[5, 9, 22], [11, 12]], SamplingParams(), 8,
                          k=resolve_k(2, has_draft=True))
     while not state.finished:
-        state.step(2)
+        state.step()
     caches = [r.cache for r in (engine.target, engine.draft)]
     tensors = [t for c in caches for t in ([c.k, c.v] if fast else [
         x for layer in c.layers for x in (layer.keys, layer.values)])]

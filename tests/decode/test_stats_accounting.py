@@ -6,12 +6,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from draftkit.decode.choice import resolve_k
 from draftkit.decode import clock as clock_module
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.sampling import SamplingParams
 from draftkit.decode.stats import DecodeStats
-from tests.helpers import hf_greedy, noisy_copy, tiny_target_and_draft
+from tests.helpers import ScriptedK, hf_greedy, noisy_copy, tiny_target_and_draft
 
 PROMPT = [5, 9, 22]
 PROMPTS = [[5, 9, 22, 31, 7], [11, 12], [40, 41, 42, 43, 44, 45, 46, 47, 8, 50, 51]]
@@ -80,14 +79,14 @@ def test_c_leaves_out_the_catch_up_after_plain_rounds(models, monkeypatch):
     monkeypatch.setattr(engine.target, "forward", costing(engine.target.forward, lambda t: 10))
 
     def c_after(plain_rounds: int) -> DecodeStats:
-        stats = DecodeStats()
+        stats, script = DecodeStats(), ScriptedK(2, 0)
         with torch.inference_mode():
-            state = engine.start([PROMPT], SamplingParams(), 16, k=resolve_k(2, has_draft=True),
-                                 stats=stats)
+            state = engine.start([PROMPT], SamplingParams(), 16, k=script.choice, stats=stats)
             for _ in range(plain_rounds):
-                state.step(0)
+                state.step()
+            script.play(2)
             while not state.finished:
-                state.step(2)
+                state.step()
         return stats
 
     fixed, mixed = c_after(0), c_after(6)
@@ -121,15 +120,15 @@ def test_the_round_set_up_is_timed_as_neither_forward(models, monkeypatch):
     real = engine.target.forward
     monkeypatch.setattr(clock_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     monkeypatch.setattr(engine.target, "forward", forward)
-    stats = DecodeStats()
+    stats, script = DecodeStats(), ScriptedK(2, 0)
     with torch.inference_mode():
-        state = engine.start([PROMPT], SamplingParams(), 12, k=resolve_k(2, has_draft=True),
-                             stats=stats)
+        state = engine.start([PROMPT], SamplingParams(), 12, k=script.choice, stats=stats)
         monkeypatch.setattr(torch, "tensor", tensor)
         for _ in range(2):
-            state.step(0)
+            state.step()
+        script.play(2)
         while not state.finished:
-            state.step(2)
+            state.step()
     monkeypatch.setattr(torch, "tensor", make)
     assert stats.target_step_seconds(1) == 1.0 and stats.target_step_seconds(3) == 3.0
     assert stats.v(2) == 3.0

@@ -1,6 +1,6 @@
 """The codebase's own shape: modules a reader takes in at one sitting, short decoder and server
-functions, no import cycle, a batch read only behind its doors, and docs that cite the project
-or the papers."""
+functions, no import cycle, a batch's state held by the batch alone, and docs that cite the
+project or the papers."""
 
 import ast
 from pathlib import Path
@@ -50,13 +50,18 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _typing_only(tree: ast.Module) -> set[int]:
+    """The ids of the nodes under an ``if TYPE_CHECKING:``."""
+    return {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+            and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+
+
 def _imports(path: Path, modules: set[str]) -> set[str]:
     """The draftkit modules ``path`` imports, at its top or inside a function (a function-local
     import is still a dependency), but not those imported for type checking alone."""
     tree = ast.parse(path.read_text())
     name, is_pkg = _module_name(path), path.name == "__init__.py"
-    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                   and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+    typing_only = _typing_only(tree)
     found = set()
     for node in ast.walk(tree):
         if id(node) in typing_only:
@@ -105,10 +110,47 @@ def test_no_import_cycle_in_the_package():
     assert not cycles, f"import cycles: {cycles}"
 
 
-def test_nothing_outside_decode_reads_a_batch_state():
-    """The batch's state is decode/'s: everything else goes through its doors (``Batch``)."""
-    readers = [f"{p.relative_to(ROOT)}" for p in _modules()
-               if p.parent.name != "decode" and "BatchState" in p.read_text()]
-    private = [f"{p.relative_to(ROOT)}:{i}" for p in _modules() if p.parent.name != "decode"
-               for i, line in enumerate(p.read_text().splitlines(), 1) if "._state" in line]
-    assert not readers and not private, (readers, private)
+def test_only_the_batch_holds_its_state():
+    """A batch's state is private to the module that changes it: only decode/batch.py imports
+    ``BatchState`` to run (a drafter, handed it, names it for type checking alone), and
+    engine.py imports neither the class nor anything that takes it."""
+    holders, typing_names = [], []
+    for path in _modules():
+        tree = ast.parse(path.read_text())
+        typing_only = _typing_only(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and any(a.name == "BatchState"
+                                                         for a in node.names):
+                where = f"{path.relative_to(ROOT)}"
+                (typing_names if id(node) in typing_only else holders).append(where)
+    assert holders == ["draftkit/decode/batch.py"], holders
+    assert all(p.startswith("draftkit/decode/") for p in typing_names), typing_names
+    engine = ast.parse((ROOT / "draftkit/decode/engine.py").read_text())
+    assert "BatchState" not in ast.unparse(engine)
+    takes_state = [f"{f.name}({a.arg})" for f in ast.walk(engine)
+                   if isinstance(f, ast.FunctionDef) and not f.name.startswith("_")
+                   for a in f.args.args + f.args.kwonlyargs if a.arg == "state"]
+    assert not takes_state, takes_state
+
+
+def test_the_state_module_imports_nothing_above_it():
+    """decode/state.py sits below the batch and the engine: it imports neither, directly or
+    through another module, so the state reads without the decoder around it."""
+    paths = {_module_name(p): p for p in _modules()}
+    seen, todo = set(), ["draftkit.decode.state"]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(_imports(paths[m], set(paths)))
+    above = {"draftkit.decode.batch", "draftkit.decode.engine", "draftkit.decode.drafters"}
+    assert not seen & above, seen & above
+
+
+def test_no_one_reads_another_objects_state():
+    """``_state`` is read off ``self`` alone: no module reaches into a batch's."""
+    reads = [f"{p.relative_to(ROOT)}:{node.lineno}" for p in _modules()
+             for node in ast.walk(ast.parse(p.read_text()))
+             if isinstance(node, ast.Attribute) and node.attr == "_state"
+             and not (isinstance(node.value, ast.Name) and node.value.id == "self")]
+    assert not reads, reads

@@ -1,5 +1,7 @@
 """Engine slots: admit and release rows between rounds, per-row sampling parameters and seeds."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -7,6 +9,7 @@ from draftkit.decode.choice import resolve_k
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.sampling import SamplingParams, row_probabilities
 from draftkit.errors import DraftkitError
+from tests.helpers import ScriptedK
 
 A, B, C, D = [5, 9, 22, 31, 7], [11, 12], [40, 41, 42, 43, 44, 45, 46, 8], [60, 61, 62]
 GREEDY, WARM = SamplingParams(), SamplingParams(0.9, top_p=0.95)
@@ -27,10 +30,10 @@ def up_to(k_max):
     return resolve_k(k_max, has_draft=True)
 
 
-def run(batch, k, rounds=None):
+def run(batch, rounds=None):
     i = 0
     while batch.live and (rounds is None or i < rounds):
-        batch.step(k)
+        batch.step()
         i += 1
 
 
@@ -39,21 +42,21 @@ def test_admitted_rows_equal_decoding_alone(engines):
     still produces exactly the tokens it would alone."""
     engine = engines[0]
     assert engine.slotted
+    script = ScriptedK(3, 3)
     with torch.inference_mode():
-        batch = engine.open(4, up_to(3), max_len=128)
+        batch = engine.open(4, script.choice, max_len=128)
         (sa,) = batch.admit([A], GREEDY, 20)
         (sb,) = batch.admit([B], WARM, 30, [1])
-        run(batch, 3, rounds=3)
+        run(batch, rounds=3)
         (sc,) = batch.admit([C], GREEDY, 12)  # joins mid-flight
-        run(batch, 2, rounds=2)
+        script.play(2)
+        run(batch, rounds=2)
         batch.release(sb)  # a client went away
         assert batch.output(sb).finish_reason == "abort" and batch.free_slots() == 2
         (sd,) = batch.admit([D], GREEDY, 15)  # reuses the freed slot
         assert sd == sb
-        k = 0
-        while batch.live:
-            batch.step(k)
-            k = (k + 1) % 4  # K changes between rounds, as under --k auto
+        script.play(itertools.cycle(range(4)))  # K changes between rounds, as under --k auto
+        run(batch)
     for slot, prompt, n in ((sa, A, 20), (sc, C, 12), (sd, D, 15)):
         assert batch.output(slot).tokens == alone(engine, prompt, n)
         assert batch.output(slot).finish_reason == "length"
@@ -69,7 +72,7 @@ def test_seeded_row_does_not_depend_on_its_batch(engines):
             if others:
                 batch.admit([B, C], [WARM, GREEDY], 25)
             (s,) = batch.admit([A], SamplingParams(1.0), 18, [7])
-            run(batch, 2)
+            run(batch)
         return batch.output(s).tokens
 
     solo = sampled(False)
@@ -93,12 +96,12 @@ def test_general_runner_admits_cohorts(engines):
         slots = batch.admit([A, B], GREEDY, 10)
         with pytest.raises(DraftkitError, match="empty batch"):
             batch.admit([C], GREEDY, 10)
-        run(batch, 2)
+        run(batch)
         first = [batch.output(s).tokens for s in slots]
         for s in slots:
             batch.release(s)
         (sc,) = batch.admit([C], GREEDY, 10)  # a new cohort
-        run(batch, 2)
+        run(batch)
     assert first == [alone(engine, A, 10), alone(engine, B, 10)]
     assert batch.output(sc).tokens == alone(engine, C, 10)
 
@@ -110,7 +113,7 @@ def test_admit_checks_room(engines):
         batch.admit([[5] * 13], GREEDY, 4)
     with torch.inference_mode():
         batch.admit([[5] * 4], GREEDY, 100)  # the budget is capped to the room
-        run(batch, 2)
+        run(batch)
     assert len(batch.output(0).tokens) == 16 - 4 - 4
     with pytest.raises(DraftkitError, match="slots are free"):
         batch.admit([A], GREEDY, 4)

@@ -409,14 +409,16 @@ def test_client_gone_mid_stream_frees_its_slot(tiny_models):
 
     tok, target, draft = tiny_models
     engine = SpeculativeEngine(target, draft, eos_token_id=None)  # never stops by itself
-    step = engine.step
+    app = create_app(engine, tok, model_name="tiny", k=2, max_batch=2)
+    batch = app.state.scheduler.batch
+    step = batch.step
 
-    def slow_step(state, k):
+    def slow_step():
         time.sleep(0.01)
-        return step(state, k)
+        return step()
 
-    engine.step = slow_step
-    srv = LiveServer(create_app(engine, tok, model_name="tiny", k=2, max_batch=2))
+    batch.step = slow_step
+    srv = LiveServer(app)
     try:
         c = srv.client()
         stream = c.completions.create(model="tiny", prompt="hello", max_tokens=200,
@@ -570,7 +572,7 @@ def test_a_failed_admission_answers_its_requests_and_the_server_goes_on(tiny_mod
     """Requests taken off the queue when admission fails get an error, not a hang."""
     srv = start_server(tiny_models, k=2, max_batch=4)
     try:
-        admit = srv.app.state.scheduler.engine.admit
+        admit = srv.app.state.scheduler.batch.admit
         calls = {"n": 0}
 
         def fails_once(*a, **k):
@@ -579,7 +581,7 @@ def test_a_failed_admission_answers_its_requests_and_the_server_goes_on(tiny_mod
                 raise RuntimeError("out of memory")
             return admit(*a, **k)
 
-        srv.app.state.scheduler.engine.admit = fails_once
+        srv.app.state.scheduler.batch.admit = fails_once
         body = {"model": "tiny", "prompt": "hello", "max_tokens": 4, "temperature": 0}
         r = httpx.post(f"{srv.url}/completions", json=body, timeout=30)
         assert r.status_code == 500 and "out of memory" in r.json()["error"]["message"]
