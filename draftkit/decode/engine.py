@@ -26,7 +26,8 @@ a slot. :meth:`~SpeculativeEngine.start` is ``open`` plus ``admit`` of a fixed b
 any round; the general transformers path cannot write one row of a ``DynamicCache``, so it
 admits only into an empty batch (cohorts) and every round computes the whole cohort
 (``Batch.free_slots``). A server takes a new draft between batches
-(:meth:`SpeculativeEngine.swap_draft`, then ``open``): a batch never holds rows of two drafts.
+(:meth:`SpeculativeEngine.swap_draft`, then ``open``): a batch never holds rows of two drafts;
+what it needs of the engine it reads in :meth:`SpeculativeEngine.describe`.
 
 Sampling parameters are per row (temperature, top-k, top-p; greedy rows stay exact argmax).
 Random numbers come from one seeded ``torch.Generator`` for the batch (``start``/``generate``:
@@ -40,6 +41,9 @@ changes which sample is drawn (never its distribution). Greedy rows never depend
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 from draftkit.decode.batch import Batch, no_grad
 from draftkit.decode.choice import PLAIN, KChoice, resolve_k
 from draftkit.decode.drafters import make_drafter
@@ -51,6 +55,22 @@ from draftkit.decode.stats import DecodeStats
 from draftkit.errors import DraftkitError
 from draftkit.models.facts import (decoding_context, sliding_window, stop_token_ids, text_config,
                                    token_ids)
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What a server needs to know of an engine (:meth:`SpeculativeEngine.describe`), in place
+    of reading its runners."""
+
+    vocab_size: int  # the target's: a prompt's token ids lie in [0, vocab_size)
+    has_draft: bool  # False: plain decoding, no draft to swap
+    context: int | None  # positions the pair decodes exactly (None: the config names none)
+    continuous: bool  # rows join a batch at any round; False: in cohorts (the general path)
+    device: "torch.device"
+    kv_cache_bytes: int  # the static KV caches the latest open() allocated (the fast path's)
 
 
 class SpeculativeEngine:
@@ -183,3 +203,13 @@ class SpeculativeEngine:
         return Batch(slots, max_len, k, target=self.target, drafter=drafter, eos=self.eos,
                      device=self.device, slotted=self.slotted,
                      one_row_cohorts=self.one_row_cohorts, stats=stats, seed=seed)
+
+    def describe(self) -> EngineInfo:
+        """What a server needs to know of this engine now (its KV caches as the latest
+        :meth:`open` allocated them)."""
+        caches = [getattr(r, "cache", None) for r in (self.target, self.draft)]
+        kv = sum(c.k.numel() * c.k.element_size() * 2 for c in caches
+                 if c is not None and hasattr(c, "k"))
+        return EngineInfo(vocab_size=self.target.vocab_size, has_draft=self.draft is not None,
+                          context=self.context, continuous=self.slotted, device=self.device,
+                          kv_cache_bytes=kv)

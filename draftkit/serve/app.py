@@ -149,11 +149,12 @@ def create_app(engine, tokenizer, *, model_name: str, k: KChoice | KValue = AUTO
     (``model_identity``); ``admin_token``: turns ``POST /admin/draft`` on, checking bundles
     against the target in ``target_path``."""
     metrics = ServeMetrics(model_name)
+    has_draft = engine.describe().has_draft
     if not isinstance(k, KChoice):
-        k = resolve_k(k, k_max, has_draft=engine.draft is not None)
+        k = resolve_k(k, k_max, has_draft=has_draft)
     scheduler = Scheduler(engine, metrics, k=k, max_batch=max_batch,
                           max_model_len=max_model_len, recorder=recorder,
-                          draft=draft or ("none" if engine.draft is None else "unnamed"))
+                          draft=draft or ("unnamed" if has_draft else "none"))
     if recorder is not None:
         metrics.recording.set_function(lambda: recorder.recording)
 

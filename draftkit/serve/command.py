@@ -284,9 +284,10 @@ def build_engine(args: ServeArgs):
     pair = load_pair(target, draft, device=args.device, dtype=args.dtype)
     engine = SpeculativeEngine(pair.target, pair.draft, fast_path=None if args.fast_path
                                else False)
-    max_model_len = args.max_model_len or min(engine.context or DEFAULT_MAX_MODEL_LEN,
+    info = engine.describe()
+    max_model_len = args.max_model_len or min(info.context or DEFAULT_MAX_MODEL_LEN,
                                               DEFAULT_MAX_MODEL_LEN)
-    k = KChoice.of(args.k, args.k_max, has_draft=engine.draft is not None)  # validated above
+    k = KChoice.of(args.k, args.k_max, has_draft=info.has_draft)  # validated above
     recorder = open_recorder(args, pair.target_ref, pair.tokenizer) if args.record else None
     app = create_app(engine, pair.tokenizer, model_name=name, k=k, verify=args.verify,
                      max_batch=args.max_batch, max_model_len=max_model_len,
@@ -297,16 +298,14 @@ def build_engine(args: ServeArgs):
                      admin_token=args.admin_token or os.environ.get(TOKEN_ENV) or None)
     app.state.metrics.eval_figures(eval_domains(args.bundle))
     sched = app.state.scheduler
-    batching = "continuous" if engine.slotted else "cohorts (general runner)"
-    caches = [getattr(r, "cache", None) for r in (engine.target, engine.draft)]
-    kv = sum(c.k.numel() * c.k.element_size() * 2 for c in caches
-             if c is not None and hasattr(c, "k"))
+    info = engine.describe()  # the scheduler's batch has allocated its caches
+    batching = "continuous" if info.continuous else "cohorts (general runner)"
     desc = (f"model '{name}': target {pair.target_ref.path}"
             + (f", draft {pair.draft_ref.path} ({sched.draft})" if pair.draft_ref
                else ", no draft")
             + f"; K {sched.k_choice.label}; {args.max_batch} slots x {sched.batch.max_len} "
-              f"positions, {batching} batching ({kv / 2**30:.2f} GiB KV cache); device "
-              f"{engine.device}")
+              f"positions, {batching} batching ({info.kv_cache_bytes / 2**30:.2f} GiB KV cache); "
+              f"device {info.device}")
     if recorder is not None:
         desc += (f"; recording into {recorder.folder} ({recorder.used / MB:.1f} of "
                  f"{args.record_quota_mb:g} MB used)")

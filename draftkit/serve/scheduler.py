@@ -109,7 +109,7 @@ class Scheduler:
         self.k_choice = k
         k_max = k.k_max
         metrics.open_positions(k_max)
-        limit = engine.context
+        limit = engine.describe().context
         if max_model_len is not None and limit is not None:
             max_model_len = min(max_model_len, limit)
         max_len = max_model_len or limit

@@ -65,7 +65,7 @@ class Completions:
     def encode(self, prompt, raw: bool) -> list[int]:
         """Token ids of a completion prompt (``raw``: a string or ids) or of chat messages."""
         if raw and isinstance(prompt, list):  # token ids
-            vocab = self.scheduler.engine.target.vocab_size
+            vocab = self.scheduler.engine.describe().vocab_size
             if any(not 0 <= t < vocab for t in prompt):
                 raise RequestError(f"prompt token ids must lie in [0, {vocab})", "prompt")
             return list(prompt)

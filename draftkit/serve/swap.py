@@ -104,7 +104,7 @@ class EngineSwap:
     async def swap(self, bundle: str) -> dict:
         """Check and load ``bundle``'s draft off the event loop, hand it to the scheduler and
         answer once it serves."""
-        if self.scheduler.engine.draft is None or not self.scheduler.k_choice.k_max:
+        if not self.scheduler.engine.describe().has_draft or not self.scheduler.k_choice.k_max:
             raise RequestError("this server decodes without a draft (--k 0 or --draft none); "
                                "restart it with one to swap drafts", "bundle", 409)
         started, previous = time.perf_counter(), self.scheduler.draft
@@ -167,4 +167,4 @@ def stage(ref, engine) -> Callable[[], Any]:
     if is_eagle3_dir(ref.path):
         return lambda: load_head(ref.path, engine.target_model, ref.spec)
     model = load_model(ref, "draft", "cpu", dtype_name(engine.target_model))
-    return lambda: model.to(engine.device)
+    return lambda: model.to(engine.describe().device)
