@@ -8,8 +8,9 @@ A configuration is a (possibly nested) dataclass whose fields carry their help t
 - ``--flags`` generated for argparse (flat dataclasses, inherited fields included, used by the
   subcommands; fields that several commands share may sit in an argparse group of their own).
 
-A type with a parser of its own (K: an integer or ``'auto'``) is written
-``Annotated[T, Parsed(parse, name)]`` and is read through ``parse`` from all three.
+Each value is read down its field's type by :func:`draftkit.fields.read`, which also checks
+the bounds and choices the type carries (``Annotated[int, Range(low=1)]``, ``option(choices=...)``)
+and reads a type with a parser of its own (K: an integer or ``'auto'``) through it.
 
 Unknown or mistyped keys are errors that name the key and the file they came from; a key a
 class renamed (its ``RENAMED`` table) still loads under its old name, with a line saying so.
@@ -24,14 +25,15 @@ import dataclasses
 import math
 import re
 import sys
-import types
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal
+from typing import Any
 
 import yaml
 
-from draftkit.errors import ConfigError, DraftkitError
+from draftkit import fields
+from draftkit.errors import ConfigError
+from draftkit.fields import FieldError
 from draftkit.io import atomic_write_text
 
 _MISSING = dataclasses.MISSING
@@ -121,17 +123,7 @@ def reuse(cls: type, name: str, default: Any = _MISSING, *, note: str = "") -> A
     return _field(_default(f) if default is _MISSING else default, meta)
 
 
-# --- types --------------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class Parsed:
-    """Marks ``Annotated[T, Parsed(parse, name)]``: a field type read by ``parse``, which takes a
-    YAML value or a command-line word and returns the field's value or raises (ValueError,
-    TypeError or DraftkitError); ``name`` says what it expects, in errors and in help."""
-
-    parse: Callable[[Any], Any]
-    name: str
-
+# --- values -------------------------------------------------------------------------------------
 
 def _default(f: dataclasses.Field) -> Any:
     """A field's default (a fresh one from its factory), or ``_MISSING`` for a required field."""
@@ -140,127 +132,73 @@ def _default(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default_factory is not _MISSING else _MISSING
 
 
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls, include_extras=True)  # keeps Annotated's Parsed
+class _Text(fields.Reading):
+    """Values from YAML or the command line: text converted to the field's type, a section built
+    by :func:`from_dict`, null only where the field is optional. ``bounds``: False where argparse
+    converts a word (its bounds are checked after, so that a failure is one line)."""
 
+    nulls = False
 
-def _parsed(tp: Any) -> Parsed | None:
-    """The Parsed marker of an ``Annotated`` type, else None."""
-    if typing.get_origin(tp) is not Annotated:
-        return None
-    return next((m for m in tp.__metadata__ if isinstance(m, Parsed)), None)
+    def __init__(self, source: str, bounds: bool = True):
+        self.source, self.bounds = source, bounds
 
+    def null(self, value, optional):
+        return value is None or (optional and isinstance(value, str) and
+                                 value.lower() in ("null", "none"))
 
-def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1 and len(typing.get_args(tp)) == 2:
-            return args[0], True
-    return tp, False
+    def items(self, value):
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise TypeError
+        # a command-line word may hold several values: --batch-sizes 1,2 4
+        words = [v.split(",") if isinstance(v, str) else [v] for v in value]
+        return [p.strip() if isinstance(p, str) else p for w in words for p in w
+                if not isinstance(p, str) or p.strip()]
 
+    def mapping(self, value):
+        if not isinstance(value, dict):
+            raise TypeError
+        return value
 
-def type_name(tp: Any) -> str:
-    """A field's type in words, as errors and help name it: ``float or null``, ``list of int``."""
-    inner, optional = _unwrap_optional(tp)
-    if _parsed(inner) is not None:
-        name = _parsed(inner).name
-    elif typing.get_origin(inner) is Literal:
-        name = " | ".join(repr(a) for a in typing.get_args(inner))
-    elif typing.get_origin(inner) is list:
-        name = f"list of {type_name(typing.get_args(inner)[0])}"
-    elif typing.get_origin(inner) is dict:
-        name = "mapping of {} to {}".format(*map(type_name, typing.get_args(inner)))
-    else:
-        name = getattr(inner, "__name__", str(inner))
-    return f"{name} or null" if optional else name
+    def section(self, cls, value, key):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{self.source}: key '{key}' is a section; give it a mapping of "
+                              f"keys")
+        return from_dict(cls, value, self.source, prefix=f"{key}.")
+
+    def scalar(self, value, tp):
+        if tp is bool:
+            if isinstance(value, bool):
+                return value
+            word = value.lower() if isinstance(value, str) else None
+            if word in ("true", "yes", "1", "on", "false", "no", "0", "off"):
+                return word in ("true", "yes", "1", "on")
+        elif tp is int and not isinstance(value, bool) and isinstance(value, (int, str)):
+            return int(value)  # a plain int, without the YAML text
+        elif tp is float and not isinstance(value, bool) and isinstance(value, (int, float, str)):
+            number = float(value)
+            if math.isfinite(number):  # not nan or inf
+                return number
+        elif tp in (str, Path):
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                value = getattr(value, "text", str(value))  # as written: '0123', not '83'
+            if isinstance(value, (str, Path)):
+                return tp(value)
+        raise TypeError(value)
 
 
 def coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     """Convert ``value`` (from YAML or a command line string) to ``tp`` or raise ConfigError."""
-    inner, optional = _unwrap_optional(tp)
+    try:
+        return fields.read(value, tp, key, _Text(source))
+    except FieldError as e:
+        raise ConfigError(f"{source}: {_said(e)}") from None
 
-    def fail() -> ConfigError:
-        return ConfigError(f"{source}: key '{key}' expects {type_name(tp)}, got {value!r}; "
-                           f"fix the value")
 
-    if value is None or (optional and isinstance(value, str) and value.lower() in ("null", "none")):
-        if optional:
-            return None
-        raise fail()
-    parsed = _parsed(inner)
-    if parsed is not None:
-        try:
-            return parsed.parse(value)
-        except (ValueError, TypeError, DraftkitError):
-            raise fail() from None
-    origin = typing.get_origin(inner)
-    if origin is Literal:
-        allowed = typing.get_args(inner)
-        for a in allowed:
-            if value == a or (isinstance(value, str) and str(a) == value):
-                return a
-        raise ConfigError(f"{source}: key '{key}' must be one of "
-                          f"{', '.join(repr(a) for a in allowed)}, got {value!r}")
-    if origin is list:
-        (elem,) = typing.get_args(inner)
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, (list, tuple)):
-            raise fail()
-        # a command-line word may hold several values: --batch-sizes 1,2 4
-        words = [v.split(",") if isinstance(v, str) else [v] for v in value]
-        value = [p.strip() if isinstance(p, str) else p for w in words for p in w
-                 if not isinstance(p, str) or p.strip()]
-        return [coerce(v, elem, key, source) for v in value]
-    if origin is dict:
-        key_tp, value_tp = typing.get_args(inner)
-        if not isinstance(value, dict):
-            raise fail()
-        return {coerce(k, key_tp, key, source): coerce(v, value_tp, f"{key}.{k}", source)
-                for k, v in value.items()}
-    if inner is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on"):
-            return True
-        if isinstance(value, str) and value.lower() in ("false", "no", "0", "off"):
-            return False
-        raise fail()
-    if inner is int:
-        if isinstance(value, bool):
-            raise fail()
-        if isinstance(value, int):
-            return int(value)  # a plain int, without the YAML text
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                raise fail() from None
-        raise fail()
-    if inner is float:
-        if isinstance(value, bool):
-            raise fail()
-        number = value
-        if isinstance(value, str):
-            try:
-                number = float(value)
-            except ValueError:
-                raise fail() from None
-        if isinstance(number, (int, float)) and math.isfinite(number):  # not nan or inf
-            return float(number)
-        raise fail()
-    if inner in (str, Path):
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            value = getattr(value, "text", str(value))  # as written: '0123', not '83'
-        if isinstance(value, (str, Path)):
-            return inner(value)
-        raise fail()
-    if dataclasses.is_dataclass(inner):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{source}: key '{key}' is a section; give it a mapping of keys")
-        return from_dict(inner, value, source, prefix=f"{key}.")
-    raise fail()
+def _said(e: FieldError) -> str:
+    """A key's error after its source: ``key 'k' expects int, got 'x'; fix the value``."""
+    return f"key '{e.key}' {e.said()}" + ("" if e.bound else "; fix the value")
 
 
 # --- dicts and YAML -----------------------------------------------------------------------------
@@ -269,23 +207,23 @@ def from_dict(cls: type, data: dict, source: str, prefix: str = "") -> Any:
     """Build ``cls`` from a mapping; unknown keys and wrong types name the key and ``source``."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping of keys at the top level")
-    hints = _hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = fields.hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
     renamed = _renamed(cls)
     for key, value in data.items():
-        if key not in fields and key in renamed:
+        if key not in known and key in renamed:
             _say_renamed(prefix + key, prefix + renamed[key])
             if renamed[key] in data:  # given both, the new name wins
                 continue
             key = renamed[key]
-        if key not in fields:
-            close = _closest(str(key), fields)
+        if key not in known:
+            close = _closest(str(key), known)
             hint = f" (did you mean '{prefix}{close}'?)" if close else ""
             raise ConfigError(f"{source}: unknown key '{prefix}{key}'{hint}; "
-                              f"valid keys: {', '.join(prefix + f for f in fields)}")
+                              f"valid keys: {', '.join(prefix + f for f in known)}")
         kwargs[key] = coerce(value, hints[key], f"{prefix}{key}", source)
-    missing = [n for n, f in fields.items() if n not in kwargs and _default(f) is _MISSING]
+    missing = [n for n, f in known.items() if n not in kwargs and _default(f) is _MISSING]
     if missing:
         raise ConfigError(f"{source}: missing required key '{prefix}{missing[0]}'")
     cfg = cls(**kwargs)
@@ -426,12 +364,12 @@ def _checked_overrides(cls: type, overrides: list[str]) -> list[tuple[str, Any]]
                 close = _closest(part, names)
                 hint = f" (did you mean '{'.'.join(parts[:i] + [close])}'?)" if close else ""
                 raise ConfigError(f"command line: unknown key '{key}'{hint}")
-            tp = _hints(node)[part]
+            tp = fields.hints(node)[part]
             if i < len(parts) - 1:
-                node, _ = _unwrap_optional(tp)
+                node = fields.parts(tp)[0]
                 if not dataclasses.is_dataclass(node):
                     raise ConfigError(f"command line: '{'.'.join(parts[:i + 1])}' is not a section")
-        section, _ = _unwrap_optional(tp)
+        section = fields.parts(tp)[0]
         if dataclasses.is_dataclass(section) and isinstance(value, dict):
             todo[:0] = [(f"{key}.{k}", v) for k, v in value.items()]
             continue
@@ -459,9 +397,9 @@ def recipe_keys(cls: type, prefix: str = "") -> list[Key]:
     under ``key[]`` (``data.sources[].path``).
     """
     keys = []
-    hints = _hints(cls)
+    hints = fields.hints(cls)
     for f in dataclasses.fields(cls):
-        tp, _ = _unwrap_optional(hints[f.name])
+        tp = fields.parts(hints[f.name])[0]
         item = typing.get_args(tp)[0] if typing.get_origin(tp) is list else None
         if dataclasses.is_dataclass(tp):
             keys += recipe_keys(tp, f"{prefix}{f.name}.")
@@ -472,7 +410,7 @@ def recipe_keys(cls: type, prefix: str = "") -> list[Key]:
         value = _default(f)
         shown = "(required)" if value is _MISSING else \
             yaml.safe_dump(value, default_flow_style=True).split("\n...")[0].strip()
-        keys.append(Key(prefix + f.name, shown, type_name(hints[f.name]),
+        keys.append(Key(prefix + f.name, shown, fields.type_name(hints[f.name]),
                         f.metadata.get("help", "")))
     return keys
 
@@ -497,7 +435,7 @@ def dump_yaml(cfg: Any, path: str | Path) -> None:
 def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     """Add one flag per field of a flat dataclass (inherited fields too), with its help, type
     and default; a field with a ``group`` is listed under that title, after the others."""
-    hints = _hints(cls)
+    hints = fields.hints(cls)
     groups: dict[str, Any] = {}
     for f in sorted(dataclasses.fields(cls), key=lambda f: f.metadata.get("group") is not None):
         meta = f.metadata
@@ -505,7 +443,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         if title and title not in groups:
             groups[title] = parser.add_argument_group(title)
         tp = hints[f.name]
-        inner, _ = _unwrap_optional(tp)
+        inner = fields.parts(tp)[0]
         default = _default(f)
         required = default is _MISSING
         if required:
@@ -514,9 +452,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         if default not in (None, False, "", []) and "%(default)" not in help_text:
             shown = ",".join(map(str, default)) if isinstance(default, list) else default
             help_text += f" (default: {shown})"
-        choices = meta.get("choices")
-        if typing.get_origin(inner) is Literal:
-            choices = typing.get_args(inner)
+        choices = fields.choices(tp)
         names = [f.name] if meta.get("positional") else (
             [f"--{f.name.replace('_', '-')}"] + ([meta["short"]] if meta.get("short") else []))
         kwargs: dict[str, Any] = {"help": help_text}
@@ -532,7 +468,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
                     tp = typing.get_args(inner)[0]
                 # a flag's word may hold several values (--batch-sizes 1,2 4): each converts
                 # to a list, joined in from_namespace
-            if _parsed(inner) is None:  # a parsed type's word is read in from_namespace
+            if fields.parser(tp) is None:  # a parsed type's word is read in from_namespace
                 kwargs["type"] = _argparse_type(tp, f.name)
             kwargs["metavar"] = meta.get("metavar") or (None if choices else f.name.upper())
             if choices:
@@ -549,30 +485,22 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
 
 
 def _argparse_type(tp: Any, name: str):
+    """A flag word converted to its field's type; its bounds are checked by from_namespace."""
     def convert(text: str):
         try:
-            return coerce(text, tp, name, "command line")
-        except ConfigError as e:
-            raise argparse.ArgumentTypeError(str(e).split(": ", 1)[-1]) from None
-    convert.__name__ = type_name(tp)
+            return fields.read(text, tp, name, _Text("command line", bounds=False))
+        except FieldError as e:
+            raise argparse.ArgumentTypeError(_said(e)) from None
+    convert.__name__ = fields.type_name(tp)
     return convert
 
 
 def from_namespace(cls: type, ns: argparse.Namespace) -> Any:
-    """Build the dataclass from parsed flags and run its ``validate()``."""
+    """Build the dataclass from parsed flags, check each against its type (:func:`checked`) and
+    run its ``validate()``."""
     kwargs = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if hasattr(ns, f.name)}
-    hints = _hints(cls)
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
-        inner, _ = _unwrap_optional(hints[f.name])
-        if _parsed(inner) is not None and isinstance(kwargs.get(f.name), str):
-            # read here rather than by argparse (which prints its usage first), so a bad K is
-            # the one line that names its flag, as a value validate() refuses is
-            try:
-                kwargs[f.name] = coerce(kwargs[f.name], hints[f.name], f.name, "command line")
-            except ConfigError:
-                raise ConfigError(f"{flag} expects {type_name(hints[f.name])}, got "
-                                  f"{kwargs[f.name]!r}") from None
         words = kwargs.get(f.name)
         if f.metadata.get("nargs") and not f.metadata.get("positional") and words and \
                 all(isinstance(w, list) for w in words):
@@ -580,6 +508,22 @@ def from_namespace(cls: type, ns: argparse.Namespace) -> Any:
         if kwargs.get(f.name) == [] and f.default is None:
             # unset (None) is how such a flag says "all" or "none": given empty, it is a slip
             raise ConfigError(f"{flag} names nothing; name some, or leave {flag} out")
-    cfg = cls(**kwargs)
+    return checked(cls(**kwargs))
+
+
+def checked(cfg: Any) -> Any:
+    """``cfg``, a flat dataclass of flags (built by :func:`from_namespace`, or in code), with each
+    field read against its type: a parsed type's word read (K), bounds and choices checked, a
+    failure one line naming the flag (here rather than in argparse, which prints its usage
+    first); then its ``validate()``."""
+    hints = fields.hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        flag = f.name.upper() if f.metadata.get("positional") else \
+            "--" + f.name.replace("_", "-")
+        try:
+            tp = fields.not_null(hints[f.name])  # None fits a check; a flag is not given null
+            setattr(cfg, f.name, fields.read(getattr(cfg, f.name), tp, flag))
+        except FieldError as e:
+            raise ConfigError(f"{flag} {e.said()}") from None
     _validate(cfg, "command line")
     return cfg

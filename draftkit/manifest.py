@@ -3,7 +3,8 @@
 unnoticed. The record's fields are the file's keys in the order written, so a manifest read and
 written again keeps its bytes (:mod:`draftkit.records`); its per-domain figures are narrowed from
 the eval report's own rows (:class:`DomainEntry`). A key no field names (a hand edit, or a later
-draftkit's field) is refused by its dotted name.
+draftkit's field) is refused by its dotted name, as is a value out of the range its field's type
+carries (``Annotated[float, Range(low=0, high=1)]``: :mod:`draftkit.fields` reads both).
 
 A bundle's weights are hashed file by file in the manifest, and the figures serving decisions
 rest on (K, alpha, tau, c, the break-even batch) live in the manifest itself. So the manifest
@@ -25,27 +26,34 @@ Every command that loads a bundle checks its files against their hashes (:func:`
 every time) and every value the bundle states in two places against the other
 (:func:`check_consistent`), as ``draftkit check`` does. The seal, the ranges and those checks
 are :mod:`draftkit.bundle_checks` (the standard library only), which the bundle's own
-``serving/preflight.py`` runs too; this module adds the typed record and its keys. Who signed
-the bundle is :mod:`draftkit.signing`'s.
+``serving/preflight.py`` runs too; this module adds the typed record and its keys. The ranges
+are stated twice, on the record's fields and in ``bundle_checks`` for a launcher without
+draftkit (whose copy is hashed into every bundle, so it is not rewritten from the record); the
+tests hold the two alike. Who signed the bundle is :mod:`draftkit.signing`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 from draftkit import bundle_checks as checks
-from draftkit.bundle_checks import HASH, NAME, content_hash
+from draftkit.bundle_checks import DTYPES, HASH, NAME, content_hash
 from draftkit.errors import ModelError
+from draftkit.fields import FieldError, OneOf, Range, UnknownKey
 from draftkit.io import read_json
 from draftkit.records import Record, added_later
 
 FORMAT = 2  # 2: the manifest hashes itself
 _REMEDY = checks.REMEDY
+
+# the ranges bundle_checks.check_values states for the launcher, on the fields they bound
+_K = Annotated[int, Range(low=0)]  # a recommended K; 0: speculation did not pay
+_SPEEDUP = Annotated[float, Range(above=0, what="a speedup")]
 
 
 # --- the record -----------------------------------------------------------------------------------
@@ -86,12 +94,14 @@ class DomainEntry(Record):
     :class:`~draftkit.figures.DomainFigures` narrowed (``DomainEntry.of(row)``). Any
     may be None, as a report an earlier draftkit wrote reads."""
 
-    alpha: float | None  # acceptance while decoding
-    tau: float | None  # tokens per target call
-    c: float | None  # a draft step's cost in target steps
-    k: int | None  # the positive K the domain's decodes used most
-    speedup_measured: float | None  # tokens/s over plain decoding's, on the same prompts
-    speedup_predicted: float | None  # the speedup model's, from the measured alpha_i, c and v
+    # acceptance while decoding
+    alpha: Annotated[float, Range(low=0, high=1, what="an acceptance rate")] | None
+    tau: Annotated[float, Range(low=1, what="an accepted length")] | None  # tokens per target call
+    # a draft step's cost in target steps
+    c: Annotated[float, Range(low=0, what="a cost ratio")] | None
+    k: _K | None  # the positive K the domain's decodes used most
+    speedup_measured: _SPEEDUP | None  # tokens/s over plain decoding's, on the same prompts
+    speedup_predicted: _SPEEDUP | None  # the speedup model's, from the measured alpha_i, c and v
     verdict: str | None  # the eval's: speculate with K, inconclusive, or why not
     # sampled: the draft's teacher-forced acceptance on the eval's continuations as the eval
     # drafted, and with greedy drafts (vLLM's default): how much an engine that drafts greedily
@@ -164,9 +174,11 @@ class ServingEntry(Record):
     (:func:`draftkit.export.serving.serving_entry`)."""
 
     target: str  # where the target was at export (a hub id for a hub target)
-    dtype: str  # the dtype the engines load the draft in
-    tp_sizes: list[int]  # the tensor-parallel sizes the draft shards at in both engines
-    num_speculative_tokens: int  # the recommended K, at least 1 (engines need one to draft)
+    dtype: Annotated[str, OneOf(DTYPES)]  # the dtype the engines load the draft in
+    # the tensor-parallel sizes the draft shards at in both engines
+    tp_sizes: list[Annotated[int, Range(low=1)]]
+    # the recommended K, at least 1 (engines need one to draft)
+    num_speculative_tokens: Annotated[int, Range(low=1)]
     k_per_batch_size: list[list[int]] | None  # vLLM's [first batch size, last, K] ranges
     measured_temperature: float | None  # the eval's temperature; None without a report
     engines: EnginesEntry
@@ -197,10 +209,11 @@ class Manifest(Record):
     created: str  # when the bundle was exported (ISO 8601, UTC)
     target: TargetEntry
     draft: DraftEntry
-    num_speculative_tokens: int  # the recommended K; 0: speculation did not pay
+    num_speculative_tokens: _K  # the recommended K; 0: speculation did not pay
     k_source: str  # flag (--k K), report (the report's K) or default (no report said one)
     domains: dict[str, DomainEntry] = field(default_factory=dict)
-    break_even_batch: int | None  # the batch size where the eval's batch sweep crosses 1.0x
+    # the batch size where the eval's batch sweep crosses 1.0x
+    break_even_batch: Annotated[int, Range(low=1, what="a batch size")] | None
     # which side of break_even_batch pays: "crosses", it stops paying there; "rises", it
     # starts; "below" / "above", no / every batch size measured pays
     break_even_kind: str | None
@@ -241,10 +254,10 @@ def read_manifest(bundle: str | Path) -> Manifest:
         raise ModelError(f"{path} is not a JSON object; {_REMEDY}")
     with _model_error():
         checks.check_values(manifest, str(path))
-    check_fields(manifest, str(path))
+    record = check_fields(manifest, str(path))
     with _model_error():
         checks.check_seal(manifest, str(path))
-    return Manifest.from_dict(manifest)
+    return record
 
 
 # --- files and cross-checks: draftkit.bundle_checks, which the bundle's launcher runs too ------
@@ -278,46 +291,16 @@ def _model_error():
         raise ModelError(str(e)) from None
 
 
-# --- keys -----------------------------------------------------------------------------------------
+# --- keys ---------------------------------------------------------------------------------------
 
-def check_fields(manifest: dict, where: str) -> None:
-    """Refuse a key no field of :class:`Manifest` (or a record in it) names, and an entry that
-    is not the mapping its record reads, naming it by its dotted path."""
-    problem = _unknown(manifest, Manifest, "")
-    if problem is not None:
-        name, what = problem
-        raise ModelError(f"{where}: {name} {what}; {_REMEDY}")
-
-
-def _unknown(value, tp, name: str) -> tuple[str, str] | None:
-    """(dotted name, what is wrong) of the first key in ``value`` (named ``name``) that its type
-    ``tp`` does not name, looking into records and mappings of records; None where every key is
-    known."""
-    if value is None:
-        return None
-    inner = [a for a in typing.get_args(tp) if a is not type(None)]
-    if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(inner) == 1:
-        tp = inner[0]  # an optional entry: None is fine, anything else is read as the entry
-    if isinstance(tp, type) and issubclass(tp, Record):
-        if not isinstance(value, dict):
-            return name, f"is {value!r}, not a mapping"
-        hints = typing.get_type_hints(tp)
-        for key, item in value.items():
-            if key not in hints:
-                return _dotted(name, key), ("is not a field of a draftkit bundle manifest "
-                                            "(edited after export, or written by a later "
-                                            "draftkit)")
-            found = _unknown(item, hints[key], _dotted(name, key))
-            if found is not None:
-                return found
-    elif typing.get_origin(tp) is dict and isinstance(value, dict):
-        item_type = typing.get_args(tp)[1]
-        for key, item in value.items():
-            found = _unknown(item, item_type, _dotted(name, key))
-            if found is not None:
-                return found
-    return None
-
-
-def _dotted(name: str, key: str) -> str:
-    return f"{name}.{key}" if name else key
+def check_fields(manifest: dict, where: str) -> Manifest:
+    """The record of ``manifest``, or one ModelError line naming by its dotted path the first
+    key no field of :class:`Manifest` (or a record in it) names, entry that is not the mapping
+    its record reads, or value out of its field's range."""
+    try:
+        return Manifest.from_dict(manifest, strict=True)
+    except UnknownKey as e:
+        raise ModelError(f"{where}: {e.key} is not a field of a draftkit bundle manifest (edited "
+                         f"after export, or written by a later draftkit); {_REMEDY}") from None
+    except FieldError as e:
+        raise ModelError(f"{where}: {e.key} is {e.value!r}, not {e.want}; {_REMEDY}") from None

@@ -9,15 +9,23 @@ default, or None (a figure that version did not measure), and a key no field nam
 except where a record keeps such keys (:func:`extra_keys`). That is why this is not
 :func:`draftkit.config.from_dict`, which refuses unknown keys and converts values to the field's
 type (an int to a float): right for a recipe a person wrote, wrong for a file to write back.
+Values are walked down their fields' types by :func:`draftkit.fields.read`, as the config
+layer's are, so the bounds and choices a field's type carries are checked here too.
+
+``from_dict(data, strict=True)`` refuses what a lenient read drops: a key no field names (an
+edited file, or a later version's) and an entry that is not the mapping its record reads, each
+a :class:`~draftkit.fields.FieldError` naming its dotted key (the bundle manifest reads so).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import types
 import typing
 from dataclasses import field
+
+from draftkit import fields
+from draftkit.fields import FieldError, UnknownKey
 
 
 def extra_keys() -> typing.Any:
@@ -50,21 +58,11 @@ class Record:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict):
-        """The record of a JSON object (leniently: see the module's docstring)."""
-        hints = _hints(cls)
-        fields = dataclasses.fields(cls)
-        named = {f.name for f in fields if not f.metadata.get("extra")}
-        kwargs = {}
-        for f in fields:
-            if f.metadata.get("extra"):
-                value = {k: v for k, v in data.items() if k not in named}
-            elif data.get(f.name) is None and f.default_factory is not dataclasses.MISSING:
-                value = f.default_factory()  # a collection the file leaves out, or null
-            else:
-                value = data.get(f.name, None if f.default is dataclasses.MISSING else f.default)
-            kwargs[f.name] = _read(value, hints[f.name])
-        return cls(**kwargs)
+    def from_dict(cls, data: dict, *, strict: bool = False):
+        """The record of a JSON object (leniently: see the module's docstring), or a TypeError
+        where no object is; ``strict``: a key no field names, or an entry that is no mapping, is
+        a FieldError."""
+        return fields.read(data, cls, "", _STRICT if strict else _LENIENT)
 
     @classmethod
     def of(cls, source, **more):
@@ -75,9 +73,53 @@ class Record:
         return cls(**{name: getattr(source, name) for name in shared - set(more)}, **more)
 
 
+class _Json(fields.Reading):
+    """Values as JSON gave them, kept as they are (null fits any field: a figure an earlier
+    version did not measure); records built from their objects."""
+
+    def __init__(self, strict: bool):
+        self.strict = strict
+
+    def section(self, cls, value, key):
+        if not (isinstance(cls, type) and issubclass(cls, Record)):
+            return value
+        if not isinstance(value, dict):  # no JSON object where a record is read: no record
+            if self.strict:
+                raise FieldError(key, value, "a mapping")
+            raise TypeError(f"{key or cls.__name__} is {value!r}, not a mapping")
+        return _build(cls, value, key, self)
+
+
+_LENIENT, _STRICT = _Json(strict=False), _Json(strict=True)
+
+
+def _build(cls: type, data: dict, key: str, how: _Json):
+    """The record ``cls`` of the JSON object ``data`` (named ``key``)."""
+    hints, record_fields = _hints(cls), dataclasses.fields(cls)
+    named = {f.name for f in record_fields if not f.metadata.get("extra")}
+    if how.strict and len(named) == len(record_fields):  # a record keeping extra keys takes any
+        unknown = next((k for k in data if k not in named), None)
+        if unknown is not None:
+            raise UnknownKey(_dotted(key, unknown), data[unknown])
+    kwargs = {}
+    for f in record_fields:
+        if f.metadata.get("extra"):
+            value = {k: v for k, v in data.items() if k not in named}
+        elif data.get(f.name) is None and f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()  # a collection the file leaves out, or null
+        else:
+            value = data.get(f.name, None if f.default is dataclasses.MISSING else f.default)
+        kwargs[f.name] = fields.read(value, hints[f.name], _dotted(key, f.name), how)
+    return cls(**kwargs)
+
+
+def _dotted(name: str, key: str) -> str:
+    return f"{name}.{key}" if name else str(key)
+
+
 @functools.cache
 def _hints(cls: type) -> dict:
-    return typing.get_type_hints(cls)
+    return fields.hints(cls)
 
 
 def _written(value):
@@ -87,25 +129,4 @@ def _written(value):
         return [_written(v) for v in value]
     if isinstance(value, dict):
         return {k: _written(v) for k, v in value.items()}
-    return value
-
-
-def _read(value, tp):
-    """``value`` as JSON gave it, its records (also in lists and dicts) built from their
-    objects; numbers, text and None stay as they are."""
-    if value is None:
-        return None
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(inner) != 1:
-            return value  # a plain value of one of several types (K: a number or 'auto')
-        tp = inner[0]
-    if isinstance(tp, type) and issubclass(tp, Record):
-        return tp.from_dict(value)
-    if typing.get_origin(tp) is list:
-        (item,) = typing.get_args(tp)
-        return [_read(v, item) for v in value]
-    if typing.get_origin(tp) is dict:
-        _, item = typing.get_args(tp)
-        return {k: _read(v, item) for k, v in value.items()}
     return value

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from draftkit.config import Parsed
 from draftkit.errors import ConfigError, DraftkitError
+from draftkit.fields import Parsed
 
 AUTO = "auto"
 # The largest K ``auto`` may choose unless told otherwise (each row keeps k_max + 2 positions

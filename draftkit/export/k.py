@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Literal, Union
 
-from draftkit.config import Parsed
 from draftkit.decode.k import AUTO, DEFAULT_FIXED_K, parse_k
 from draftkit.errors import ConfigError
+from draftkit.fields import Parsed
 
 if TYPE_CHECKING:
     from draftkit.figures import EvalReport

@@ -255,7 +255,7 @@ def _records(cls: type, prefix: str) -> list[tuple[str, type]]:
 
 def manifest_page() -> str:
     """Every key of a bundle's ``draftkit.json``, from the manifest's records."""
-    from draftkit.config import type_name
+    from draftkit.fields import hints, type_name
     from draftkit.manifest import Manifest
 
     out = ["# Bundle manifest", "", generated("the records of `draftkit/manifest.py`"),
@@ -265,11 +265,11 @@ def manifest_page() -> str:
            "it. `NAME` stands for a domain's name.", ""]
     for prefix, cls in _records(Manifest, ""):
         said = notes(inspect.getsource(cls))
-        hints = typing.get_type_hints(cls)
+        types_ = hints(cls)  # with the ranges and choices they carry
         rows = []
         for f in dataclasses.fields(cls):
-            kind, text = type_name(hints[f.name]), cell(said.get(f.name, ""))
-            record, _ = _record_in(hints[f.name])
+            kind, text = type_name(types_[f.name]), cell(said.get(f.name, ""))
+            record, _ = _record_in(typing.get_type_hints(cls)[f.name])
             if record is not None:  # its own section below says what it holds
                 kind = kind.replace(record.__name__, "object")
                 text = text or cell(prose(record).split(". ")[0].split("\n\n")[0])

@@ -2,6 +2,7 @@
 field names refused by its dotted name; export's --k is a number or 'report', never 'auto'."""
 
 import json
+import typing
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,64 @@ def test_a_report_handed_over_as_a_record_is_recorded_as_from_its_file(tiny_dirs
         manifests.append({k: v for k, v in manifest.items()
                           if k not in ("created", "manifest_sha256")})
     assert manifests[0] == manifests[1] and manifests[0]["k_source"] == "report"
+
+
+# --- the ranges: on the record's fields, and in bundle_checks for a launcher without draftkit ---
+
+def _bounded(cls, prefix: str = ""):
+    """(dotted field, values out of its range or choices) for each field of the manifest's
+    records whose type carries a Range or a OneOf (a domain's under domains.code)."""
+    from draftkit.fields import OneOf, Range, hints, parts
+    from draftkit.records import Record
+
+    for name, tp in hints(cls).items():
+        inner, _, marks = parts(tp)
+        item = typing.get_args(inner)[-1] if typing.get_origin(inner) in (list, dict) else None
+        if isinstance(inner, type) and issubclass(inner, Record):
+            yield from _bounded(inner, f"{prefix}{name}.")
+        elif isinstance(item, type) and issubclass(item, Record):
+            yield from _bounded(item, f"{prefix}{name}.code.")
+        for mark in marks + (parts(item)[2] if typing.get_origin(inner) is list else ()):
+            bad = [mark.low - 1 if mark.low is not None else None, mark.above,
+                   mark.high + 1 if mark.high is not None else None, mark.below] \
+                if isinstance(mark, Range) else ["int8"] if isinstance(mark, OneOf) else []
+            bad = [[1, v] if typing.get_origin(inner) is list else v for v in bad
+                   if v is not None]
+            yield prefix + name, bad
+
+
+def test_every_range_a_field_carries_is_the_one_bundle_checks_states():
+    """The bundle's launcher checks a manifest with bundle_checks (standard library only, and
+    hashed into every bundle); the record's fields carry the same ranges, so a value out of one
+    is refused by both, naming the same field."""
+    from draftkit import bundle_checks
+    from draftkit.manifest import check_fields
+
+    base = {"target": {}, "draft": {}, "files": {}, "num_speculative_tokens": 1,
+            "domains": {"code": {"alpha": 0.5, "tau": 2.0, "c": 0.1, "k": 2,
+                                 "speedup_measured": 1.2, "speedup_predicted": 1.3}},
+            "break_even_batch": 4,
+            "serving": {"target": "t", "dtype": "bfloat16", "tp_sizes": [1, 2],
+                        "num_speculative_tokens": 1, "k_per_batch_size": None,
+                        "engines": {"vllm": {}, "sglang": {}}}}
+    bundle_checks.check_values(base, NAME)
+    check_fields(base, NAME)
+    bounded = dict(_bounded(Manifest))
+    assert {"num_speculative_tokens", "break_even_batch", "domains.code.alpha",
+            "domains.code.tau", "domains.code.c", "domains.code.k", "serving.dtype",
+            "serving.tp_sizes", "serving.num_speculative_tokens"} <= set(bounded)
+    for name, values in bounded.items():
+        assert values, name
+        for value in values:
+            manifest = json.loads(json.dumps(base))
+            *path, last = name.split(".")
+            node = manifest
+            for part in path:
+                node = node[part]
+            node[last] = value
+            with pytest.raises(bundle_checks.BundleError, match=rf"^{NAME}: {name} is "):
+                bundle_checks.check_values(manifest, NAME)
+            with pytest.raises(ModelError) as e:
+                check_fields(manifest, NAME)
+            assert str(e.value).startswith(f"{NAME}: {name} is ")  # a list's item: the item
+            assert str(e.value).endswith("re-export the bundle with `draftkit export`")
