@@ -32,13 +32,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 from draftkit.config import option
 from draftkit.errors import ConfigError, Declined, DraftkitError
+from draftkit.fields import Range
 from draftkit.io import atomic_write_text, take_lock
 from draftkit.signing import SigningArgs, TrustArgs
 from draftkit.traffic.record import TrafficRecord
 from draftkit.traffic.shards import STRICT_HELP
+
+
+_Count = Annotated[int, Range(low=1)]
 
 
 @dataclass(kw_only=True)
@@ -53,20 +58,23 @@ class RefreshArgs(SigningArgs, TrustArgs):
                                   metavar="KEY=VALUE")
     work: str | None = option(None, help="the training run, its data and the comparison "
                                          "(default: OUT.work beside --out)")
-    steps: int = option(120, help="training steps (fixed work: the same draft on any machine)")
-    minutes: float | None = option(None, help="also stop training after this many minutes")
-    heldout: float = option(0.25, help="share of each domain's most recent requests held out "
-                                       "to compare the drafts on")
-    min_requests: int = option(8, help="requests a domain needs to be trained on")
+    steps: _Count = option(120, help="training steps (fixed work: the same draft on any machine)")
+    minutes: Annotated[float, Range(above=0)] | None = option(
+        None, help="also stop training after this many minutes")
+    heldout: Annotated[float, Range(above=0, below=1, what="a share of the requests")] = option(
+        0.25, help="share of each domain's most recent requests held out to compare the drafts "
+                   "on")
+    min_requests: Annotated[int, Range(low=2)] = option(
+        8, help="requests a domain needs to be trained on")
     max_new_tokens: int = option(64, help="tokens per compared decode, at most (each held-out "
                                           "request decodes as many as it was served, up to this)")
     k: int | None = option(None, help="K both drafts run in the comparison (default: the "
                                       "bundle's num_speculative_tokens)")
     replay: bool = option(True, help="train on the recipe's own data too (--no-replay: traffic "
                                      "only)")
-    traffic_repeat: int = option(5, help="each traffic request is trained this many times an "
-                                         "epoch beside the replayed rows once: the traffic is "
-                                         "what the draft will serve, and it is the smaller set")
+    traffic_repeat: _Count = option(5, help="each traffic request is trained this many times an "
+                                           "epoch beside the replayed rows once: the traffic is "
+                                           "what the draft will serve, and it is the smaller set")
     keep_vocab: bool = option(False, help="an EAGLE-3 head keeps its draft vocabulary "
                                           "(default: chosen again at its size on the training "
                                           "rows; tokens it keeps keep their rows)")
@@ -76,19 +84,8 @@ class RefreshArgs(SigningArgs, TrustArgs):
     device: str | None = option(None, help="device for training and the comparison")
 
     def validate(self) -> None:
-        if self.steps < 1:
-            raise ConfigError(f"--steps must be >= 1, got {self.steps}")
-        if not 0 < self.heldout < 1:
-            raise ConfigError(f"--heldout is a share of the requests, in (0, 1); got "
-                              f"{self.heldout}")
-        if self.traffic_repeat < 1:
-            raise ConfigError(f"--traffic-repeat must be >= 1, got {self.traffic_repeat}")
-        if self.min_requests < 2:
-            raise ConfigError(f"--min-requests must be >= 2, got {self.min_requests}")
         if self.k is not None and self.k < 1:
             raise ConfigError(f"--k must be >= 1, got {self.k}")
-        if self.minutes is not None and self.minutes <= 0:
-            raise ConfigError(f"--minutes must be positive, got {self.minutes}")
 
 
 def split(records: list[TrafficRecord], heldout: float, min_requests: int
