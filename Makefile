@@ -62,9 +62,9 @@ test: setup
 
 # The docs site into $(SITE)/: the guides, and a reference and compatibility table generated
 # from the code, built by `mkdocs build --strict` (a broken link or anchor, or a page left out
-# of the nav, fails it). `python -m draftkit.sitegen OUT --tree DIR` keeps the assembled tree.
+# of the nav, fails it). `python -m draftkit.labs.sitegen OUT --tree DIR` keeps the assembled tree.
 docs: setup
-	$(BIN)/python -m draftkit.sitegen $(SITE)
+	$(BIN)/python -m draftkit.labs.sitegen $(SITE)
 
 clean:
 	rm -rf $(VENV) $(ENGINE_VENV) runs .pytest_cache $(SITE)

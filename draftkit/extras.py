@@ -15,7 +15,7 @@ DISTRIBUTION = "draftkit-spec"  # the name on the package index; the import name
 EXTRAS = {
     "train": ("datasets", "peft", "deepspeed", "wandb"),
     "serve": ("fastapi", "uvicorn", "prometheus_client", "httpx"),
-    "docs": ("mkdocs", "material"),  # the docs site (draftkit.sitegen), built from a checkout
+    "docs": ("mkdocs", "material"),  # the docs site (draftkit.labs.sitegen), built from a checkout
 }
 
 

@@ -1,4 +1,4 @@
-"""The docs site (draftkit.sitegen): its reference lists what the code has, its strict build
+"""The docs site (draftkit.labs.sitegen): its reference lists what the code has, its strict build
 refuses a broken link, a missing anchor and a page left out of the nav, the real site builds,
 and a browser renders its home page and a guide with their plots."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from draftkit.sitegen import build, environment, reference
+from draftkit.labs.sitegen import build, environment, reference
 
 BROWSERS = ("chromium", "chromium-browser", "chromium-headless-shell", "google-chrome")
 

@@ -2,7 +2,8 @@
 -> serve run needs.
 
 - :mod:`.simulate`: a decode simulator that prices the K policy against the best fixed K over
-  thousands of rounds in a second (the K policy's tests and ``eval/benchmarks/probes``).
+  thousands of rounds in a second (the K policy's tests and ``eval/benchmarks/probes``);
+- :mod:`.sitegen`: the docs site (``make docs``).
 
 Nothing in the core imports a module of this package; these modules may import anything in the
 core. A labs module may change or go without notice.

@@ -9,7 +9,7 @@
 - metrics: the series :class:`draftkit.serve.metrics.ServeMetrics` registers;
 - exit statuses: the ``EXIT_*`` constants of :mod:`draftkit.errors` and their comments.
 
-Each page function returns Markdown; :mod:`draftkit.sitegen.build` writes them. The helpers
+Each page function returns Markdown; :mod:`draftkit.labs.sitegen.build` writes them. The helpers
 here (cells, tables, docstrings and comments as prose) serve the other generated pages too.
 """
 
@@ -28,7 +28,7 @@ import types
 import typing
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent  # draftkit/
+PACKAGE = Path(__file__).resolve().parents[2]  # draftkit/
 
 
 # --- Markdown helpers ---------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import re
 
-from draftkit.sitegen.reference import PACKAGE, cell, code, flag_helps, generated, notes, table
+from draftkit.labs.sitegen.reference import PACKAGE, cell, code, flag_helps, generated, notes, table
 
 
 def _constants(trees: dict[str, ast.Module]) -> dict[str, str]:

@@ -30,9 +30,9 @@ from pathlib import Path
 import yaml
 
 from draftkit.errors import DraftkitError
-from draftkit.sitegen import compat, environment, reference
+from draftkit.labs.sitegen import compat, environment, reference
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout this package sits in
+ROOT = Path(__file__).resolve().parents[3]  # the checkout this package sits in
 # the folders whose Markdown files are pages, besides the top level's README.md and CHANGELOG.md
 PAGE_FOLDERS = ("recipes", "eval", "serve", "draftkit")
 LEFT_OUT = ("draftkit/share",)  # links to eval/ and recipes/ for the wheel: the same files

@@ -1,4 +1,4 @@
-"""``python -m draftkit.sitegen OUT [--tree DIR]``: the docs site, built strictly into OUT."""
+"""``python -m draftkit.labs.sitegen OUT [--tree DIR]``: the docs site, built strictly into OUT."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import argparse
 import sys
 
 from draftkit.errors import EXIT_REFUSED, DraftkitError
-from draftkit.sitegen.build import build
+from draftkit.labs.sitegen.build import build
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m draftkit.sitegen",
+    parser = argparse.ArgumentParser(prog="python -m draftkit.labs.sitegen",
                                      description="Build draftkit's docs site (mkdocs --strict) "
                                                  "from this checkout's guides and code.")
     parser.add_argument("out", help="folder the site is written to (new, empty, or a site "
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         done = build(args.out, tree=args.tree)
     except DraftkitError as e:
-        print(f"draftkit.sitegen: error: {e}", file=sys.stderr)
+        print(f"draftkit.labs.sitegen: error: {e}", file=sys.stderr)
         return EXIT_REFUSED
     sys.stderr.write(done.stderr)
     sys.stdout.write(done.stdout)

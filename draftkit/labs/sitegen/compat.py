@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from draftkit.sitegen.reference import cell, code, generated, prose, table
+from draftkit.labs.sitegen.reference import cell, code, generated, prose, table
 
 ENGINES = {"vllm": "vLLM", "sglang": "SGLang"}
 KINDS = {  # the draft kinds releases.MIN_VERSIONS names, in words
