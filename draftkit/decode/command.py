@@ -28,7 +28,7 @@ from draftkit.decode.args import DecodingArgs, SpeculationArgs
 from draftkit.decode.bench import METHODS, format_report, run_bench
 from draftkit.decode.choice import KChoice
 from draftkit.decode.engine import SpeculativeEngine
-from draftkit.decode.k import AUTO, DEFAULT_FIXED_K, K, parse_k
+from draftkit.decode.k import DEFAULT_FIXED_K, FixedK
 from draftkit.errors import ConfigError
 from draftkit.models import load_pair
 from draftkit.models.args import ModelArgs
@@ -101,8 +101,9 @@ class BenchArgs(ModelArgs):
     """Compare our K = 0 and speculative decoding with HF generate and assisted generation."""
 
     prompts: str = option(help="JSONL file of prompts (string, {\"prompt\"} or {\"messages\"})")
-    k: K = reuse(SpeculationArgs, "k", DEFAULT_FIXED_K, note="; bench takes a fixed K >= 1, "
-                 "as HF assisted generation drafts a constant number")
+    k: FixedK = reuse(SpeculationArgs, "k", DEFAULT_FIXED_K,
+                      note="; bench takes a fixed K >= 1, as HF assisted generation drafts a "
+                           "constant number")
     max_new_tokens: int = option(64, help="new tokens per prompt at most")
     repeats: int = option(3, help="interleaved repetitions; medians are reported")
     methods: list[str] = option(list(METHODS), help="methods to run, comma-separated")
@@ -110,9 +111,6 @@ class BenchArgs(ModelArgs):
     json: bool = option(False, help="print the figures as one JSON object")
 
     def validate(self) -> None:
-        self.k = k = parse_k(self.k)  # bench's one check of K: a fixed K >= 1
-        if k == AUTO or k < 1:
-            raise ConfigError(f"--k must be >= 1 for a speculative benchmark, got {self.k}")
         if self.repeats < 1 or self.max_new_tokens < 1:
             raise ConfigError("--repeats and --max-new-tokens must be >= 1")
         bad = [m for m in self.methods if m not in METHODS]

@@ -6,6 +6,10 @@ an integer >= 0, where K = 0 is plain decoding, or ``"auto"``, chosen every roun
 
 - :data:`K` is the field type every command's ``--k`` has; the config layer reads YAML values,
   ``key=value`` overrides and flags through :func:`parse_k`.
+- :data:`FixedK` is the type of a command's ``--k`` where the command needs one K for every
+  round (``bench``: HF assisted generation drafts a constant number; ``regimes``: every draft
+  measured at the same K; ``refresh``: both drafts compared at one): an integer >= 1, read
+  through :func:`parse_fixed_k`, whose refusal names the flag in one line.
 - :func:`check_k` validates a K against ``k_max``, once, where it enters (a command's
   ``validate``, or :func:`~draftkit.decode.choice.resolve_k` for a library caller);
   :mod:`draftkit.decode.choice` says how it becomes each round's K.
@@ -47,6 +51,23 @@ def parse_k(value) -> KValue:
 
 # The type of every ``k`` field: the config layer reads it with parse_k.
 K = Annotated[KValue, Parsed(parse_k, "an integer >= 0 or 'auto'")]
+
+FIXED_K = "a fixed K (an integer >= 1)"
+
+
+def parse_fixed_k(value) -> int:
+    """An integer >= 1, given as an int or its text: a K that is the same every round."""
+    try:
+        k = parse_k(value)
+    except DraftkitError:
+        k = None
+    if k is None or k == AUTO or k < 1:
+        raise DraftkitError(f"K (num_speculative_tokens) must be {FIXED_K}, got {value!r}")
+    return k
+
+
+# The type of a ``k`` field whose command needs one K every round: read with parse_fixed_k.
+FixedK = Annotated[int, Parsed(parse_fixed_k, FIXED_K)]
 
 
 def check_k_max(k_max: int) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from draftkit.config import option, reuse, to_dict
 from draftkit.decode.args import SamplingArgs, SpeculationArgs
-from draftkit.decode.k import AUTO, K
+from draftkit.decode.k import AUTO, FixedK
 from draftkit.engines.vllm import CPU_FIX_CHOICES, CPU_FIX_HELP, PYTHON_HELP
 from draftkit.errors import ConfigError
 from draftkit.evaluate.regimes.drafts import DEFAULT_DRAFT_LAYERS
@@ -199,17 +199,14 @@ class RegimesArgs(ModelArgs, SpeculationArgs):
                               note=" (here per domain; 2, the fewest that give an interval, "
                                    "to keep the map's budget)")
     max_new_tokens: int = option(32, help="new tokens per prompt")
-    k: K = reuse(SpeculationArgs, "k", 2, note="; regimes takes a fixed K >= 1, the same in "
+    k: FixedK = reuse(SpeculationArgs, "k", 2, note="; regimes takes a fixed K >= 1, the same in "
                  "every measurement, so that slowdowns show instead of the policy hiding them "
                  "(the batch regime also reports the K that --k auto picks)")
     seed: int = reuse(SamplingArgs, "seed")
 
     def validate(self) -> None:
         super().validate()
-        if self.k == AUTO:
-            raise ConfigError("--k must be a fixed K >= 1: regimes measures every draft at "
-                              "the same K")
-        for name in ("prompts_per_domain", "batch_groups", "max_new_tokens", "k", "k_max"):
+        for name in ("prompts_per_domain", "batch_groups", "max_new_tokens", "k_max"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
         if any(n < 1 for n in self.layer_sizes) or any(b < 1 for b in self.batch_sizes):

@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Annotated
 
 from draftkit.config import option
-from draftkit.errors import ConfigError, Declined, DraftkitError
+from draftkit.decode.k import FixedK
+from draftkit.errors import Declined, DraftkitError
 from draftkit.fields import Range
 from draftkit.io import atomic_write_text, take_lock
 from draftkit.signing import SigningArgs, TrustArgs
@@ -68,8 +69,8 @@ class RefreshArgs(SigningArgs, TrustArgs):
         8, help="requests a domain needs to be trained on")
     max_new_tokens: int = option(64, help="tokens per compared decode, at most (each held-out "
                                           "request decodes as many as it was served, up to this)")
-    k: int | None = option(None, help="K both drafts run in the comparison (default: the "
-                                      "bundle's num_speculative_tokens)")
+    k: FixedK | None = option(None, help="K both drafts run in the comparison (default: the "
+                                          "bundle's num_speculative_tokens)")
     replay: bool = option(True, help="train on the recipe's own data too (--no-replay: traffic "
                                      "only)")
     traffic_repeat: _Count = option(5, help="each traffic request is trained this many times an "
@@ -82,10 +83,6 @@ class RefreshArgs(SigningArgs, TrustArgs):
                                            "records)")
     strict: bool = option(False, help=STRICT_HELP)
     device: str | None = option(None, help="device for training and the comparison")
-
-    def validate(self) -> None:
-        if self.k is not None and self.k < 1:
-            raise ConfigError(f"--k must be >= 1, got {self.k}")
 
 
 def split(records: list[TrafficRecord], heldout: float, min_requests: int

@@ -6,9 +6,10 @@ from dataclasses import dataclass, fields
 
 import pytest
 
-from draftkit.config import add_arguments, describe_keys, from_namespace, load_recipe, option
+from draftkit.config import (add_arguments, checked, describe_keys, from_namespace, load_recipe,
+                             option)
 from draftkit.decode.args import GROUP, DecodingArgs, SamplingArgs, SpeculationArgs
-from draftkit.decode.k import AUTO, K, K_MAX, check_k, parse_k
+from draftkit.decode.k import AUTO, K, K_MAX, check_k, parse_fixed_k, parse_k
 from draftkit.decode.choice import resolve_k
 from draftkit.decode.policy import KPolicy
 from draftkit.errors import ConfigError, DraftkitError
@@ -70,9 +71,9 @@ def test_a_bad_k_flag_is_one_error_that_names_it(word, capsys):
     # through the command line: one line, exit status 2, for every command with --k
     from draftkit.cli import main
 
+    # (regimes, bench and refresh take a fixed K: the test below)
     for argv in (["generate", "--prompt", "hi"], ["eval", "--draft", "d"],
-                 ["serve", "--target", "t"], ["regimes"], ["export", "--out", "o", "--draft",
-                                                           "d"]):
+                 ["serve", "--target", "t"], ["export", "--out", "o", "--draft", "d"]):
         assert main(argv + ["--k", word]) == 2
         err = capsys.readouterr().err
         # export records a fixed K: its other word is 'report' (draftkit/export/k.py)
@@ -176,11 +177,24 @@ def test_decoding_args_check_as_the_engine_does(field, value, message):
         assert str(e.value) == message
 
 
-def test_commands_whose_measurement_needs_a_fixed_k_refuse_auto():
+@pytest.mark.parametrize("word", ["auto", "0", "-1", "2.5"])
+def test_commands_whose_measurement_needs_a_fixed_k_refuse_anything_else(word, capsys):
+    """bench, regimes and refresh take one K for every round (FixedK): an integer >= 1, refused
+    in one line that names --k, from the command line and for a dataclass built in code."""
+    from draftkit.cli import main
     from draftkit.decode.command import BenchArgs
     from draftkit.evaluate.command import RegimesArgs
+    from draftkit.traffic.refresh import RefreshArgs
 
-    with pytest.raises(ConfigError, match="--k must be >= 1 for a speculative benchmark"):
-        BenchArgs(draft="d", prompts="p", k=AUTO).validate()
-    with pytest.raises(ConfigError, match="--k must be a fixed K >= 1"):
-        RegimesArgs(k=AUTO).validate()
+    for args in (BenchArgs(draft="d", prompts="p", k=word), RegimesArgs(k=word),
+                 RefreshArgs(bundle="b", traffic="t", out="o", k=word)):
+        with pytest.raises(ConfigError) as e:
+            checked(args)
+        assert str(e.value) == f"--k expects a fixed K (an integer >= 1), got '{word}'"
+    for argv in (["bench", "--draft", "d", "--prompts", "p"], ["regimes"],
+                 ["refresh", "b", "--traffic", "t", "--out", "o"]):
+        assert main(argv + [f"--k={word}"]) == 2
+        assert capsys.readouterr().err == f"draftkit {argv[0]}: error: --k expects a fixed K " \
+                                          f"(an integer >= 1), got '{word}'\n"
+    assert checked(BenchArgs(draft="d", prompts="p", k="2")).k == 2
+    assert parse_fixed_k(3) == 3 and parse_fixed_k(" 4 ") == 4

@@ -251,7 +251,7 @@ def test_default_draft_is_an_early_exit_and_matrix_covers_all_drafts(suite, tmp_
 
 def test_flags_and_errors(tiny_dirs, suite, tmp_path):
     from draftkit.cli import build_parser
-    from draftkit.config import from_namespace
+    from draftkit.config import checked, from_namespace
 
     ns = build_parser().parse_args(["regimes", "--layer-sizes", "1", "2", "--temperatures",
                                     "0", "1.3", "--drafts-by-domain", "code=a", "math=b"])
@@ -261,7 +261,7 @@ def test_flags_and_errors(tiny_dirs, suite, tmp_path):
     with pytest.raises(ConfigError, match="DOMAIN=PATH"):
         RegimesArgs(drafts_by_domain=["code"]).validate()
     with pytest.raises(ConfigError, match="--k"):
-        RegimesArgs(k=0).validate()
+        checked(RegimesArgs(k=0))
     target, draft = tiny_dirs
     with pytest.raises(DraftkitError, match="no domain 'math'"):
         run_regimes(tiny_args(target, draft, suite, tmp_path / "e",
