@@ -42,7 +42,7 @@ COMMANDS: list[tuple[str, str, str, str, str]] = [
      "verify a bundle's hashes and its draft/target pairing"),
     ("generate", "draftkit.decode.command", "GenerateArgs", "generate",
      "generate text, speculatively when given a draft"),
-    ("bench", "draftkit.decode.command", "BenchArgs", "bench",
+    ("bench", "draftkit.labs.bench", "BenchArgs", "bench",
      "tokens/s of our decoder against HF generate and assisted generation"),
     ("serve", "draftkit.serve.command", "ServeArgs", "serve",
      "serve a bundle over an OpenAI-compatible HTTP API"),

@@ -1,4 +1,4 @@
-"""The decoder's commands: ``draftkit generate`` and ``draftkit bench``.
+"""The decoder's command: ``draftkit generate``.
 
 ``generate`` decodes prompts with the target, speculatively when given a draft::
 
@@ -9,11 +9,6 @@
 
 Prompts go through the target's chat template (``--raw`` skips it). A ``--prompts`` file holds
 one JSON value per line: a string, ``{"prompt": "..."}`` or ``{"messages": [...]}``.
-
-``bench`` times our K = 0 and speculative decoding against HF ``generate`` and assisted
-generation on the same prompts (:mod:`draftkit.decode.bench`)::
-
-    draftkit bench --target embedded --draft drafts/smol-4l --prompts prompts.jsonl --k 3
 """
 
 from __future__ import annotations
@@ -24,11 +19,9 @@ from dataclasses import dataclass
 
 from draftkit.chat import encode_prompt, read_prompts
 from draftkit.config import option, reuse
-from draftkit.decode.args import DecodingArgs, SpeculationArgs
-from draftkit.decode.bench import METHODS, format_report, run_bench
+from draftkit.decode.args import DecodingArgs
 from draftkit.decode.choice import KChoice
 from draftkit.decode.engine import SpeculativeEngine
-from draftkit.decode.k import DEFAULT_FIXED_K, FixedK
 from draftkit.errors import ConfigError
 from draftkit.models import load_pair
 from draftkit.models.args import ModelArgs
@@ -94,39 +87,3 @@ def generate(args: GenerateArgs) -> list[dict]:
                       f"{rec['new_tokens'] / max(s['seconds'], 1e-9):.1f} tokens/s]",
                       file=sys.stderr, flush=True)
     return records
-
-
-@dataclass
-class BenchArgs(ModelArgs):
-    """Compare our K = 0 and speculative decoding with HF generate and assisted generation."""
-
-    prompts: str = option(help="JSONL file of prompts (string, {\"prompt\"} or {\"messages\"})")
-    k: FixedK = reuse(SpeculationArgs, "k", DEFAULT_FIXED_K,
-                      note="; bench takes a fixed K >= 1, as HF assisted generation drafts a "
-                           "constant number")
-    max_new_tokens: int = option(64, help="new tokens per prompt at most")
-    repeats: int = option(3, help="interleaved repetitions; medians are reported")
-    methods: list[str] = option(list(METHODS), help="methods to run, comma-separated")
-    raw: bool = option(False, help="skip the chat template")
-    json: bool = option(False, help="print the figures as one JSON object")
-
-    def validate(self) -> None:
-        if self.repeats < 1 or self.max_new_tokens < 1:
-            raise ConfigError("--repeats and --max-new-tokens must be >= 1")
-        bad = [m for m in self.methods if m not in METHODS]
-        if not self.methods:
-            raise ConfigError(f"--methods is empty; choose from {', '.join(METHODS)}")
-        if bad:
-            raise ConfigError(f"unknown method {bad[0]!r}; choose from {', '.join(METHODS)}")
-
-
-def bench(args: BenchArgs) -> dict:
-    """``draftkit bench``: load the pair, encode the prompts, run, print."""
-    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
-    prompts = [encode_prompt(pair.tokenizer, p, raw=args.raw) for p in read_prompts(args.prompts)]
-    result = run_bench(pair.target, pair.draft, prompts, args.k, args.max_new_tokens,
-                       args.repeats, tuple(args.methods),
-                       pad_token_id=pair.tokenizer.pad_token_id or pair.tokenizer.eos_token_id,
-                       log=None if args.json else lambda s: print(s, file=sys.stderr))
-    print(json.dumps(result) if args.json else format_report(result))
-    return result

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from draftkit.decode import graphs, runners
-from draftkit.decode.bench import format_report, run_bench
+from draftkit.labs.bench import format_report, run_bench
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.graphs import DecodeGraphs, bucket, buckets, key_bucket, pad
 from draftkit.decode.runners import LlamaRunner

@@ -182,7 +182,7 @@ def test_commands_whose_measurement_needs_a_fixed_k_refuse_anything_else(word, c
     """bench, regimes and refresh take one K for every round (FixedK): an integer >= 1, refused
     in one line that names --k, from the command line and for a dataclass built in code."""
     from draftkit.cli import main
-    from draftkit.decode.command import BenchArgs
+    from draftkit.labs.bench import BenchArgs
     from draftkit.evaluate.command import RegimesArgs
     from draftkit.traffic.refresh import RefreshArgs
 

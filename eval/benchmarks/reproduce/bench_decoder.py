@@ -1,6 +1,6 @@
 """Speed bars of the decoder (issue 3) on the embedded target with derived drafts.
 
-Greedy, batch 1, runs interleaved and medians reported (draftkit.decode.bench.run_bench):
+Greedy, batch 1, runs interleaved and medians reported (draftkit.labs.bench.run_bench):
 
 - our K = 0 tokens/s vs HF ``generate`` tokens/s (bar: >= 1);
 - our speculative tokens/s vs HF assisted generation at the same K and draft (bar: >= 1.3);
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from draftkit.chat import encode_prompt
-    from draftkit.decode.bench import format_report, run_bench
+    from draftkit.labs.bench import format_report, run_bench
     from draftkit.models import resolve_model
     from draftkit.models.derive import derive_by_layers
 
