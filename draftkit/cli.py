@@ -19,6 +19,7 @@ from draftkit import __version__
 from draftkit.config import add_arguments, describe_keys, from_namespace
 from draftkit.errors import (EXIT_DECLINED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, Declined,
                              DraftkitError)
+from draftkit.signing_args import set_trusted
 
 # name, module, args dataclass, function, one-line help
 COMMANDS: list[tuple[str, str, str, str, str]] = [
@@ -148,8 +149,6 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(entry[1])
     try:
         args = from_namespace(getattr(module, entry[2]), ns)
-        from draftkit.signing import set_trusted  # keygen's module: not imported for --help
-
         set_trusted(getattr(args, "trusted_key", None))  # every bundle this process loads
         getattr(module, entry[3])(args)
     except Declined as e:  # before DraftkitError, of which it is one

@@ -42,7 +42,8 @@ from draftkit.io import atomic_write_text
 from draftkit.models import load_model, load_tokenizer, resolve_model
 from draftkit.models.derive import derive_by_layers, save_draft
 from draftkit.resources import share_path, shared
-from draftkit.signing import KEY_ENV, Signer, SigningArgs, new_key_pair
+from draftkit.signing import Signer, new_key_pair, signer_of
+from draftkit.signing_args import KEY_ENV, SigningArgs
 from draftkit.tracking import Tracker
 
 RECIPE = Path("smollm2-135m-instruct_to_eagle3") / "quickstart_ttt.yaml"
@@ -260,7 +261,7 @@ def _signer(args: QuickstartArgs, out: Path) -> Signer | None:
     """Who signs the bundle: the key given (or none, with --unsigned), else the key pair in
     ``out``/keys, made on the first run."""
     if args.unsigned or args.signing_key or os.environ.get(KEY_ENV):
-        return args.signer()
+        return signer_of(args)
     private = out / "keys" / "draftkit.key"
     if not private.is_file():
         new_key_pair(private.parent)

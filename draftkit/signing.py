@@ -11,10 +11,11 @@ checks against itself anywhere; "none" only where export was asked for an unsign
 
 Every door that loads a bundle calls :func:`verify`. Without trusted keys it checks the
 signature against the key the bundle names, which catches any edit but not a forger who signs
-with a key of their own; with trusted keys (:func:`set_trusted`: ``--trusted-key`` or
-``DRAFTKIT_TRUSTED_KEYS``; public keys, or CA certificates for certificate-signed bundles) a
-bundle signed by no trusted key, or unsigned, is refused. The setting is kept in the process's
-environment, so the processes a command starts (a server's replicas) trust the same keys.
+with a key of their own; with trusted keys (:func:`~draftkit.signing_args.set_trusted`:
+``--trusted-key`` or ``DRAFTKIT_TRUSTED_KEYS``; public keys, or CA certificates for
+certificate-signed bundles) a bundle signed by no trusted key, or unsigned, is refused. The
+setting is kept in the process's environment, so the processes a command starts (a server's
+replicas) trust the same keys. The flags are :mod:`draftkit.signing_args`'s.
 """
 
 from __future__ import annotations
@@ -23,58 +24,16 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from model_signing import hashing, signing
+
 from draftkit import bundle_signature as signature
 from draftkit.bundle_checks import SIGNATURE
-from draftkit.bundle_signature import TRUST_ENV, SignatureError, key_id, read_trust
-from draftkit.config import option
+from draftkit.bundle_signature import SignatureError, key_id
 from draftkit.errors import ConfigError, ModelError
 from draftkit.manifest import SigningEntry
-
-KEY_ENV = "DRAFTKIT_SIGNING_KEY"  # the private key export and refresh sign with
-CERTIFICATE_ENV = "DRAFTKIT_SIGNING_CERTIFICATE"  # its certificate, where a PKI issued one
-CHAIN_ENV = "DRAFTKIT_CERTIFICATE_CHAIN"  # the certificates between it and the root
-SIGN, TRUST = "signing the bundle", "trusted signers"  # the flags' --help groups
-
-
-@dataclass(kw_only=True)
-class SigningArgs:
-    """How export and refresh sign the bundle they write."""
-
-    signing_key: str | None = option(None, group=SIGN, metavar="PEM", help=(
-        f"private key (PEM, elliptic curve) that signs the bundle (default: ${KEY_ENV}; "
-        f"`draftkit keygen DIR` makes one)"))
-    signing_certificate: str | None = option(None, group=SIGN, metavar="PEM", help=(
-        f"the key's certificate, where a team's PKI issues one (default: "
-        f"${CERTIFICATE_ENV})"))
-    certificate_chain: list[str] = option([], group=SIGN, metavar="PEM,...", help=(
-        f"the certificates between it and the root (default: ${CHAIN_ENV}, "
-        f"'{os.pathsep}'-separated)"))
-    unsigned: bool = option(False, group=SIGN, help=(
-        "write the bundle unsigned: its manifest and `draftkit check` say so, and a process "
-        "that trusts keys refuses it"))
-
-    def signer(self) -> Signer | None:
-        return signer_from(self.signing_key, self.signing_certificate, self.certificate_chain,
-                           self.unsigned)
-
-
-@dataclass(kw_only=True)
-class TrustArgs:
-    """Whose bundles a command takes."""
-
-    trusted_key: list[str] = option([], group=TRUST, metavar="PEM,...", help=(
-        f"take only bundles signed by these public keys (PEM files, or folders of .pem/.pub "
-        f"files; CA certificates for certificate-signed bundles) (default: ${TRUST_ENV}; "
-        f"none: a bundle's signature is checked against the key it names)"))
-
-
-@dataclass(kw_only=True)
-class KeygenArgs:
-    """Make an elliptic-curve (P-256) key pair to sign bundles with: DIR/draftkit.key, the
-    private key (mode 0600: keep it where only the signer reads it), and DIR/draftkit.pub, the
-    public key the serving side trusts (--trusted-key)."""
-
-    folder: str = option(help="folder to write the pair into", positional=True)
+from draftkit.signing_args import CERTIFICATE_ENV, CHAIN_ENV, KEY_ENV, KeygenArgs, SigningArgs
 
 
 def keygen(args: KeygenArgs) -> tuple[Path, Path]:
@@ -98,8 +57,6 @@ class Signer:
     chain: tuple[Path, ...] = ()
 
     def public_pem(self) -> bytes:
-        from cryptography.hazmat.primitives import serialization
-
         try:
             key = serialization.load_pem_private_key(self.private_key.read_bytes(), None)
         except (OSError, ValueError, TypeError) as e:
@@ -118,8 +75,6 @@ class Signer:
 
     def sign(self, bundle: Path) -> None:
         """Write ``bundle``/draftkit.sig: every other file of the folder, signed."""
-        from model_signing import hashing, signing
-
         config = signing.Config().set_hashing_config(
             hashing.Config().set_ignored_paths(paths=[SIGNATURE]))
         try:
@@ -133,6 +88,12 @@ class Signer:
         except ValueError as e:  # an unsupported curve, a certificate for another key
             raise ConfigError(f"cannot sign with {self.private_key}: {e}; use an elliptic-curve "
                               f"key (`draftkit keygen DIR`)") from None
+
+
+def signer_of(args: SigningArgs) -> Signer | None:
+    """The signer a command's signing flags ask for (:func:`signer_from`)."""
+    return signer_from(args.signing_key, args.signing_certificate, args.certificate_chain,
+                       args.unsigned)
 
 
 def signer_from(key: str | None, certificate: str | None = None, chain: list[str] | None = None,
@@ -164,9 +125,6 @@ def signer_from(key: str | None, certificate: str | None = None, chain: list[str
 def new_key_pair(folder: str | Path) -> tuple[Path, Path]:
     """A new P-256 key pair in ``folder``: ``draftkit.key`` (private, mode 0600) and
     ``draftkit.pub``. An existing key is never overwritten."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
     folder = Path(folder)
     private, public = folder / "draftkit.key", folder / "draftkit.pub"
     for path in (private, public):
@@ -181,23 +139,6 @@ def new_key_pair(folder: str | Path) -> tuple[Path, Path]:
     public.write_bytes(key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     return private, public
-
-
-# --- trust ----------------------------------------------------------------------------------------
-
-def set_trusted(paths: list[str] | None) -> None:
-    """Trust the public keys and CA certificates in ``paths`` (files, or folders of .pem,
-    .pub and .crt files) in this process and those it starts; None or empty leaves the
-    setting (``DRAFTKIT_TRUSTED_KEYS``) as it is. Each path is read here, so a wrong one is
-    named before any work."""
-    if not paths:
-        return
-    value = os.pathsep.join(str(Path(p).expanduser().resolve()) for p in paths)
-    try:
-        read_trust(value)
-    except SignatureError as e:
-        raise ConfigError(str(e)) from None
-    os.environ[TRUST_ENV] = value
 
 
 # --- verifying ------------------------------------------------------------------------------------

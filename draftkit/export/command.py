@@ -22,7 +22,8 @@ from draftkit.export.eagle3 import KIND as EAGLE3
 from draftkit.manifest import NAME as MANIFEST
 from draftkit.manifest import Manifest, read_manifest
 from draftkit.models.args import ModelArgs
-from draftkit.signing import SigningArgs, TrustArgs
+from draftkit.signing import signer_of
+from draftkit.signing_args import SigningArgs, TrustArgs
 from draftkit.tracking import Tracker
 
 
@@ -73,7 +74,7 @@ def export(args: ExportArgs) -> Path:
     """``draftkit export``."""
     from draftkit.export.bundle import export_bundle  # torch
     out = export_bundle(args.target, args.draft, args.out, args.report, args.k, args.recipe,
-                        args.force, args.dtype, args.signer())
+                        args.force, args.dtype, signer_of(args))
     manifest = read_manifest(out)
     with Tracker("export", {"target": args.target, "draft": args.draft, "k": args.k}) as t:
         t.log_artifact(out, name=f"bundle-{out.name}", type="model",

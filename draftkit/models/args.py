@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from draftkit.config import option
-from draftkit.signing import TrustArgs
+from draftkit.signing_args import TrustArgs
 
 
 @dataclass(kw_only=True)  # so that a command's own fields may follow without defaults
 class ModelArgs(TrustArgs):
     """The target, the draft and where and in what precision they run (and, from
-    :class:`~draftkit.signing.TrustArgs`, whose bundles are taken)."""
+    :class:`~draftkit.signing_args.TrustArgs`, whose bundles are taken)."""
 
     target: str = option("embedded", help="target model: HF directory, hub id, bundle or "
                                           "'embedded'")

@@ -35,7 +35,7 @@ from draftkit.evaluate.render import (fmt, html_image, html_page, html_table, ma
 from draftkit.evaluate.report import format_text_table
 from draftkit.figures import now
 from draftkit.manifest import NAME as MANIFEST, Manifest, read_manifest
-from draftkit.signing import TrustArgs
+from draftkit.signing_args import TrustArgs
 from draftkit.traffic.drift import (DRIFT, MIN_REQUESTS, DomainDrift, Estimate, TrafficReport,
                                     domain_drift, traffic_drift)
 from draftkit.traffic.fleet import FleetFigures, fleet_figures, fleet_lines

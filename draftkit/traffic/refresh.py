@@ -39,7 +39,8 @@ from draftkit.decode.k import FixedK
 from draftkit.errors import Declined, DraftkitError
 from draftkit.fields import Range
 from draftkit.io import atomic_write_text, take_lock
-from draftkit.signing import SigningArgs, TrustArgs
+from draftkit.signing import signer_of
+from draftkit.signing_args import SigningArgs, TrustArgs
 from draftkit.traffic.record import TrafficRecord
 from draftkit.traffic.shards import STRICT_HELP
 
@@ -106,7 +107,7 @@ def split(records: list[TrafficRecord], heldout: float, min_requests: int
 
 
 def refresh(args: RefreshArgs) -> Path:
-    signer = args.signer()  # before any work: a missing or wrong key is named now
+    signer = signer_of(args)  # before any work: a missing or wrong key is named now
     out = Path(args.out)
     if out.exists():
         raise DraftkitError(f"{out} already exists; choose another --out (refresh never "

@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from draftkit.bundle_signature import TRUST_ENV
 from draftkit.errors import ConfigError, ModelError
 from draftkit.export import check_bundle, export_bundle
 from draftkit.manifest import read_manifest
-from draftkit.signing import KEY_ENV, TRUST_ENV, Signer, key_id, set_trusted
+from draftkit.signing import KEY_ENV, Signer, key_id
+from draftkit.signing_args import set_trusted
 from tests.export.test_eagle3 import _saved
 from tests.export.test_integrity import _edit_config, _refused
 from tests.helpers import forge, reseal, write_manifest

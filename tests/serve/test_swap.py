@@ -257,7 +257,7 @@ def test_an_edit_in_place_and_a_forgery_are_refused_at_every_swap(bundles, monke
     trusts a key refuses a bundle resealed and signed by another one (issue 65)."""
     import os
 
-    from draftkit.signing import KEY_ENV, set_trusted
+    from draftkit.signing_args import KEY_ENV, set_trusted
     from tests.helpers import forge
 
     b = shutil.copytree(bundles["b"], tmp_path / "b")
