@@ -132,7 +132,7 @@ def engine_answers(model: Any, prompts: list[list[int]], max_new_tokens: int,
     take one new row, a new cohort when the last one is done). Greedy at ``temperature`` 0;
     otherwise prompt i is sampled from its own generator seeded with ``seeds[i]``."""
     from draftkit.decode.engine import SpeculativeEngine
-    from draftkit.decode.sampling import SamplingParams
+    from draftkit.decode.sampling_params import SamplingParams
     from draftkit.decode.state import round_margin
 
     if not prompts:

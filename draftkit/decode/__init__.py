@@ -28,7 +28,7 @@ from draftkit.decode.batch import Batch
 from draftkit.decode.choice import KChoice, resolve_k
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.policy import KPolicy
-from draftkit.decode.sampling import SamplingParams
+from draftkit.decode.sampling_params import SamplingParams
 from draftkit.decode.state import Result, RowStats
 from draftkit.decode.stats import DecodeStats, RoundStats
 

@@ -20,8 +20,8 @@ from typing import ClassVar
 
 from draftkit.config import option
 from draftkit.decode.k import AUTO, K, K_MAX, check_k
-from draftkit.decode.sampling import (DRAFT_SAMPLE_METHODS, PROBABILISTIC, TOKEN, VERIFY_RULES,
-                                      SamplingParams)
+from draftkit.decode.sampling_params import (DRAFT_SAMPLE_METHODS, PROBABILISTIC, TOKEN,
+                                             VERIFY_RULES, SamplingParams)
 from draftkit.errors import ConfigError, DraftkitError
 
 GROUP = "decoding options"
@@ -46,7 +46,7 @@ class SpeculationArgs:
 
 @dataclass(kw_only=True)
 class SamplingArgs:
-    """How tokens are chosen (the same for target and draft: sampling.SamplingParams)."""
+    """How tokens are chosen (the same for target and draft: sampling_params.SamplingParams)."""
 
     temperature: float = option(0.0, group=GROUP, help="sampling temperature; 0 = greedy")
     top_k: int = option(0, group=GROUP, help="keep the top-k tokens; 0 = off")

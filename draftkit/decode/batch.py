@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Callable
 
 from draftkit.decode.clock import RoundClock
 from draftkit.decode.graphs import forward_path
-from draftkit.decode.sampling import SamplingParams, next_tokens, next_tokens_among
+from draftkit.decode.sampling import next_tokens, next_tokens_among
+from draftkit.decode.sampling_params import SamplingParams
 from draftkit.decode.state import BatchState, Result, row_budget
 from draftkit.decode.stats import DecodeStats, RoundStats
 from draftkit.decode.verify import committed_block, verify

@@ -49,7 +49,7 @@ from draftkit.decode.choice import PLAIN, KChoice, resolve_k
 from draftkit.decode.drafters import make_drafter
 from draftkit.decode.k import AUTO, K_MAX, KValue
 from draftkit.decode.runners import make_runner
-from draftkit.decode.sampling import PROBABILISTIC, TOKEN, SamplingParams
+from draftkit.decode.sampling_params import PROBABILISTIC, TOKEN, SamplingParams
 from draftkit.decode.state import Result, round_margin, row_budget
 from draftkit.decode.stats import DecodeStats
 from draftkit.errors import DraftkitError

@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from draftkit.decode.sampling import Generators, SamplingParams, row_generator
+from draftkit.decode.sampling import Generators, row_generator
+from draftkit.decode.sampling_params import SamplingParams
 from draftkit.decode.stats import DecodeStats
 from draftkit.errors import DraftkitError
 from draftkit.metrics import alpha_from_counts

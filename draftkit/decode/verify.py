@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from draftkit.decode.sampling import (BLOCK, Generators, SamplingParams, row_probabilities,
-                                      sample, uniform)
+from draftkit.decode.sampling import Generators, row_probabilities, sample, uniform
+from draftkit.decode.sampling_params import BLOCK, SamplingParams
 
 if TYPE_CHECKING:
     import torch

@@ -30,8 +30,8 @@ from draftkit.decode.clock import synchronize
 from draftkit.decode.drafters import teacher_forced_logits
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.k import KValue
-from draftkit.decode.sampling import (GREEDY_DRAFT, SamplingParams, draft_probabilities,
-                                      probabilities)
+from draftkit.decode.sampling import draft_probabilities, probabilities
+from draftkit.decode.sampling_params import GREEDY_DRAFT, SamplingParams
 from draftkit.decode.stats import DecodeStats
 from draftkit.evaluate import entropy
 from draftkit.evaluate.settings import EvalSettings

@@ -36,7 +36,7 @@ from fastapi.responses import Response
 
 from draftkit.decode.choice import KChoice, resolve_k
 from draftkit.decode.k import AUTO, K_MAX, KValue
-from draftkit.decode.sampling import TOKEN
+from draftkit.decode.sampling_params import TOKEN
 from draftkit.errors import ConfigError
 from draftkit.serve.http import check_route, error_response, install_error_handlers
 from draftkit.serve.metrics import ServeMetrics
@@ -145,9 +145,9 @@ def create_app(engine, tokenizer, *, model_name: str, k: KChoice | KValue = AUTO
 
     ``k``: the serve command's :class:`~draftkit.decode.choice.KChoice`, or a K given here,
     checked once (fixed, or ``auto`` up to ``k_max``); ``verify``: how sampled requests'
-    drafts are verified (:attr:`~draftkit.decode.sampling.SamplingParams.verify`). ``draft``: the draft's identity
-    (``model_identity``); ``admin_token``: turns ``POST /admin/draft`` on, checking bundles
-    against the target in ``target_path``."""
+    drafts are verified (:attr:`~draftkit.decode.sampling_params.SamplingParams.verify`).
+    ``draft``: the draft's identity (``model_identity``); ``admin_token``: turns ``POST
+    /admin/draft`` on, checking bundles against the target in ``target_path``."""
     metrics = ServeMetrics(model_name)
     has_draft = engine.describe().has_draft
     if not isinstance(k, KChoice):

@@ -47,7 +47,7 @@ import httpx
 from draftkit.engines.vllm import (CPU_FIX, EngineError, cpu_fix_applies, find_python,
                                   installed_release, last_log_line)
 from draftkit.engines.vllm_worker import cpu_kv_cache_bytes
-from draftkit.decode.sampling import DRAFT_SAMPLE_METHODS, GREEDY_DRAFT
+from draftkit.decode.sampling_params import DRAFT_SAMPLE_METHODS, GREEDY_DRAFT
 from draftkit.engines.preflight import flag_value
 
 START_S = 900.0  # how long a replica may take to answer /health

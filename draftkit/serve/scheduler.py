@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 from draftkit.decode.choice import KChoice
 from draftkit.decode.k import AUTO
-from draftkit.decode.sampling import SamplingParams
+from draftkit.decode.sampling_params import SamplingParams
 from draftkit.decode.state import round_margin
 from draftkit.errors import ConfigError
 from draftkit.serve.detok import TextStream

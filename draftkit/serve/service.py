@@ -17,7 +17,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from draftkit.chat import encode_prompt
-from draftkit.decode.sampling import TOKEN, SamplingParams
+from draftkit.decode.sampling_params import TOKEN, SamplingParams
 from draftkit.errors import DraftkitError
 from draftkit.serve.detok import TextStream
 from draftkit.serve.http import (DISCONNECT_POLL_S, RequestError, Stream, check_model,

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 
 from draftkit import metrics
-from draftkit.decode.sampling import PROBABILISTIC
+from draftkit.decode.sampling_params import PROBABILISTIC
 from draftkit.decode.choice import PLAIN, KChoice
 from draftkit.decode.clock import synchronize
 from draftkit.decode.stats import DecodeStats

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from draftkit.decode.sampling import DRAFT_SAMPLE_METHODS
+from draftkit.decode.sampling_params import DRAFT_SAMPLE_METHODS
 from draftkit.errors import DraftkitError
 from draftkit.records import Record, added_later
 

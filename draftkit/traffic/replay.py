@@ -37,8 +37,8 @@ import zlib
 
 import torch
 
-from draftkit.decode.sampling import (PROBABILISTIC, SamplingParams, draft_probabilities,
-                                      probabilities)
+from draftkit.decode.sampling import draft_probabilities, probabilities
+from draftkit.decode.sampling_params import PROBABILISTIC, SamplingParams
 from draftkit.decode.verify import leading_accepts
 from draftkit.distill.evaluate import model_logits
 from draftkit.distill.features import target_forward

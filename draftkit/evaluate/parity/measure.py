@@ -30,7 +30,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from draftkit.decode.sampling import BLOCK, GREEDY_DRAFT, PROBABILISTIC, TOKEN
+from draftkit.decode.sampling_params import BLOCK, GREEDY_DRAFT, PROBABILISTIC, TOKEN
 from draftkit.engines.preflight import at_least, no_block_verification, version_tuple
 from draftkit.engines.releases import FEATURES, sampled_verify_broken
 from draftkit.errors import DraftkitError
