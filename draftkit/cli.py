@@ -1,10 +1,12 @@
 """The one ``draftkit`` command. Each subcommand is a plain function taking a typed dataclass.
 
-A subcommand is registered below as (name, module, dataclass, function). ``draftkit --help``
-imports no command module (the names and one-line helps are here); ``draftkit COMMAND ...``
-imports that command's module only, which must keep heavy imports (torch, transformers, wandb)
-inside its functions, so ``draftkit COMMAND --help`` is fast too; its dataclass is the single
-source for the flags and their help. A subcommand is listed here only once it works.
+A subcommand is registered below (:class:`Command`) by its name, where its args dataclass lives
+(a light module: the package's ``args.py``, which imports neither torch nor transformers) and
+where its function lives (its ``command.py``, which imports what it uses at its top, torch
+included). ``draftkit --help`` imports neither (the names and one-line helps are here);
+``draftkit COMMAND --help`` imports that command's args module only, so it is fast too; ``draftkit
+COMMAND ...`` imports the function's module once the flags are parsed. The dataclass is the
+single source for the flags and their help. A subcommand is listed here only once it works.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import importlib
 import importlib.util
 import os
 import sys
+from typing import NamedTuple
 
 from draftkit import __version__
 from draftkit.config import add_arguments, describe_keys, from_namespace
@@ -21,55 +24,74 @@ from draftkit.errors import (EXIT_DECLINED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFU
                              DraftkitError)
 from draftkit.signing_args import set_trusted
 
-# name, module, args dataclass, function, one-line help
-COMMANDS: list[tuple[str, str, str, str, str]] = [
-    ("quickstart", "draftkit.quickstart", "QuickstartArgs", "quickstart",
-     "run the whole loop on the embedded default target"),
-    ("derive", "draftkit.models.command", "DeriveArgs", "derive",
+
+class Command(NamedTuple):
+    """A subcommand: its flags' dataclass and its function, each named by its module."""
+
+    name: str
+    args_module: str  # light: imported for the command's flags (its --help)
+    args: str  # the args dataclass in it
+    module: str  # imported only when the command runs
+    function: str  # in it, called with the args
+    help: str  # one line, in ``draftkit --help``
+
+
+COMMANDS: list[Command] = [Command(*c) for c in [
+    ("quickstart", "draftkit.quickstart_args", "QuickstartArgs", "draftkit.quickstart",
+     "quickstart", "run the whole loop on the embedded default target"),
+    ("derive", "draftkit.models.args", "DeriveArgs", "draftkit.models.command", "derive",
      "derive a draft from a target (copy layers or shrink it)"),
-    ("init", "draftkit.distill.init", "InitArgs", "init",
+    ("init", "draftkit.distill.args", "InitArgs", "draftkit.distill.init", "init",
      "write a commented EAGLE-3 recipe for your target and data"),
-    ("distill", "draftkit.distill.command", "DistillArgs", "distill",
+    ("distill", "draftkit.distill.args", "DistillArgs", "draftkit.distill.command", "distill",
      "distill a draft against the target's logits from a YAML recipe"),
-    ("eval", "draftkit.evaluate.command", "EvalArgs", "evaluate",
+    ("eval", "draftkit.evaluate.args", "EvalArgs", "draftkit.evaluate.command", "evaluate",
      "measure alpha, tau, c and speedup per domain and write a report"),
-    ("regimes", "draftkit.evaluate.command", "RegimesArgs", "regimes",
+    ("regimes", "draftkit.evaluate.args", "RegimesArgs", "draftkit.evaluate.command", "regimes",
      "measure where speculation stops paying: entropy, draft cost, domain mismatch, batch size"),
-    ("keygen", "draftkit.signing", "KeygenArgs", "keygen",
+    ("keygen", "draftkit.signing_args", "KeygenArgs", "draftkit.signing", "keygen",
      "make a key pair to sign bundles with, and to trust them by"),
-    ("export", "draftkit.export.command", "ExportArgs", "export",
+    ("export", "draftkit.export.args", "ExportArgs", "draftkit.export.command", "export",
      "export a draft as a bundle that HF, vLLM and SGLang take as it is"),
-    ("check", "draftkit.export.command", "CheckArgs", "check",
+    ("check", "draftkit.export.args", "CheckArgs", "draftkit.export.command", "check",
      "verify a bundle's hashes and its draft/target pairing"),
-    ("generate", "draftkit.decode.command", "GenerateArgs", "generate",
+    ("generate", "draftkit.decode.args", "GenerateArgs", "draftkit.decode.command", "generate",
      "generate text, speculatively when given a draft"),
-    ("bench", "draftkit.labs.bench", "BenchArgs", "bench",
+    ("bench", "draftkit.labs.bench_args", "BenchArgs", "draftkit.labs.bench", "bench",
      "tokens/s of our decoder against HF generate and assisted generation"),
-    ("serve", "draftkit.serve.command", "ServeArgs", "serve",
+    ("serve", "draftkit.serve.args", "ServeArgs", "draftkit.serve.command", "serve",
      "serve a bundle over an OpenAI-compatible HTTP API"),
-    ("traffic", "draftkit.traffic.command", "TrafficArgs", "traffic",
+    ("traffic", "draftkit.traffic.args", "TrafficArgs", "draftkit.traffic.command", "traffic",
      "served acceptance per domain beside the bundle's eval, with drift flagged"),
-    ("import-traffic", "draftkit.traffic.logs", "ImportArgs", "import_traffic",
+    ("import-traffic", "draftkit.traffic.args", "ImportArgs", "draftkit.traffic.logs",
+     "import_traffic",
      "turn OpenAI-style request logs into traffic `draftkit traffic` and `refresh` read"),
-    ("refresh", "draftkit.traffic.refresh", "RefreshArgs", "refresh",
+    ("refresh", "draftkit.traffic.args", "RefreshArgs", "draftkit.traffic.refresh", "refresh",
      "retrain a bundle's draft on its recorded traffic; export it only where it is faster"),
-]
+]]
+
+
+def args_class(command: Command) -> type:
+    """The command's args dataclass, from its light module."""
+    return getattr(importlib.import_module(command.args_module), command.args)
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The ``draftkit`` parser: a subparser per command, its flags read from its dataclass.
-    With ``only``, only that command's module is imported and its flags added (the others are
-    listed by name and help): ``draftkit --help`` imports none, ``draftkit COMMAND ...`` one."""
+    With ``only``, only that command's args module is imported and its flags added (the others
+    are listed by name and help): ``draftkit --help`` imports none, ``draftkit COMMAND ...``
+    one."""
     parser = argparse.ArgumentParser(
         prog="draftkit", description="Train, evaluate, export and serve draft models for "
                                      "speculative decoding.")
     parser.add_argument("--version", action="version", version=f"draftkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module, cls_name, _, help_text in COMMANDS:
+    for command in COMMANDS:
+        name, help_text = command.name, command.help
         if only is not None and name != only:
             sub.add_parser(name, help=help_text)
             continue
-        cls = getattr(importlib.import_module(module), cls_name)
+        cls = args_class(command)
         kwargs = {}
         recipe = getattr(cls, "recipe_config", None)  # a command that reads a YAML recipe
         if recipe is not None:  # lists the recipe's keys, from the same dataclass
@@ -129,7 +151,7 @@ def _cpu_accelerator_for_deepspeed() -> None:
     DeepSpeed warns "Setting accelerator to CPU. If you have GPU ...": name CPU up front."""
     if "DS_ACCELERATOR" in os.environ or importlib.util.find_spec("deepspeed") is None:
         return
-    import torch
+    import torch  # local: the CLI's own imports stay light, for --help
 
     mps = getattr(torch.backends, "mps", None)
     if not torch.cuda.is_available() and not (mps and mps.is_available()):
@@ -144,13 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     if not ns.command:
         parser.print_help()
         return EXIT_REFUSED
-    entry = next(c for c in COMMANDS if c[0] == ns.command)
+    command = next(c for c in COMMANDS if c.name == ns.command)
     _cpu_accelerator_for_deepspeed()
-    module = importlib.import_module(entry[1])
     try:
-        args = from_namespace(getattr(module, entry[2]), ns)
+        args = from_namespace(args_class(command), ns)
         set_trusted(getattr(args, "trusted_key", None))  # every bundle this process loads
-        getattr(module, entry[3])(args)
+        run = getattr(importlib.import_module(command.module), command.function)
+        run(args)
     except Declined as e:  # before DraftkitError, of which it is one
         print(f"draftkit {ns.command}: no: {e}", file=sys.stderr)
         return EXIT_DECLINED

@@ -26,27 +26,26 @@ import json
 import os
 import sysconfig
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from draftkit.config import option
 from draftkit.decode.k import AUTO
 from draftkit.distill.command import load_config
-from draftkit.errors import ConfigError, DraftkitError
+from draftkit.errors import DraftkitError
 from draftkit.estimate import Timing, write_timing
-from draftkit.evaluate.command import EvalArgs, run_eval
+from draftkit.evaluate.args import EvalArgs
+from draftkit.evaluate.command import run_eval
 from draftkit.evaluate.report import (domain_table, format_text_table, headline, plain_step_text,
                                       write_report)
 from draftkit.figures import EvalReport
 from draftkit.io import atomic_write_text
 from draftkit.models import load_model, load_tokenizer, resolve_model
 from draftkit.models.derive import derive_by_layers, save_draft
+from draftkit.quickstart_args import RECIPE, QuickstartArgs
 from draftkit.resources import share_path, shared
 from draftkit.signing import Signer, new_key_pair, signer_of
-from draftkit.signing_args import KEY_ENV, SigningArgs
+from draftkit.signing_args import KEY_ENV
 from draftkit.tracking import Tracker
 
-RECIPE = Path("smollm2-135m-instruct_to_eagle3") / "quickstart_ttt.yaml"
 # The run the README's quickstart figures come from: its timing.json (packaged as
 # share/eval/reference/timing.json) is what a new run's time estimate is scaled from, and its
 # machine's speed is printed beside this one's.
@@ -54,37 +53,6 @@ REFERENCE_RUN = "eval/results/reports/2026-12-05-make-demo-fresh-clone"
 # Domains an EAGLE-3 quickstart evaluates beside the ones it trained: traffic it was not trained
 # for (the domain-mismatch regime), in the same report.
 UNTRAINED_SHOWN = ("chat", "creative")
-
-
-@dataclass(kw_only=True)
-class QuickstartArgs(SigningArgs):
-    """Derive, distill, evaluate and export a draft for the embedded SmolLM2-135M-Instruct. The
-    bundle is signed: by --signing-key (or $DRAFTKIT_SIGNING_KEY) where one is given, else by
-    a key pair made in OUT/keys on the first run."""
-
-    out: str = option("runs/quickstart", help="output directory")
-    minutes: float | None = option(None, help="also stop distillation after M minutes (a time "
-                                              "budget: the head then depends on how fast the "
-                                              "machine is); default: the recipe's steps, the "
-                                              "same head on any machine")
-    recipe: str | None = option(None, help="distillation recipe (default: the quickstart recipe "
-                                           f"recipes/{RECIPE})")
-    eval_limit: int = option(8, help="eval prompts per domain")
-    eval_tokens: int = option(64, help="new tokens per eval prompt")
-    prompts_per_domain: int = option(24, help="standalone recipes: training prompts per domain "
-                                              "the target answers (answers are cached for "
-                                              "later runs); an EAGLE-3 recipe's own data stands")
-    code_text_chunks: int = option(24, help="standalone recipes: chunks of real Python source "
-                                             "added to the code domain")
-    resume: bool = option(True, help="continue the distillation an earlier quickstart left in "
-                                     "--out; --no-resume starts it over, moving the earlier "
-                                     "run's files aside")
-
-    def validate(self) -> None:
-        if self.minutes is not None and self.minutes <= 0:
-            raise ConfigError(f"--minutes must be positive, got {self.minutes}")
-        if min(self.eval_limit, self.eval_tokens, self.prompts_per_domain) < 1:
-            raise ConfigError("--eval-limit, --eval-tokens and --prompts-per-domain must be >= 1")
 
 
 def write_code_text(path: Path, chunks: int, lines: int = 40) -> Path:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from draftkit.distill.command import DistillArgs, check_config, distill, load_config
+from draftkit.distill.args import DistillArgs
+from draftkit.distill.command import check_config, distill, load_config
 from draftkit.distill.distributed import check_deepspeed_json
 from draftkit.errors import ConfigError
 
@@ -59,7 +60,8 @@ def test_quickstart_distills_its_recipe_and_can_start_over(tmp_path):
 
     from draftkit.config import add_arguments, from_namespace
     from draftkit.distill.checkpoint import QUICKSTART_FRESH
-    from draftkit.quickstart import QuickstartArgs, distill_config
+    from draftkit.quickstart import distill_config
+    from draftkit.quickstart_args import QuickstartArgs
 
     def parse_args(cls, argv):
         parser = argparse.ArgumentParser()
@@ -256,7 +258,8 @@ def test_the_default_quickstart_trains_an_eagle3_head_on_its_recipes_own_data(tm
     """The default quickstart recipe is an EAGLE-3 head's: head_config keeps its data and head
     and sets the budget, the output folder and resume; the eval shows the trained domains and
     two it was not trained on."""
-    from draftkit.quickstart import RECIPE, UNTRAINED_SHOWN, QuickstartArgs, head_config
+    from draftkit.quickstart import UNTRAINED_SHOWN, head_config
+    from draftkit.quickstart_args import RECIPE, QuickstartArgs
 
     recipe = RECIPES / RECIPE
     own = load_config(recipe)

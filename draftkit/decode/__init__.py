@@ -1,6 +1,7 @@
 """Decoding: the batched verify-and-accept engine, K = 0 baseline included.
 
-Public API (no torch import happens here; modules import it inside functions)::
+Public API (read from its modules on first use: ``draftkit COMMAND --help`` imports this
+package's light module of flags, args.py, which runs this file, and must not import torch)::
 
     from draftkit.decode import SpeculativeEngine, SamplingParams, KPolicy, DecodeStats
     engine = SpeculativeEngine(target_model, draft_model)
@@ -24,13 +25,28 @@ engine is the same, the kind of draft is its drafter's (drafters.py)::
     SpeculativeEngine(target_model, head).generate(prompts_token_ids, k=3)
 """
 
-from draftkit.decode.batch import Batch
-from draftkit.decode.choice import KChoice, resolve_k
-from draftkit.decode.engine import SpeculativeEngine
-from draftkit.decode.policy import KPolicy
-from draftkit.decode.sampling_params import SamplingParams
-from draftkit.decode.state import Result, RowStats
-from draftkit.decode.stats import DecodeStats, RoundStats
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what a type checker reads; at run time, __getattr__ below
+    from draftkit.decode.batch import Batch
+    from draftkit.decode.choice import KChoice, resolve_k
+    from draftkit.decode.engine import SpeculativeEngine
+    from draftkit.decode.policy import KPolicy
+    from draftkit.decode.sampling_params import SamplingParams
+    from draftkit.decode.state import Result, RowStats
+    from draftkit.decode.stats import DecodeStats, RoundStats
 
 __all__ = ["Batch", "DecodeStats", "KChoice", "KPolicy", "Result", "RoundStats", "RowStats",
            "SamplingParams", "SpeculativeEngine", "resolve_k"]
+
+
+def __getattr__(name: str):
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from draftkit.decode import (batch, choice, engine, policy,  # lazy: the docstring says why
+                                 sampling_params, state, stats)
+
+    return next(getattr(m, name) for m in (batch, choice, engine, policy, sampling_params, state,
+                                           stats) if hasattr(m, name))

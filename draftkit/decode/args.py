@@ -1,4 +1,5 @@
-"""The decoding flags that the commands share, declared (with their help and checks) once.
+"""The decoding flags that the commands share, declared (with their help and checks) once, and
+``draftkit generate``'s args (:class:`GenerateArgs`; the command is :mod:`draftkit.decode.command`).
 
 - :class:`SpeculationArgs`: ``--k`` and ``--k-max`` (generate, eval, serve, regimes; bench
   takes ``--k`` alone, fixed);
@@ -10,7 +11,8 @@
 
 A command's args dataclass inherits them; a command that needs another default, or one of the
 fields alone, declares it again with :func:`draftkit.config.reuse`, which keeps the help.
-Their flags are listed under one ``--help`` group, :data:`GROUP`.
+Their flags are listed under one ``--help`` group, :data:`GROUP`. Light to import (no torch):
+``draftkit COMMAND --help`` reads them.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from draftkit.config import option
+from draftkit.config import option, reuse
 from draftkit.decode.k import AUTO, K, K_MAX, check_k
 from draftkit.decode.sampling_params import (DRAFT_SAMPLE_METHODS, PROBABILISTIC, TOKEN,
                                              VERIFY_RULES, SamplingParams)
 from draftkit.errors import ConfigError, DraftkitError
+from draftkit.models.args import ModelArgs
 
 GROUP = "decoding options"
 
@@ -90,3 +93,25 @@ class DecodingArgs(SamplingArgs, SpeculationArgs):
         SpeculationArgs.validate(self)
         SamplingArgs.validate(self)
 
+
+@dataclass
+class GenerateArgs(ModelArgs, DecodingArgs):
+    """Generate text from prompts with the target, speculatively when a draft is given."""
+
+    draft: str | None = reuse(ModelArgs, "draft", None, note="; none = plain decoding")
+    max_new_tokens: int = option(128, help="new tokens per prompt at most")
+    prompt: str | None = option(None, help="one prompt (text)")
+    prompts: str | None = option(None, help="JSONL file of prompts (string, {\"prompt\"} or "
+                                            "{\"messages\"} per line)")
+    batch_size: int = option(1, help="prompts decoded together")
+    raw: bool = option(False, help="skip the chat template; tokenize the prompt as it is")
+    json: bool = option(False, help="print one JSON object per prompt")
+
+    def validate(self) -> None:
+        super().validate()
+        if (self.prompt is None) == (self.prompts is None):
+            raise ConfigError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")

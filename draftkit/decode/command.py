@@ -15,39 +15,12 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
 
 from draftkit.chat import encode_prompt, read_prompts
-from draftkit.config import option, reuse
-from draftkit.decode.args import DecodingArgs
+from draftkit.decode.args import GenerateArgs
 from draftkit.decode.choice import KChoice
 from draftkit.decode.engine import SpeculativeEngine
-from draftkit.errors import ConfigError
 from draftkit.models import load_pair
-from draftkit.models.args import ModelArgs
-
-
-@dataclass
-class GenerateArgs(ModelArgs, DecodingArgs):
-    """Generate text from prompts with the target, speculatively when a draft is given."""
-
-    draft: str | None = reuse(ModelArgs, "draft", None, note="; none = plain decoding")
-    max_new_tokens: int = option(128, help="new tokens per prompt at most")
-    prompt: str | None = option(None, help="one prompt (text)")
-    prompts: str | None = option(None, help="JSONL file of prompts (string, {\"prompt\"} or "
-                                            "{\"messages\"} per line)")
-    batch_size: int = option(1, help="prompts decoded together")
-    raw: bool = option(False, help="skip the chat template; tokenize the prompt as it is")
-    json: bool = option(False, help="print one JSON object per prompt")
-
-    def validate(self) -> None:
-        super().validate()
-        if (self.prompt is None) == (self.prompts is None):
-            raise ConfigError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
-        if self.batch_size < 1:
-            raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
 
 
 def generate(args: GenerateArgs) -> list[dict]:

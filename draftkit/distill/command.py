@@ -21,11 +21,10 @@ from __future__ import annotations
 import dataclasses
 import glob
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
-from draftkit.config import load_recipe, option
+from draftkit.config import load_recipe
+from draftkit.distill.args import DistillArgs
 from draftkit.distill.config import DistillConfig
 from draftkit.distill.distributed import zero_stage
 from draftkit.distill.sizing import size_job, size_lines, target_facts
@@ -38,27 +37,6 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 # a path ending in one of these is a file, never a hub id (compared in lower case)
 _FILE_EXT = (".jsonl", ".json", ".parquet", ".txt", ".text", ".csv", ".gz", ".bz2", ".xz",
              ".zst")
-
-
-@dataclass
-class DistillArgs:
-    """Distil a draft against the target's distribution from a YAML recipe."""
-
-    recipe: str = option(help="YAML recipe (see recipes/)", positional=True)
-    overrides: list[str] = option([], help="key=value overrides, dotted for sections "
-                                           "(train.lr=1e-4)", positional=True, nargs="*",
-                                  metavar="KEY=VALUE")
-    dry_run: bool = option(False, help="validate the recipe and exit without training")
-    prepare: bool = option(False, help="build the target's answers and the teacher cache "
-                                       "(kept on disk), then exit: a later run of the recipe "
-                                       "starts training at once, so max_minutes buys steps")
-
-    recipe_config: ClassVar[type] = DistillConfig  # its keys are listed in --help
-
-    def validate(self) -> None:
-        if self.dry_run and self.prepare:
-            raise ConfigError("--dry-run builds nothing and --prepare builds the data: "
-                              "give one of them")
 
 
 def load_config(recipe: str | Path, overrides: list[str] | None = None) -> DistillConfig:

@@ -27,8 +27,17 @@ from typing import Literal
 
 from draftkit.config import option, reuse
 from draftkit.errors import ConfigError
-from draftkit.models.args import ModelArgs
-from draftkit.models.derive import check_layers
+from draftkit.models.args import ModelArgs, check_layers
+
+
+def junctions(layers: list[int]) -> list[tuple[int, int]]:
+    """(draft layer, target layer) for each kept layer that follows skipped ones: there the
+    draft's stream has to stand in for the target layers it left out.
+
+    >>> junctions([0, 1, 2, 29])
+    [(3, 29)]
+    """
+    return [(j, layer) for j, layer in enumerate(layers) if j > 0 and layer != layers[j - 1] + 1]
 
 
 def section(cls: type, help: str, **defaults):
@@ -530,8 +539,6 @@ class DistillConfig:
             raise ConfigError("teacher.features names where an eagle3 head's features come "
                               "from; this draft is standalone (draft.kind), which reads none")
         if self.loss.hidden_weight > 0:
-            from draftkit.distill.hidden import junctions
-
             layers = self.draft.derive_layers
             if not junctions(layers or []):
                 which = f"draft.derive_layers {layers}" if layers else "this draft"

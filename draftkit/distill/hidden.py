@@ -5,7 +5,7 @@ layer 2 leaves, while in the target layer 29 reads the stream 26 more layers bui
 logits tell the draft's first layers what that input should be only through layer 29 and the
 head; ``loss.hidden_weight`` says it directly, position by position: the stream entering the
 draft's copy of layer ``l`` should be the one entering the target's layer ``l``
-(:func:`junctions` lists where that holds).
+(:func:`~draftkit.distill.config.junctions` lists where that holds).
 
 Both streams are compared after the target's own input norm of layer ``l``, as the layer reads
 them: the raw stream of a deep layer is dominated by a few huge, nearly constant activations
@@ -25,20 +25,11 @@ from typing import Any
 
 import torch
 
+from draftkit.distill.config import junctions
 from draftkit.errors import DraftkitError
 
 # (index into hidden_states, the norm the layer there reads its input with)
 Tap = tuple[int, torch.nn.Module]
-
-
-def junctions(layers: list[int]) -> list[tuple[int, int]]:
-    """(draft layer, target layer) for each kept layer that follows skipped ones: there the
-    draft's stream has to stand in for the target layers it left out.
-
-    >>> junctions([0, 1, 2, 29])
-    [(3, 29)]
-    """
-    return [(j, layer) for j, layer in enumerate(layers) if j > 0 and layer != layers[j - 1] + 1]
 
 
 def input_norm(model: Any, layer: int) -> torch.nn.Module:

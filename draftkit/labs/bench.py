@@ -25,22 +25,16 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 
 from draftkit import metrics
 from draftkit.chat import encode_prompt, read_prompts
-from draftkit.config import option, reuse
-from draftkit.decode.args import SpeculationArgs
 from draftkit.decode.choice import PLAIN, KChoice
 from draftkit.decode.clock import synchronize
 from draftkit.decode.engine import SpeculativeEngine
-from draftkit.decode.k import DEFAULT_FIXED_K, FixedK
 from draftkit.decode.stats import DecodeStats, path_line
-from draftkit.errors import ConfigError
+from draftkit.labs.bench_args import METHODS, BenchArgs
 from draftkit.models import load_pair
-from draftkit.models.args import ModelArgs
 
-METHODS = ("ours_k0", "ours_spec", "hf_generate", "hf_assisted")
 NO_ASSISTED = ("HF assisted generation cannot run an EAGLE-3 head (it drafts from the target's "
                "hidden states, which assisted generation does not pass to a draft)")
 
@@ -166,30 +160,6 @@ def format_report(r: dict) -> str:
     for m, path in r.get("decode_path", {}).items():
         lines.append(f"  decode path {m:<12} {path_line(path)}")
     return "\n".join(lines)
-
-
-@dataclass
-class BenchArgs(ModelArgs):
-    """Compare our K = 0 and speculative decoding with HF generate and assisted generation."""
-
-    prompts: str = option(help="JSONL file of prompts (string, {\"prompt\"} or {\"messages\"})")
-    k: FixedK = reuse(SpeculationArgs, "k", DEFAULT_FIXED_K,
-                      note="; bench takes a fixed K >= 1, as HF assisted generation drafts a "
-                           "constant number")
-    max_new_tokens: int = option(64, help="new tokens per prompt at most")
-    repeats: int = option(3, help="interleaved repetitions; medians are reported")
-    methods: list[str] = option(list(METHODS), help="methods to run, comma-separated")
-    raw: bool = option(False, help="skip the chat template")
-    json: bool = option(False, help="print the figures as one JSON object")
-
-    def validate(self) -> None:
-        if self.repeats < 1 or self.max_new_tokens < 1:
-            raise ConfigError("--repeats and --max-new-tokens must be >= 1")
-        bad = [m for m in self.methods if m not in METHODS]
-        if not self.methods:
-            raise ConfigError(f"--methods is empty; choose from {', '.join(METHODS)}")
-        if bad:
-            raise ConfigError(f"unknown method {bad[0]!r}; choose from {', '.join(METHODS)}")
 
 
 def bench(args: BenchArgs) -> dict:

@@ -6,45 +6,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-from draftkit.config import option, reuse
-from draftkit.errors import ConfigError, DraftkitError
-from draftkit.models.args import ModelArgs
-from draftkit.models.derive import check_layers, derive_by_layers, derive_random, save_draft
+from draftkit.errors import DraftkitError
+from draftkit.models.args import DeriveArgs
+from draftkit.models.derive import derive_by_layers, derive_random, save_draft
 from draftkit.models.load import load_model, load_tokenizer
 from draftkit.models.resolve import resolve_model
-
-
-@dataclass
-class DeriveArgs:
-    """Derive a draft from a target by keeping some of its layers or shrinking its shape."""
-
-    out: str = option(help="output directory (a plain Hugging Face model folder)")
-    target: str = reuse(ModelArgs, "target")
-    layers: list[int] | None = option(None, help="comma-separated target layer indices to copy, "
-                                                 "e.g. 0,1,2,29")
-    num_layers: int | None = option(None, help="random-init draft with this many layers")
-    hidden_size: int | None = option(None, help="random-init draft with this hidden size")
-    intermediate_size: int | None = option(None, help="random-init draft with this MLP size")
-    seed: int = option(0, help="seed for random init")
-    force: bool = option(False, help="replace an existing output directory")
-
-    def validate(self) -> None:
-        if self.layers is not None:
-            check_layers(self.layers)  # before the slow load; the range once the target is read
-        if self.layers is None and self.num_layers is None:
-            raise ConfigError("give --layers (copy target layers) or --num-layers "
-                              "(random init), e.g. --layers 0,1,2,29")
-        if self.layers is not None and any(v is not None for v in (
-                self.num_layers, self.hidden_size, self.intermediate_size)):
-            raise ConfigError("--layers copies target layers; it cannot be combined with "
-                              "--num-layers/--hidden-size/--intermediate-size")
-        for name in ("num_layers", "hidden_size", "intermediate_size"):
-            v = getattr(self, name)
-            if v is not None and v <= 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {v}")
 
 
 def derive(args: DeriveArgs) -> Path:

@@ -18,8 +18,9 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from draftkit.errors import ConfigError, DraftkitError, ModelError
+from draftkit.errors import DraftkitError, ModelError
 from draftkit.io import atomic_dir
+from draftkit.models.args import check_layers
 from draftkit.models.save import save_model, save_tokenizer
 
 if TYPE_CHECKING:
@@ -44,26 +45,6 @@ def _slice_per_layer(config, layers: list[int]) -> None:
     for key, value in list(vars(config).items()):
         if isinstance(value, list) and len(value) == n and key != "architectures":
             setattr(config, key, [value[i] for i in layers])
-
-
-def check_layers(layers: list[int], n: int | None = None, name: str = "--layers") -> None:
-    """Target layer indices to copy: at least one, each once, within 0..n-1 when the target's
-    depth ``n`` is known (a recipe's dry run checks the rest before any weights load)."""
-    given = ",".join(map(str, layers))
-    if not layers:
-        example = [0, 1, 2] + ([n - 1] if n else [])
-        example = (f"{name} {','.join(map(str, example))}" if name.startswith("--")
-                   else f"{name}: {example}")
-        raise ConfigError(f"{name} names no layer; give target layer indices, e.g. {example}")
-    twice = sorted({i for i in layers if layers.count(i) > 1})
-    if twice:
-        raise ConfigError(f"{name} {given}: layer {twice[0]} is given twice; a draft copies "
-                          f"each target layer once")
-    if any(i < 0 for i in layers):
-        raise ConfigError(f"{name} {given}: layer indices count from 0 (the first layer)")
-    if n is not None and any(i >= n for i in layers):
-        raise ConfigError(f"{name} {given}: the target has layers 0..{n - 1}; pick indices in "
-                          f"that range")
 
 
 def derive_by_layers(target: "PreTrainedModel", layers: list[int]) -> "PreTrainedModel":

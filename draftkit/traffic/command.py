@@ -24,88 +24,22 @@ from __future__ import annotations
 
 import html
 import math
-import re
-from dataclasses import dataclass
 from pathlib import Path
 
-from draftkit.config import option
-from draftkit.errors import ConfigError, Declined, DraftkitError, ModelError
+from draftkit.errors import Declined, DraftkitError, ModelError
 from draftkit.evaluate.render import (fmt, html_image, html_page, html_table, markdown_table,
                                       save_png, write_files)
 from draftkit.evaluate.report import format_text_table
 from draftkit.figures import now
 from draftkit.manifest import NAME as MANIFEST, Manifest, read_manifest
-from draftkit.signing_args import TrustArgs
-from draftkit.traffic.drift import (DRIFT, MIN_REQUESTS, DomainDrift, Estimate, TrafficReport,
-                                    domain_drift, traffic_drift)
+from draftkit.traffic.args import ALL, OFF, TrafficArgs
+from draftkit.traffic.drift import (DRIFT, DomainDrift, Estimate, TrafficReport, domain_drift,
+                                    traffic_drift)
 from draftkit.traffic.fleet import FleetFigures, fleet_figures, fleet_lines
 from draftkit.traffic.record import Counts, TrafficRecord, engine_counts
-from draftkit.traffic.shards import STRICT_HELP, read_traffic
+from draftkit.traffic.shards import read_traffic
 
 PLOT = ("alpha_per_position.png", "Served alpha_i against the eval's alpha")
-FLEET = "a vLLM fleet's own counters"  # the --help group of --prometheus and its flags
-MISSING, ALL, OFF = "missing", "all", "off"  # --replay
-REPLAY_CHOICES = (MISSING, ALL, OFF)
-TOP = 20  # domains the table shows by default; the rest fold into one row
-
-
-@dataclass(kw_only=True)
-class TrafficArgs(TrustArgs):
-    """Served acceptance per domain from the traffic `draftkit serve --record DIR` kept:
-    alpha_i, alpha, tau and the predicted speedup with 95% intervals over requests, beside the
-    bundle's eval figures, each domain whose served alpha lies below its eval's flagged."""
-
-    folder: str | None = option(None, help="the folder `draftkit serve --record DIR` wrote",
-                                positional=True, metavar="DIR")
-    bundle: str | None = option(None, help="the bundle that served the traffic: its eval "
-                                           "figures and c; the traffic must have been recorded "
-                                           "with its target and tokenizer")
-    out: str | None = option(None, help="folder for report.json, report.md, report.html and "
-                                        "the plot")
-    min_requests: int = option(MIN_REQUESTS, help="fewest requests a domain needs to be "
-                                                  "flagged; fewer are reported as too few")
-    domain: str | None = option(None, help="only this domain label")
-    top: int = option(TOP, help="rows for the largest domains by requests (and every flagged "
-                                "one); the rest fold into one row, 'other (N labels)'")
-    all: bool = option(False, help="a row for every domain label (no folding)")
-    strict: bool = option(False, help=STRICT_HELP)
-    replay: str = option(MISSING, choices=REPLAY_CHOICES, help="with --bundle, which requests' "
-                         "acceptance to compute by replaying their completion through its "
-                         "draft at its K: 'missing': those the engine reported no counts for "
-                         "(n > 1, a vLLM server without per-request metrics, imported logs); "
-                         "'all': every one (the engine's counts set aside); 'off': none")
-    device: str | None = option(None, help="where the replay runs: cpu, cuda, cuda:1, ... "
-                                           "(default: cuda if available)")
-    prometheus: str | None = option(None, metavar="URL", group=FLEET, help="also read a "
-                                    "running vLLM fleet's own vllm:spec_decode_* counters from "
-                                    "this Prometheus server (its base URL): tau, alpha and "
-                                    "alpha_i over the whole fleet, beside the bundle's eval")
-    window: str | None = option(None, metavar="RANGE", group=FLEET, help="with --prometheus: "
-                                "over this PromQL range (1h, 30m, 7d); default: the counters' "
-                                "totals since each server started")
-    selector: str = option("", metavar="MATCHERS", group=FLEET, help="with --prometheus: "
-                           "PromQL label matchers picking the fleet, e.g. "
-                           "'model_name=\"llama-8b\",job=\"vllm\"'")
-
-    def validate(self) -> None:
-        if self.min_requests < 1:
-            raise ConfigError("--min-requests must be >= 1")
-        if self.top < 1:
-            raise ConfigError(f"--top must be >= 1, got {self.top}; --all shows every label")
-        if self.folder is None and self.prometheus is None:
-            raise ConfigError("give the traffic folder (DIR) `draftkit serve --record DIR` "
-                              "wrote, or --prometheus URL, or both")
-        if (self.window or self.selector) and self.prometheus is None:
-            raise ConfigError("--window and --selector are for --prometheus")
-        if self.window is not None and not re.fullmatch(r"[1-9][0-9]*(ms|s|m|h|d|w|y)",
-                                                        self.window):
-            raise ConfigError(f"--window {self.window!r} is not a PromQL range; give a "
-                              f"number and a unit: 1h, 30m, 7d")
-        if self.replay == ALL and self.bundle is None:
-            raise ConfigError("--replay all replays through a bundle's draft: give --bundle")
-        if self.domain is not None and self.folder is None:
-            raise ConfigError("--domain picks a label of the recorded traffic: give its "
-                              "folder (DIR)")
 
 
 def traffic(args: TrafficArgs) -> TrafficReport | FleetFigures:

@@ -45,12 +45,12 @@ from dataclasses import dataclass, field
 from draftkit import metrics
 from draftkit.manifest import DomainEntry, Manifest
 from draftkit.records import Record, added_later
+from draftkit.traffic.args import MIN_REQUESTS
 from draftkit.traffic.record import ENGINE, REPLAY, Counts, TrafficRecord, engine_counts
 from draftkit.traffic.shards import Integrity
 
 LEVEL = 0.95
 RESAMPLES = 1000  # metrics.bootstrap draws in Python: 1 s a figure over 10,000 requests
-MIN_REQUESTS = 20
 
 # a domain's status; only DRIFT is a flag
 DRIFT, OK, ABOVE = "drift", "ok", "above eval"

@@ -34,13 +34,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
 from draftkit.chat import encode_prompt
-from draftkit.config import option
-from draftkit.errors import ConfigError, DraftkitError
+from draftkit.errors import DraftkitError
 from draftkit.io import read_jsonl
 from draftkit.models.resolve import model_identity
+from draftkit.traffic.args import ImportArgs
 from draftkit.traffic.command import bundle_target
 from draftkit.traffic.record import IMPORTED, request_label, tokenizer_identity
 from draftkit.traffic.recorder import Recorder
@@ -50,29 +49,6 @@ from draftkit.traffic.vllm_sampling import applied_sampling, sampling_defaults
 ERROR, NO_CHOICES, NOT_TEXT, UNPAIRED, UNKNOWN = (
     "an error answer", "an answer without choices", "a prompt or answer that is not text",
     "a batch line without its pair", "not a request with its answer")
-
-
-@dataclass
-class ImportArgs:
-    """Turn OpenAI-style request logs (request and answer per line, or the Batch API's input
-    and output files) into a traffic folder `draftkit traffic` and `draftkit refresh` read:
-    prompts rendered with the bundle target's chat template, answers tokenized, acceptance left
-    for `draftkit traffic --bundle` to replay."""
-
-    logs: list[str] = option(help="JSONL log files", positional=True, nargs="+", metavar="LOG")
-    bundle: str = option(help="the bundle whose target answered: its tokenizer and chat "
-                              "template render the prompts, its identities mark the records")
-    into: str = option(metavar="DIR", help="the traffic folder to add the records to "
-                                           "(created if missing; it must hold this target's "
-                                           "traffic only)")
-    domain: str | None = option(None, help="label for requests whose body names none "
-                                           "(metadata.domain, user)")
-
-    def validate(self) -> None:
-        missing = [p for p in self.logs if not Path(p).is_file()]
-        if missing:
-            raise ConfigError(f"no log file {missing[0]}; give JSONL files of requests and "
-                              f"their answers")
 
 
 @dataclass

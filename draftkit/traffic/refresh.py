@@ -30,60 +30,13 @@ The training run, its data and ``refresh.md`` (the comparison) stay in ``--work`
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
 
-from draftkit.config import option
-from draftkit.decode.k import FixedK
 from draftkit.errors import Declined, DraftkitError
-from draftkit.fields import Range
 from draftkit.io import atomic_write_text, take_lock
 from draftkit.signing import signer_of
-from draftkit.signing_args import SigningArgs, TrustArgs
+from draftkit.traffic.args import RefreshArgs
 from draftkit.traffic.record import TrafficRecord
-from draftkit.traffic.shards import STRICT_HELP
-
-
-_Count = Annotated[int, Range(low=1)]
-
-
-@dataclass(kw_only=True)
-class RefreshArgs(SigningArgs, TrustArgs):
-    """Retrain a bundle's draft on its recorded traffic; export it only where it is faster."""
-
-    bundle: str = option(help="the bundle that served the traffic", positional=True)
-    traffic: str = option(help="the folder `draftkit serve --record` wrote")
-    out: str = option(help="where the new bundle goes (written only if it is faster)")
-    overrides: list[str] = option([], help="key=value overrides of the bundle's recipe "
-                                           "(train.lr=3e-4)", positional=True, nargs="*",
-                                  metavar="KEY=VALUE")
-    work: str | None = option(None, help="the training run, its data and the comparison "
-                                         "(default: OUT.work beside --out)")
-    steps: _Count = option(120, help="training steps (fixed work: the same draft on any machine)")
-    minutes: Annotated[float, Range(above=0)] | None = option(
-        None, help="also stop training after this many minutes")
-    heldout: Annotated[float, Range(above=0, below=1, what="a share of the requests")] = option(
-        0.25, help="share of each domain's most recent requests held out to compare the drafts "
-                   "on")
-    min_requests: Annotated[int, Range(low=2)] = option(
-        8, help="requests a domain needs to be trained on")
-    max_new_tokens: int = option(64, help="tokens per compared decode, at most (each held-out "
-                                          "request decodes as many as it was served, up to this)")
-    k: FixedK | None = option(None, help="K both drafts run in the comparison (default: the "
-                                          "bundle's num_speculative_tokens)")
-    replay: bool = option(True, help="train on the recipe's own data too (--no-replay: traffic "
-                                     "only)")
-    traffic_repeat: _Count = option(5, help="each traffic request is trained this many times an "
-                                           "epoch beside the replayed rows once: the traffic is "
-                                           "what the draft will serve, and it is the smaller set")
-    keep_vocab: bool = option(False, help="an EAGLE-3 head keeps its draft vocabulary "
-                                          "(default: chosen again at its size on the training "
-                                          "rows; tokens it keeps keep their rows)")
-    recipe: str | None = option(None, help="distillation recipe (default: the one the bundle "
-                                           "records)")
-    strict: bool = option(False, help=STRICT_HELP)
-    device: str | None = option(None, help="device for training and the comparison")
 
 
 def split(records: list[TrafficRecord], heldout: float, min_requests: int

@@ -296,7 +296,8 @@ def test_target_regime_answers_every_turn_of_a_sharegpt_file(tmp_path):
 # --- a ShareGPT file trains, on its assistant tokens only ---------------------------------------
 
 def test_a_sharegpt_file_trains_on_its_assistant_tokens_only(tmp_path, tiny_dirs, capsys):
-    from draftkit.distill.command import DistillArgs, distill, load_config
+    from draftkit.distill.args import DistillArgs
+    from draftkit.distill.command import distill, load_config
     from draftkit.distill.trainer import train
 
     data = _jsonl(tmp_path / "sharegpt.jsonl", [_sharegpt(i) for i in range(8)])

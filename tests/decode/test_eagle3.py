@@ -293,7 +293,8 @@ def test_bench_skips_hf_assisted_generation_for_an_eagle3_head(saved, tmp_path, 
 
 
 def test_eval_and_regimes_measure_an_eagle3_head(saved, tmp_path):
-    from draftkit.evaluate.command import EvalArgs, RegimesArgs, run_eval, run_regimes
+    from draftkit.evaluate.args import EvalArgs, RegimesArgs
+    from draftkit.evaluate.command import run_eval, run_regimes
 
     target_dir, head_dir, _ = saved
     suite = tmp_path / "suite.jsonl"

@@ -147,7 +147,7 @@ def test_shared_flags_have_one_help_text_in_every_command(command):
 
 def test_eval_takes_top_k_and_hands_it_to_its_settings():
     from draftkit.cli import build_parser, parse
-    from draftkit.evaluate.command import EvalArgs
+    from draftkit.evaluate.args import EvalArgs
     from draftkit.evaluate.settings import EvalSettings
 
     args = from_namespace(EvalArgs, parse(build_parser(), ["eval", "--draft", "d", "--top-k",
@@ -167,8 +167,8 @@ def test_eval_takes_top_k_and_hands_it_to_its_settings():
 ])
 def test_decoding_args_check_as_the_engine_does(field, value, message):
     """The sampling checks are SamplingParams' own, named by their flags."""
-    from draftkit.decode.command import GenerateArgs
-    from draftkit.evaluate.command import EvalArgs
+    from draftkit.decode.args import GenerateArgs
+    from draftkit.evaluate.args import EvalArgs
 
     for args in (DecodingArgs(), GenerateArgs(prompt="hi"), EvalArgs(draft="d")):
         setattr(args, field, value)
@@ -182,9 +182,9 @@ def test_commands_whose_measurement_needs_a_fixed_k_refuse_anything_else(word, c
     """bench, regimes and refresh take one K for every round (FixedK): an integer >= 1, refused
     in one line that names --k, from the command line and for a dataclass built in code."""
     from draftkit.cli import main
-    from draftkit.labs.bench import BenchArgs
-    from draftkit.evaluate.command import RegimesArgs
-    from draftkit.traffic.refresh import RefreshArgs
+    from draftkit.labs.bench_args import BenchArgs
+    from draftkit.evaluate.args import RegimesArgs
+    from draftkit.traffic.args import RefreshArgs
 
     for args in (BenchArgs(draft="d", prompts="p", k=word), RegimesArgs(k=word),
                  RefreshArgs(bundle="b", traffic="t", out="o", k=word)):

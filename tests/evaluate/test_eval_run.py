@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from draftkit import metrics
-from draftkit.evaluate.command import EvalArgs, evaluate, run_eval
+from draftkit.evaluate.args import EvalArgs
+from draftkit.evaluate.command import evaluate, run_eval
 from draftkit.evaluate.measure import KMeasurement
 from draftkit.evaluate.report import domain_table
 from draftkit.figures import DomainFigures, EvalReport

@@ -126,7 +126,8 @@ def test_bad_benchmark_rows_name_their_line(tmp_path, rows, said):
 
 def test_eval_on_mt_bench_and_spec_bench_names_the_benchmark_and_its_categories(tiny_dirs,
                                                                                 tmp_path):
-    from draftkit.evaluate.command import EvalArgs, evaluate
+    from draftkit.evaluate.args import EvalArgs
+    from draftkit.evaluate.command import evaluate
 
     target, draft = tiny_dirs
     for write, name, categories in (

@@ -8,7 +8,8 @@ import pytest
 
 from draftkit import metrics
 from draftkit.errors import ConfigError, DraftkitError
-from draftkit.evaluate.command import RegimesArgs, regimes, run_regimes
+from draftkit.evaluate.args import RegimesArgs
+from draftkit.evaluate.command import regimes, run_regimes
 from draftkit.evaluate.regimes.analysis import batch_crossovers, cost_regime, headline
 from draftkit.evaluate.regimes.crossovers import entropy_crossover, entropy_model_text
 from draftkit.evaluate.regimes.measure import PromptFigures

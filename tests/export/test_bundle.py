@@ -251,7 +251,8 @@ def test_a_moved_bundle_still_serves_from_its_scripts(tiny_dirs, tmp_path, capsy
     import shutil
     import subprocess
 
-    from draftkit.export.command import CheckArgs, check
+    from draftkit.export.args import CheckArgs
+    from draftkit.export.command import check
 
     target_dir, draft_dir = tiny_dirs
     out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "bundle", k=2)

@@ -23,18 +23,22 @@ def test_help_lists_built_subcommands(capsys):
 
 
 def test_help_imports_neither_torch_nor_a_command_module():
-    """`draftkit --help` imports no command module, and `draftkit COMMAND --help` (which reads
-    its command's dataclass) no torch: the CLI answers in a fraction of a second."""
+    """`draftkit --help` imports no command's module, args or function; `draftkit COMMAND
+    --help` imports its args module alone (its dataclass), no function's module, and neither
+    torch nor transformers: the CLI answers in a fraction of a second."""
     probe = ("import sys\nfrom draftkit.cli import main\ntry:\n    main(sys.argv[1:])\n"
              "except SystemExit:\n    pass\nprint(sorted(sys.modules))")
-    modules = {module for _, module, *_ in COMMANDS}
-    for argv in [["--help"]] + [[name, "--help"] for name, *_ in COMMANDS]:
+    functions = {c.module for c in COMMANDS}
+    # but signing_args (keygen's flags), whose set_trusted the CLI calls for every command
+    args_modules = {c.args_module for c in COMMANDS} - {"draftkit.signing_args"}
+    for argv in [["--help"]] + [[c.name, "--help"] for c in COMMANDS]:
         ran = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True,
                              text=True, timeout=120)
         loaded = set(eval(ran.stdout.strip().splitlines()[-1]))
-        assert "torch" not in loaded, argv
+        assert not loaded & {"torch", "transformers"}, (argv, loaded & {"torch", "transformers"})
+        assert not loaded & functions, (argv, loaded & functions)
         if argv == ["--help"]:
-            assert not loaded & modules, loaded & modules
+            assert not loaded & args_modules, loaded & args_modules
 
 
 def test_distill_help_lists_every_recipe_key_and_each_one_loads(capsys, tmp_path):
@@ -144,14 +148,11 @@ def test_a_stray_word_after_a_subcommand_is_still_an_error(capsys):
      ["data.sources=[{path: a, domain: b}]"]),  # an override's commas are its own
 ])
 def test_list_flags_take_words_and_commas(argv, field, value):
-    import importlib
-
-    from draftkit.cli import build_parser, parse
+    from draftkit.cli import args_class, build_parser, parse
     from draftkit.config import from_namespace
 
-    entry = next(c for c in COMMANDS if c[0] == argv[0])
-    args = from_namespace(getattr(importlib.import_module(entry[1]), entry[2]),
-                          parse(build_parser(), argv))
+    command = next(c for c in COMMANDS if c.name == argv[0])
+    args = from_namespace(args_class(command), parse(build_parser(), argv))
     assert getattr(args, field) == value
 
 

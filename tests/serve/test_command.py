@@ -14,7 +14,8 @@ import pytest
 from draftkit.cli import build_parser, main, parse
 from draftkit.config import from_namespace
 from draftkit.errors import ConfigError
-from draftkit.serve.command import ServeArgs, build, resolve_models
+from draftkit.serve.args import ServeArgs
+from draftkit.serve.command import build, resolve_models
 from tests.helpers import write_manifest
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from draftkit.errors import ConfigError
 from draftkit.serve.app import create_proxy_app
-from draftkit.serve.command import ServeArgs
+from draftkit.serve.args import ServeArgs
 from draftkit.serve.upstream import Pool, discover
 from draftkit.serve.vllm_front import NoSwap
 from draftkit.traffic.shards import read_traffic

@@ -259,7 +259,8 @@ def test_serve_records_under_the_models_identities(tiny_dirs, tmp_path):
     from draftkit.cli import build_parser, parse
     from draftkit.config import from_namespace
     from draftkit.models.resolve import model_identity, resolve_model
-    from draftkit.serve.command import ServeArgs, build
+    from draftkit.serve.args import ServeArgs
+    from draftkit.serve.command import build
     from tests.helpers import LiveServer
 
     target, draft = tiny_dirs

@@ -639,7 +639,8 @@ def test_an_eagle3_head_serves_concurrent_requests_exactly(tiny_models, tmp_path
     can rule speculation out for these short requests), concurrent greedy requests of unequal
     prompts and budgets equal the target's own greedy text, rounds draft and accept, and a
     sampled request is answered too."""
-    from draftkit.serve.command import ServeArgs, build
+    from draftkit.serve.args import ServeArgs
+    from draftkit.serve.command import build
     from tests.helpers import LiveServer, fit_eagle3, hf_greedy, make_llama, save_head, save_model
 
     tok = tiny_models[0]

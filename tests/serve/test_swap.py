@@ -11,7 +11,8 @@ import pytest
 
 from draftkit.export import export_bundle
 from draftkit.models.resolve import model_identity, resolve_model
-from draftkit.serve.command import ServeArgs, build
+from draftkit.serve.args import ServeArgs
+from draftkit.serve.command import build
 from tests.helpers import LiveServer, make_llama, make_tokenizer, noisy_copy, save_model
 
 TOKEN = "s3cret-token"

@@ -7,7 +7,8 @@ import pytest
 from fastapi import FastAPI
 
 from draftkit.errors import ConfigError, DraftkitError
-from draftkit.traffic.command import TrafficArgs, traffic
+from draftkit.traffic.args import TrafficArgs
+from draftkit.traffic.command import traffic
 from draftkit.traffic.fleet import fleet_figures
 from tests.helpers import LiveServer
 

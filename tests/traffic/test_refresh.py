@@ -11,7 +11,8 @@ from draftkit.cli import main
 from draftkit.errors import Declined, DraftkitError
 from draftkit.traffic.compare import MIX, DomainComparison, Speedup, decide
 from draftkit.traffic.record import SamplingEntry, TrafficRecord
-from draftkit.traffic.refresh import RefreshArgs, refresh, split
+from draftkit.traffic.args import RefreshArgs
+from draftkit.traffic.refresh import refresh, split
 from tests.helpers import distill_config
 
 EAGLE3 = {"kind": "eagle3", "draft_vocab_size": 40, "ttt_steps": 3}

@@ -10,7 +10,8 @@ import pytest
 
 from draftkit.cli import main
 from draftkit.errors import DraftkitError
-from draftkit.traffic.command import TrafficArgs, traffic_report
+from draftkit.traffic.args import TrafficArgs
+from draftkit.traffic.command import traffic_report
 from draftkit.traffic.recorder import Recorder
 from draftkit.traffic.shards import read_traffic, seal_line, shard_paths
 from tests.traffic.test_drift import mixed, record, write_shard

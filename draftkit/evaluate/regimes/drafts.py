@@ -12,12 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from draftkit.errors import DraftkitError
+from draftkit.evaluate.args import DEFAULT_DRAFT_LAYERS
 from draftkit.figures import DraftInfo
 from draftkit.models import load_another_draft, resolve_model
 from draftkit.models.derive import derive_by_layers
 from draftkit.models.facts import text_config
-
-DEFAULT_DRAFT_LAYERS = 4  # the early exit mapped when no --draft is given (c ~ 0.2 on CPU)
 
 
 @dataclass

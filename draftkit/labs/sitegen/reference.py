@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
-import importlib
 import inspect
 import io
 import re
@@ -126,7 +125,7 @@ def _flag_rows(parser: argparse.ArgumentParser) -> list[tuple[str | None, list[l
 
 def commands_page() -> str:
     """Every command with its usage and every flag, from the parsers ``draftkit`` runs."""
-    from draftkit.cli import COMMANDS, build_parser
+    from draftkit.cli import COMMANDS, args_class, build_parser
 
     parser = build_parser()
     out = ["# Commands and flags", "", generated("each command's args dataclass, through "
@@ -137,11 +136,12 @@ def commands_page() -> str:
            parser.format_usage().strip(), "```", ""]
     for _, rows in _flag_rows(parser):
         out += table(["flag", "value", "what it does"], rows)
-    for name, module, cls_name, _, help_text in COMMANDS:
+    for command in COMMANDS:
+        name, help_text = command.name, command.help
         sub = parser.commands[name]
         out += [f"## draftkit {name}", "", inspect.cleandoc(sub.description or help_text), "",
                 "```", sub.format_usage().strip(), "```", ""]
-        recipe = getattr(getattr(importlib.import_module(module), cls_name), "recipe_config", None)
+        recipe = getattr(args_class(command), "recipe_config", None)
         if recipe is not None:
             out += ["Its recipe's keys (YAML, or `KEY=VALUE` after the recipe) are in "
                     "[recipe keys](recipe-keys.md).", ""]
@@ -179,13 +179,13 @@ def flag_helps() -> list[tuple[str, str]]:
 
 def _recipe_classes() -> list[tuple[type, list[str]]]:
     """(recipe dataclass, the commands that read it) for each command's ``recipe_config``."""
-    from draftkit.cli import COMMANDS
+    from draftkit.cli import COMMANDS, args_class
 
     found: dict[type, list[str]] = {}
-    for name, module, cls_name, _, _ in COMMANDS:
-        recipe = getattr(getattr(importlib.import_module(module), cls_name), "recipe_config", None)
+    for command in COMMANDS:
+        recipe = getattr(args_class(command), "recipe_config", None)
         if recipe is not None:
-            found.setdefault(recipe, []).append(name)
+            found.setdefault(recipe, []).append(command.name)
     return list(found.items())
 
 
