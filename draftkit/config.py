@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import math
 import re
 import sys
+import textwrap
 import typing
 from pathlib import Path
 from typing import Any
@@ -253,8 +255,6 @@ def _validate(cfg: Any, source: str) -> None:
 
 
 def _closest(key: str, names) -> str | None:
-    import difflib
-
     found = difflib.get_close_matches(key, list(names), n=1, cutoff=0.6)
     return found[0] if found else None
 
@@ -418,8 +418,6 @@ def recipe_keys(cls: type, prefix: str = "") -> list[Key]:
 def describe_keys(cls: type) -> list[str]:
     """One entry per leaf key of a nested config (:func:`recipe_keys`): ``key = default
     (type)``, then its help, indented. The recipe help of a command is built from it."""
-    import textwrap
-
     return [f"{k.name} = {k.default} ({k.type})\n" +
             textwrap.fill(k.help, width=90, initial_indent="    ", subsequent_indent="    ")
             for k in recipe_keys(cls)]

@@ -25,7 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from draftkit.decode.clock import synchronize
+from draftkit.decode.engine import SpeculativeEngine
+from draftkit.distill.eagle3 import Unrolled
+from draftkit.distill.ttt import step_masks
+from draftkit.evaluate.floor import read_bytes_per_second
 from draftkit.io import atomic_write_json, read_json
 from draftkit.records import Record
 
@@ -69,8 +75,6 @@ def probe(target: Any, head: Any, batch_size: int, seq_len: int, ttt_steps: int)
     """Time this machine: ``target`` decoding plainly, and the EAGLE-3 ``head`` training one
     batch of ``batch_size`` x ``seq_len`` positions over ``ttt_steps`` steps (random features
     and tokens: the cost, not the values, is measured). A few seconds."""
-    from draftkit.evaluate.floor import read_bytes_per_second
-
     device = next(target.parameters()).device
     return Probe(plain_step_ms=1000 * _plain_step(target),
                  train_step_s=_train_step(head, batch_size, seq_len, ttt_steps),
@@ -79,8 +83,6 @@ def probe(target: Any, head: Any, batch_size: int, seq_len: int, ttt_steps: int)
 
 def _plain_step(target: Any, tokens: int = 24) -> float:
     """Seconds a greedy token takes at batch 1 (after an untimed warm-up)."""
-    from draftkit.decode.engine import SpeculativeEngine
-
     engine = SpeculativeEngine(target, None, eos_token_id=None)  # never stops early
     prompt = list(range(1, 17))
     engine.generate([prompt], k=0, max_new_tokens=4)
@@ -94,11 +96,6 @@ def _plain_step(target: Any, tokens: int = 24) -> float:
 def _train_step(head: Any, batch_size: int, seq_len: int, steps: int, repeats: int = 3) -> float:
     """The median seconds of ``repeats`` optimizer steps of ``head`` (after one untimed), as
     distillation runs them: unrolled over ``steps`` steps, backward, AdamW."""
-    import torch
-
-    from draftkit.distill.eagle3 import Unrolled
-    from draftkit.distill.ttt import step_masks
-
     head = head.float()
     student = Unrolled(head)
     device = next(head.parameters()).device

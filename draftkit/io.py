@@ -26,6 +26,8 @@ import zlib
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from filelock import FileLock, Timeout
+
 from draftkit.bundle_checks import file_hash
 from draftkit.errors import DraftkitError
 
@@ -201,8 +203,6 @@ def atomic_dir(path: Path, overwrite: bool = False) -> Iterator[Path]:
 def one_builder(lock: Path, what: str) -> Iterator[None]:
     """Hold the file lock ``lock`` while building ``what``, a cache runs share: a second run
     waits for the first (and says so), then reads what it built instead of writing it too."""
-    from filelock import FileLock, Timeout
-
     held = FileLock(lock)
     try:
         held.acquire(timeout=0)
@@ -219,8 +219,6 @@ def take_lock(lock: Path, busy: str) -> Any:
     """The file lock ``lock``, held now (released by the caller, from any thread), or a
     one-line DraftkitError ``busy`` where another process holds it: for work that must not run
     twice at once (two servers recording into one folder, two refreshes writing one bundle)."""
-    from filelock import FileLock, Timeout
-
     held = FileLock(lock, thread_local=False)
     try:
         held.acquire(timeout=0)

@@ -30,16 +30,20 @@ from pathlib import Path
 
 from draftkit.decode.k import AUTO
 from draftkit.distill.command import load_config
+from draftkit.distill.trainer import prepare, train
 from draftkit.errors import DraftkitError
-from draftkit.estimate import Timing, write_timing
+from draftkit.estimate import Timing, estimate, estimate_text, probe, read_timing, write_timing
 from draftkit.evaluate.args import EvalArgs
 from draftkit.evaluate.command import run_eval
 from draftkit.evaluate.report import (domain_table, format_text_table, headline, plain_step_text,
                                       write_report)
+from draftkit.export.bundle import export_bundle
 from draftkit.figures import EvalReport
 from draftkit.io import atomic_write_text
 from draftkit.models import load_model, load_tokenizer, resolve_model
 from draftkit.models.derive import derive_by_layers, save_draft
+from draftkit.models.eagle3 import default_aux_layers, from_target
+from draftkit.models.reduced_head import ReducedHead
 from draftkit.quickstart_args import RECIPE, QuickstartArgs
 from draftkit.resources import share_path, shared
 from draftkit.signing import Signer, new_key_pair, signer_of
@@ -129,9 +133,6 @@ def _derive_draft(args: QuickstartArgs, cfg0, recipe: Path, out: Path, group: st
 
 
 def quickstart(args: QuickstartArgs) -> EvalReport:
-    from draftkit.distill.trainer import prepare, train  # torch
-    from draftkit.export.bundle import export_bundle  # torch
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
@@ -247,10 +248,6 @@ def _estimate(cfg, args: QuickstartArgs, domains: int, started: float) -> Timing
     """Time this machine (:mod:`draftkit.estimate`) and print how long each stage will take,
     scaled from the reference run's ``timing.json`` (the set-up: what has passed since
     ``started``, the probe included); the record the run's actual minutes go into."""
-    from draftkit.estimate import estimate, estimate_text, probe, read_timing
-    from draftkit.models.eagle3 import default_aux_layers, from_target
-    from draftkit.models.reduced_head import ReducedHead
-
     target = load_model(resolve_model(cfg.target, "target"), "target", device="cpu"
                         if cfg.train.device == "auto" else cfg.train.device,
                         dtype=cfg.teacher.dtype)

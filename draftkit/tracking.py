@@ -45,7 +45,7 @@ class Tracker:
             if os.environ.get("WANDB_MODE"):
                 require("train", f"WANDB_MODE={mode}", ("wandb",))
             return
-        import wandb
+        import wandb  # optional extra: train
 
         if dataclasses.is_dataclass(config):
 
@@ -70,13 +70,13 @@ class Tracker:
 
     def log_table(self, key: str, columns: list[str], rows: list[list[Any]]) -> None:
         if self.run is not None:
-            import wandb
+            import wandb  # optional extra: train
 
             self.run.log({key: wandb.Table(columns=columns, data=rows)})
 
     def log_image(self, key: str, path: str | Path) -> None:
         if self.run is not None:
-            import wandb
+            import wandb  # optional extra: train
 
             self.run.log({key: wandb.Image(str(path))})
 
@@ -84,7 +84,7 @@ class Tracker:
                      aliases: list[str] | None = None, metadata: dict | None = None) -> None:
         if self.run is None:
             return
-        import wandb
+        import wandb  # optional extra: train
 
         artifact = wandb.Artifact(name, type=type, metadata=metadata or {})
         path = Path(path)

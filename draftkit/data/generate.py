@@ -25,11 +25,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
+import torch
+from tqdm import tqdm
+
+from draftkit.decode.engine import SpeculativeEngine
+from draftkit.decode.sampling_params import SamplingParams
+from draftkit.decode.state import round_margin
+from draftkit.engines.vllm import VllmWorker
 from draftkit.io import append_jsonl, cut_torn_tail, one_builder
 from draftkit.models.facts import stop_token_ids
+from draftkit.models.reduced_head import attach, head_of
 
 if TYPE_CHECKING:
     from draftkit.models.reduced_head import ReducedHead
@@ -105,8 +115,6 @@ def generate_responses(model: Any, tokenizer: Any, prompts: list[list[int]], pat
         todo.sort(key=lambda i: -len(prompts[i]))
         bar = None
         if progress and todo:
-            from tqdm import tqdm
-
             bar = tqdm(total=len(todo), desc="target answers", unit="prompt",
                        dynamic_ncols=True)
         seeds = [prompt_seed(seed, keys[i]) for i in todo]
@@ -131,10 +139,6 @@ def engine_answers(model: Any, prompts: list[list[int]], max_new_tokens: int,
     finished row's slot refilled at once (on the general transformers path, whose cache cannot
     take one new row, a new cohort when the last one is done). Greedy at ``temperature`` 0;
     otherwise prompt i is sampled from its own generator seeded with ``seeds[i]``."""
-    from draftkit.decode.engine import SpeculativeEngine
-    from draftkit.decode.sampling_params import SamplingParams
-    from draftkit.decode.state import round_margin
-
     if not prompts:
         return
     engine = SpeculativeEngine(model, eos_token_id=stop_ids)
@@ -184,11 +188,6 @@ class VllmAnswers:
                 stop_ids: list[int], seeds: list[int], batch: int
                 ) -> Iterator[tuple[int, list[int]]]:
         """(index, answer ids up to and including the first stop id) as batches finish."""
-        import queue
-        import threading
-
-        from draftkit.engines.vllm import VllmWorker
-
         if not prompts:
             return
         threads = max(1, (os.cpu_count() or 1) // self.replicas)
@@ -243,8 +242,6 @@ class VllmAnswers:
 def replica_devices(replicas: int, tp: int) -> list[dict[str, str]]:
     """Each replica's own ``tp`` GPUs (CUDA_VISIBLE_DEVICES), where there are enough for all;
     else nothing set (a CPU, or one GPU the replicas share)."""
-    import torch
-
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     devices = [d for d in visible.split(",") if d.strip()] if visible is not None else \
         [str(i) for i in range(torch.cuda.device_count())]
@@ -271,8 +268,6 @@ def answers_in_memory(model: Any, prompts: list[list[int]], max_new_tokens: int,
     Greedy at ``temperature`` 0; otherwise each answer is drawn from a generator of its own
     seed (one of ``seeds`` a prompt) and depends on it alone, not on the global RNG: a resumed
     run, or another process, draws the same answers."""
-    from draftkit.models.reduced_head import attach, head_of
-
     if temperature > 0 and (seeds is None or len(seeds) != len(prompts)):
         raise ValueError("sampled answers need one seed a prompt")
     seeds = seeds if seeds is not None else [0] * len(prompts)

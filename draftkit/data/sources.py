@@ -16,6 +16,8 @@ import glob
 from pathlib import Path
 from typing import Any
 
+import fsspec
+
 from draftkit.data.shapes import Example, to_example
 from draftkit.errors import DraftkitError
 from draftkit.extras import require
@@ -60,14 +62,13 @@ def _files_with_rows(pattern: str, fmt: str) -> list[str]:
     ``datasets`` fails on empty files with messages that do not say so (StopIteration, or "An
     error occurred while generating the dataset"), so they never reach it.
     """
-    import fsspec
 
     def blank(file: str) -> bool:
         try:
             if Path(file).stat().st_size == 0:
                 return True
             if fmt == "parquet":
-                import pyarrow.parquet as pq
+                import pyarrow.parquet as pq  # optional extra: train (datasets')
 
                 return pq.read_metadata(file).num_rows == 0
             with fsspec.open(file, "rb", compression="infer") as f:  # .gz, .bz2, .xz, .zst
@@ -85,7 +86,7 @@ def _load(src: Any, fmt: str, file: str):
     """One file of the source (its hub id for the hub) as a ``datasets.Dataset``; a load
     failure is one line naming it."""
     require("train", "reading training data", ("datasets",))
-    import datasets
+    import datasets  # optional extra: train
 
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # we report its failures, once

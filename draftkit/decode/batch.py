@@ -34,6 +34,8 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Callable
 
+import torch
+
 from draftkit.decode.clock import RoundClock
 from draftkit.decode.graphs import forward_path
 from draftkit.decode.sampling import next_tokens, next_tokens_among
@@ -44,8 +46,6 @@ from draftkit.decode.verify import committed_block, verify
 from draftkit.errors import DraftkitError
 
 if TYPE_CHECKING:
-    import torch
-
     from draftkit.decode.choice import KChoice
     from draftkit.decode.drafters import Eagle3Drafter, StandaloneDrafter
 
@@ -56,8 +56,6 @@ def no_grad(method: Callable) -> Callable:
     and memory would grow with every token."""
     @functools.wraps(method)
     def wrapper(*args, **kwargs):
-        import torch
-
         with torch.no_grad():
             return method(*args, **kwargs)
     return wrapper
@@ -197,8 +195,6 @@ class Batch:
     def _prefill(self, slots: list[int]) -> None:
         """Both models read the new rows' prompts; the target's next token is each row's
         first, committed like a plain step's."""
-        import torch
-
         state, target, drafter = self._state, self.target, self.drafter
         n = len(slots)
         if not self.slotted:  # a new cohort: fresh caches holding exactly these rows
@@ -221,8 +217,6 @@ class Batch:
         """One round at K drafted tokens (K = 0: a plain target step) over the live rows:
         Leviathan et al. (arXiv 2211.17192) Algorithm 1 for every row at once, positions as
         in the module docstring. Each lap of the clock waits for the device."""
-        import torch
-
         state, target, drafter = self._state, self.target, self.drafter
         if drafter is None:
             k = 0
@@ -273,8 +267,6 @@ class Batch:
     def _draft(self, rows: list[int], lengths: list[int], k: int):
         """K draft tokens per row (and their warped q unless every row is greedy):
         (b, K), q (b, K, V) or None."""
-        import torch
-
         state, drafter = self._state, self.drafter
         vocab = drafter.vocab  # a reduced head: drafts are chosen among its N tokens
         params, gens = [state.params[b] for b in rows], state.rng(rows)

@@ -18,17 +18,12 @@ query's causal mask hides it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import torch
+import torch
 
 
 class StaticKVCache:
     def __init__(self, num_layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int,
                  dtype: "torch.dtype", device: "torch.device | str"):
-        import torch
-
         shape = (num_layers, batch, kv_heads, max_len + 1, head_dim)  # (L, B, Hkv, S + 1, D)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -84,8 +79,6 @@ class WriteIndex:
 
     def __init__(self, start: "torch.Tensor", num_tokens: int, uniform_start: int | None,
                  rows: list[int] | None = None, limit: int | None = None):
-        import torch
-
         dev = start.device
         # start: (b,) first position of each row's new tokens
         self.positions = start[:, None] + torch.arange(num_tokens, device=dev)  # (b, T)

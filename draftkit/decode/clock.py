@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import torch
+import torch
 
 
 def synchronize(device: "torch.device") -> None:
     """Wait for queued device work so the clock reads what was actually spent."""
-    import torch
-
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elif device.type == "mps":

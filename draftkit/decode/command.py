@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import sys
 
+import torch
+
 from draftkit.chat import encode_prompt, read_prompts
 from draftkit.decode.args import GenerateArgs
 from draftkit.decode.choice import KChoice
@@ -25,8 +27,6 @@ from draftkit.models import load_pair
 
 def generate(args: GenerateArgs) -> list[dict]:
     """Run the decoder over the prompts; print and return one record per prompt."""
-    import torch
-
     texts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
     pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
     tok = pair.tokenizer

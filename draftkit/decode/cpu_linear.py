@@ -46,9 +46,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import torch
+import torch
+import torch.nn.functional as F
 
+if TYPE_CHECKING:
     from draftkit.models.reduced_head import ReducedHead
 
 MAX_ROWS = 8  # row counts measured one by one
@@ -95,8 +96,6 @@ class DecodeLinear:
         """One weight for several ``nn.Linear`` that read the same input (q/k/v, gate/up):
         their rows stacked, so one larger matmul replaces several small ones. ``head``: keep
         only a reduced head's rows, (V, D) -> (N, D)."""
-        import torch
-
         w = torch.cat([m.weight.detach() for m in linears], dim=0)  # (out, in)
         biases = [m.bias for m in linears]
         b = None if all(x is None for x in biases) else torch.cat(
@@ -118,8 +117,6 @@ class DecodeLinear:
     def pack(self) -> None:
         """Reorder W for oneDNN's matmul (a private op of torch, used by its CPU compiler, so
         the form is offered only where this torch has it and it runs)."""
-        import torch
-
         try:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.w, None)
             self._apply("onednn", self.w.new_zeros(1, self.w.shape[1]))
@@ -128,9 +125,6 @@ class DecodeLinear:
 
     def _apply(self, form: str, x2: "torch.Tensor") -> "torch.Tensor":
         """x2: (rows, in) -> (rows, out) in the given form."""
-        import torch
-        import torch.nn.functional as F
-
         if form == "x@wt":
             return torch.matmul(x2, self.wt)
         if form == "w@xt":  # contiguous: a transposed view would reach attention with
@@ -142,8 +136,6 @@ class DecodeLinear:
 
     def __call__(self, x: "torch.Tensor") -> "torch.Tensor":
         """x: (..., in) -> (..., out)."""
-        import torch.nn.functional as F
-
         rows = x.numel() // x.shape[-1]
         wide = self.pad.get(rows, rows)
         form = self.forms.get(bucket(wide), "linear")
@@ -174,8 +166,6 @@ def tune(linears: list[DecodeLinear], reps: int = 3, min_bytes: int | None = Non
     """Choose each weight shape's form per row count by timing (module docstring). Returns
     whether it measured (False off CPU or for weights under ``min_bytes``, default
     ``MIN_TUNE_BYTES``, where the fixed choice stays)."""
-    import torch
-
     if not linears or linears[0].w.device.type != "cpu":
         return False
     floor = MIN_TUNE_BYTES if min_bytes is None else min_bytes
@@ -203,8 +193,6 @@ def _sample(linears: list[DecodeLinear]) -> list[DecodeLinear]:
 
 def _measure(linears: list[DecodeLinear], reps: int
              ) -> tuple[dict[tuple, dict[int, str]], dict[tuple, dict[int, int]]]:
-    import torch
-
     dtype = linears[0].w.dtype
     inputs = {n: torch.randn(MEASURED_ROWS[-1], n, dtype=dtype)
               for n in {lin.shape[1] for lin in linears}}

@@ -39,13 +39,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
 from draftkit.decode.eagle3_runner import Eagle3Runner
 from draftkit.decode.runners import make_runner
 from draftkit.models.compat import check_eagle3
+from draftkit.models.eagle3 import is_eagle3, tapped
 
 if TYPE_CHECKING:
-    import torch
-
     from draftkit.decode.state import BatchState
     from draftkit.models.reduced_head import ReducedHead
 
@@ -54,8 +56,6 @@ def make_drafter(model, target_model, fast: bool | None = None
                  ) -> "StandaloneDrafter | Eagle3Drafter":
     """The drafter for ``model``: an EAGLE-3 head (checked against ``target_model``) or a
     standalone draft (on the fast path when ``fast`` allows, as the target's runner)."""
-    from draftkit.models.eagle3 import is_eagle3
-
     if not is_eagle3(getattr(model, "config", {})):
         return StandaloneDrafter(model, fast)
     check_eagle3(target_model.config, model.config)
@@ -111,8 +111,6 @@ class StandaloneDrafter(_Drafter):
         decoded by K = 0 rounds). Rows needing fewer start earlier, re-writing positions they
         hold with the same values (a short row may write past its end, where nothing is read
         before the next forwards overwrite it)."""
-        import torch
-
         width = max(n - 2 - min(self.lengths[b], n - 2) for b, n in zip(rows, lengths))
         if width == 0:
             return False
@@ -125,8 +123,6 @@ class StandaloneDrafter(_Drafter):
 
     def first_logits(self, state: "BatchState", rows: list[int], lengths: list[int],
                      k: int) -> "torch.Tensor":
-        import torch
-
         dev = state.tokens.device
         starts = [n - 2 for n in lengths]
         idx = torch.tensor(starts, device=dev)[:, None] + torch.arange(2, device=dev)
@@ -220,9 +216,6 @@ class Eagle3Drafter(_Drafter):
     def _inputs(self, state: "BatchState", rows: list[int], counts: list[int]):
         """Take the first counts[i] pending features of each row: (fused features (b, W, H),
         tokens (b, W), start positions), right-padded to the longest row."""
-        import torch
-        from torch.nn.utils.rnn import pad_sequence
-
         dev = state.tokens.device
         start = [self.lengths[b] for b in rows]
         aux = pad_sequence([self._take(b, n) for b, n in zip(rows, counts)],
@@ -236,8 +229,6 @@ class Eagle3Drafter(_Drafter):
     def _take(self, b: int, n: int) -> "torch.Tensor":
         """The first n pending features of row b (n, 3 Ht), which the head then holds; a row
         with none gives one zero feature, padding."""
-        import torch
-
         chunks = self.features[b]
         if not chunks:
             return torch.zeros(1, 3 * self.model.config.target_hidden_size,
@@ -281,10 +272,6 @@ def teacher_forced_logits(draft_model, target_model, seq: "torch.Tensor") -> "to
     it, as its first drafting step computes them from committed tokens: a standalone draft's
     forward, or an EAGLE-3 head's pass over the target's features (position 0, which no
     round drafts from, gets zeros)."""
-    import torch
-
-    from draftkit.models.eagle3 import is_eagle3, tapped
-
     if not is_eagle3(getattr(draft_model, "config", {})):
         return draft_model(seq).logits
     aux = tapped(target_model(seq, output_hidden_states=True).hidden_states,

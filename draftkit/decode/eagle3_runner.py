@@ -8,14 +8,13 @@ position like the target's cache.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import torch
+import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from draftkit.decode.cache import StaticKVCache, WriteIndex
 from draftkit.decode.cpu_linear import DecodeLinear, tune
 from draftkit.decode.runners import sdpa_backends
-
-if TYPE_CHECKING:
-    import torch
 
 # A head's weights are timed for their fastest layouts from this size on: the embedded
 # target's head (hidden 576, N 4096) is about 30 MB and streams from memory each step, while
@@ -97,8 +96,6 @@ class Eagle3Runner:
         either depends on the sequence, so a round computes fc and those q/k/v for the
         target's features alone: on 2 CPU cores a K = 5 round of SmolLM2's head took 0.104 of
         a target step so, 0.134 with the 4 placeholder rows multiplied each round (2026-12-06)."""
-        import torch
-
         with torch.no_grad():
             token, hidden = self.model.placeholder()  # its token id, its fused feature (H,)
             x = self.model.layer_input(torch.tensor([[token]], device=self.param.device),
@@ -106,8 +103,6 @@ class Eagle3Runner:
             self.placeholder_hidden, self.placeholder_qkv = hidden, self.w_qkv(x)[0, 0]
 
     def reset(self, batch: int, max_len: int) -> None:
-        import torch
-
         if self.cache is None or self.cache.batch != batch or self.cache.max_len < max_len:
             self.cache = StaticKVCache(len(self.layers), batch, self.kv_heads, max_len,
                                        self.head_dim, self.param.dtype, self.param.device)
@@ -152,9 +147,6 @@ class Eagle3Runner:
         tokens (b, W) fed as :meth:`forward_span` feeds them, behind them K - 1 placeholders
         (:meth:`_prepare_placeholder`), and the outputs at the last of those features and at
         the placeholders: logits (b, K, N), d_1..d_K's."""
-        import torch
-        import torch.nn.functional as F
-
         qkv = self._qkv(hidden, tokens)  # (b, W, D)
         b, w = tokens.shape
         if all(n == w for n in counts):  # no row padded (batch 1): the placeholders follow
@@ -196,9 +188,6 @@ class Eagle3Runner:
         """Attention of the queries at indices first[b] .. first[b] + span - 1 of each row
         (q (b, nh, T, hd) of the written positions) over the layer's cache: o (b, nh, span,
         hd), and the (rows, indices) picked, to take the residual at them."""
-        import torch
-        import torch.nn.functional as F
-
         b, dev = q.shape[0], q.device
         steps = torch.arange(span, device=dev)
         at = torch.tensor(first, device=dev)[:, None] + steps  # (b, span): indices in the input
@@ -226,8 +215,6 @@ class Eagle3Runner:
     def _index(self, start, t, rows):
         """Where T tokens per row write, at start[b] + t of cache row rows[b]: a slice where no
         padding needs clamping to the cache's last position, a scatter else."""
-        import torch
-
         limit = self.cache.max_len - 1
         start_t = torch.tensor(start, device=self.param.device)
         uniform = start[0] if all(s == start[0] for s in start) and start[0] + t <= limit else None
@@ -236,8 +223,6 @@ class Eagle3Runner:
     def _write(self, qkv, index, layer):
         """Apply RoPE to qkv (b, T, (nh + 2 nkv) hd) at the index's positions and write the
         keys and values of ``layer``; returns q (b, nh, T, hd)."""
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
         bsz, t, _ = qkv.shape
         nh, nkv, hd = self.num_heads, self.kv_heads, self.head_dim
         q = qkv[..., :nh * hd].view(bsz, t, nh, hd).transpose(1, 2)

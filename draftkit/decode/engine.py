@@ -42,7 +42,8 @@ changes which sample is drawn (never its distribution). Greedy rows never depend
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+
+import torch
 
 from draftkit.decode.batch import Batch, no_grad
 from draftkit.decode.choice import PLAIN, KChoice, resolve_k
@@ -55,9 +56,6 @@ from draftkit.decode.stats import DecodeStats
 from draftkit.errors import DraftkitError
 from draftkit.models.facts import (decoding_context, sliding_window, stop_token_ids, text_config,
                                    token_ids)
-
-if TYPE_CHECKING:
-    import torch
 
 
 @dataclass(frozen=True)
@@ -141,8 +139,6 @@ class SpeculativeEngine:
         entered; with ``auto`` its policy goes on learning across calls), or a K given here,
         checked once: fixed, or ``"auto"`` up to ``k_max``; K = 0 without a draft.
         ``draft_sample_method`` and ``verify``: :class:`SamplingParams`' own."""
-        import torch
-
         params = SamplingParams(temperature, top_k, top_p, draft_sample_method, verify)
         choice = k if isinstance(k, KChoice) else resolve_k(
             k, k_max, has_draft=self.draft is not None)

@@ -31,12 +31,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+
+import torch
 
 from draftkit.decode.k import K_MAX
-
-if TYPE_CHECKING:
-    import torch
 
 ENV = "DRAFTKIT_CUDA_GRAPHS"  # 0 / off: eager everywhere
 GRAPH = "cuda-graph"
@@ -83,8 +81,6 @@ def pad(tokens: "torch.Tensor", start: list[int], rows: list[int] | None, size: 
     """The live rows placed in a bucket of ``size`` cache rows: tokens (B, T) and start (B,),
     each input row at its cache row, the others padding (token 0 at ``pad_position``); and the
     index (b,) of the live rows in it."""
-    import torch
-
     dev = tokens.device
     b, t = tokens.shape
     take = torch.tensor(rows if rows is not None else list(range(b)), device=dev)
@@ -109,8 +105,6 @@ class StaticForward:
 
     def __init__(self, runner, size: int, tokens: int, last: bool, kv_len: int, capture: bool,
                  pool=None):
-        import torch
-
         dev = runner.param.device
         self.runner, self.last, self.kv_len = runner, last, kv_len
         self.tokens = torch.zeros(size, tokens, dtype=torch.long, device=dev)
@@ -134,8 +128,6 @@ class StaticForward:
     def _capture(self) -> None:
         """Warm up on a side stream, then record (CUDA only). The warm-up runs are real
         forwards on the real inputs: they write the same keys and values the replay writes."""
-        import torch
-
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -228,8 +220,6 @@ class DecodeGraphs:
             self.runner.last_reason = f"more than {MAX_GRAPHS} shapes captured"
             return None
         if self.capture and self.pool is None:
-            import torch
-
             self.pool = torch.cuda.graph_pool_handle()  # the runner's graphs share memory
         size, t, last, _, keys = key
         fwd = StaticForward(self.runner, size, t, last, keys, self.capture, self.pool)

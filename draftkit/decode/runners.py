@@ -28,18 +28,25 @@ states entering layers i, j and k (HF's ``output_hidden_states[i]``), low to hig
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import CausalBias, causal_lower_right
+from transformers import DynamicCache
 
 from draftkit.decode.cache import StaticKVCache, WriteIndex
 from draftkit.decode.cpu_linear import DecodeLinear, tune
 from draftkit.decode.graphs import DecodeGraphs
 from draftkit.errors import DraftkitError
+from draftkit.models.eagle3 import tapped
 from draftkit.models.facts import is_llama_family, sliding_window, text_config, vocab_size
 from draftkit.models.reduced_head import head_of
 
 if TYPE_CHECKING:
-    import torch
-
     from draftkit.models.reduced_head import ReducedHead
 
 
@@ -112,8 +119,6 @@ class LlamaRunner:
             + [self.w_head]
 
     def reset(self, batch: int, max_len: int) -> None:
-        import torch
-
         if (self.cache is None or self.cache.batch != batch or self.cache.max_len < max_len):
             self.cache = StaticKVCache(len(self.layers), batch, self.kv_heads, max_len,
                                        self.head_dim, self.param.dtype, self.param.device)
@@ -141,8 +146,6 @@ class LlamaRunner:
     def _forward_eager(self, tokens: "torch.Tensor", start: list[int], last: list[int] | None,
                        rows: list[int] | None) -> "torch.Tensor":
         """The forward over the keys actually written: [0, max(start) + T)."""
-        import torch
-
         bsz, t = tokens.shape
         uniform = start[0] if all(s == start[0] for s in start) else None
         start_t = torch.tensor(start, device=tokens.device)
@@ -170,8 +173,6 @@ class LlamaRunner:
         sequence grows (every real row's positions lie below ``kv_len``). Returns logits
         (B, T, V), or (B, V) at the last position with ``last``, and the captured features
         (B, T, 3 H) or None."""
-        import torch
-
         t = tokens.shape[1]
         cache = self.cache.head(tokens.shape[0])
         index = WriteIndex(start, t, None, limit=cache.pad_position)
@@ -185,9 +186,6 @@ class LlamaRunner:
         """The decoder layers over ``tokens`` (B, T) written where ``index`` says; attention
         over keys [0, kv_len) under ``attend`` (a mask, a causal bias or None). Leaves the
         captured features in ``self.aux``; returns the last hidden states (B, T, H)."""
-        import torch.nn.functional as F
-        from torch.nn.attention.bias import CausalBias
-
         bsz, t = tokens.shape
         pos = index.positions  # (B, T)
         cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # (B, 1, T, D)
@@ -233,8 +231,6 @@ class LlamaRunner:
 
 def _position_mask(positions: "torch.Tensor", kv_len: int) -> "torch.Tensor":
     """Key j visible to the query at position p iff j <= p. positions: (B, T) -> (B, 1, T, S)."""
-    import torch
-
     keys = torch.arange(kv_len, device=positions.device)
     return (keys[None, None, :] <= positions[:, :, None]).unsqueeze(1)
 
@@ -243,8 +239,6 @@ def _causal(queries: int, keys: int):
     """Causal attention for ``queries`` new positions after ``keys - queries`` cached ones,
     aligned bottom-right: query i sees keys [0, keys - queries + i]. On CUDA flash attention
     applies it without a mask; elsewhere torch builds the mask itself."""
-    from torch.nn.attention.bias import causal_lower_right
-
     return causal_lower_right(queries, keys)
 
 
@@ -252,7 +246,6 @@ def _tapped(hidden_states, capture: list[int] | None) -> "torch.Tensor | None":
     """The features a forward leaves for an EAGLE-3 head (models.eagle3.tapped), if any."""
     if not capture:
         return None
-    from draftkit.models.eagle3 import tapped
 
     return tapped(hidden_states, capture)
 
@@ -261,11 +254,8 @@ def sdpa_backends(device):
     """Attention kernels for decoding. cuDNN's SDPA builds a plan per new shape (~8 ms of
     CPU per call measured on an H200), and decoding grows the key length every step, so
     it is left out; flash / memory-efficient attention have no per-shape set-up."""
-    import contextlib
-
     if device.type == "cpu":
         return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                         SDPBackend.MATH])
@@ -278,8 +268,6 @@ def _head_on(model, device) -> "ReducedHead | None":
 
 
 def _rotate_half(x: "torch.Tensor") -> "torch.Tensor":
-    import torch
-
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
@@ -302,17 +290,12 @@ class HFRunner:
         self.head = _head_on(model, self.param.device)
         self.vocab = self.head if reduced else None  # what the logits are over (None: V)
         # transformers 5.x renames past_key_values to cache; older versions only know the first
-        import inspect
-
         params = inspect.signature(model.forward).parameters
         self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.capture: list[int] | None = None  # as LlamaRunner's
         self.aux: "torch.Tensor | None" = None
 
     def reset(self, batch: int, max_len: int) -> None:
-        import torch
-        from transformers import DynamicCache
-
         self.cache = DynamicCache(config=self.model.config)
         dev = self.param.device
         self.valid = torch.zeros(batch, 0, dtype=torch.bool, device=dev)  # (B, C) column in use
@@ -320,8 +303,6 @@ class HFRunner:
 
     def forward(self, tokens: "torch.Tensor", start: list[int], last: list[int] | None = None,
                 rows: list[int] | None = None) -> "torch.Tensor":
-        import torch
-
         bsz, t = tokens.shape
         dev = tokens.device
         start_t = torch.tensor(start, device=dev)

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Union
 
+import torch
+
 from draftkit.decode.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    import torch
-
     from draftkit.models.reduced_head import ReducedHead
 
 # One generator for the batch, or one per row (None: the row needs no random numbers).
@@ -29,8 +29,6 @@ Generators = Union["torch.Generator", list["torch.Generator | None"], None]
 def row_generator(seed: int | None, device=None) -> "torch.Generator":
     """A row's own generator: seeded with ``seed`` (the row's draws then depend on its seed
     alone), or at random when None."""
-    import torch
-
     g = torch.Generator(device=device)
     if seed is None:
         g.seed()
@@ -44,8 +42,6 @@ def warp_logits(logits: "torch.Tensor", params: SamplingParams) -> "torch.Tensor
 
     logits: (..., V) -> (..., V) float32.
     """
-    import torch
-
     logits = logits.float() / params.temperature
     vocab = logits.shape[-1]
     if 0 < params.top_k < vocab:
@@ -71,8 +67,6 @@ def draft_probabilities(logits: "torch.Tensor", params: SamplingParams) -> "torc
     """q as the accept test reads it from a draft's logits (..., V): the warped distribution,
     or one-hot at the argmax under greedy draft sampling (:attr:`SamplingParams.greedy_draft`),
     so that sum_x min(p, q) is the chance the draft's token is kept either way."""
-    import torch
-
     if params.greedy_draft:
         return torch.zeros_like(logits, dtype=torch.float32).scatter_(
             -1, logits.argmax(-1, keepdim=True), 1.0)
@@ -86,8 +80,6 @@ def row_probabilities(logits: "torch.Tensor", params: list[SamplingParams]) -> "
     returns the argmax, and a draft and target that are both one-hot accept exactly when the
     argmaxes agree. Rows with equal parameters are warped together.
     """
-    import torch
-
     if all(p == params[0] for p in params) and not params[0].greedy:
         return probabilities(logits, params[0])
     out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
@@ -118,8 +110,6 @@ def _draw(out: "torch.Tensor", generator: Generators) -> "torch.Tensor":
 
 def uniform(shape: tuple[int, ...], generator: Generators, device) -> "torch.Tensor":
     """U[0, 1) of ``shape`` (B, ...), per row when given one generator per row."""
-    import torch
-
     return _draw(torch.empty(shape, device=device), generator)
 
 
@@ -134,8 +124,6 @@ def sample(probs: "torch.Tensor", generator: Generators) -> "torch.Tensor":
     draft more than its forward (``eval/benchmarks/probes/sampler_cost.py``). No host sync.
     probs: (..., V) -> (...,). ``generator``: one for all, or one per row of dim 0.
     """
-    import torch
-
     # float64 keeps a token of tiny mass its own interval of the cumulative sum
     dtype = torch.float32 if probs.device.type == "mps" else torch.float64  # mps lacks float64
     cdf = probs.cumsum(-1, dtype=dtype)  # (..., V), cast as it sums: no float64 copy of probs
@@ -157,8 +145,6 @@ def next_tokens(logits: "torch.Tensor", params: list[SamplingParams], generator:
     A greedy row of a mixed batch takes the argmax itself rather than a draw from its one-hot
     distribution, so it never depends on random numbers.
     """
-    import torch
-
     greedy = [p.greedy for p in params]
     if all(greedy):
         return logits.argmax(-1), None
@@ -183,8 +169,6 @@ def next_tokens_among(logits: "torch.Tensor", params: list[SamplingParams],
     argmax with q one-hot at it: the accept test min(1, p / q) then keeps it with probability
     p(d), and the residual is p without d, so the output is still the target's (any q is), at
     vLLM's default acceptance."""
-    import torch
-
     tokens, q = next_tokens(logits, params, generator)
     if q is not None and any(p.greedy_draft for p in params):
         rows = torch.tensor([p.greedy_draft for p in params], device=tokens.device)

@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
+
+import torch
 
 from draftkit.decode.sampling import Generators, row_generator
 from draftkit.decode.sampling_params import SamplingParams
 from draftkit.decode.stats import DecodeStats
 from draftkit.errors import DraftkitError
 from draftkit.metrics import alpha_from_counts
-
-if TYPE_CHECKING:
-    import torch
 
 
 def round_margin(k_max: int) -> int:
@@ -123,8 +122,6 @@ class BatchState:
               device: "torch.device", seed: int | None = None) -> BatchState:
         """``slots`` free slots of ``max_len`` positions, with one generator per row, or with
         ``seed`` one for the batch, seeded with it."""
-        import torch
-
         generators: Generators = [None] * slots
         if seed is not None:
             generators = torch.Generator(device=device)
@@ -168,8 +165,6 @@ class BatchState:
              seed: int | None = None) -> None:
         """Put a new row in free slot ``b``. With one generator per row, a sampled row gets
         its own, seeded with ``seed`` (at random when None)."""
-        import torch
-
         self.tokens[b, :len(prompt)] = torch.tensor(prompt, dtype=torch.long)
         self.lengths[b] = self.prompt_lengths[b] = len(prompt)
         self.budgets[b] = budget
@@ -187,8 +182,6 @@ class BatchState:
 
     def last_tokens(self, rows: list[int]) -> "torch.Tensor":
         """x_(L-1) of each row: the committed token the target has not processed. -> (b, 1)"""
-        import torch
-
         dev = self.tokens.device
         lens = torch.tensor([self.lengths[b] for b in rows], device=dev)
         return self.tokens[torch.tensor(rows, device=dev), lens - 1][:, None]
@@ -201,8 +194,6 @@ class BatchState:
 
         block: (b, K + 1); K = 0 for a plain step. Returns the tokens kept per row (0 when
         the row was done already)."""
-        import torch
-
         k = block.shape[1] - 1
         dev = block.device
         lens = torch.tensor([self.lengths[b] for b in rows], device=dev)

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import TYPE_CHECKING
 
+import torch
+
 from draftkit import metrics
 
 if TYPE_CHECKING:
@@ -320,8 +322,6 @@ def _grow(values: list[int], i: int) -> list[int]:
 
 def _tested_beta_sum(verdict: "Verdict", active: list[bool]) -> float:
     """sum_x min(p, q) summed over the positions each active row tested (0..n)."""
-    import torch
-
     n = verdict.num_accepted  # (b,)
     k = verdict.beta.shape[1]
     act = torch.tensor(active, device=n.device)

@@ -17,13 +17,11 @@ row by row, and :func:`committed_block` the tokens a round then commits.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+
+import torch
 
 from draftkit.decode.sampling import Generators, row_probabilities, sample, uniform
 from draftkit.decode.sampling_params import BLOCK, SamplingParams
-
-if TYPE_CHECKING:
-    import torch
 
 
 @dataclass
@@ -97,8 +95,6 @@ def verify_sampled(draft_tokens: "torch.Tensor", q: "torch.Tensor", p: "torch.Te
     if all K are accepted sample the bonus token from p_(K+1). The emitted tokens are then
     distributed exactly as sampling from p. ``generator``: one for the batch or one per row.
     """
-    import torch
-
     bsz, k = draft_tokens.shape
     u = uniform((bsz, k), generator, p.device)
     n = leading_accepts(accept_test(draft_tokens, q, p, u))
@@ -125,8 +121,6 @@ def block_acceptance(draft_tokens: "torch.Tensor", q: "torch.Tensor", p: "torch.
     rule's residual max(0, p_1 - q_1). Where w_i = 1 and r_i is empty (p_(i+1) = q_(i+1)),
     h_i is taken as 1 and r_i as p_(i+1): h_(i+1) is then 1 too, so neither decides n.
     """
-    import torch
-
     bsz, k = draft_tokens.shape
     idx = draft_tokens[..., None]
     ratio = (p[:, :-1].gather(-1, idx) / q.gather(-1, idx).clamp_min(1e-30)).squeeze(-1)
@@ -156,8 +150,6 @@ def block_verify(draft_tokens: "torch.Tensor", q: "torch.Tensor", p: "torch.Tens
     (:func:`block_acceptance`). The test is strict for the reason :func:`accept_test` gives:
     h_i = 0 once a drafted token has p = 0, and u is exactly 0 about once in 2^24 draws.
     """
-    import torch
-
     bsz, k = draft_tokens.shape
     h, after = block_acceptance(draft_tokens, q, p)  # (B, K), (B, K + 1, V)
     eta = uniform((bsz, k), generator, p.device)
@@ -179,8 +171,6 @@ def verify(draft_tokens: "torch.Tensor", q: "torch.Tensor | None", target_logits
     of its own draws u = 1). Every row's random numbers are drawn either way, so a sampled
     row's draws do not depend on which other rows are greedy.
     """
-    import torch
-
     greedy = [x.greedy for x in params]
     if all(greedy):
         return verify_greedy(draft_tokens, target_logits)
@@ -198,8 +188,6 @@ def _verify_by_rule(draft_tokens: "torch.Tensor", q: "torch.Tensor", p: "torch.T
     """Each row by its rule: :func:`block_verify` where ``block`` (one bool a row), else
     :func:`verify_sampled`. A batch that mixes them (requests of different settings) runs each
     rule on its own rows, each row with its own generator where it has one."""
-    import torch
-
     if not any(block):
         return verify_sampled(draft_tokens, q, p, generator)
     if all(block):
@@ -222,7 +210,5 @@ def committed_block(draft_tokens: "torch.Tensor", verdict: Verdict) -> "torch.Te
     """The tokens a round commits, per row d_1..d_n then the verdict's next token (the
     residual sample or the bonus token): n + 1 of them. draft_tokens: (B, K) -> (B, K + 1);
     the entries past n + 1 are filler that the commit does not keep."""
-    import torch
-
     block = torch.cat([draft_tokens, draft_tokens[:, :1]], dim=1)
     return block.scatter_(1, verdict.num_accepted[:, None], verdict.next_token[:, None])

@@ -15,6 +15,7 @@ so an unreadable one stays an error there rather than ranks falling back apart.)
 from __future__ import annotations
 
 import json
+import os
 import random
 import secrets
 import shutil
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import torch.distributed as td
 
 from draftkit.errors import DraftkitError
 from draftkit.io import (atomic_dir, atomic_write_json, atomic_write_text, fsync_path,
@@ -176,10 +178,6 @@ def restore(state: dict, model: Any, optimizer: Any, scheduler: Any) -> None:
 def save_deepspeed_checkpoint(engine: Any, root: Path, step: int, extra: dict, keep: int,
                               rank: int) -> Path:
     """Collective: all ranks call it. ZeRO partitions the optimizer, so DeepSpeed writes it."""
-    import os
-
-    import torch.distributed as td
-
     root = Path(root)
     final = root / f"step-{step:07d}"
     tmp = root / f".step-{step:07d}.tmp"

@@ -23,13 +23,21 @@ import glob
 import re
 from pathlib import Path
 
+from transformers import AutoConfig
+
 from draftkit.config import load_recipe
+from draftkit.data.sources import load_rows, source_format, to_example
 from draftkit.distill.args import DistillArgs
 from draftkit.distill.config import DistillConfig
 from draftkit.distill.distributed import zero_stage
+from draftkit.distill.draft import check_context
+from draftkit.distill.eagle3 import check_target
 from draftkit.distill.sizing import size_job, size_lines, target_facts
+from draftkit.distill.trainer import prepare, train
 from draftkit.errors import ConfigError, DraftkitError, ModelError
 from draftkit.models import check_compatible, load_tokenizer, resolve_model
+from draftkit.models.compat import check_eagle3
+from draftkit.models.eagle3_layouts import head_config
 from draftkit.models.embedded import embedded_config_and_tokenizer
 from draftkit.resources import packaged_recipe
 
@@ -113,9 +121,6 @@ def check_config(cfg: DistillConfig, source: str) -> list[str]:
     (each model's config and tokenizer: the context against ``data.seq_len``, a draft's
     tokenizer against the target's, an EAGLE-3 head's target; the first rows of each local
     data source). Returns notes on what was not checked."""
-    from draftkit.distill.draft import check_context  # these import torch; --help does not
-    from draftkit.distill.eagle3 import check_target
-
     notes = []
     zero_stage(cfg)  # checks the DeepSpeed JSON and what ZeRO-3 rules out
     found = {}  # role -> (config, tokenizer)
@@ -152,16 +157,11 @@ def _check_head(spec: str, target_config) -> None:
     """An eagle3 recipe's ``draft.model``: an EAGLE-3 head, in a layout draftkit reads, that
     reads this target's vocabulary, hidden size and layers. A head has no tokenizer of its own
     (it drafts the target's tokens), so none is looked for."""
-    from draftkit.models.compat import check_eagle3
-    from draftkit.models.eagle3_layouts import head_config
-
     check_eagle3(target_config, head_config(resolve_model(spec, "draft").path, target_config))
 
 
 def _config_and_tokenizer(spec: str, role: str):
     """A model's config and tokenizer, its weights neither loaded nor converted."""
-    from transformers import AutoConfig
-
     if spec == "embedded":
         return embedded_config_and_tokenizer()
     ref = resolve_model(spec, role)
@@ -175,8 +175,6 @@ DRY_RUN_ROWS = 20
 def _check_sources(cfg: DistillConfig, source: str) -> list[str]:
     """Each data source's format, and the first rows of each local one read as training will
     read them (a file that does not parse, a row of no known shape: one line naming it)."""
-    from draftkit.data.sources import load_rows, source_format, to_example
-
     notes = []
     for i, src in enumerate(cfg.data.sources):
         where = f"{source}: data.sources[{i}]"
@@ -217,8 +215,6 @@ def distill(args: DistillArgs):
             print(f"  note: {note}")
         return None
     if args.prepare:
-        from draftkit.distill.trainer import prepare
-
         built = prepare(cfg)
         caches = "".join(f"; {what.replace('_', ' ')} in {built[what]}"
                          for what in ("teacher_cache", "feature_cache") if built[what])
@@ -226,6 +222,5 @@ def distill(args: DistillArgs):
               f"rows{caches}; train with: draftkit distill {args.recipe}"
               + "".join(f" {o}" for o in args.overrides))
         return None
-    from draftkit.distill.trainer import train
 
     return train(cfg)

@@ -18,6 +18,7 @@ torch's 30 minutes (eval/results/notes/2026-12-04-test-hang.md).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import sys
@@ -25,6 +26,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
+import torch.distributed as td
+from torch.utils.cpp_extension import get_default_build_root
 
 from draftkit.distill.schedule import warmup_cosine
 from draftkit.errors import ConfigError, DraftkitError
@@ -93,8 +98,6 @@ def init_distributed(device: str) -> Dist:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return Dist()
-    import torch
-    import torch.distributed as td
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     timeout = dist_timeout()
@@ -132,8 +135,6 @@ def close_distributed(dist: Dist) -> None:
     exit, gloo's worker threads can outlive Python and abort the process ("terminate called
     without an active exception"), which fails a finished run."""
     if dist.world_size > 1 and dist.owns_group:
-        import torch.distributed as td
-
         if td.is_initialized():
             _barrier(dist, "the end of the run")
             td.destroy_process_group()
@@ -147,8 +148,6 @@ def barrier(dist: Dist) -> None:
 def _barrier(dist: Dist, what: str) -> None:
     """Wait for every rank; on gloo torch's monitored barrier, whose error names the ranks
     that never arrived (a plain gloo barrier only says it timed out)."""
-    import torch.distributed as td
-
     try:
         if td.get_backend() == "gloo":
             td.monitored_barrier(timeout=datetime.timedelta(seconds=dist.timeout_s),
@@ -163,8 +162,6 @@ def _barrier(dist: Dist, what: str) -> None:
 def all_reduce_mean(value: float, dist: Dist) -> float:
     if dist.world_size == 1:
         return value
-    import torch
-    import torch.distributed as td
 
     # NCCL takes CUDA tensors only ("No backend type associated with device type cpu")
     on = f"cuda:{torch.cuda.current_device()}" if td.get_backend() == "nccl" else "cpu"
@@ -181,7 +178,7 @@ def deepspeed_engine(model: Any, params: list, path: str, train: Any, total_step
                      warmup: int, min_lr_ratio: float):
     """Wrap the draft in a DeepSpeed engine; ``auto`` values come from ``train``."""
     require("train", "DeepSpeed training", ("deepspeed",))
-    import deepspeed
+    import deepspeed  # optional extra: train
 
     _say_build_locks()
     ds = check_deepspeed_json(path)
@@ -193,7 +190,6 @@ def deepspeed_engine(model: Any, params: list, path: str, train: Any, total_step
             ds[key] = value
     ds.pop("train_batch_size", None)  # derived by DeepSpeed from the two above
     ds.setdefault("bf16", {})["enabled"] = train.precision == "bf16"
-    import torch
 
     optimizer = torch.optim.AdamW(params, lr=train.lr, betas=tuple(train.betas),
                                   weight_decay=train.weight_decay)
@@ -213,7 +209,6 @@ def _say_build_locks() -> None:
     apart, so any lock is named; it is checked before this run's own build begins."""
     if os.environ.get("LOCAL_RANK", "0") != "0":
         return  # the locks are the machine's: one rank a machine says so
-    from torch.utils.cpp_extension import get_default_build_root
 
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
     for lock in [*root.glob("*/lock"), *root.glob("*/*/lock")]:  # with or without py311_cpu/
@@ -248,10 +243,8 @@ def gathered(model: Any, stage: int):
     ``best/``) needs them gathered first. It is a collective: every rank must enter it.
     Other stages keep whole weights on every rank, so it does nothing there.
     """
-    import contextlib
-
     if stage != 3:
         return contextlib.nullcontext()
-    import deepspeed
+    import deepspeed  # optional extra: train
 
     return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)

@@ -8,10 +8,12 @@ as a plain HF model folder.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoConfig
 
 from draftkit.data import Rows
 from draftkit.distill.config import DistillConfig
@@ -29,7 +31,6 @@ def build_draft(cfg: DistillConfig, target: Any, tokenizer: Any, target_ref: Any
     d = cfg.draft
     if d.model is not None:
         ref = resolve_model(d.model, "draft")
-        from transformers import AutoConfig
 
         # A vocabulary or special-token mismatch is caught here, before any training.
         check_compatible(tokenizer, load_tokenizer(ref, "draft"),
@@ -44,7 +45,7 @@ def build_draft(cfg: DistillConfig, target: Any, tokenizer: Any, target_ref: Any
     apply_freeze(draft, d.freeze)
     if d.lora.enabled:
         require("train", "LoRA training", ("peft",))
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig, get_peft_model  # optional extra: train
 
         draft = get_peft_model(draft, LoraConfig(
             task_type="CAUSAL_LM", r=d.lora.r, lora_alpha=d.lora.alpha,
@@ -77,8 +78,6 @@ def export_draft(draft: Any, tokenizer: Any, path: Path, head: ReducedHead | Non
     the reduced head to store in it (``draft_vocab.json``); ``row``: the evaluation that
     chose it, as ``best.json``. All of it lands in one rename, so a kill never leaves weights
     without their vocabulary or evaluation."""
-    import copy
-
     model = draft
     if hasattr(draft, "merge_and_unload"):  # a peft model: serving engines take no adapters
         model = copy.deepcopy(draft).merge_and_unload()

@@ -42,8 +42,10 @@ from draftkit.metrics import tau
 from draftkit.models.eagle3 import (as_parallel, default_aux_layers, eagle3_config, from_target,
                                     save_eagle3, with_vocabulary)
 from draftkit.models.facts import text_config
-from draftkit.models.load import dtype_name
+from draftkit.models.head_check import load_head, record_target
+from draftkit.models.load import check_bundle_target, dtype_name
 from draftkit.models.reduced_head import ReducedHead
+from draftkit.models.resolve import resolve_model
 
 
 def aux_layers(cfg: DistillConfig, target: Any) -> list[int]:
@@ -76,10 +78,6 @@ def warm_start(cfg: DistillConfig, target: Any, target_ref: Any = None) -> Any:
     checked as every command
     checks a head (:mod:`draftkit.models.head_check`), and against ``target_ref``, the target
     it records."""
-    from draftkit.models.head_check import load_head
-    from draftkit.models.load import check_bundle_target
-    from draftkit.models.resolve import resolve_model
-
     ref = resolve_model(cfg.draft.model, "draft")
     try:
         head = load_head(ref.path, target, cfg.draft.model)  # first: is it a head at all
@@ -189,8 +187,6 @@ class Eagle3:
         directory = cache_dir(cfg, fkey, "features")
         engine = None
         if cfg.teacher.features == "vllm":  # the states as vLLM computes them, its own process
-            from draftkit.models.resolve import resolve_model
-
             engine = VllmFeatures(resolve_model(cfg.target, "target").path,
                                   dtype_name(target), layers,
                                   directory.with_name(directory.name + ".engine"),
@@ -262,8 +258,6 @@ class Eagle3:
         """``path`` as models/eagle3.save_eagle3 writes a head, with the evaluation that chose
         it (best.json) and the target it reads (target.json: models/head_check), in one
         rename."""
-        from draftkit.models.head_check import record_target
-
         with atomic_dir(path, overwrite=True) as tmp:
             save_eagle3(self.draft, tmp)
             if self.target_ref is not None:

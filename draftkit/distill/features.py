@@ -27,16 +27,19 @@ from them, keyed apart from draftkit's own (equal within bf16 rounding, tested).
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
 from draftkit.data import Rows, positions
 from draftkit.distill.losses import dense_logprobs
 from draftkit.distill.reduced_head import head_logits
 from draftkit.distill.teacher import RowCache, TeacherOut, TopKCache, cache_key, final_logits
+from draftkit.engines.vllm import VllmWorker
 from draftkit.models.eagle3 import tapped
 
 
@@ -92,10 +95,6 @@ class VllmFeatures:
 
     def capture(self, sequences: list[list[int]]) -> list[torch.Tensor]:
         """aux (T_i, len(layers) * Ht) float32 of each token sequence."""
-        from safetensors.torch import load_file
-
-        from draftkit.engines.vllm import VllmWorker
-
         self.work_dir.mkdir(parents=True, exist_ok=True)
         if self.worker is None:
             self.worker = VllmWorker(self.python, log=self.work_dir / "vllm.log")
@@ -123,8 +122,6 @@ class VllmFeatures:
             self.worker.call("unload", name="features")
         self.loaded = False
         if remove:
-            import shutil
-
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def __enter__(self) -> VllmFeatures:

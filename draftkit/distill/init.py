@@ -15,8 +15,12 @@ import json
 import math
 from pathlib import Path
 
+from huggingface_hub import hf_hub_download
+
 from draftkit.distill.args import InitArgs
+from draftkit.distill.command import load_config
 from draftkit.errors import ConfigError, ModelError
+from draftkit.models.resolve import resolve_model
 
 REFERENCE_VOCAB = 32000  # the draft vocabulary EAGLE-3's references and SpecForge use
 CPU_VOCAB = 4096  # the quickstart's: a CPU's head kept small
@@ -27,8 +31,6 @@ MIN_STEPS = 20
 
 def init(args: InitArgs) -> Path:
     """``draftkit init``: write the recipe, check it reads, say where it is."""
-    from draftkit.distill.command import load_config  # reads the recipe as distill does
-
     config, name = target_config(args.target)
     data = Path(args.data).expanduser().resolve()
     rows = args.rows or count_rows(data)
@@ -50,16 +52,12 @@ def init(args: InitArgs) -> Path:
 
 def target_config(spec: str) -> tuple[dict, str]:
     """(config.json, a short name) of the target, read from disk only."""
-    from draftkit.models.resolve import resolve_model
-
     path = Path(spec).expanduser()
     if spec == "embedded" or path.is_dir():
         ref = resolve_model(spec, "target")
         config = json.loads((Path(ref.path) / "config.json").read_text())
         return config, ref.name.lower()
     try:
-        from huggingface_hub import hf_hub_download
-
         file = hf_hub_download(spec, "config.json", local_files_only=True)
     except Exception:
         raise ModelError(f"target {spec}: no model folder here and its config.json is not in "

@@ -11,6 +11,7 @@ cannot hold sequences that did not exist when it was written).
 from __future__ import annotations
 
 import random
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ import torch
 from draftkit.data import Rows
 from draftkit.data.generate import answers_in_memory, cut_at_stop, prompt_seed
 from draftkit.data.pack import Tokenized, pack
+from draftkit.engines.vllm import VllmWorker
 
 if TYPE_CHECKING:
     from draftkit.models.reduced_head import ReducedHead
@@ -48,8 +50,6 @@ class VllmDraftAnswers:
     def answers(self, draft: Any, prompts: list[list[int]], budget: int, temperature: float,
                 stop_ids: list[int], seeds: list[int], head: "ReducedHead | None"
                 ) -> list[list[int]]:
-        from draftkit.engines.vllm import VllmWorker
-
         folder = self.work_dir / "draft"
         draft.save_pretrained(folder, safe_serialization=True)
         if self.worker is None:
@@ -68,8 +68,6 @@ class VllmDraftAnswers:
     def close(self) -> None:
         """Stop the engine (or unload the draft from the caller's) and drop the saved weights;
         the engine's log stays in ``work_dir``."""
-        import shutil
-
         if self.worker is not None and self.owned:
             self.worker.close()
             self.worker = None

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+from functools import partial
+
+import torch
 
 
 def lr_factor(step: int, warmup: int, total: int, min_lr_ratio: float) -> float:
@@ -18,9 +21,5 @@ def lr_factor(step: int, warmup: int, total: int, min_lr_ratio: float) -> float:
 
 def warmup_cosine(optimizer, warmup: int, total: int, min_lr_ratio: float):
     """A LambdaLR over :func:`lr_factor`; its state_dict resumes exactly."""
-    from functools import partial
-
-    import torch
-
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, partial(lr_factor, warmup=warmup, total=total, min_lr_ratio=min_lr_ratio))

@@ -17,8 +17,13 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from transformers import AutoConfig, AutoTokenizer
+
+from draftkit.data.sources import load_rows, source_format, to_example
 from draftkit.errors import DraftkitError
-from draftkit.models.embedded import cache_root
+from draftkit.models import load_tokenizer, resolve_model
+from draftkit.models.embedded import cache_root, embedded_config_and_tokenizer
+from draftkit.models.facts import text_config
 
 SAMPLE = 200  # examples tokenized to learn tokens per character
 CHARS_PER_TOKEN = 4.0  # without a tokenizer
@@ -44,8 +49,6 @@ class JobSize:
 
 def size_job(cfg, tokenizer=None, hidden_size: int | None = None) -> JobSize:
     """``cfg``'s job, sized (the module's docstring)."""
-    from draftkit.data.sources import load_rows, source_format, to_example
-
     examples, hub = [], 0
     for src in cfg.data.sources:
         fmt = source_format(src)
@@ -147,12 +150,6 @@ def _bytes(n: int) -> str:
 def target_facts(spec: str):
     """(tokenizer, hidden size) of the target, from disk only, or (None, None) where it is a
     hub id not in the local Hugging Face cache."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    from draftkit.models import load_tokenizer, resolve_model
-    from draftkit.models.embedded import embedded_config_and_tokenizer
-    from draftkit.models.facts import text_config
-
     try:
         if spec == "embedded":
             config, tokenizer = embedded_config_and_tokenizer()

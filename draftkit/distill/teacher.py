@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from draftkit.data import Rows, positions
 from draftkit.distill.distributed import barrier
@@ -246,8 +247,6 @@ class RowCache:
             return
         bar = None
         if progress:
-            from tqdm import tqdm
-
             bar = tqdm(total=self.n_rows, initial=start, desc=self.what, unit="row",
                        dynamic_ncols=True)
         for b in range(start, self.n_rows, batch_size):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import math
 import random
 import sys
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from draftkit.config import dump_yaml
 from draftkit.data import Rows, build_rows, default_generation_dir
@@ -105,8 +107,6 @@ def train(cfg: DistillConfig, stop_after: int | None = None, progress: bool = Tr
             print(f"held-out {score} before training: {run.kind.describe(first)}", flush=True)
     bar = None
     if progress and dist.is_main:
-        from tqdm import tqdm
-
         bar = tqdm(total=cfg.max_steps, initial=run.step, desc="distill", unit="step",
                    dynamic_ncols=True)
     end = cfg.max_steps if stop_after is None else min(cfg.max_steps, stop_after)
@@ -567,8 +567,6 @@ def _draft_words(identity: dict | None) -> str:
 
 def _truncate_metrics(path: Path, step: int) -> None:
     """Evaluations after the resumed checkpoint will run again: drop their old lines."""
-    import json
-
     if not path.is_file():
         return
     keep = []

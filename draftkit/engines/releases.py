@@ -62,6 +62,7 @@ from typing import Any
 
 from draftkit.engines.preflight import sampled_broken
 from draftkit.errors import ModelError
+from draftkit.models.eagle3 import is_eagle3
 from draftkit.models.facts import text_config
 
 # (engine, the draft's kind) -> (the first release that serves the bundle as written, why);
@@ -229,8 +230,6 @@ def vllm_path_rewrite(path: str) -> str | None:
 def is_deep_head(config: Any) -> bool:
     """Whether ``config`` (a config.json dict or an HF config) is an EAGLE-3 head of more than
     one layer (:mod:`draftkit.models.eagle3_layer`)."""
-    from draftkit.models.eagle3 import is_eagle3
-
     return is_eagle3(config) and (_getter(config)("num_hidden_layers") or 1) > 1
 
 

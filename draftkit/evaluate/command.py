@@ -26,9 +26,14 @@ from draftkit.config import to_dict
 from draftkit.decode.k import AUTO
 from draftkit.errors import ConfigError
 from draftkit.evaluate.args import EvalArgs, RegimesArgs
+from draftkit.evaluate.parity.measure import engine_parity
+from draftkit.evaluate.parity.report import (control_table, parity_table, verdicts,
+                                             write_parity_report)
 from draftkit.evaluate.regimes.report import REGIMES, write_regimes_report
+from draftkit.evaluate.regimes.run import regime_map
 from draftkit.evaluate.report import (domain_table, format_text_table, headline, plain_step_text,
                                       write_report)
+from draftkit.evaluate.run import eval_report
 from draftkit.evaluate.suite import builtin_suites_dir
 from draftkit.figures import EvalReport, RegimesReport
 from draftkit.tracking import Tracker
@@ -48,10 +53,6 @@ def engine_temperatures(args: EvalArgs) -> list[float]:
 
 def evaluate_in_engine(args: EvalArgs):
     """``draftkit eval --engine vllm``: the bundle in vLLM beside draftkit; writes the report."""
-    from draftkit.evaluate.parity.measure import engine_parity
-    from draftkit.evaluate.parity.report import (control_table, parity_table, verdicts,
-                                                 write_parity_report)
-
     k = None if args.k == AUTO else args.k
     if k == 0:
         raise ConfigError("--engine vllm compares speculative decoding: --k must be >= 1 or "
@@ -76,9 +77,6 @@ def evaluate_in_engine(args: EvalArgs):
 
 def run_eval(args: EvalArgs) -> EvalReport:
     """Measure and return the report (``evaluate`` also writes it)."""
-    # the measurements import torch
-    from draftkit.evaluate.run import eval_report
-
     settings = dataclasses.replace(args, k_sweep=[k for k in args.k_sweep if k <= args.k_max])
     return eval_report(args.target, args.draft, suite_path(args.suite), settings,
                        baseline_draft=args.baseline_draft, limit=args.limit,
@@ -112,8 +110,6 @@ def domain_drafts(items: list[str] | None = None) -> dict[str, str]:
 
 def run_regimes(args: RegimesArgs) -> RegimesReport:
     """Load, measure all four regimes and return the report (``regimes`` writes it)."""
-    from draftkit.evaluate.regimes.run import regime_map  # the measurements import torch
-
     return regime_map(args.target, args.draft, suite_path(args.suite), k=args.k,
                       k_max=args.k_max, seed=args.seed, max_new_tokens=args.max_new_tokens,
                       temperatures=args.temperatures, layer_sizes=args.layer_sizes,

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import TYPE_CHECKING
+
+import torch
 
 from draftkit.decode.clock import synchronize
-
-if TYPE_CHECKING:
-    import torch
 
 PROBE_BYTES = 512 * 2**20  # well past any CPU's last-level cache
 
@@ -33,8 +31,6 @@ def read_bytes_per_second(device: "torch.device", nbytes: int = PROBE_BYTES,
                           repeats: int = 7) -> float:
     """The rate ``device`` reads memory: the median over ``repeats`` sums of an ``nbytes``
     float32 buffer, after one untimed."""
-    import torch
-
     buf = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     times = []
     for i in range(repeats + 1):

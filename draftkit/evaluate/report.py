@@ -343,7 +343,7 @@ PLOTS = [("speedup_vs_k.png", "Speedup against K", _plot_k_sweep),
 
 def write_plots(report: EvalReport, out_dir: Path) -> dict[str, Path]:
     """PNG plots for the sections present; returns {title: path}."""
-    import matplotlib
+    import matplotlib  # local: a report that draws pays for it, Agg set first
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -15,6 +15,8 @@ import torch
 from tqdm.auto import tqdm
 
 from draftkit.chat import encode_prompt
+from draftkit.data.generate import answer_stop_ids, engine_answers
+from draftkit.data.turns import answer_text
 from draftkit.evaluate import analysis
 from draftkit.evaluate.measure import GREEDY_DRAFTS, DomainRun, Evaluator
 from draftkit.evaluate.settings import EvalSettings
@@ -98,9 +100,6 @@ def eval_report(target: str, draft: str, suite: Path, settings: EvalSettings, *,
 
 def target_answers(pair: Any, chats: list, max_new_tokens: int) -> list[str]:
     """The target's greedy answer to each chat, as text a client sends back in the history."""
-    from draftkit.data.generate import answer_stop_ids, engine_answers
-    from draftkit.data.turns import answer_text
-
     stops = answer_stop_ids(pair.target, pair.tokenizer)
     prompts = [encode_prompt(pair.tokenizer, chat) for chat in chats]
     done = dict(engine_answers(pair.target, prompts, max_new_tokens, 0.0, stops,

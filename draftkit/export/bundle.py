@@ -30,15 +30,20 @@ with the in-memory one, and only then renames the folder into place.
 from __future__ import annotations
 
 import datetime as _dt
+import importlib.metadata as md
 import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+import yaml
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
 import draftkit
 from draftkit.bundle_signature import UNSIGNED
-from draftkit.errors import DraftkitError, ModelError
 from draftkit.engines import releases
+from draftkit.errors import DraftkitError, ModelError
 from draftkit.export.eagle3 import Eagle3Export, check_against_target, check_served_layout
 from draftkit.export.k import REPORT, ExportKValue, check_export_k, recommended_k
 from draftkit.export.model_card import model_card
@@ -75,8 +80,6 @@ def target_reference(ref) -> TargetEntry:
 
 
 def _probe_ids(vocab_size: int):
-    import torch
-
     g = torch.Generator().manual_seed(0)
     return torch.randint(0, vocab_size, (2, 16), generator=g)
 
@@ -92,8 +95,6 @@ class StandaloneExport:
     parallel = False  # parallel drafting is an EAGLE-3 head's mode (Eagle3Export.parallel)
 
     def __init__(self, draft_ref, target_tok, target_cfg):
-        import torch
-
         self.ref, self.target_cfg = draft_ref, target_cfg
         self.model, self.merged = load_causal_lm(draft_ref.path, torch.float32, "draft")
         draft_tok = target_tok
@@ -113,9 +114,6 @@ class StandaloneExport:
         """A plain HF model folder in ``dtype`` with the target's tokenizer and K in its
         generation config; reloaded and its logits compared with the in-memory draft's, rounded
         to ``dtype`` as the file holds it."""
-        import torch
-        from transformers import AutoModelForCausalLM, GenerationConfig
-
         _cast(self.model, getattr(torch, dtype))  # weights only: RoPE tables stay float32
         save_model(self.model, folder)
         _cast(self.model, torch.float32)  # the stored values, exactly: compared below
@@ -168,8 +166,6 @@ def export_bundle(target: str, draft: str, out: str | Path,
     ``k``: an integer, or :data:`~draftkit.export.k.REPORT` (:mod:`draftkit.export.k`),
     checked here, once; ``signer``: who signs it (:mod:`draftkit.signing`), None for an
     unsigned bundle, or :data:`FROM_ENV`: the key ``DRAFTKIT_SIGNING_KEY`` names."""
-    from transformers import AutoConfig
-
     k = check_export_k(k)  # refuses 'auto' before anything is loaded
     signer = signer_from(None) if signer == FROM_ENV else signer  # before any work
 
@@ -277,8 +273,6 @@ def _read_report(path) -> EvalReport | None:
 
 
 def _read_recipe(path) -> RecipeEntry:
-    import yaml
-
     try:
         data = yaml.safe_load(Path(path).read_text())
     except FileNotFoundError:
@@ -306,8 +300,6 @@ def _figures(report: EvalReport | None) -> dict:
 
 
 def _versions() -> dict[str, str]:
-    import importlib.metadata as md
-
     out = {"draftkit": draftkit.__version__}  # its distribution is draftkit-spec
     for name in ("torch", "transformers", "peft", "safetensors", "tokenizers"):
         try:
@@ -326,8 +318,6 @@ def check_bundle(bundle: str | Path, check_target: bool = True,
     pairing (with ``target``, or the target the manifest records); return the manifest.
     ``said`` gets what was found beyond the faults: who signed it, and notes (a moved
     bundle)."""
-    from transformers import AutoConfig
-
     root = Path(bundle)
     manifest_path = root / MANIFEST
     if not root.exists():

@@ -13,18 +13,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from transformers import AutoConfig
+
 from draftkit.errors import Declined, ModelError
 from draftkit.export.args import CheckArgs, ExportArgs
+from draftkit.export.bundle import check_bundle, export_bundle
 from draftkit.export.eagle3 import KIND as EAGLE3
+from draftkit.export.eagle3 import check_against_target, target_embedding
 from draftkit.manifest import NAME as MANIFEST
 from draftkit.manifest import Manifest, read_manifest
+from draftkit.models.eagle3_layouts import head_config
+from draftkit.models.head_check import (TARGET_FILE, check_recorded_target, load_head,
+                                        record_target, recorded_target)
+from draftkit.models.load import is_eagle3_dir
+from draftkit.models.resolve import resolve_model
 from draftkit.signing import signer_of
 from draftkit.tracking import Tracker
 
 
 def export(args: ExportArgs) -> Path:
     """``draftkit export``."""
-    from draftkit.export.bundle import export_bundle  # torch
     out = export_bundle(args.target, args.draft, args.out, args.report, args.k, args.recipe,
                         args.force, args.dtype, signer_of(args))
     manifest = read_manifest(out)
@@ -53,9 +61,6 @@ def export(args: ExportArgs) -> Path:
 
 def check(args: CheckArgs) -> Manifest:
     """``draftkit check BUNDLE``, or ``draftkit check HEAD --target T [--record-target]``."""
-    from draftkit.export.bundle import check_bundle  # torch
-    from draftkit.models.load import is_eagle3_dir
-
     root = Path(args.bundle)
     if not (root / MANIFEST).is_file() and root.is_dir() and is_eagle3_dir(root):
         return check_head_folder(root, args.target, args.record_target)
@@ -86,14 +91,6 @@ def check_head_folder(folder: Path, target: str | None, record: bool) -> None:
     """A loose EAGLE-3 head against ``target``: its config (widths, attention shape, tapped
     layers) and its tensors (:func:`draftkit.models.head_check.check_head`), then the target it
     records, or with ``record`` the one it is given, written to its target.json."""
-    from transformers import AutoConfig
-
-    from draftkit.export.eagle3 import check_against_target, target_embedding
-    from draftkit.models.eagle3_layouts import head_config
-    from draftkit.models.head_check import (TARGET_FILE, check_recorded_target, load_head,
-                                            record_target, recorded_target)
-    from draftkit.models.resolve import resolve_model
-
     if target is None:
         raise ModelError(f"{folder} is a loose EAGLE-3 head; pass --target, the target it was "
                          f"trained for")

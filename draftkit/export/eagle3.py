@@ -50,13 +50,22 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from draftkit.errors import ModelError
+import torch
+from safetensors import safe_open
+from transformers import LlamaConfig
+
 from draftkit.engines.releases import check_context
+from draftkit.errors import ModelError
 from draftkit.io import read_json
 from draftkit.manifest import DraftEntry
+from draftkit.models.eagle3 import (ARCHITECTURE, Eagle3Draft, eagle3_config, load_eagle3,
+                                    save_eagle3)
+from draftkit.models.eagle3_layouts import (VOCAB_MAPS, WEIGHTS, head_config, unread_norms,
+                                            writes_vocab_maps)
 from draftkit.models.facts import text_config
-from draftkit.models.head_check import check_vocab_maps
+from draftkit.models.head_check import check_vocab_maps, load_head
 from draftkit.models.load import check_bundle_target, load_causal_lm
+from draftkit.models.reduced_head import ReducedHead
 from draftkit.models.resolve import ResolvedModel
 from draftkit.models.save import save_tokenizer
 
@@ -95,8 +104,6 @@ def check_served_layout(folder: str | Path) -> dict:
 
 
 def _check_config(config: dict, where: Path) -> None:
-    from draftkit.models.eagle3 import ARCHITECTURE
-
     def refuse(what: str):
         raise ModelError(f"{where}: {what}; re-export the head")
 
@@ -153,14 +160,6 @@ def _check_config(config: dict, where: Path) -> None:
 def _check_tensors(folder: Path, config: dict) -> None:
     """Every tensor the head's modules have, under their names and shapes, read from the
     safetensors header (no weights loaded); the vocabulary maps read whole (N + V values)."""
-    import torch
-    from safetensors import safe_open
-    from transformers import LlamaConfig
-
-    from draftkit.models.eagle3 import Eagle3Draft
-    from draftkit.models.eagle3_layouts import (VOCAB_MAPS, WEIGHTS, unread_norms,
-                                                writes_vocab_maps)
-
     path = folder / WEIGHTS
     if not path.is_file():
         raise ModelError(f"{path} is missing; re-export the head")
@@ -217,9 +216,6 @@ def check_against_target(config: dict, target_config: Any, where: str | Path) ->
     """One line naming the first way the head ``config`` (at ``where``) was not built for the
     target of ``target_config``: another family, vocabulary, width, attention shape, too few
     layers for its tapped ids, or a shorter context."""
-    from draftkit.models.eagle3 import eagle3_config
-    from draftkit.models.reduced_head import ReducedHead
-
     tc = text_config(target_config)
     fix = "pass the target it was trained on"
     layers, top = config.get(LAYER_IDS) or [], tc.num_hidden_layers - 1
@@ -246,9 +242,6 @@ def target_embedding(path: str | Path, config: Any):
     """What :func:`~draftkit.models.eagle3.load_eagle3` reads of a target, its config and its
     input embedding, read alone from the target's safetensors (an 8B target is 32 GB in
     float32, its embedding 2); a target stored otherwise loads whole."""
-    import torch
-    from safetensors import safe_open
-
     tc = text_config(config)
     for file in sorted(Path(path).glob("*.safetensors")):
         with safe_open(str(file), "pt") as f:
@@ -275,11 +268,6 @@ class Eagle3Export:
 
     def __init__(self, draft_ref: ResolvedModel, target_ref: ResolvedModel, target_config: Any,
                  target_sha256: str):
-        import torch
-
-        from draftkit.models.eagle3_layouts import head_config
-        from draftkit.models.head_check import load_head
-
         folder = Path(draft_ref.path)
         config = head_config(folder, target_config)  # draftkit's, whatever layout it is in
         check_against_target(config, target_config, folder)
@@ -300,10 +288,6 @@ class Eagle3Export:
         """``folder`` as the engines read it (module docstring), the head's weights in
         ``dtype``, the target's tokenizer beside it; what was written is checked and loaded
         back, and its logits compared with the in-memory head's rounded to ``dtype``."""
-        import torch
-
-        from draftkit.models.eagle3 import load_eagle3, save_eagle3
-
         save_eagle3(self.head, folder, dtype=getattr(torch, dtype))
         add_speculators_config(folder / "config.json", self.verifier, self.target_config, k,
                                self.parallel)

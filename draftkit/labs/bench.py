@@ -26,6 +26,8 @@ import statistics
 import sys
 import time
 
+import torch
+
 from draftkit import metrics
 from draftkit.chat import encode_prompt, read_prompts
 from draftkit.decode.choice import PLAIN, KChoice
@@ -78,8 +80,6 @@ def run_bench(target, draft, prompts: list[list[int]], k: int, max_new_tokens: i
 def _runner(engine, target, draft, k: int, max_new_tokens: int, pad_token_id: int | None,
             stats: dict):
     """``run(method, ids)``: decode one prompt greedily with ``method``; its new tokens."""
-    import torch
-
     # bench's K was checked with its arguments: a fixed K >= 1
     choices = {"ours_k0": PLAIN, "ours_spec": KChoice.of(k, k, has_draft=True)}
 

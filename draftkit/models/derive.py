@@ -18,6 +18,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+import torch
+
 from draftkit.errors import DraftkitError, ModelError
 from draftkit.io import atomic_dir
 from draftkit.models.args import check_layers
@@ -29,8 +31,6 @@ if TYPE_CHECKING:
 
 def decoder_layers(model: "PreTrainedModel"):
     """The model's ``nn.ModuleList`` of decoder layers and its state-dict prefix."""
-    import torch
-
     n = model.config.get_text_config().num_hidden_layers
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.ModuleList) and len(module) == n and name:
@@ -49,8 +49,6 @@ def _slice_per_layer(config, layers: list[int]) -> None:
 
 def derive_by_layers(target: "PreTrainedModel", layers: list[int]) -> "PreTrainedModel":
     """A draft made of ``layers`` of ``target`` (in the given order), sharing nothing with it."""
-    import torch
-
     prefix, module_list = decoder_layers(target)
     check_layers(layers, len(module_list))
     config = copy.deepcopy(target.config)
@@ -108,8 +106,6 @@ def _rebuild_buffers(draft, target) -> None:
 def derive_random(target: "PreTrainedModel", num_layers: int | None, hidden_size: int | None,
                   intermediate_size: int | None, seed: int = 0) -> "PreTrainedModel":
     """A randomly initialised draft of a reduced shape, with the target's architecture."""
-    import torch
-
     config = copy.deepcopy(target.config)
     n = num_layers or config.num_hidden_layers
     if n > config.num_hidden_layers:

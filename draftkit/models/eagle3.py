@@ -56,7 +56,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
 from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
 from draftkit.errors import ModelError
 from draftkit.models.compat import check_eagle3_family
@@ -95,8 +99,6 @@ def eagle3_config(target: Any, head: ReducedHead, aux_layers: list[int] | None =
 
     vLLM places the head's layer in the target's KV cache groups, so KV heads and head_dim must
     equal the target's; the width must equal the embedding's, which both engines share."""
-    from transformers import LlamaConfig
-
     tc = text_config(target)
     check_eagle3_family(tc)
     if head.vocab_size != tc.vocab_size:
@@ -141,8 +143,6 @@ class Eagle3Draft(nn.Module):
     ``t2d`` are the draft vocabulary as both engines read it (:attr:`reduced_head`)."""
 
     def __init__(self, config):
-        from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
-
         super().__init__()
         self.config = config
         h, n = config.hidden_size, config.draft_vocab_size
@@ -235,8 +235,6 @@ class Eagle3Draft(nn.Module):
                position_ids: torch.Tensor) -> torch.Tensor:
         """Every layer over a sequence, causally: the output h (B, T, H) at each position of
         tokens ``input_ids`` (B, T) read with ``hidden`` (B, T, H), as decoding computes it."""
-        import torch.nn.functional as F
-
         def attend(q, k, v):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                   enable_gqa=k.shape[1] != q.shape[1])
@@ -321,8 +319,6 @@ def as_parallel(draft: Eagle3Draft, seed: int = 0) -> Eagle3Draft:
 def save_eagle3(draft: Eagle3Draft, folder: str | Path, dtype: torch.dtype | None = None) -> None:
     """config.json and model.safetensors in the layout vLLM and SGLang load (module
     docstring): every weight but the target's embedding; ``dtype`` for the floating ones."""
-    from safetensors.torch import save_file
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     state = {}
@@ -348,8 +344,6 @@ def load_eagle3(folder: str | Path, target: Any) -> Eagle3Draft:
     embedding: as :func:`save_eagle3` wrote it, or in a layout SpecForge, vLLM's speculators or
     the EAGLE repository publish (:mod:`draftkit.models.eagle3_layouts`). Every tensor must be
     there with its shape."""
-    from transformers import LlamaConfig
-
     folder = Path(folder)
     data = head_config(folder, target)
     config = LlamaConfig(**data)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
 
 
 class Eagle3Layer(nn.Module):
@@ -27,8 +28,6 @@ class Eagle3Layer(nn.Module):
     both normed, 2H), else a plain pre-norm layer over the residual stream (H)."""
 
     def __init__(self, config, fused: bool = True):
-        from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
-
         super().__init__()
         h, hd = config.hidden_size, config.head_dim
         width = 2 * h if fused else h
@@ -56,8 +55,6 @@ class Eagle3Layer(nn.Module):
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """q (B, nh, T, hd) and k, v (B, nkv, T, hd) of the attention input x (B, T, 2H | H),
         RoPE applied with cos, sin (B, T, hd)."""
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
         bsz, t, _ = x.shape
         a = self.self_attn
         q = a.q_proj(x).view(bsz, t, self.num_heads, self.head_dim).transpose(1, 2)

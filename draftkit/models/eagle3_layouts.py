@@ -46,6 +46,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import load_file
+from transformers import LlamaConfig
+
 from draftkit.errors import ModelError
 from draftkit.io import read_json
 from draftkit.models.facts import text_config
@@ -121,8 +125,6 @@ def head_config(folder: str | Path, target: Any) -> dict:
     vocabulary's size and the tapped layers in both engines' conventions (vLLM's
     ``eagle_aux_hidden_state_layer_ids``, the layer entered; SGLang's ``eagle_config``, the
     layer left)."""
-    from transformers import LlamaConfig
-
     folder = Path(folder)
     where = folder / "config.json"
     data = read_json(where, "EAGLE-3 head config", "give a head folder", ModelError)
@@ -205,12 +207,8 @@ def head_state(folder: str | Path, config: dict) -> dict:
     ``model.safetensors`` or ``pytorch_model.bin``; ``config`` is :func:`head_config`'s. An
     embedding is dropped once its shape is checked, vocabulary maps over the whole vocabulary
     once they are checked to be the identity."""
-    import torch
-
     folder = Path(folder)
     if (folder / WEIGHTS).is_file():
-        from safetensors.torch import load_file
-
         path, state = folder / WEIGHTS, load_file(str(folder / WEIGHTS))
     elif (folder / BIN_WEIGHTS).is_file():
         path = folder / BIN_WEIGHTS

@@ -19,6 +19,9 @@ import importlib.util
 import os
 from pathlib import Path
 
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
 from draftkit.errors import ModelError
 from draftkit.io import atomic_dir
 from draftkit.models.save import save_model, save_tokenizer
@@ -83,8 +86,6 @@ def embedded_config_and_tokenizer():
     one was made, else read from the GGUF file's metadata (seconds, nothing written), for
     checks that must not load or convert weights (``distill --dry-run``). Read once a process;
     callers only read them."""
-    from transformers import AutoConfig, AutoTokenizer
-
     gguf = embedded_gguf_path()
     done = _converted(gguf, EMBEDDED_NAME)
     if (done / "config.json").is_file():
@@ -121,9 +122,6 @@ def _lock(path: Path):
 
 
 def _convert(gguf: Path, out: Path) -> None:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     print(f"draftkit: converting {gguf.name} to safetensors once (cached in {out.parent})",
           flush=True)
     try:

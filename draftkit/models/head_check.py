@@ -27,8 +27,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from draftkit.errors import ModelError
 from draftkit.io import atomic_write_json, read_json
+from draftkit.models.eagle3 import load_eagle3
+from draftkit.models.facts import text_config
+from draftkit.models.resolve import model_identity
 
 TARGET_FILE = "target.json"
 _FIX = "re-export the head, or retrain it"
@@ -38,8 +43,6 @@ def load_head(folder: str | Path, target: Any, where: str | Path | None = None) 
     """:func:`~draftkit.models.eagle3.load_eagle3` of ``folder`` on ``target`` (a loaded model,
     or what :func:`draftkit.export.eagle3.target_embedding` gives), checked by
     :func:`check_head`: how every command loads a head."""
-    from draftkit.models.eagle3 import load_eagle3
-
     head = load_eagle3(folder, target)
     check_head(head, target.config, where or folder)
     return head
@@ -49,8 +52,6 @@ def check_head(head: Any, target_config: Any, where: str | Path) -> None:
     """The loaded :class:`~draftkit.models.eagle3.Eagle3Draft` ``head`` (from ``where``) tapping
     three layers of the target of ``target_config`` and over a vocabulary its maps agree on, or
     one ModelError line naming the first thing that is not so."""
-    from draftkit.models.facts import text_config
-
     layers, count = list(head.aux_layers), text_config(target_config).num_hidden_layers
     if not (len(layers) == 3 and all(isinstance(i, int) and 1 <= i <= count - 1 for i in layers)
             and layers == sorted(set(layers))):
@@ -71,8 +72,6 @@ def check_vocab_maps(d2t: Any, t2d: Any, where: str | Path) -> None:
     """``d2t`` (N,) int offsets and ``t2d`` (V,) bool mask describing one draft vocabulary:
     target ids i + d2t[i] distinct, ascending, within 0..V - 1, and exactly t2d's true
     entries; or one ModelError line."""
-    import torch
-
     d2t, t2d = d2t.detach().cpu(), t2d.detach().cpu()
     ids = torch.arange(d2t.numel()) + d2t  # target id of draft id i
     if not (bool((ids[1:] > ids[:-1]).all()) and int(ids[0]) >= 0
@@ -87,8 +86,6 @@ def check_vocab_maps(d2t: Any, t2d: Any, where: str | Path) -> None:
 def record_target(folder: str | Path, target_ref: Any) -> None:
     """``folder``/target.json: the target a head saved there reads (name, path and
     :func:`~draftkit.models.resolve.model_identity`)."""
-    from draftkit.models.resolve import model_identity
-
     atomic_write_json(Path(folder) / TARGET_FILE, {
         "name": target_ref.name, "path": str(target_ref.path),
         "identity": model_identity(target_ref)})
@@ -103,8 +100,6 @@ def recorded_target(folder: str | Path) -> dict | None:
 def check_recorded_target(folder: str | Path, target_ref: Any, where: str | Path) -> None:
     """The loose head in ``folder`` beside the target ``target_ref``: refused where it records
     another target, or none (module docstring)."""
-    from draftkit.models.resolve import model_identity
-
     recorded = recorded_target(folder)
     if recorded is None:
         raise ModelError(f"the EAGLE-3 head {where} records no target ({TARGET_FILE}: saved "

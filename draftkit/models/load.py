@@ -10,29 +10,32 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging
+
 from draftkit.errors import ModelError
 from draftkit.extras import require
 from draftkit.io import read_json
+from draftkit.manifest import read_manifest
 from draftkit.models.compat import check_compatible, check_eagle3
+from draftkit.models.eagle3 import is_eagle3
+from draftkit.models.eagle3_layouts import head_config
 from draftkit.models.facts import vocab_size
+from draftkit.models.head_check import check_recorded_target, load_head
 from draftkit.models.reduced_head import ReducedHead, attach
 from draftkit.models.resolve import ResolvedModel, Role, content_hash, resolve_model
 
 if TYPE_CHECKING:
-    import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 def default_device() -> str:
-    import torch
-
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def check_device(device: str) -> None:
     """A device this machine has, or one clear error (torch would assert or raise deep down)."""
-    import torch
-
     try:
         dev = torch.device(device)
     except RuntimeError:
@@ -49,8 +52,6 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")  # the names a --dtype flag 
 
 def parse_dtype(name: str | None, device: str) -> "torch.dtype":
     """``auto`` is bfloat16 on CUDA and float32 on CPU (bf16 matmuls are slow on most CPUs)."""
-    import torch
-
     name = (name or "auto").lower()
     if name == "auto":
         return torch.bfloat16 if device.startswith("cuda") else torch.float32
@@ -69,14 +70,10 @@ def dtype_name(model: Any) -> str:
 
 def _quiet_transformers() -> None:
     """Per-load progress bars ("Loading weights") drown the CLI's own output."""
-    from transformers.utils import logging
-
     logging.disable_progress_bar()
 
 
 def load_tokenizer(model: str | ResolvedModel, role: Role = "target") -> "PreTrainedTokenizerBase":
-    from transformers import AutoTokenizer
-
     resolved = model if isinstance(model, ResolvedModel) else resolve_model(model, role)
     try:
         return AutoTokenizer.from_pretrained(resolved.path)
@@ -114,15 +111,11 @@ def load_causal_lm(path, dtype: "torch.dtype", role: Role = "target"):
     transformers only warns about missing or unexpected weight keys and fills the gaps with
     random values; for a draft that silently ruins acceptance, so here it is an error.
     """
-    from pathlib import Path
-
-    from transformers import AutoModelForCausalLM
-
     path = Path(path)
     try:
         if (path / "adapter_config.json").is_file():
             require("train", "a LoRA adapter", ("peft",))
-            from peft import AutoPeftModelForCausalLM
+            from peft import AutoPeftModelForCausalLM  # optional extra: train
 
             # Serving engines take plain weights, not adapters: merge LoRA at load time.
             lm = AutoPeftModelForCausalLM.from_pretrained(path, dtype=dtype)
@@ -177,8 +170,6 @@ def load_another_draft(pair: ModelPair, draft: str, device: str | None = None,
 def is_eagle3_dir(path: str | Path) -> bool:
     """Whether a model folder holds an EAGLE-3 head (its config.json says so, in any layout
     :mod:`draftkit.models.eagle3_layouts` reads)."""
-    from draftkit.models.eagle3 import is_eagle3
-
     config = Path(path) / "config.json"
     return config.is_file() and is_eagle3(read_json(config, "model config", "re-save the "
                                                     "model", ModelError))
@@ -190,7 +181,6 @@ def _load_draft(draft_ref: ResolvedModel, target: "PreTrainedModel", device: str
     embedding; any other draft as :func:`load_model` loads it."""
     if not is_eagle3_dir(draft_ref.path):
         return load_model(draft_ref, "draft", device, dtype)
-    from draftkit.models.head_check import load_head
 
     return load_head(draft_ref.path, target, draft_ref.spec)
 
@@ -202,11 +192,7 @@ def check_bundle_target(target_ref: ResolvedModel, draft_ref: ResolvedModel,
     decode, losslessly but with next to no acceptance, so it is refused. A loose head is
     checked against the target its ``target.json`` records (:mod:`draftkit.models.head_check`).
     ``target_sha256``: the target's :func:`content_hash`, where the caller has it already."""
-    from draftkit.manifest import read_manifest
-
     if draft_ref.kind != "bundle":  # a loose head: the target its target.json records
-        from draftkit.models.head_check import check_recorded_target
-
         check_recorded_target(draft_ref.path, target_ref, draft_ref.spec)
         return
     recorded = read_manifest(Path(draft_ref.path).parent).target
@@ -221,12 +207,8 @@ def _check_draft(tokenizer: Any, target_ref: ResolvedModel, draft_ref: ResolvedM
     """Vocabulary, special tokens and chat template must match, before any weights load; an
     EAGLE-3 head reads the target's tokenizer, and must read its vocabulary, hidden size and
     layers."""
-    from transformers import AutoConfig
-
     target_config = AutoConfig.from_pretrained(target_ref.path)
     if is_eagle3_dir(draft_ref.path):
-        from draftkit.models.eagle3_layouts import head_config
-
         check_eagle3(target_config, head_config(draft_ref.path, target_config))
         check_bundle_target(target_ref, draft_ref)
         return

@@ -32,13 +32,12 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
+
+import torch
 
 from draftkit.errors import ModelError
 from draftkit.io import atomic_write_json, read_json
-
-if TYPE_CHECKING:
-    import torch
 
 FILE = "draft_vocab.json"
 
@@ -54,8 +53,6 @@ class ReducedHead:
 
     def __init__(self, ids: "Iterable[int] | torch.Tensor", vocab_size: int,
                  covered: float | None = None, source: str | None = None):
-        import torch
-
         self.ids = torch.as_tensor(ids, dtype=torch.long).flatten()  # (N,)
         self.vocab_size = int(vocab_size)
         n = self.ids.numel()
@@ -105,8 +102,6 @@ class ReducedHead:
 
         ``always`` (the special tokens, EOS above all) is kept whatever its count.
         """
-        import torch
-
         vocab = counts.shape[0]
         if not 0 < size <= vocab:
             raise ModelError(f"draft vocabulary size {size} must be in 1..{vocab}")

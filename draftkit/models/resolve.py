@@ -13,10 +13,14 @@ Accepted, in this order:
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+import huggingface_hub
 
 from draftkit.bundle_checks import target_hash
 from draftkit.errors import ModelError
@@ -43,8 +47,6 @@ def model_identity(ref: ResolvedModel) -> str:
     ten 1 MiB samples spread over it (its start, its end and between), so a folder rewritten
     in place with other weights is another model, while a copy of it (another node's, say) is
     the same one, without reading gigabytes."""
-    import hashlib
-
     h = hashlib.sha256()
     for f in sorted(Path(ref.path).iterdir()):  # the hub cache's symlinks lead to the blobs
         if f.name == "config.json":
@@ -115,14 +117,10 @@ def bundle_ref(spec: str, path: Path, manifest, role: Role) -> ResolvedModel:
 
 
 def _download(repo_id: str, role: Role) -> Path:
-    import os
-
-    from huggingface_hub import snapshot_download
-
     os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "10")
     try:
         # A complete copy already in the HF cache works offline.
-        return Path(snapshot_download(repo_id, local_files_only=True))
+        return Path(huggingface_hub.snapshot_download(repo_id, local_files_only=True))
     except Exception:
         pass
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
@@ -130,10 +128,10 @@ def _download(repo_id: str, role: Role) -> Path:
                          f"HF_HUB_OFFLINE is set; download it where the hub is reachable, or pass "
                          f"a local directory or 'embedded'")
     try:
-        path = Path(snapshot_download(repo_id, allow_patterns=[
+        path = Path(huggingface_hub.snapshot_download(repo_id, allow_patterns=[
             "*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.py"]))
         if not any(path.glob("*.safetensors")):  # EAGLE repository heads: pytorch_model.bin
-            path = Path(snapshot_download(repo_id, allow_patterns=["*.bin"]))
+            path = Path(huggingface_hub.snapshot_download(repo_id, allow_patterns=["*.bin"]))
         return path
     except Exception as e:
         name = type(e).__name__

@@ -12,7 +12,8 @@ The pipeline, one concept per module::
     swap.py        POST /admin/draft: its token, and the built-in engine's swap
     app.py         the FastAPI app and its routes, over the scheduler or over vLLM (tests
                    build it on tiny models and on stand-in upstreams)
-    command.py     ``ServeArgs`` and ``serve()``: load a bundle (or start vLLM), run uvicorn
+    args.py        ``ServeArgs``, the command's flags
+    command.py     ``serve()``: load a bundle (or start vLLM), run uvicorn
 
 In front of vLLM (``--engine vllm``, ``--upstream``), the same app over other pieces::
 
@@ -24,6 +25,8 @@ In front of vLLM (``--engine vllm``, ``--upstream``), the same app over other pi
     vllm_swap.py   POST /admin/draft over the replicas: blue/green with a canary
     vllm_front.py  the command's build of it all
 
-Only ``command.py`` is imported by ``draftkit --help``; fastapi, uvicorn, httpx and
-prometheus_client are imported where they are used.
+``draftkit serve --help`` imports ``args.py`` alone. The web stack (fastapi, uvicorn, httpx,
+prometheus_client) is the ``serve`` extra: ``command.py`` checks it is installed before it
+imports the modules that need it (app.py, vllm_front.py) inside its functions, and metrics.py
+imports prometheus_client inside its own.
 """

@@ -21,6 +21,7 @@ ENGINE = "serving engine"  # the --help group of --engine and the vLLM front's f
 # fp32, too much for a default on a CPU box; --max-model-len raises it.
 DEFAULT_MAX_MODEL_LEN = 2048
 RECORD = "recording served traffic"  # the --help group of --record and its flags
+TOKEN_ENV = "DRAFTKIT_ADMIN_TOKEN"  # the token POST /admin/draft asks for, where no --admin-token
 
 
 @dataclass

@@ -52,7 +52,8 @@ from draftkit.extras import require
 from draftkit.manifest import NAME as MANIFEST
 from draftkit.manifest import read_manifest
 from draftkit.models import load_pair
-from draftkit.serve.args import DEFAULT_MAX_MODEL_LEN, ServeArgs
+from draftkit.models.resolve import model_identity
+from draftkit.serve.args import DEFAULT_MAX_MODEL_LEN, TOKEN_ENV, ServeArgs
 from draftkit.traffic.recorder import MB, check_folder, open_recorder
 
 NO_DRAFT = "none"  # --draft none: plain decoding, even when the bundle holds a draft
@@ -85,7 +86,7 @@ def build(args: ServeArgs):
     the app never ran."""
     require("serve", "draftkit serve")
     if args.front:
-        from draftkit.serve.vllm_front import build_front
+        from draftkit.serve.vllm_front import build_front  # optional extra: serve (required above)
 
         name = args.served_model_name or Path(args.bundle or "").expanduser().resolve().name
         return build_front(args, name)
@@ -95,9 +96,7 @@ def build(args: ServeArgs):
 
 def build_engine(args: ServeArgs):
     """Load the models and build the app over draftkit's engine: (app, description)."""
-    from draftkit.models.resolve import model_identity
-    from draftkit.serve.app import create_app
-    from draftkit.serve.swap import TOKEN_ENV
+    from draftkit.serve.app import create_app  # optional extra: serve (build requires it)
 
     target, draft, name = resolve_models(args)
     if args.record is not None:  # before the models load: a full folder is refused at once
@@ -142,7 +141,7 @@ def eval_domains(bundle: str | None) -> dict:
 
 
 def serve(args: ServeArgs) -> None:
-    import uvicorn
+    import uvicorn  # optional extra: serve (build requires it)
 
     class GracefulServer(uvicorn.Server):
         """uvicorn re-raises SIGINT/SIGTERM after its graceful shutdown, so the process would

@@ -59,8 +59,8 @@ UNCOUNTED = ("n>1", "no_counts")
 
 class ServeMetrics:
     def __init__(self, model_name: str):
-        import prometheus_client
-        from prometheus_client import CollectorRegistry
+        import prometheus_client  # optional extra: serve
+        from prometheus_client import CollectorRegistry  # optional extra: serve
 
         prometheus_client.disable_created_metrics()  # no *_created series (vLLM does the same)
         self.registry = CollectorRegistry(auto_describe=True)
@@ -137,21 +137,21 @@ class ServeMetrics:
         self.draft: str | None = None  # the identity serving now
 
     def _counter(self, name: str, doc: str, extra=()):
-        from prometheus_client import Counter
+        from prometheus_client import Counter  # optional extra: serve
 
         c = Counter(f"draftkit:{name}", doc, list(self.label) + list(extra),
                     registry=self.registry)
         return c if extra else c.labels(**self.label)
 
     def _gauge(self, name: str, doc: str, extra=()):
-        from prometheus_client import Gauge
+        from prometheus_client import Gauge  # optional extra: serve
 
         g = Gauge(f"draftkit:{name}", doc, list(self.label) + list(extra),
                   registry=self.registry)
         return g if extra else g.labels(**self.label)
 
     def _histogram(self, name: str, doc: str):
-        from prometheus_client import Histogram
+        from prometheus_client import Histogram  # optional extra: serve
 
         return Histogram(f"draftkit:{name}", doc, list(self.label), buckets=LATENCY_BUCKETS,
                          registry=self.registry).labels(**self.label)
@@ -255,7 +255,7 @@ class ServeMetrics:
         self.rejected.labels(status=str(status), **self.label).inc()
 
     def render(self) -> tuple[bytes, str]:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest  # optional extra: serve
 
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 

@@ -42,6 +42,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import torch
+
 from draftkit.decode.choice import KChoice
 from draftkit.decode.k import AUTO
 from draftkit.decode.sampling_params import SamplingParams
@@ -184,8 +186,6 @@ class Scheduler:
     # --- the loop (scheduler thread) --------------------------------------------------------
 
     def _run(self) -> None:
-        import torch
-
         with torch.inference_mode():
             while True:
                 if self.stopping:

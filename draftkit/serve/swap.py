@@ -40,11 +40,14 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from draftkit.errors import DraftkitError
+from draftkit.export.bundle import check_bundle
+from draftkit.models.head_check import load_head
+from draftkit.models.load import dtype_name, is_eagle3_dir, load_model
+from draftkit.models.resolve import bundle_ref, model_identity
+from draftkit.serve.args import TOKEN_ENV
 from draftkit.serve.http import RequestError, error_response
 from draftkit.serve.metrics import ServeMetrics
 from draftkit.serve.scheduler import DraftSwap, Scheduler
-
-TOKEN_ENV = "DRAFTKIT_ADMIN_TOKEN"  # the token POST /admin/draft asks for, where no --admin-token
 
 
 class Admin:
@@ -134,9 +137,6 @@ class EngineSwap:
     def prepare(self, bundle: str) -> DraftSwap:
         """``draftkit check``'s verification against the serving target, then the draft read
         into host memory (a worker thread's work)."""
-        from draftkit.export.bundle import check_bundle
-        from draftkit.models.resolve import bundle_ref, model_identity
-
         try:
             manifest = check_bundle(Path(bundle), target=self.target_path)
             if not manifest.target.sha256:
@@ -161,9 +161,6 @@ def stage(ref, engine) -> Callable[[], Any]:
     return what puts it on the engine's device (the scheduler thread calls it). An EAGLE-3
     head is small and loads onto its target, whose embedding it reads: all of it is left to
     that call."""
-    from draftkit.models.head_check import load_head
-    from draftkit.models.load import dtype_name, is_eagle3_dir, load_model
-
     if is_eagle3_dir(ref.path):
         return lambda: load_head(ref.path, engine.target_model, ref.spec)
     model = load_model(ref, "draft", "cpu", dtype_name(engine.target_model))

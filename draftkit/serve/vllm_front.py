@@ -34,12 +34,12 @@ from draftkit.models.load import load_tokenizer
 from draftkit.models.resolve import model_identity, resolve_model
 from draftkit.serve import replicas as R
 from draftkit.serve.app import create_proxy_app
+from draftkit.serve.args import TOKEN_ENV
 from draftkit.serve.http import RequestError
-from draftkit.traffic.vllm_sampling import sampling_defaults
-from draftkit.serve.swap import TOKEN_ENV
 from draftkit.serve.upstream import Pool, discover
 from draftkit.serve.vllm_swap import BlueGreen
 from draftkit.traffic.recorder import MB, check_folder, open_recorder
+from draftkit.traffic.vllm_sampling import sampling_defaults
 
 
 class NoSwap:

@@ -37,12 +37,15 @@ from pathlib import Path
 import httpx
 
 from draftkit.errors import DraftkitError
+from draftkit.export.bundle import check_bundle
 from draftkit.metrics import bootstrap
+from draftkit.models.resolve import bundle_ref, model_identity
 from draftkit.serve import replicas as R
 from draftkit.serve.http import RequestError
-from draftkit.serve.vllm_answer import rounds_of
 from draftkit.serve.swap import refused
 from draftkit.serve.upstream import Pool, discover
+from draftkit.serve.vllm_answer import rounds_of
+from draftkit.traffic.shards import read_traffic
 
 CANARY = 16  # recorded requests the canary decodes at most
 CANARY_TOKENS = 64  # tokens each canary request decodes at most
@@ -120,9 +123,6 @@ class BlueGreen:
     def check(self, bundle: str, previous: str) -> str:
         """``draftkit check``'s verification against the serving target; -> the new draft's
         identity (a worker thread's work)."""
-        from draftkit.export.bundle import check_bundle
-        from draftkit.models.resolve import bundle_ref, model_identity
-
         try:
             manifest = check_bundle(Path(bundle), target=self.target_path)
             if not manifest.target.sha256:
@@ -181,7 +181,6 @@ class BlueGreen:
         prompt (the folder read as ``draftkit traffic`` reads it: bad shards left out)."""
         if self.recorder is None:
             return []
-        from draftkit.traffic.shards import read_traffic
 
         try:
             records = read_traffic(self.recorder.folder, target=self.recorder.target,

@@ -26,17 +26,24 @@ import html
 import math
 from pathlib import Path
 
+from tqdm.auto import tqdm
+from transformers import AutoConfig
+
 from draftkit.errors import Declined, DraftkitError, ModelError
 from draftkit.evaluate.render import (fmt, html_image, html_page, html_table, markdown_table,
                                       save_png, write_files)
 from draftkit.evaluate.report import format_text_table
 from draftkit.figures import now
 from draftkit.manifest import NAME as MANIFEST, Manifest, read_manifest
+from draftkit.models import load_pair, load_tokenizer, resolve_model
+from draftkit.models.facts import vocab_size
+from draftkit.models.resolve import model_identity
 from draftkit.traffic.args import ALL, OFF, TrafficArgs
 from draftkit.traffic.drift import (DRIFT, DomainDrift, Estimate, TrafficReport, domain_drift,
                                     traffic_drift)
 from draftkit.traffic.fleet import FleetFigures, fleet_figures, fleet_lines
-from draftkit.traffic.record import Counts, TrafficRecord, engine_counts
+from draftkit.traffic.record import Counts, TrafficRecord, engine_counts, tokenizer_identity
+from draftkit.traffic.replay import Replayer
 from draftkit.traffic.shards import read_traffic
 
 PLOT = ("alpha_per_position.png", "Served alpha_i against the eval's alpha")
@@ -107,11 +114,6 @@ def replay_counts(records: list[TrafficRecord], counts: list[Counts | None], bun
     """``counts`` with each None replaced by a replay of its record through the bundle's
     draft at the bundle's K (:mod:`draftkit.traffic.replay`), with a progress bar; a record
     kept without its prompt cannot be replayed and stays None."""
-    from tqdm.auto import tqdm
-
-    from draftkit.models import load_pair
-    from draftkit.traffic.replay import Replayer
-
     todo = [i for i, x in enumerate(counts) if x is None and records[i].prompt_ids is not None]
     if not (Path(bundle) / "draft" / "config.json").is_file():
         raise ModelError(f"{bundle} holds no draft to replay {len(todo)} requests through; "
@@ -128,10 +130,6 @@ def bundle_identities(bundle: str) -> tuple[Manifest, str, str, str | None, int]
     """The bundle's manifest, the identities of its target, tokenizer and draft (None: no
     draft/ to fingerprint), as ``draftkit serve`` records them, and its target's vocabulary
     size (:func:`target_vocab`)."""
-    from draftkit.models import resolve_model
-    from draftkit.models.resolve import model_identity
-    from draftkit.traffic.record import tokenizer_identity
-
     manifest, target, tokenizer = bundle_target(bundle)
     draft = model_identity(resolve_model(bundle, "draft")) \
         if (Path(bundle) / "draft" / "config.json").is_file() else None
@@ -142,18 +140,12 @@ def bundle_identities(bundle: str) -> tuple[Manifest, str, str, str | None, int]
 def target_vocab(target, tokenizer) -> int:
     """How many token ids the target (resolved) knows: its config's vocabulary, at least its
     tokenizer's. A recorded id at or past it is no token of this target."""
-    from transformers import AutoConfig
-
-    from draftkit.models.facts import vocab_size
-
     return max(vocab_size(AutoConfig.from_pretrained(target.path)) or 0, len(tokenizer))
 
 
 def bundle_target(bundle: str):
     """(the bundle's manifest, its target resolved, the target's tokenizer); one line where
     ``bundle`` is not a bundle."""
-    from draftkit.models import load_tokenizer, resolve_model
-
     path = Path(bundle)
     if not (path / MANIFEST).is_file():
         raise ModelError(f"{bundle} is not a bundle (no {MANIFEST}); pass the folder "
@@ -262,7 +254,7 @@ def write_plot(report: TrafficReport, out_dir: Path) -> dict[str, Path]:
                if report.domains[n].alpha_per_position}
     if not drafted:
         return {}
-    import matplotlib
+    import matplotlib  # local: a report that draws pays for it, Agg set first
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -26,10 +26,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from tqdm.auto import tqdm
+
 from draftkit import metrics
-from draftkit.decode.sampling_params import PROBABILISTIC
 from draftkit.decode.choice import PLAIN, KChoice
 from draftkit.decode.clock import synchronize
+from draftkit.decode.sampling_params import PROBABILISTIC
 from draftkit.decode.stats import DecodeStats
 from draftkit.records import Record
 from draftkit.traffic.record import TrafficRecord
@@ -141,8 +143,6 @@ def measure(engines: dict[str, object], requests: list[TrafficRecord], k: int,
     """Per domain, then the whole mix (:data:`MIX`), last. ``engines``: a
     :class:`~draftkit.decode.engine.SpeculativeEngine` per draft, "old" and "new", on one
     target; plain decoding runs on the old one at K = 0. ``k``: the fixed K both drafts run."""
-    from tqdm.auto import tqdm
-
     choices = {"plain": PLAIN, **{m: KChoice.of(k, k, has_draft=True) for m in ("old", "new")}}
     by_domain: dict[str, _Times] = {}
     stats = {m: DecodeStats() for m in MODES}

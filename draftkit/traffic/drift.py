@@ -42,6 +42,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from draftkit import metrics
 from draftkit.manifest import DomainEntry, Manifest
 from draftkit.records import Record, added_later
@@ -146,8 +148,6 @@ class _Counts:
     engine's or a replay's), as arrays a bootstrap resample sums over."""
 
     def __init__(self, records: list[TrafficRecord], counts: list[Counts]):
-        import numpy as np
-
         self.k_max = max((len(c.tested) for c in counts), default=0)
         shape = (len(counts), self.k_max)
         self.accepted, self.tested = np.zeros(shape), np.zeros(shape)  # (n, K_max) each
@@ -184,8 +184,6 @@ class _Counts:
 
 
 def _estimate(statistic, n: int, resamples: int, seed: int) -> Estimate:
-    import numpy as np
-
     value, low, high = metrics.bootstrap(lambda idx: statistic(np.asarray(idx)), n, resamples,
                                          LEVEL, seed)
     return Estimate(value=value, low=low, high=high)

@@ -19,8 +19,11 @@ past it trusts what it reads. The folder of shards, their seals and the one read
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from dataclasses import dataclass
+from datetime import datetime
 
 from draftkit.decode.sampling_params import DRAFT_SAMPLE_METHODS
 from draftkit.errors import DraftkitError
@@ -121,8 +124,6 @@ def clean_label(text: str | None) -> str:
     ``_ . -`` (anything else becomes ``_``), at most LABEL_CHARS characters; nothing left is
     UNLABELED. A label is a client's text: cleaned here, it cannot break a JSON line or a
     Prometheus label, nor grow without bound."""
-    import re
-
     label = re.sub(r"[^a-z0-9_.-]", "_", (text or "").strip().lower())[:LABEL_CHARS]
     return label.strip("_") or UNLABELED
 
@@ -147,8 +148,6 @@ def recorded(metadata: object) -> bool:
 def tokenizer_identity(tokenizer) -> str:
     """A fingerprint of a tokenizer's vocabulary (token -> id) and special tokens: traffic
     recorded under another tokenizer holds ids that mean other text."""
-    import hashlib
-
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
     special = sorted(str(t) for t in tokenizer.all_special_tokens)
     blob = json.dumps([vocab, special], ensure_ascii=False).encode()
@@ -205,10 +204,6 @@ def _ids(x) -> bool:
 def field_problem(data: dict) -> str | None:
     """What is wrong with a record's fields (its JSON object), in a few words; None: nothing.
     Each field's type and range, as the recorder writes them."""
-    from datetime import datetime
-
-    import re
-
     for key in ("time", "domain", "target", "tokenizer", "finish_reason"):
         if not isinstance(data[key], str):
             return f"{key} is not text"

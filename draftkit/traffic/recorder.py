@@ -38,11 +38,13 @@ import os
 import queue
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 from draftkit.errors import ConfigError, DraftkitError
 from draftkit.io import fsync_path, take_lock
-from draftkit.traffic.record import SERVED, SamplingEntry, TrafficRecord
+from draftkit.models.resolve import model_identity
+from draftkit.traffic.record import SERVED, SamplingEntry, TrafficRecord, tokenizer_identity
 from draftkit.traffic.shards import (OPEN_GLOB, SEAL_BYTES, SEAL_PREFIX, SHARD_GLOB, seal_line,
                                      sealed_path)
 
@@ -103,9 +105,6 @@ def open_recorder(args, target_ref, tokenizer) -> Recorder:
     taken (locked, a killed server's shards sealed), for either engine: its records carry the
     target's (resolved) and its tokenizer's identities, and each the identity of the draft it
     decoded with, the engine's."""
-    from draftkit.models.resolve import model_identity
-    from draftkit.traffic.record import tokenizer_identity
-
     recorder = Recorder(args.record, target=model_identity(target_ref),
                         tokenizer=tokenizer_identity(tokenizer),
                         shard_bytes=int(args.record_shard_mb * MB),
@@ -228,8 +227,6 @@ class Recorder:
                 self._halt(f"a write failed ({type(e).__name__}: {e})")
 
     def _line(self, item: dict) -> bytes:
-        from datetime import datetime, timezone
-
         when = datetime.fromtimestamp(item.pop("time"), timezone.utc)
         record = TrafficRecord(time=when.isoformat(timespec="milliseconds"), target=self.target,
                                tokenizer=self.tokenizer, **item, run=self.run, seq=self._seq)

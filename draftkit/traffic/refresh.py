@@ -32,11 +32,23 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import yaml
+
+from draftkit.decode.engine import SpeculativeEngine
+from draftkit.distill.command import load_config
+from draftkit.distill.trainer import train
 from draftkit.errors import Declined, DraftkitError
+from draftkit.export import export_bundle
 from draftkit.io import atomic_write_text, take_lock
+from draftkit.manifest import read_manifest
+from draftkit.models import load_another_draft, load_pair, load_tokenizer, resolve_model
+from draftkit.models.resolve import model_identity
 from draftkit.signing import signer_of
+from draftkit.traffic import compare
 from draftkit.traffic.args import RefreshArgs
-from draftkit.traffic.record import TrafficRecord
+from draftkit.traffic.command import target_vocab
+from draftkit.traffic.record import TrafficRecord, tokenizer_identity
+from draftkit.traffic.shards import read_traffic
 
 
 def split(records: list[TrafficRecord], heldout: float, min_requests: int
@@ -75,13 +87,6 @@ def refresh(args: RefreshArgs) -> Path:
 
 
 def _refresh(args: RefreshArgs, out: Path, signer) -> Path:
-    from draftkit.manifest import read_manifest
-    from draftkit.models import load_tokenizer, resolve_model
-    from draftkit.models.resolve import model_identity
-    from draftkit.traffic.command import target_vocab
-    from draftkit.traffic.record import tokenizer_identity
-    from draftkit.traffic.shards import read_traffic
-
     bundle = Path(args.bundle)
     manifest = read_manifest(bundle)  # its seal checked before anything is used
     target_ref = resolve_model(str(bundle), "target")
@@ -108,7 +113,6 @@ def _refresh(args: RefreshArgs, out: Path, signer) -> Path:
     print(f"traffic: {len(records)} requests; training on {len(train_rs)} of "
           f"{', '.join(trained)}, comparing on the {len(held)} most recent", flush=True)
     cfg = _config(args, manifest, bundle, work, train_rs)
-    from draftkit.distill.trainer import train
 
     best = train(cfg)
     k = args.k or max(1, manifest.num_speculative_tokens)
@@ -117,7 +121,6 @@ def _refresh(args: RefreshArgs, out: Path, signer) -> Path:
     if not ok:  # the answer is no: exit status 3, not an error
         raise Declined(f"{out} not written: {why}; the comparison is in "
                             f"{work / 'refresh.md'}")
-    from draftkit.export import export_bundle
 
     target = "embedded" if manifest.target.kind == "embedded" else manifest.target.path
     written = export_bundle(target, str(best), out, k=k, recipe=work / "distill" / "config.yaml",
@@ -129,10 +132,6 @@ def _refresh(args: RefreshArgs, out: Path, signer) -> Path:
 def _config(args: RefreshArgs, manifest, bundle: Path, work: Path,
             train_rs: list[TrafficRecord]):
     """The bundle's recipe, warm-starting its draft on the training requests' ids."""
-    import yaml
-
-    from draftkit.distill.command import load_config
-
     if args.recipe:
         recipe = Path(args.recipe)
         base = yaml.safe_load(recipe.read_text())
@@ -171,10 +170,6 @@ def _config(args: RefreshArgs, manifest, bundle: Path, work: Path,
 
 
 def _compare(args: RefreshArgs, bundle: Path, best: Path, held: list[TrafficRecord], k: int):
-    from draftkit.decode.engine import SpeculativeEngine
-    from draftkit.models import load_another_draft, load_pair
-    from draftkit.traffic import compare
-
     pair = load_pair(str(bundle), str(bundle), device=args.device)
     engines = {"old": SpeculativeEngine(pair.target, pair.draft),
                "new": SpeculativeEngine(pair.target, load_another_draft(pair, str(best),
@@ -186,16 +181,14 @@ def _compare(args: RefreshArgs, bundle: Path, best: Path, held: list[TrafficReco
 
 
 def _write_comparison(work: Path, rows, ok: bool, why: str, k: int) -> None:
-    from draftkit.traffic.compare import table
-
     text = (f"# Refresh: old vs new draft on held-out traffic\n\nK = {k} for both; speedups "
             f"are paired over requests, 95% intervals: first by the cost model (each request's "
             f"rounds priced at the draft's measured c and v), which decides, then measured by "
-            f"the wall clock.\n\n{table(rows)}\n\n"
+            f"the wall clock.\n\n{compare.table(rows)}\n\n"
             f"**{'exported' if ok else 'not exported'}**: {why}\n")
     atomic_write_text(work / "refresh.md", text)
     atomic_write_text(work / "refresh.json", json.dumps(
         {"k": k, "exported": ok, "why": why, "domains": [r.to_dict() for r in rows]},
         indent=2) + "\n")
-    print(table(rows))
+    print(compare.table(rows))
     print(("exported: " if ok else "not exported: ") + why, flush=True)

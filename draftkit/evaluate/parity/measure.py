@@ -30,16 +30,26 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from draftkit.chat import encode_prompt
+from draftkit.decode.choice import KChoice
+from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.sampling_params import BLOCK, GREEDY_DRAFT, PROBABILISTIC, TOKEN
+from draftkit.decode.stats import DecodeStats
 from draftkit.engines.preflight import at_least, no_block_verification, version_tuple
 from draftkit.engines.releases import FEATURES, sampled_verify_broken
+from draftkit.engines.vllm import EngineError, VllmWorker
 from draftkit.errors import DraftkitError
 from draftkit.evaluate.measure import paired_speedup
 from draftkit.evaluate.parity import figures as F
 from draftkit.evaluate.parity.figures import PromptRun
+from draftkit.evaluate.suite import by_domain, load_suite
+from draftkit.export import check_bundle
 from draftkit.figures import now
 from draftkit.io import append_jsonl, cut_torn_tail, read_jsonl
 from draftkit.manifest import NAME as MANIFEST, Manifest
+from draftkit.models import load_pair
+from draftkit.models.load import load_tokenizer
+from draftkit.models.resolve import model_identity, resolve_model
 
 CONTROL_PROMPTS = 2  # per domain: the control needs no draft quality, only enough drafts
 
@@ -215,10 +225,6 @@ def _context(job: Job) -> int:
 def draftkit_runs(pair, job: Job, store: RawStore, bar) -> dict:
     """draftkit's engine on the same prompts at each configuration's K, counted as vLLM counts
     (rounds that drafted; rounds whose first i + 1 drafts were all accepted)."""
-    from draftkit.decode.choice import KChoice
-    from draftkit.decode.engine import SpeculativeEngine
-    from draftkit.decode.stats import DecodeStats
-
     engine = SpeculativeEngine(pair.target, pair.draft)
     out = {}
     for t in job.temperatures:
@@ -322,15 +328,6 @@ def engine_parity(bundle: str, target: str, suite: Path, *, k: int | None,
     """Measure ``bundle`` in vLLM and in draftkit on the suite's domains (module docstring);
     ``worker``: a running :class:`~draftkit.engines.vllm.VllmWorker` to use (else one is
     started under ``engine_python``, with ``cpu_fix``, and stopped at the end)."""
-    from draftkit.chat import encode_prompt
-    from draftkit.engines.vllm import EngineError, VllmWorker
-    from draftkit.evaluate.suite import by_domain, load_suite
-    from draftkit.models import load_pair
-    from draftkit.models.load import load_tokenizer
-    from draftkit.models.resolve import resolve_model, model_identity
-
-    from draftkit.export import check_bundle
-
     started = time.perf_counter()
     bundle_dir = Path(bundle)
     if not (bundle_dir / MANIFEST).is_file():

@@ -3,6 +3,7 @@ report.html and one plot, acceptance per draft position in each engine."""
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 from draftkit.evaluate.parity.figures import ParityReport, ParityRow
@@ -87,7 +88,7 @@ def verdicts(report: ParityReport) -> list[str]:
 def write_plot(report: ParityReport, out_dir: Path) -> dict[str, Path]:
     """alpha_i per draft position, one panel per temperature: each domain a colour, vLLM solid
     with dots and draftkit dashed with crosses, so agreement shows as lines drawn twice."""
-    import matplotlib
+    import matplotlib  # local: a report that draws pays for it, Agg set first
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -141,8 +142,6 @@ def render_markdown(report: ParityReport, plots: dict[str, Path]) -> str:
 
 
 def render_html(report: ParityReport, plots: dict[str, Path]) -> str:
-    import html
-
     parts = [f"<p>{html.escape(_head(report))}</p>", f"<p>{html.escape(HOW)}</p>", "<ul>"]
     parts += [f"<li>{html.escape(v)}</li>" for v in verdicts(report)] + ["</ul>"]
     parts += [html_table(*parity_table(report)),

@@ -10,6 +10,8 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+import numpy as np
+
 from draftkit.evaluate.regimes.crossovers import describe, entropy_model_text
 from draftkit.evaluate.render import (error_bars, fmt, html_image, html_page, html_table,
                                       interval_cell, markdown_table, save_png, write_files)
@@ -108,8 +110,7 @@ def _plot_cost(plt, sec: CostRegime):
 
 
 def _plot_mismatch(plt, sec: MismatchRegime):
-    import numpy as np
-    from matplotlib.colors import TwoSlopeNorm
+    from matplotlib.colors import TwoSlopeNorm  # local: only a report that draws imports it
     from matplotlib.patches import Rectangle
 
     drafts, domains = sec.drafts, sec.domains
@@ -167,7 +168,7 @@ def _plot_batch(plt, sec: BatchRegime):
 
 def write_plots(report: RegimesReport, out_dir: Path) -> dict[str, Path]:
     """One PNG per regime present; returns {report key: path}."""
-    import matplotlib
+    import matplotlib  # local: a report that draws pays for it, Agg set first
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

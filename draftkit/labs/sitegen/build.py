@@ -30,6 +30,7 @@ from pathlib import Path
 import yaml
 
 from draftkit.errors import DraftkitError
+from draftkit.extras import require
 from draftkit.labs.sitegen import compat, environment, reference
 
 ROOT = Path(__file__).resolve().parents[3]  # the checkout this package sits in
@@ -244,8 +245,6 @@ def assemble(tree: Path, root: Path = ROOT) -> Path:
 
 def mkdocs_build(config_path: Path, out: Path) -> subprocess.CompletedProcess:
     """``mkdocs build --strict`` of ``config_path`` into ``out``; its output captured."""
-    from draftkit.extras import require
-
     require("docs", "the docs site")
     return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
                            str(config_path), "--site-dir", str(Path(out).resolve())],

@@ -13,7 +13,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import draftkit
+from draftkit.engines import releases
+from draftkit.engines.releases import refused_engines
+from draftkit.evaluate.parity.figures import ParityReport
+from draftkit.evaluate.parity.report import verdicts
 from draftkit.labs.sitegen.reference import cell, code, generated, prose, table
+from draftkit.models.eagle3 import ARCHITECTURE
 
 ENGINES = {"vllm": "vLLM", "sglang": "SGLang"}
 KINDS = {  # the draft kinds releases.MIN_VERSIONS names, in words
@@ -27,8 +33,6 @@ KINDS = {  # the draft kinds releases.MIN_VERSIONS names, in words
 def comparisons(root: Path) -> list[tuple[Path, object]]:
     """(report.json, its ParityReport) for each engine comparison under ``root``'s
     eval/results/reports, oldest first."""
-    from draftkit.evaluate.parity.figures import ParityReport
-
     found = []
     for path in sorted((root / "eval" / "results" / "reports").glob("*/*.json")):
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -39,9 +43,6 @@ def comparisons(root: Path) -> list[tuple[Path, object]]:
 
 def _refused(kind: str) -> dict[str, str]:
     """Engine -> why it is refused a draft of ``kind``, as export says it."""
-    from draftkit.engines.releases import refused_engines
-    from draftkit.models.eagle3 import ARCHITECTURE
-
     config = {"parallel": {"parallel_drafting": True},
               "deep": {"architectures": [ARCHITECTURE], "num_hidden_layers": 2}}.get(kind)
     return refused_engines(config) if config else {}
@@ -49,10 +50,6 @@ def _refused(kind: str) -> dict[str, str]:
 
 def page(root: Path) -> str:
     """The compatibility page, its links relative to the docs tree's top (``root``'s layout)."""
-    import draftkit
-    from draftkit.evaluate.parity.report import verdicts
-    from draftkit.engines import releases
-
     measured = comparisons(root)
     link = {path: path.relative_to(root).with_name("report.md").as_posix()
             for path, _ in measured}

@@ -27,6 +27,14 @@ import types
 import typing
 from pathlib import Path
 
+from draftkit import errors
+from draftkit.cli import COMMANDS, args_class, build_parser
+from draftkit.config import recipe_keys
+from draftkit.fields import hints, type_name
+from draftkit.manifest import Manifest
+from draftkit.records import Record
+from draftkit.serve import metrics
+
 PACKAGE = Path(__file__).resolve().parents[2]  # draftkit/
 
 
@@ -125,8 +133,6 @@ def _flag_rows(parser: argparse.ArgumentParser) -> list[tuple[str | None, list[l
 
 def commands_page() -> str:
     """Every command with its usage and every flag, from the parsers ``draftkit`` runs."""
-    from draftkit.cli import COMMANDS, args_class, build_parser
-
     parser = build_parser()
     out = ["# Commands and flags", "", generated("each command's args dataclass, through "
                                                  "`draftkit.cli.build_parser`"),
@@ -155,8 +161,6 @@ def commands_page() -> str:
 def all_flags() -> dict[str, list[str]]:
     """Command ("" for ``draftkit`` itself) -> every flag and positional its parser takes but
     ``--help``: what the commands page must list."""
-    from draftkit.cli import build_parser
-
     parser = build_parser()
     found = {}
     for name, sub in [("", parser), *parser.commands.items()]:
@@ -167,8 +171,6 @@ def all_flags() -> dict[str, list[str]]:
 
 def flag_helps() -> list[tuple[str, str]]:
     """(``draftkit COMMAND --flag``, its help) for every flag of every command."""
-    from draftkit.cli import build_parser
-
     parser = build_parser()
     return [(f"draftkit {name} {action.option_strings[0]}", action.help or "")
             for name, sub in parser.commands.items() for action in sub._actions
@@ -179,8 +181,6 @@ def flag_helps() -> list[tuple[str, str]]:
 
 def _recipe_classes() -> list[tuple[type, list[str]]]:
     """(recipe dataclass, the commands that read it) for each command's ``recipe_config``."""
-    from draftkit.cli import COMMANDS, args_class
-
     found: dict[type, list[str]] = {}
     for command in COMMANDS:
         recipe = getattr(args_class(command), "recipe_config", None)
@@ -201,8 +201,6 @@ def _section(cls: type, path: str) -> type:
 
 def recipe_keys_page() -> str:
     """Every recipe key, a table per section, from the recipe dataclasses."""
-    from draftkit.config import recipe_keys
-
     out = ["# Recipe keys", "", generated("the recipe dataclasses, through "
                                           "`draftkit.config.recipe_keys`")]
     for cls, commands in _recipe_classes():
@@ -230,8 +228,6 @@ def recipe_keys_page() -> str:
 def _record_in(tp) -> tuple[type | None, bool]:
     """(the record a field of type ``tp`` holds, whether a mapping of them), or (None, False):
     ``R``, ``R | None`` and ``dict[str, R]`` hold one."""
-    from draftkit.records import Record
-
     inner = [a for a in typing.get_args(tp) if a is not type(None)]
     if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(inner) == 1:
         tp = inner[0]
@@ -255,9 +251,6 @@ def _records(cls: type, prefix: str) -> list[tuple[str, type]]:
 
 def manifest_page() -> str:
     """Every key of a bundle's ``draftkit.json``, from the manifest's records."""
-    from draftkit.fields import hints, type_name
-    from draftkit.manifest import Manifest
-
     out = ["# Bundle manifest", "", generated("the records of `draftkit/manifest.py`"),
            "`draftkit export` writes `draftkit.json` at the top of a bundle; `draftkit check` "
            "and every command that loads the bundle read it back, and refuse a key no field "
@@ -285,9 +278,7 @@ def manifest_page() -> str:
 
 def metrics_page() -> str:
     """Every series of ``draftkit serve``'s ``/metrics``, from the registry the server builds."""
-    from prometheus_client.metrics import MetricWrapperBase
-
-    from draftkit.serve import metrics
+    from prometheus_client.metrics import MetricWrapperBase  # optional extra: serve
 
     served = metrics.ServeMetrics("MODEL")
     # series name -> its label names, from the metrics the server holds (a child metric
@@ -318,8 +309,6 @@ def metrics_page() -> str:
 
 def exit_codes_page() -> str:
     """The CLI's exit statuses and the errors behind them, from :mod:`draftkit.errors`."""
-    from draftkit import errors
-
     said = notes(inspect.getsource(errors))
     rows = sorted([getattr(errors, n), code(n), cell(said.get(n, ""))]
                   for n in vars(errors) if n.startswith("EXIT_"))
