@@ -1,6 +1,6 @@
 """The codebase's own shape: modules a reader takes in at one sitting, short decoder and server
-functions, no import cycle, a batch's state held by the batch alone, and docs that cite the
-project or the papers."""
+functions, imports at a module's top and no import cycle, a batch's state held by the batch
+alone, and docs that cite the project or the papers."""
 
 import ast
 from pathlib import Path
@@ -8,6 +8,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 MAX_MODULE_LINES = 400  # beyond it, the module's docstring says why in a line "Long: ..."
 MAX_FUNCTION_LINES = 60  # in draftkit/decode and draftkit/serve, where the hot paths live
+MAX_LOCAL_DRAFTKIT_IMPORTS = 10  # function-local, each for an optional extra or a stated reason
+# the modules that import torch inside a function: the CLI (its --help imports no torch), and
+# vLLM's worker and its CPU fix, which run in vLLM's environment, after their own set-up
+LOCAL_TORCH = {"draftkit/cli.py", "draftkit/engines/vllm_worker.py",
+               "draftkit/engines/vllm_cpu_fix.py"}
 
 
 def _modules():
@@ -85,6 +90,58 @@ def _imports(path: Path, modules: set[str]) -> set[str]:
             if target and target != name:
                 found.add(target)
     return found
+
+
+def _local_imports(path: Path) -> list[tuple[ast.stmt, list[str]]]:
+    """(import, the modules it names, relative ones absolute) for each import inside a function
+    of ``path``."""
+    tree = ast.parse(path.read_text())
+    name, is_pkg = _module_name(path), path.name == "__init__.py"
+    found = {}
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(function):
+            if isinstance(node, ast.Import):
+                found[id(node)] = (node, [a.name for a in node.names])
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    package = name.split(".")[:len(name.split(".")) - (not is_pkg)]
+                    package = package[:len(package) - (node.level - 1)]
+                    base = ".".join(package + ([base] if base else []))
+                found[id(node)] = (node, [base])
+    return sorted(found.values(), key=lambda item: item[0].lineno)
+
+
+def test_modules_import_draftkit_at_their_top():
+    """A module imports the draftkit modules it uses at its top, where a reader finds what it
+    depends on; a function imports one only for an optional extra (the web stack) or another
+    reason its line states (a package's names read on first use, so --help stays light)."""
+    local, unexplained = [], []
+    for path in _modules():
+        lines = path.read_text().splitlines()
+        for node, modules in _local_imports(path):
+            if not any(m == "draftkit" or m.startswith("draftkit.") for m in modules):
+                continue
+            where = f"{path.relative_to(ROOT)}:{node.lineno}"
+            local.append(where)
+            if not any("#" in line for line in lines[node.lineno - 1:node.end_lineno]):
+                unexplained.append(where)
+    assert len(local) <= MAX_LOCAL_DRAFTKIT_IMPORTS, \
+        f"{len(local)} function-local draftkit imports, at most {MAX_LOCAL_DRAFTKIT_IMPORTS}: " \
+        f"{local}"
+    assert not unexplained, f"function-local draftkit imports with no reason beside: {unexplained}"
+
+
+def test_torch_is_imported_at_the_top():
+    """torch, transformers and safetensors are imported at a module's top, but where
+    :data:`LOCAL_TORCH` says why not."""
+    local = [f"{path.relative_to(ROOT)}:{node.lineno}" for path in _modules()
+             if str(path.relative_to(ROOT)) not in LOCAL_TORCH
+             for node, modules in _local_imports(path)
+             if any(m.split(".")[0] in ("torch", "transformers", "safetensors") for m in modules)]
+    assert not local, f"function-local imports of torch, transformers or safetensors: {local}"
 
 
 def test_no_import_cycle_in_the_package():
