@@ -218,7 +218,8 @@ class KPolicy:
         """K for the next round at this many active rows."""
         if self.k_max == 0 or self._times_plain_step(batch):
             return 0
-        if not self.timings.draft:  # then one speculative round, at the cheapest K: evidence raises it
+        # then one speculative round, at the cheapest K: evidence raises it
+        if not self.timings.draft:
             self.k = 1
             return 1
         alphas = self.alphas()

@@ -155,8 +155,8 @@ class Eagle3:
             self.draft = from_target(target, reduced_head, self.layers, cfg.seed,
                                      parallel=cfg.draft.parallel,
                                      num_layers=cfg.draft.num_layers or 1)
-        elif not torch.equal(reduced_head.ids.sort().values.cpu(),
-                             self.init.reduced_head.ids.cpu()):  # draft.draft_vocab_size chose again
+        elif not torch.equal(reduced_head.ids.sort().values.cpu(),  # draft_vocab_size chose
+                             self.init.reduced_head.ids.cpu()):  # again
             self.draft = with_vocabulary(self.init, reduced_head, target)
         else:
             self.draft = self.init

@@ -274,8 +274,8 @@ def k_per_batch_size(rows: list[BatchRow]) -> list[list[int]] | None:
     ``[start, end, K]`` with inclusive batch-size ranges, the first starting at 1, each
     measured batch size's K running up to the next one measured, K = 0 where the row's gain is
     not shown (:func:`~draftkit.figures.shown_speedup`, eval's rule). vLLM
-    (``v1/spec_decode/dynamic/utils.py``) takes K >= 0, ranges sorted and apart, the first from 1; a batch size past the last range keeps
-    its K. None without a sweep."""
+    (``v1/spec_decode/dynamic/utils.py``) takes K >= 0, ranges sorted and apart, the first from
+    1; a batch size past the last range keeps its K. None without a sweep."""
     rows = sorted(rows, key=lambda r: r.batch_size)
     if not rows:
         return None

@@ -134,7 +134,8 @@ async def proxied_routed_chat_completions(route: str, request: Request):
 
 
 def create_app(engine, tokenizer, *, model_name: str, k: KChoice | KValue = AUTO,
-               k_max: int = K_MAX, verify: str = TOKEN, max_batch: int = 16, max_model_len: int | None = None,
+               k_max: int = K_MAX, verify: str = TOKEN, max_batch: int = 16,
+               max_model_len: int | None = None,
                max_tokens_limit: int = 2048, max_body_bytes: int = 1 << 20,
                route_labels: tuple[str, ...] = (), recorder=None, draft: str | None = None,
                admin_token: str | None = None, target_path: str | None = None) -> FastAPI:

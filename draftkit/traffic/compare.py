@@ -11,9 +11,9 @@ Each speedup is given twice. Measured: tokens per wall-clock second, request by 
 by the cost model: each request's decoding rounds priced at the drafts' measured costs, a
 verify at v target steps and a draft step at c (pooled over all the drafts' decodes here,
 against the plain decodes' target step: the two share one architecture), so a request's cost
-is rounds x v + draft steps x c. On a quiet machine the two agree; on a shared one, a burst from another process lands on
-single requests and widens the measured intervals past use, while the pooled c and v average it
-out and the per-request counts (tau) do not see it at all.
+is rounds x v + draft steps x c. On a quiet machine the two agree; on a shared one, a burst from
+another process lands on single requests and widens the measured intervals past use, while the
+pooled c and v average it out and the per-request counts (tau) do not see it at all.
 
 The rule :func:`decide` applies, on the cost-model figures: the new draft is exported only where
 it is faster than the old beyond noise on the mix (the interval of new over old lies above 1)

@@ -1,4 +1,5 @@
-"""``draftkit refresh``: retrain a bundle's draft on the traffic it served; export it only if faster.
+"""``draftkit refresh``: retrain a bundle's draft on the traffic it served; export it only if
+faster.
 
 Online speculative decoding (Liu et al., arXiv 2310.07177) distils the draft on the queries a
 server actually answers. Served traffic is the best data a draft can get: its completions are

@@ -30,6 +30,12 @@ def test_a_long_module_says_why_in_its_docstring():
     assert not long, f"over {MAX_MODULE_LINES} lines with no 'Long: ...' reason: {long}"
 
 
+def test_lines_fit_in_100_columns():
+    wide = [f"{p.relative_to(ROOT)}:{i}" for p in _modules()
+            for i, line in enumerate(p.read_text().splitlines(), 1) if len(line) > 100]
+    assert not wide, f"lines over 100 characters: {wide}"
+
+
 def test_decoder_and_server_functions_read_in_one_screen():
     long = []
     for package in ("decode", "serve"):
