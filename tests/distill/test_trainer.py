@@ -597,8 +597,9 @@ def test_prepare_builds_the_answers_and_cache_a_run_then_only_reads(tmp_path, ti
     meta = json.loads((built["teacher_cache"] / "meta.json").read_text())
     assert meta["filled_rows"] == meta["rows"] == built["rows"]
 
-    def no_generation(*a, **k):
-        raise AssertionError("train() generated answers prepare() had built")
+    def no_generation(model, prompts, *a, **k):  # where a run's answers are decoded
+        assert not prompts, "train() generated answers prepare() had built"
+        return iter(())
 
     build = teacher.TopKCache.build
 
@@ -606,7 +607,7 @@ def test_prepare_builds_the_answers_and_cache_a_run_then_only_reads(tmp_path, ti
         assert self.filled_rows() == self.n_rows, "train() built cache rows prepare() had built"
         return build(self, *a, **k)
 
-    monkeypatch.setattr(generate, "answers_in_memory", no_generation)
+    monkeypatch.setattr(generate, "engine_answers", no_generation)
     monkeypatch.setattr(teacher.TopKCache, "build", only_read)
     best = train(cfg, progress=False)
     assert (best / "model.safetensors").is_file()
