@@ -2,6 +2,7 @@
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -401,6 +402,50 @@ def test_on_policy_mix(tmp_path, tiny_dirs, monkeypatch):
     assert len(calls) == expected * 2  # grad_accum micro-batches per on-policy step
     rows = calls[0]
     assert rows.input_ids.shape == (2, 48) and rows.loss_mask.any()
+
+
+def test_an_on_policy_recipe_asks_its_engine_for_the_drafts_answers(tmp_path, tiny_dirs,
+                                                                     monkeypatch):
+    """``data.generate.engine: vllm``: each rank opens one engine for the draft's answers at its
+    first on-policy step, asks it at every on-policy micro-batch, and closes it at the end.
+    (tests/engines/test_vllm_onpolicy.py runs the engine itself against HF generate.)"""
+    from draftkit.data.generate import answers_in_memory, engine_answers
+    from draftkit.distill import trainer
+    from draftkit.models import load_model
+
+    opened, asked, closed = [], [], []
+
+    class Engine:  # stands in for VllmDraftAnswers: answers as vLLM must, by draftkit's decoder
+        def __init__(self, work_dir, dtype, context):
+            opened.append((Path(work_dir).name, dtype, context))
+
+        def answers(self, draft, prompts, *a):
+            asked.append(len(prompts))
+            return answers_in_memory(draft, prompts, *a)
+
+        def close(self):
+            closed.append(True)
+
+    class TargetEngine:  # stands in for VllmAnswers: the target's answers, by draftkit's decoder
+        def __init__(self, path, dtype, *a):
+            self.model = load_model(str(path), device="cpu", dtype=dtype)
+
+        def cache_tag(self):
+            return "stand-in"
+
+        def answers(self, prompts, *a):
+            return engine_answers(self.model, prompts, *a)
+
+    monkeypatch.setattr(trainer, "VllmDraftAnswers", Engine)
+    monkeypatch.setattr(trainer, "VllmAnswers", TargetEngine)
+    cfg = distill_config(tmp_path, tiny_dirs, **{"data.regime": "on_policy", "data.lmbda": 1.0,
+                                                 "data.generate.engine": "vllm",
+                                                 "data.generate.max_new_tokens": 4})
+    best = trainer.train(cfg, progress=False)
+    assert (best / "model.safetensors").is_file()
+    assert opened == [("onpolicy-engine-rank0", "float32", cfg.data.seq_len + 8)]
+    assert len(asked) == cfg.max_steps * cfg.train.grad_accum and all(asked)
+    assert closed == [True]
 
 
 def test_on_policy_answers_depend_on_the_seed_step_and_rank_not_the_global_rng():

@@ -1,21 +1,20 @@
 """The draft's on-policy answers from vLLM (``data.regime: on_policy`` with
 ``data.generate.engine: vllm``): the draft's current weights, loaded before each on-policy
-step, give the tokens HF ``generate`` gives, over its reduced head, and a recipe trains on
-them."""
+step, give the tokens HF ``generate`` gives, over its reduced head. (A recipe's wiring of the
+engine into on-policy steps: tests/distill/test_trainer.py; a recipe starting vLLM engines for
+the target's answers and features: test_vllm_topology.py.)"""
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
 import torch
 
-from draftkit.cli import main
 from draftkit.data.generate import answers_in_memory
 from draftkit.distill.onpolicy import VllmDraftAnswers
 from draftkit.models.reduced_head import ReducedHead
-from tests.helpers import ROW_WORDS, engine_llama, make_tokenizer, save_model, tiny_recipe
+from tests.helpers import ROW_WORDS, engine_llama, make_tokenizer
 
 pytestmark = pytest.mark.engine
 
@@ -40,16 +39,3 @@ def test_the_drafts_answers_follow_its_weights_and_its_head(vllm_worker, tmp_pat
             assert all(t in set(head.ids.tolist()) for a in theirs for t in a)
     finally:
         engine.close()
-
-
-def test_an_on_policy_recipe_trains_on_the_engines_answers(vllm_worker, tmp_path):
-    tok = make_tokenizer()
-    target = save_model(engine_llama(len(tok), 4, seed=6), tok, tmp_path / "target")
-    recipe, _ = tiny_recipe(tmp_path, target)
-    out = tmp_path / "run"
-    assert main(["distill", str(recipe), f"out_dir={out}", "max_steps=2", "eval.every=2",
-                 "data.regime=on_policy", "data.lmbda=1.0", "data.generate.engine=vllm"]) == 0
-    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [0, 2] and (out / "best" / "model.safetensors").is_file()
-    engine = out / "onpolicy-engine-rank0"  # its log stays, the weights it loaded go
-    assert (engine / "vllm.log").is_file() and not (engine / "draft").exists()
