@@ -2,18 +2,12 @@
 floor, every import (at a module's top, inside a function, or for type checking alone) pointing
 to its own floor or one below, no loop between packages, and the core never importing labs."""
 
-import ast
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.foundation.imports import ROOT, imports, module_name, modules
+
 PACKAGE = ROOT / "draftkit"
 LABS = "labs"
-
-
-def _module(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _unit(module: str) -> str:
@@ -22,36 +16,12 @@ def _unit(module: str) -> str:
     return module.split(".")[1] if "." in module else "__init__"
 
 
-def _imports(path: Path, modules: set[str]) -> list[tuple[str, int]]:
-    """(draftkit module, line) of every import in ``path``, type-only and local ones included."""
-    name, is_pkg = _module(path), path.name == "__init__.py"
-    found = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                package = name.split(".")[:len(name.split(".")) - (not is_pkg)]
-                base = ".".join(package[:len(package) - (node.level - 1)] + [base] * bool(base))
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
-                       for a in node.names]
-        else:
-            continue
-        for target in targets:
-            while target and target not in modules:
-                target = target.rpartition(".")[0]
-            if target and target != name:
-                found.append((target, node.lineno))
-    return found
-
-
 def _graph() -> dict[tuple[str, str], list[str]]:
     """(from unit, to unit) -> where, for every import between two units."""
-    paths = {_module(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    paths = {module_name(p): p for p in modules()}
     edges: dict[tuple[str, str], list[str]] = {}
     for module, path in paths.items():
-        for target, line in _imports(path, set(paths)):
+        for target, line in imports(path, set(paths)):
             if _unit(module) != _unit(target):
                 edges.setdefault((_unit(module), _unit(target)), []).append(
                     f"{path.relative_to(ROOT)}:{line} imports {target}")
@@ -76,7 +46,7 @@ def _floors() -> list[list[str]]:
 
 def test_every_package_is_drawn_once():
     drawn = [u for floor in _floors() for u in floor]
-    units = {_unit(_module(p)) for p in PACKAGE.rglob("*.py")}
+    units = {_unit(module_name(p)) for p in modules()}
     assert sorted(set(drawn)) == sorted(drawn), "drawn twice"
     assert sorted(units - set(drawn)) == [], "not in draftkit/README.md's floors"
     assert sorted(set(drawn) - units) == [], "drawn, but not in the package"

@@ -5,7 +5,7 @@ alone, and docs that cite the project or the papers."""
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.foundation.imports import ROOT, base, imports, module_name, modules, typing_only
 MAX_MODULE_LINES = 400  # beyond it, the module's docstring says why in a line "Long: ..."
 MAX_FUNCTION_LINES = 60  # in draftkit/decode and draftkit/serve, where the hot paths live
 MAX_LOCAL_DRAFTKIT_IMPORTS = 10  # function-local, each for an optional extra or a stated reason
@@ -15,13 +15,9 @@ LOCAL_TORCH = {"draftkit/cli.py", "draftkit/engines/vllm_worker.py",
                "draftkit/engines/vllm_cpu_fix.py"}
 
 
-def _modules():
-    return sorted((ROOT / "draftkit").rglob("*.py"))
-
-
 def test_a_long_module_says_why_in_its_docstring():
     long = []
-    for path in _modules():
+    for path in modules():
         text = path.read_text()
         doc = ast.get_docstring(ast.parse(text)) or ""
         if text.count("\n") > MAX_MODULE_LINES and not any(
@@ -31,7 +27,7 @@ def test_a_long_module_says_why_in_its_docstring():
 
 
 def test_lines_fit_in_100_columns():
-    wide = [f"{p.relative_to(ROOT)}:{i}" for p in _modules()
+    wide = [f"{p.relative_to(ROOT)}:{i}" for p in modules()
             for i, line in enumerate(p.read_text().splitlines(), 1) if len(line) > 100]
     assert not wide, f"lines over 100 characters: {wide}"
 
@@ -56,53 +52,10 @@ def test_docs_and_code_cite_the_project_or_the_papers():
     assert not cited, f"cites a file the project does not contain: {cited}"
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _typing_only(tree: ast.Module) -> set[int]:
-    """The ids of the nodes under an ``if TYPE_CHECKING:``."""
-    return {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-            and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
-
-
-def _imports(path: Path, modules: set[str]) -> set[str]:
-    """The draftkit modules ``path`` imports, at its top or inside a function (a function-local
-    import is still a dependency), but not those imported for type checking alone."""
-    tree = ast.parse(path.read_text())
-    name, is_pkg = _module_name(path), path.name == "__init__.py"
-    typing_only = _typing_only(tree)
-    found = set()
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # relative: from the package this module is in
-                package = name.split(".")[:len(name.split(".")) - (not is_pkg)]
-                package = package[:len(package) - (node.level - 1)]
-                base = ".".join(package + ([base] if base else []))
-            # ``from package import module`` imports the module; other names, the package
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
-                       for a in node.names]
-        else:
-            continue
-        for target in targets:
-            while target and target not in modules:
-                target = target.rpartition(".")[0]
-            if target and target != name:
-                found.add(target)
-    return found
-
-
 def _local_imports(path: Path) -> list[tuple[ast.stmt, list[str]]]:
     """(import, the modules it names, relative ones absolute) for each import inside a function
     of ``path``."""
     tree = ast.parse(path.read_text())
-    name, is_pkg = _module_name(path), path.name == "__init__.py"
     found = {}
     for function in ast.walk(tree):
         if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -111,12 +64,7 @@ def _local_imports(path: Path) -> list[tuple[ast.stmt, list[str]]]:
             if isinstance(node, ast.Import):
                 found[id(node)] = (node, [a.name for a in node.names])
             elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    package = name.split(".")[:len(name.split(".")) - (not is_pkg)]
-                    package = package[:len(package) - (node.level - 1)]
-                    base = ".".join(package + ([base] if base else []))
-                found[id(node)] = (node, [base])
+                found[id(node)] = (node, [base(node, path)])
     return sorted(found.values(), key=lambda item: item[0].lineno)
 
 
@@ -125,10 +73,10 @@ def test_modules_import_draftkit_at_their_top():
     depends on; a function imports one only for an optional extra (the web stack) or another
     reason its line states (a package's names read on first use, so --help stays light)."""
     local, unexplained = [], []
-    for path in _modules():
+    for path in modules():
         lines = path.read_text().splitlines()
-        for node, modules in _local_imports(path):
-            if not any(m == "draftkit" or m.startswith("draftkit.") for m in modules):
+        for node, named in _local_imports(path):
+            if not any(m == "draftkit" or m.startswith("draftkit.") for m in named):
                 continue
             where = f"{path.relative_to(ROOT)}:{node.lineno}"
             local.append(where)
@@ -143,10 +91,10 @@ def test_modules_import_draftkit_at_their_top():
 def test_torch_is_imported_at_the_top():
     """torch, transformers and safetensors are imported at a module's top, but where
     :data:`LOCAL_TORCH` says why not."""
-    local = [f"{path.relative_to(ROOT)}:{node.lineno}" for path in _modules()
+    local = [f"{path.relative_to(ROOT)}:{node.lineno}" for path in modules()
              if str(path.relative_to(ROOT)) not in LOCAL_TORCH
-             for node, modules in _local_imports(path)
-             if any(m.split(".")[0] in ("torch", "transformers", "safetensors") for m in modules)]
+             for node, named in _local_imports(path)
+             if any(m.split(".")[0] in ("torch", "transformers", "safetensors") for m in named)]
     assert not local, f"function-local imports of torch, transformers or safetensors: {local}"
 
 
@@ -154,8 +102,9 @@ def test_no_import_cycle_in_the_package():
     """Each module can be read knowing only what it imports: no two modules need each other,
     directly or around a loop (a function-local import hides a cycle from Python, not from a
     reader)."""
-    paths = {_module_name(p): p for p in _modules()}
-    graph = {m: _imports(p, set(paths)) for m, p in paths.items()}
+    paths = {module_name(p): p for p in modules()}
+    graph = {m: {t for t, _ in imports(p, set(paths), for_typing=False)}
+             for m, p in paths.items()}
     cycles, state = [], {}  # state: 1 on the path being walked, 2 done
 
     def walk(m: str, path: list[str]) -> None:
@@ -178,14 +127,14 @@ def test_only_the_batch_holds_its_state():
     ``BatchState`` to run (a drafter, handed it, names it for type checking alone), and
     engine.py imports neither the class nor anything that takes it."""
     holders, typing_names = [], []
-    for path in _modules():
+    for path in modules():
         tree = ast.parse(path.read_text())
-        typing_only = _typing_only(tree)
+        hidden = typing_only(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and any(a.name == "BatchState"
                                                          for a in node.names):
                 where = f"{path.relative_to(ROOT)}"
-                (typing_names if id(node) in typing_only else holders).append(where)
+                (typing_names if id(node) in hidden else holders).append(where)
     assert holders == ["draftkit/decode/batch.py"], holders
     assert all(p.startswith("draftkit/decode/") for p in typing_names), typing_names
     engine = ast.parse((ROOT / "draftkit/decode/engine.py").read_text())
@@ -199,20 +148,20 @@ def test_only_the_batch_holds_its_state():
 def test_the_state_module_imports_nothing_above_it():
     """decode/state.py sits below the batch and the engine: it imports neither, directly or
     through another module, so the state reads without the decoder around it."""
-    paths = {_module_name(p): p for p in _modules()}
+    paths = {module_name(p): p for p in modules()}
     seen, todo = set(), ["draftkit.decode.state"]
     while todo:
         m = todo.pop()
         if m not in seen:
             seen.add(m)
-            todo.extend(_imports(paths[m], set(paths)))
+            todo.extend(t for t, _ in imports(paths[m], set(paths), for_typing=False))
     above = {"draftkit.decode.batch", "draftkit.decode.engine", "draftkit.decode.drafters"}
     assert not seen & above, seen & above
 
 
 def test_no_one_reads_another_objects_state():
     """``_state`` is read off ``self`` alone: no module reaches into a batch's."""
-    reads = [f"{p.relative_to(ROOT)}:{node.lineno}" for p in _modules()
+    reads = [f"{p.relative_to(ROOT)}:{node.lineno}" for p in modules()
              for node in ast.walk(ast.parse(p.read_text()))
              if isinstance(node, ast.Attribute) and node.attr == "_state"
              and not (isinstance(node.value, ast.Name) and node.value.id == "self")]
