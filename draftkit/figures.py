@@ -8,7 +8,9 @@ the keys in order; ``from_dict`` reads an earlier version's too (a missing figur
   and its :class:`BreakEven`;
 - regimes: :class:`RegimesReport`, one section per regime (:class:`EntropyRegime`,
   :class:`CostRegime`, :class:`MismatchRegime`, :class:`BatchRegime`) over the figures of each
-  point measured (:class:`PointFigures`) and the crossovers found (:class:`Crossover`).
+  point measured (:class:`PointFigures`) and the crossovers found (:class:`Crossover`);
+- and when a row's measured speedup shows a gain (:func:`shown_speedup`), the one rule eval's
+  break-even, the regime map and export's K per batch size read rows by.
 
 Terms (alpha, tau, c, v, K): eval/README.md, "How speculation pays"; each figure: eval/README.md.
 
