@@ -220,6 +220,9 @@ class EvalReport(Record):
     # the public benchmark the suite's questions came from (MT-Bench, Spec-Bench, HumanEval,
     # GSM8K); None: draftkit's own suite rows
     benchmark: str | None = added_later()
+    # how --dtype auto chose ``dtype`` (measured on a CPU: :mod:`draftkit.decode.dtype_choice`);
+    # None: the dtype was asked for, or a report from before the choice
+    dtype_choice: str | None = added_later()
 
 
 # --- draftkit regimes ----------------------------------------------------------------------------
@@ -409,6 +412,7 @@ class RegimesReport(Record):
     # how the measured speedups' 95% intervals were taken (reports before them: None, and
     # their points carry none)
     intervals: str | None = added_later()
+    dtype_choice: str | None = added_later()  # as :class:`EvalReport`'s
 
     def regimes(self) -> list[tuple[str, typing.Any]]:
         """(report key, section) of the four regimes, in the report's order."""

@@ -21,14 +21,16 @@ import torch
 from draftkit.chat import encode_prompt, read_prompts
 from draftkit.decode.args import GenerateArgs
 from draftkit.decode.choice import KChoice
+from draftkit.decode.dtype_choice import load_decoding_pair
 from draftkit.decode.engine import SpeculativeEngine
-from draftkit.models import load_pair
 
 
 def generate(args: GenerateArgs) -> list[dict]:
     """Run the decoder over the prompts; print and return one record per prompt."""
     texts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
-    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
+    pair, chosen = load_decoding_pair(args.target, args.draft, args.device, args.dtype)
+    if chosen.step_ms:  # measured: say what auto chose and why
+        print(f"[dtype {chosen.describe()}]", file=sys.stderr, flush=True)
     tok = pair.tokenizer
     prompts = [encode_prompt(tok, p, raw=args.raw) for p in texts]
     engine = SpeculativeEngine(pair.target, pair.draft)  # it decodes at K = 0 without a draft

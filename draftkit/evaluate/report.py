@@ -410,7 +410,8 @@ def _summary_lines(report: EvalReport) -> list[str]:
     drafts += f", {report.verify} verification" if report.verify else ""
     lines = [f"benchmark {report.benchmark}"] if report.benchmark else []
     lines.append(f"target `{report.target}`, draft `{report.draft}`, device {report.device}, "
-                 f"dtype {report.dtype}, temperature {report.temperature}{drafts}, K {report.k}")
+                 f"dtype {report.dtype_choice or report.dtype}, "
+                 f"temperature {report.temperature}{drafts}, K {report.k}")
     lines.append(headline(report))  # the batch sweep's break-even included
     if report.plain_step is not None:
         lines.append(plain_step_text(report))

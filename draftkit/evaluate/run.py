@@ -22,7 +22,8 @@ from draftkit.evaluate.measure import GREEDY_DRAFTS, DomainRun, Evaluator
 from draftkit.evaluate.settings import EvalSettings
 from draftkit.evaluate.suite import benchmark_of, by_domain, load_suite, with_later_turns
 from draftkit.figures import ALPHA_BEFORE, BatchRow, DomainFigures, EvalReport, now
-from draftkit.models import dtype_name, load_another_draft, load_pair
+from draftkit.decode.dtype_choice import load_decoding_pair
+from draftkit.models import load_another_draft
 
 
 def eval_report(target: str, draft: str, suite: Path, settings: EvalSettings, *,
@@ -35,14 +36,14 @@ def eval_report(target: str, draft: str, suite: Path, settings: EvalSettings, *,
     ``every_turn``: a benchmark's multi-turn questions add their later turns, each after the
     target's greedy answers to those before (:func:`~draftkit.evaluate.suite.with_later_turns`)."""
     rows = load_suite(suite, limit=limit, domains=domains)
-    pair = load_pair(target, draft, device=device, dtype=dtype)
+    pair, chosen = load_decoding_pair(target, draft, device=device, dtype=dtype)
     if every_turn:
         rows = with_later_turns(rows, lambda chats: target_answers(pair, chats,
                                                                    settings.max_new_tokens))
     baselines: dict[str, Any] = {}
     if baseline_draft:
         baselines[ALPHA_BEFORE] = load_another_draft(pair, baseline_draft, device=device,
-                                                     dtype=dtype)
+                                                     dtype=chosen.dtype)
     prompts = {name: [encode_prompt(pair.tokenizer, r.prompt) for r in group]
                for name, group in by_domain(rows).items()}
     total = sum(2 * len(p) * settings.repeats for p in prompts.values())
@@ -88,7 +89,7 @@ def eval_report(target: str, draft: str, suite: Path, settings: EvalSettings, *,
     return EvalReport(
         target=pair.target_ref.name, draft=pair.draft_ref.name if pair.draft_ref else None,
         device=str(ev.device),
-        dtype=dtype_name(pair.target),
+        dtype=chosen.dtype, dtype_choice=chosen.describe(),
         temperature=settings.temperature, k=settings.k, created=now(), domains=figures,
         draft_sample_method=settings.draft_sample_method if settings.temperature > 0 else None,
         verify=settings.verify if settings.temperature > 0 else None,

@@ -32,10 +32,10 @@ from draftkit import metrics
 from draftkit.chat import encode_prompt, read_prompts
 from draftkit.decode.choice import PLAIN, KChoice
 from draftkit.decode.clock import synchronize
+from draftkit.decode.dtype_choice import load_decoding_pair
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.decode.stats import DecodeStats, path_line
 from draftkit.labs.bench_args import METHODS, BenchArgs
-from draftkit.models import load_pair
 
 NO_ASSISTED = ("HF assisted generation cannot run an EAGLE-3 head (it drafts from the target's "
                "hidden states, which assisted generation does not pass to a draft)")
@@ -145,7 +145,8 @@ def _speedups(tps: dict[str, float], stats: dict, k: int) -> dict:
 
 def format_report(r: dict) -> str:
     lines = [f"K = {r['k']}, {r['prompts']} prompts x {r['max_new_tokens']} new tokens, "
-             f"{r['repeats']} interleaved repeats (medians)"]
+             f"{r['repeats']} interleaved repeats (medians)"
+             + (f", {r['dtype']}" if r.get("dtype") else "")]
     for m, v in r["tokens_per_s"].items():
         lines.append(f"  {m:<12} {v:8.2f} tokens/s")
     for m, why in r.get("skipped", {}).items():
@@ -164,11 +165,12 @@ def format_report(r: dict) -> str:
 
 def bench(args: BenchArgs) -> dict:
     """``draftkit bench``: load the pair, encode the prompts, run, print."""
-    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
+    pair, chosen = load_decoding_pair(args.target, args.draft, args.device, args.dtype)
     prompts = [encode_prompt(pair.tokenizer, p, raw=args.raw) for p in read_prompts(args.prompts)]
     result = run_bench(pair.target, pair.draft, prompts, args.k, args.max_new_tokens,
                        args.repeats, tuple(args.methods),
                        pad_token_id=pair.tokenizer.pad_token_id or pair.tokenizer.eos_token_id,
                        log=None if args.json else lambda s: print(s, file=sys.stderr))
+    result["dtype"] = chosen.describe() or chosen.dtype
     print(json.dumps(result) if args.json else format_report(result))
     return result

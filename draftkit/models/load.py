@@ -51,7 +51,8 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")  # the names a --dtype flag 
 
 
 def parse_dtype(name: str | None, device: str) -> "torch.dtype":
-    """``auto`` is bfloat16 on CUDA and float32 on CPU (bf16 matmuls are slow on most CPUs)."""
+    """``auto`` is bfloat16 on CUDA and float32 elsewhere (bf16 matmuls are slow on most CPUs;
+    where one has them natively, decoding measures the two: :mod:`draftkit.decode.dtype_choice`)."""
     name = (name or "auto").lower()
     if name == "auto":
         return torch.bfloat16 if device.startswith("cuda") else torch.float32

@@ -46,12 +46,12 @@ import sys
 from pathlib import Path
 
 from draftkit.decode.choice import KChoice
+from draftkit.decode.dtype_choice import load_decoding_pair
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.errors import ConfigError, DraftkitError
 from draftkit.extras import require
 from draftkit.manifest import NAME as MANIFEST
 from draftkit.manifest import read_manifest
-from draftkit.models import load_pair
 from draftkit.models.resolve import model_identity
 from draftkit.serve.args import DEFAULT_MAX_MODEL_LEN, TOKEN_ENV, ServeArgs
 from draftkit.traffic.recorder import MB, check_folder, open_recorder
@@ -101,7 +101,7 @@ def build_engine(args: ServeArgs):
     target, draft, name = resolve_models(args)
     if args.record is not None:  # before the models load: a full folder is refused at once
         check_folder(args.record, int(args.record_quota_mb * MB))
-    pair = load_pair(target, draft, device=args.device, dtype=args.dtype)
+    pair, chosen = load_decoding_pair(target, draft, args.device, args.dtype)
     engine = SpeculativeEngine(pair.target, pair.draft, fast_path=None if args.fast_path
                                else False)
     info = engine.describe()
@@ -125,7 +125,7 @@ def build_engine(args: ServeArgs):
                else ", no draft")
             + f"; K {sched.k_choice.label}; {args.max_batch} slots x {sched.batch.max_len} "
               f"positions, {batching} batching ({info.kv_cache_bytes / 2**30:.2f} GiB KV cache); "
-              f"device {info.device}")
+              f"device {info.device}, {chosen.describe() or chosen.dtype}")
     if recorder is not None:
         desc += (f"; recording into {recorder.folder} ({recorder.used / MB:.1f} of "
                  f"{args.record_quota_mb:g} MB used)")

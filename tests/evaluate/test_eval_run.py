@@ -21,7 +21,8 @@ DOMAIN_KEYS = ("n_prompts", "new_tokens", "alpha", "alpha_tv", "alpha_after", "a
                "plain_tokens_per_s", "spec_tokens_per_s", "target_entropy",
                "by_entropy", "overhead_per_round_ms", "verdict")
 REPORT_KEYS = ("target", "draft", "device", "dtype", "temperature", "k", "created", "domains",
-               "overall", "k_sweep", "batch_sweep", "break_even", "plain_step", "batch_sweep_k")
+               "overall", "k_sweep", "batch_sweep", "break_even", "plain_step", "batch_sweep_k",
+               "dtype_choice")
 
 
 def tiny_args(target, draft, suite, out, **kw):
@@ -42,6 +43,8 @@ def test_report_schema_and_consistency(tiny_dirs, suite, tmp_path):
     # read back, the typed report writes the same bytes
     assert json.dumps(EvalReport.from_dict(on_disk).to_dict(), indent=2) + "\n" == text
     assert list(report) == list(REPORT_KEYS)
+    # --dtype auto says what it chose and why: a tiny model is not worth timing
+    assert report["dtype_choice"] == "float32 (auto: the model fits in cache)"
     assert list(report["domains"]) == ["code", "chat"]
     # the baseline beside its floor: the whole loop's time per token, then the floor
     step = report["plain_step"]

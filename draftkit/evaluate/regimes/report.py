@@ -323,7 +323,7 @@ def _setup(report: RegimesReport) -> str:
             f"`{report.draft}`, K={report.k} in every measurement (greedy unless a "
             f"temperature is given), {report.prompts_per_domain} prompts per domain x "
             f"{report.max_new_tokens} new tokens, device {report.device}, "
-            f"{report.dtype}; measured in {report.seconds / 60:.1f} min")
+            f"{report.dtype_choice or report.dtype}; measured in {report.seconds / 60:.1f} min")
 
 
 def _sections(report: RegimesReport) -> list[tuple[int, str, str, object]]:

@@ -17,7 +17,7 @@ from draftkit.evaluate.regimes.measure import INTERVALS, measure, planned_runs
 from draftkit.evaluate.settings import EvalSettings
 from draftkit.evaluate.suite import by_domain, load_suite
 from draftkit.figures import RegimesReport, now
-from draftkit.models import dtype_name, load_pair
+from draftkit.decode.dtype_choice import load_decoding_pair
 
 
 def regime_map(target: str, draft: str | None, suite: Path, *, k: int, k_max: int, seed: int,
@@ -34,13 +34,14 @@ def regime_map(target: str, draft: str | None, suite: Path, *, k: int, k_max: in
     started = time.perf_counter()
     n_batch = max(batch_sizes, default=1) * batch_groups  # distinct prompts for every batch
     rows = load_suite(suite, limit=max(prompts_per_domain, n_batch), domains=domains)
-    pair = load_pair(target, draft, device=device, dtype=dtype)
+    pair, chosen = load_decoding_pair(target, draft, device=device, dtype=dtype)
     groups = {d: [encode_prompt(pair.tokenizer, r.prompt) for r in g]
               for d, g in by_domain(rows).items()}
     prompts = {d: ids[:prompts_per_domain] for d, ids in groups.items()}
     names = list(groups)
     torch.manual_seed(seed)
-    drafts = build_drafts(pair, names, layer_sizes, drafts_by_domain, device, dtype)
+    drafts = build_drafts(pair, names, layer_sizes, drafts_by_domain, device,
+                          chosen.dtype)
     main = next(d for d in drafts if d.main)
     settings = EvalSettings(k=k, k_max=k_max, temperature=0.0, max_new_tokens=max_new_tokens,
                             repeats=1, seed=seed, k_sweep=[], batch_sizes=list(batch_sizes),
@@ -53,7 +54,7 @@ def regime_map(target: str, draft: str | None, suite: Path, *, k: int, k_max: in
     report = RegimesReport(
         target=pair.target_ref.name, draft=main.name, target_layers=num_layers(pair.target),
         device=str(next(pair.target.parameters()).device),
-        dtype=dtype_name(pair.target), k=k,
+        dtype=chosen.dtype, dtype_choice=chosen.describe(), k=k,
         k_max=k_max, max_new_tokens=max_new_tokens, prompts_per_domain=prompts_per_domain,
         domains=names, drafts=infos,
         entropy=entropy_regime(main.name, raw.by_temperature, raw.temperatures, k),
