@@ -68,6 +68,7 @@ class LoraSection:
 # EAGLE-3's references (EAGLE's train loop, SpecForge): 7 unrolled steps, step i weighted 0.8^i
 TTT_STEPS = 7
 TTT_DECAY = 0.8
+REJECTION_WEIGHT = 4.0
 
 
 @dataclass
@@ -125,6 +126,11 @@ class DraftSection:
     ttt_decay: float | None = option(
         None, help=f"eagle3: step i's loss is weighted ttt_decay^i; null: {TTT_DECAY}, as "
                    f"EAGLE-3's references")
+    rejection_weight: float | None = option(
+        None, help=f"eagle3 on-policy steps (data.lmbda): the head drafts while the target "
+                   f"decodes training prompts, and the entries where its draft was rejected "
+                   f"weigh this much in the loss, every other 1 (at least 1); null: "
+                   f"{REJECTION_WEIGHT}")
     parallel: bool = option(
         False, help="eagle3: a parallel head (P-EAGLE, arXiv 2602.01469) that drafts all K "
                     "tokens in one forward, positions 2..K reading a learned placeholder "
@@ -146,6 +152,11 @@ class DraftSection:
         """Step i's loss weight is decay^i."""
         return TTT_DECAY if self.ttt_decay is None else self.ttt_decay
 
+    @property
+    def rejections(self) -> float:
+        """An on-policy step's weight of the entries whose draft was rejected."""
+        return REJECTION_WEIGHT if self.rejection_weight is None else self.rejection_weight
+
     def validate(self) -> None:
         if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
             raise ConfigError(f"draft.draft_vocab_size must be >= 1 or null, got "
@@ -153,7 +164,7 @@ class DraftSection:
         if self.kind == "eagle3":
             self._validate_eagle3()
             return
-        only = [k for k in ("aux_layers", "ttt_steps", "ttt_decay")
+        only = [k for k in ("aux_layers", "ttt_steps", "ttt_decay", "rejection_weight")
                 if getattr(self, k) is not None] + ["parallel"] * self.parallel
         if only:
             raise ConfigError(f"draft.{only[0]} is a setting of eagle3 heads and this draft is "
@@ -206,6 +217,9 @@ class DraftSection:
             # would outweigh the first, the one every draft makes (EAGLE-3 weights 0.8^i)
             raise ConfigError(f"draft.ttt_decay must be in (0, 1] (step i's loss is weighted "
                               f"ttt_decay^i), got {self.decay}")
+        if not self.rejections >= 1:  # also refuses nan
+            raise ConfigError(f"draft.rejection_weight must be at least 1 (1: a rejected draft "
+                              f"weighs as any other), got {self.rejections}")
         layers = self.aux_layers
         if layers is not None and (len(layers) != 3 or layers != sorted(set(layers))
                                    or layers[0] < 1):
@@ -526,10 +540,14 @@ class DistillConfig:
                 raise ConfigError("loss.hidden_weight matches a standalone draft's hidden states "
                                   "to the target's; an eagle3 head reads the target's: set "
                                   "loss.hidden_weight=0")
-            if self.data.lmbda > 0:
-                raise ConfigError("on-policy data (data.lmbda) needs a draft that generates on "
-                                  "its own; an eagle3 head drafts from the target's features: "
-                                  "use data.regime target or fixed")
+            if self.data.lmbda > 0 and self.draft.model is None:
+                raise ConfigError("an eagle3 head's on-policy steps (data.lmbda) train on where "
+                                  "its drafts are rejected, which a head that has not learnt "
+                                  "to draft is everywhere: set draft.model to a trained head")
+            if self.data.lmbda > 0 and self.data.generate.engine != "draftkit":
+                raise ConfigError("an eagle3 head's on-policy steps decode on draftkit's "
+                                  "engine, which says where each draft was rejected: set "
+                                  "data.generate.engine: draftkit")
         if self.data.regime == "on_policy" and self.data.generate.engine == "vllm" and \
                 self.draft.lora.enabled:
             raise ConfigError("on-policy answers from vLLM load the draft's weights as they are; "

@@ -34,6 +34,7 @@ from draftkit.distill.config import DistillConfig
 from draftkit.distill.features import (CachedFeatures, FeatureCache, OnlineFeatures,
                                        VllmFeatures, feature_key, target_forward)
 from draftkit.distill.losses import dense_logprobs
+from draftkit.distill.rollouts import Rollouts, RolloutTeacher
 from draftkit.distill.teacher import TeacherOut, build_teacher, cache_dir, caches_of
 from draftkit.distill.ttt import step_masks, teacher_rows, ttt_loss, unroll
 from draftkit.errors import DraftkitError, ModelError
@@ -122,7 +123,8 @@ class Eagle3:
 
     score = "tau"  # what picks best/: expected tokens per target call over K positions
     kept_head = None  # the head's own vocabulary, on a warm start; else it is chosen
-    online = None  # no on-policy rows: the head cannot draft without the target
+    online = None  # a standalone draft's on-policy teacher; a head's is its rollouts'
+    rollouts: Rollouts | None = None  # on-policy steps (data.lmbda): the head drafting
 
     def __init__(self, cfg: DistillConfig, target: Any, tokenizer: Any, target_ref: Any,
                  device: str):
@@ -166,6 +168,9 @@ class Eagle3:
         self.head.covered, self.head.source = reduced_head.covered, reduced_head.source
         self.teacher = self.make_teacher(cfg, target, key, rows, dist, progress)
         self.student = Unrolled(self.draft)
+        if cfg.data.lmbda > 0:
+            self.rollouts = Rollouts(target, self.layers, cfg.loss.temperature, self.steps,
+                                     cfg.draft.rejections)
 
     @property
     def caches(self) -> list:
@@ -215,13 +220,16 @@ class Eagle3:
         with self.autocast():
             step_logits = student(aux.to(dev), ids, pos, masks)  # (N_i, N) each
         n, loss = int(mask.sum()), self.cfg.loss
+        # an on-policy step's: the drafts rejected while decoding weigh more (rollouts.py)
+        weights = teacher.step_weights(idx, masks) if isinstance(teacher, RolloutTeacher) \
+            else None
         if loss.divergence == "ce":  # the control: the data's next tokens, no teacher
             return ttt_loss(step_logits, teacher_rows(mask, masks), self.head, loss, self.decay,
-                            n, labels=ids.roll(-1, dims=1)[mask]), n
+                            n, labels=ids.roll(-1, dims=1)[mask], weights=weights), n
         target = TeacherOut(target.logp.to(dev), None if target.ids is None
                             else target.ids.to(dev), None)
         return ttt_loss(step_logits, teacher_rows(mask, masks), self.head, loss, self.decay, n,
-                        target), n
+                        target, weights=weights), n
 
     @torch.no_grad()
     def evaluate(self, heldout: Rows) -> dict:

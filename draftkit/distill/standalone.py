@@ -42,6 +42,7 @@ class Standalone:
 
     score = "alpha"  # what picks best/: held-out acceptance of the draft's token
     identity = None  # what a checkpoint records of the kind: nothing (checkpoints as before)
+    rollouts = None  # on-policy rows are the draft's own answers (distill/onpolicy.py)
 
     def __init__(self, cfg: DistillConfig, target: Any, tokenizer: Any, target_ref: Any,
                  device: str):

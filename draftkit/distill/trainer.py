@@ -426,6 +426,11 @@ class _Run:
             return self.rows, batch_rows(m, len(self.rows), cfg.train.batch_size, cfg.seed,
                                          dist.rank, dist.world_size), self.teacher
         g = cfg.data.generate
+        if self.kind.rollouts is not None:  # an EAGLE-3 head drafts while the target decodes
+            rows, teacher = self.kind.rollouts.draw(
+                self.draft, self.rows, cfg.train.batch_size, cfg.seed, m, dist.rank,
+                g.max_new_tokens, g.temperature, cfg.data.seq_len, self.pad_id)
+            return rows, torch.arange(len(rows)), teacher
         if g.engine == "vllm" and self.onpolicy_engine is None:  # this rank's own engine
             self.onpolicy_engine = VllmDraftAnswers(
                 Path(cfg.out_dir) / f"onpolicy-engine-rank{dist.rank}", "float32",

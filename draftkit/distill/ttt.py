@@ -161,8 +161,9 @@ def teacher_rows(loss_mask: Tensor, masks: list[Tensor]) -> list[Tensor]:
 
 
 def ttt_loss(step_logits: list[Tensor], rows: list[Tensor], head: ReducedHead, loss: Any,
-             decay: float, n: int, target: Any = None, labels: Tensor | None = None) -> Tensor:
-    """sum_i decay^i * sum_t D(p_(t+1+i) || q_i(t)) / n: the training-time-test loss.
+             decay: float, n: int, target: Any = None, labels: Tensor | None = None,
+             weights: list[Tensor] | None = None) -> Tensor:
+    """sum_i decay^i * sum_t w_i(t) D(p_(t+1+i) || q_i(t)) / n: the training-time-test loss.
 
     step_logits: (N_i, |H|) the head's logits at step i's positions; rows: (N_i,) their
     teacher rows (:func:`teacher_rows`); head: the draft vocabulary H; loss: the recipe's loss
@@ -170,18 +171,22 @@ def ttt_loss(step_logits: list[Tensor], rows: list[Tensor], head: ReducedHead, l
     teacher at those positions (a TeacherOut over the whole vocabulary, dense or top-k),
     restricted to H and renormalised (distill/reduced_head.py); for the ``ce`` control
     ``labels`` (n,), the next tokens there, instead (a token outside H is left out).
+    ``weights``: per step, each entry's weight w_i(t) (N_i,) (1 where not given: the drafts
+    rejected while decoding weigh more on an on-policy step, :mod:`draftkit.distill.rollouts`).
     """
     total = step_logits[0].sum() * 0.0  # stays in the graph when nothing is trained
     if loss.divergence == "ce":
         for i, (logits, r) in enumerate(zip(step_logits, rows)):
             ids, inside = restrict_labels(labels[r], head)
-            total = total + decay ** i * F.cross_entropy(logits[inside].float(), ids[inside],
-                                                         reduction="sum")
+            ce = F.cross_entropy(logits[inside].float(), ids[inside], reduction="none")
+            w = 1.0 if weights is None else weights[i][inside]
+            total = total + decay ** i * (w * ce).sum()
         return total / max(n, 1)
     p_logp, p_ids = restrict_teacher(target.logp, target.ids, head)  # (n, |H|) or (n, k)
     for i, (logits, r) in enumerate(zip(step_logits, rows)):
         per = teacher_divergence(loss.divergence, logits, p_logp[r],
                                  None if p_ids is None else p_ids[r], loss.temperature,
                                  loss.beta)  # (N_i,)
-        total = total + decay ** i * per.sum()
+        w = 1.0 if weights is None else weights[i]
+        total = total + decay ** i * (w * per).sum()
     return total / max(n, 1)

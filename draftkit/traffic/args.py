@@ -140,6 +140,11 @@ class RefreshArgs(SigningArgs, TrustArgs):
     traffic_repeat: _Count = option(5, help="each traffic request is trained this many times an "
                                            "epoch beside the replayed rows once: the traffic is "
                                            "what the draft will serve, and it is the smaller set")
+    on_policy: Annotated[float, Range(low=0, high=1, what="a share of the steps")] = option(
+        0.0, help="share of training steps on-policy, drawn from the traffic's prompts (and "
+                  "the replayed ones): an EAGLE-3 head drafts while the target decodes, the "
+                  "drafts it rejected weighing the recipe's draft.rejection_weight; a "
+                  "standalone draft answers alone, scored by the target; 0: none")
     keep_vocab: bool = option(False, help="an EAGLE-3 head keeps its draft vocabulary "
                                           "(default: chosen again at its size on the training "
                                           "rows; tokens it keeps keep their rows)")

@@ -161,8 +161,11 @@ def _config(args: RefreshArgs, manifest, bundle: Path, work: Path,
     draft = [f"draft.draft_vocab_size={'null' if args.keep_vocab or n is None else n}"] \
         if (base.get("draft") or {}).get("kind") == "eagle3" else \
         ["draft.derive_layers=null", "draft.num_layers=null"]
+    on_policy = ["data.regime=on_policy", f"data.lmbda={args.on_policy}"] \
+        if args.on_policy > 0 else []
     return load_config(recipe, [
         f"out_dir={work / 'distill'}", f"target={bundle}", f"draft.model={bundle}", *draft,
+        *on_policy,
         f"data.sources={json.dumps(sources)}", f"data.heldout_per_domain={heldout}",
         "data.truncate=true", f"max_steps={args.steps}",
         f"max_minutes={'null' if args.minutes is None else args.minutes}",

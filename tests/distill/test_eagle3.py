@@ -414,8 +414,11 @@ def test_eagle3_recipe_keys_and_what_does_not_fit_a_kind(tmp_path, tiny_dirs):
         ({**EAGLE3, "ttt_steps": 0}, {}, "draft.ttt_steps must be at least 1"),
         ({**EAGLE3, "aux_layers": [3, 2, 1]}, {}, "draft.aux_layers \\[3, 2, 1\\]: give three"),
         (EAGLE3, {"loss.hidden_weight": 0.5}, "an eagle3 head reads the target's"),
+        # on-policy steps draft with a trained head (distill/rollouts.py; test_rollouts.py)
         (EAGLE3, {"data.regime": "on_policy", "data.lmbda": 0.5,
-                  "data.generate.max_new_tokens": 4}, "drafts from the target's"),
+                  "data.generate.max_new_tokens": 4}, "set draft.model to a trained head"),
+        ({"derive_layers": [0, 3], "rejection_weight": 2.0}, {},
+         "draft.rejection_weight is a setting of eagle3"),
     ]
     for draft, over, said in refused:
         with pytest.raises(ConfigError, match=said):

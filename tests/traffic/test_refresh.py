@@ -104,12 +104,13 @@ def _args(bundle, traffic, out, **over):
 
 
 def test_a_refresh_trains_from_the_served_head_and_writes_the_bundle_only_if_faster(served):
+    """... on its own rollouts over the traffic's prompts (--on-policy: every step here)."""
     from draftkit.export import check_bundle
 
     bundle, traffic, tmp = served
     out = tmp / "new"
     try:
-        refresh(_args(bundle, traffic, out))
+        refresh(_args(bundle, traffic, out, on_policy=1.0))
         exported = True
     except Declined as e:  # the answer "no" (exit status 3)
         assert str(e).startswith(f"{out} not written: ") and "refresh.md" in str(e)
@@ -136,6 +137,7 @@ def test_a_refresh_trains_from_the_served_head_and_writes_the_bundle_only_if_fas
     assert recipe["model"] == str(bundle) and recipe["draft_vocab_size"] == 40
     # the traffic weighs --traffic-repeat times (default 5) beside the replayed rows
     assert recorded["data"]["sources"][0]["repeat"] == 5
+    assert (recorded["data"]["regime"], recorded["data"]["lmbda"]) == ("on_policy", 1.0)
     if exported:
         check_bundle(out)
 
