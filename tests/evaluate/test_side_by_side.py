@@ -100,3 +100,30 @@ def test_the_round_cost_probe_times_both_heads_per_pending_count(tmp_path, capsy
         with pytest.raises(SystemExit) as refused:
             probe.main([*bad, *common])
         assert refused.value.code == 2
+
+
+def test_one_head_as_it_decodes_today_and_with_another_dtype_and_rule(suite, tmp_path, capsys):
+    """``NAME=PATH,dtype=D,verify=R``: a draft's own dtype and rule; its speedup is over plain
+    decoding in its dtype, decoded in the same rotation; a bad option is one usage error."""
+    import pytest
+
+    from tests.helpers import parallel_head
+
+    _, target_dir, head_dir = parallel_head(tmp_path)
+    script, out = load_script(SCRIPT), tmp_path / "side"
+    common = ["--target", str(target_dir), "--suite", str(suite), "--domains", "code", "--k",
+              "2", "--max-new-tokens", "8", "--temperature", "1", "--device", "cpu"]
+    assert script.main([*common, "--draft", f"today={head_dir},dtype=float32", "--draft",
+                        f"all={head_dir},dtype=bfloat16,verify=block", "--out", str(out)]) == 0
+    rows = json.loads((out / "side_by_side.json").read_text())
+    by = {(r["domain"], r["draft"]): r for r in rows}
+    assert (by["code", "today"]["dtype"], by["code", "today"]["verify"]) == ("float32", "token")
+    assert (by["code", "all"]["dtype"], by["code", "all"]["verify"]) == ("bfloat16", "block")
+    today, both = by["code", "today"]["pairs"], by["code", "all"]["pairs"]
+    # each over its own dtype's plain decodes: the plain timings differ between the two
+    assert [p[0] for p in today] != [p[0] for p in both]
+    assert by["code", "all"]["vs_first"]["draft"] == "today"
+    assert "| bfloat16 | block |" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as bad:
+        script.main([*common, "--draft", f"x={head_dir},verify=tree", "--out", str(out)])
+    assert bad.value.code == 2

@@ -17,6 +17,14 @@ machine state (2 CPU cores)::
         --draft standalone=runs/smollm2-135m-4layer-fkl-more-prompts/best \\
         --draft eagle3=runs/smollm2-135m-eagle3-ttt/best --domains code,math --out runs/side
 
+A draft may also name its own dtype and verification rule, ``NAME=PATH,dtype=bfloat16,
+verify=block``, so one run holds one head as it decodes today and with each change (its speedup
+is over plain decoding in its own dtype, which the run decodes too, in the same rotation)::
+
+    OMP_NUM_THREADS=2 python eval/benchmarks/reproduce/drafts_side_by_side.py --temperature 1 \\
+        --draft today=runs/head/best,dtype=float32 --draft block=runs/head/best,verify=block \\
+        --draft bf16=runs/head/best,dtype=bfloat16 --domains code,math --out runs/side-t1
+
 It prints the table and writes ``side_by_side.json``, ``side_by_side.md`` and
 ``speedup.png`` to ``--out``.
 """
@@ -31,12 +39,15 @@ POSITIONS = 4  # alpha_1..alpha_4 in the table
 
 
 def main(argv: list[str] | None = None) -> int:
+    from draftkit.decode.sampling_params import VERIFY_RULES
     from draftkit.models.load import DTYPES
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="embedded", help="the target the drafts draft for")
-    ap.add_argument("--draft", action="append", required=True, metavar="NAME=PATH",
-                    help="a draft to measure, repeatable; the first is the others' reference")
+    ap.add_argument("--draft", action="append", required=True,
+                    metavar="NAME=PATH[,dtype=D][,verify=token|block]",
+                    help="a draft to measure, repeatable; the first is the others' reference; "
+                         "dtype and verify default to --dtype and --verify")
     ap.add_argument("--suite", default="builtin", help="the prompt suite draftkit eval reads")
     ap.add_argument("--domains", default="code,math", help="comma-separated domains of the suite")
     ap.add_argument("--limit", type=int, default=None, help="at most N prompts per domain")
@@ -47,11 +58,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default=None, help="cpu, cuda, ...; default: cuda if present")
     ap.add_argument("--dtype", default="auto", choices=DTYPES,
                     help="the models' dtype; auto: bf16 on GPU, fp32 on CPU")
+    ap.add_argument("--verify", default="token", choices=VERIFY_RULES,
+                    help="how sampled drafts are verified, where a draft names no rule")
     ap.add_argument("--out", default="runs/side-by-side", help="folder for the table and plot")
     args = ap.parse_args(argv)
-    drafts = dict(d.split("=", 1) for d in args.draft)
-    if len(drafts) != len(args.draft) or any(not p for p in drafts.values()):
-        ap.error("--draft takes NAME=PATH, each NAME once")
+    try:
+        drafts = dict(variant(d, args, DTYPES, VERIFY_RULES) for d in args.draft)
+    except ValueError as e:
+        ap.error(f"--draft {e}")
+    if len(drafts) != len(args.draft):
+        ap.error("--draft takes NAME=PATH[,dtype=D][,verify=R], each NAME once")
 
     rows = measure(args, drafts)
     out = Path(args.out)
@@ -65,7 +81,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def measure(args, drafts: dict[str, str]) -> list[dict]:
+def variant(spec: str, args, dtypes, rules) -> tuple[str, dict]:
+    """``NAME=PATH[,dtype=D][,verify=R]`` -> (NAME, {path, dtype, verify})."""
+    name, _, rest = spec.partition("=")
+    path, *options = rest.split(",")
+    out = {"path": path, "dtype": args.dtype, "verify": args.verify}
+    for option in options:
+        key, _, value = option.partition("=")
+        if key not in ("dtype", "verify") or value not in (dtypes if key == "dtype" else rules):
+            raise ValueError(f"{spec}: {option!r} is not dtype=one of {', '.join(dtypes)} or "
+                             f"verify=one of {', '.join(rules)}")
+        out[key] = value
+    if not name or not path:
+        raise ValueError(f"{spec}: give NAME=PATH")
+    return name, out
+
+
+def measure(args, drafts: dict[str, dict]) -> list[dict]:
     from tqdm.auto import tqdm
 
     from draftkit.chat import encode_prompt
@@ -78,50 +110,57 @@ def measure(args, drafts: dict[str, str]) -> list[dict]:
     from draftkit.models import dtype_name, load_another_draft, load_pair
 
     names = list(drafts)
-    pair = load_pair(args.target, drafts[names[0]], device=args.device, dtype=args.dtype)
-    models = {names[0]: pair.draft, **{n: load_another_draft(pair, drafts[n], device=args.device,
-                                                             dtype=args.dtype)
-                                       for n in names[1:]}}
-    settings = EvalSettings(k=args.k, k_max=args.k_max, temperature=args.temperature,
-                            max_new_tokens=args.max_new_tokens)
-    settings.validate()  # K checked here, once; the evaluators trust it
-    evaluators = {n: Evaluator(pair.target, m, settings) for n, m in models.items()}
-    plain_ev = evaluators[names[0]]
+    pairs_by_dtype = {}  # a target per dtype the drafts name, loaded once
+    for d in dict.fromkeys(v["dtype"] for v in drafts.values()):
+        pairs_by_dtype[d] = load_pair(args.target, None, device=args.device, dtype=d)
+    pair = pairs_by_dtype[drafts[names[0]]["dtype"]]
+    evaluators, plain_of = {}, {}
+    for n, v in drafts.items():
+        target = pairs_by_dtype[v["dtype"]]
+        draft = load_another_draft(target, v["path"], device=args.device, dtype=v["dtype"])
+        settings = EvalSettings(k=args.k, k_max=args.k_max, temperature=args.temperature,
+                                max_new_tokens=args.max_new_tokens, verify=v["verify"])
+        settings.validate()  # K checked here, once; the evaluators trust it
+        evaluators[n] = Evaluator(target.target, draft, settings)
+        # plain decoding in each dtype the drafts run in: each speedup is over its own dtype's
+        plain_of[n] = f"plain {dtype_name(target.target)}"
+        evaluators.setdefault(plain_of[n], evaluators[n])
     suite = load_suite(suite_path(args.suite), limit=args.limit,
                        domains=[d for d in args.domains.split(",") if d])
     prompts = {d: [encode_prompt(pair.tokenizer, r.prompt) for r in g]
                for d, g in by_domain(suite).items()}
-    for ev in evaluators.values():
-        ev.warm_up(next(iter(prompts.values()))[:1], settings.k)
-    modes = ["plain", *names]
+    for n in names:
+        evaluators[n].warm_up(next(iter(prompts.values()))[:1], settings.k)
+    modes = [*dict.fromkeys(plain_of.values()), *names]
     results = []
     total = sum(len(p) for p in prompts.values()) * len(modes)
     with tqdm(total=total, desc="side by side", unit="decode") as bar:
         for domain, ids in prompts.items():
             stats = {m: DecodeStats() for m in modes}
             # --k auto: one policy per draft for the domain's prompts
-            choices = {"plain": PLAIN, **{n: evaluators[n].choice(settings.k) for n in names}}
+            choices = {**{m: PLAIN for m in plain_of.values()},
+                       **{n: evaluators[n].choice(settings.k) for n in names}}
             pairs: dict[str, list] = {n: [] for n in names}
             for i, prompt in enumerate(ids):
                 turn = modes[i % len(modes):] + modes[:i % len(modes)]  # rotate the order
                 timed = {}
                 for mode in turn:
-                    ev = plain_ev if mode == "plain" else evaluators[mode]
-                    (res,), secs = ev.decode([prompt], choices[mode], args.max_new_tokens,
+                    (res,), secs = evaluators[mode].decode([prompt], choices[mode], args.max_new_tokens,
                                              stats[mode], settings.seed + i)
                     timed[mode] = (secs, len(res.tokens))
                     bar.update(1)
                 for n in names:
-                    pairs[n].append((timed["plain"][0], timed[n][0], timed["plain"][1],
-                                     timed[n][1]))
-            step = stats["plain"].target_step_seconds(1)
+                    plain = timed[plain_of[n]]
+                    pairs[n].append((plain[0], timed[n][0], plain[1], timed[n][1]))
             for n in names:
+                step = stats[plain_of[n]].target_step_seconds(1)
                 results.append(figures(domain, n, stats[n], step, pairs[n]))
     for n in names:  # every domain's prompts together
         rows = [r for r in results if r["draft"] == n]
         results.append(overall(n, rows))
-    for r in results:  # what --dtype resolved to (auto: by device)
-        r["dtype"] = dtype_name(pair.target)
+    for r in results:  # what each dtype resolved to (auto: by device), and the rule
+        r["dtype"] = plain_of[r["draft"]].removeprefix("plain ")
+        r["verify"] = drafts[r["draft"]]["verify"]
     return against_first(results, names[0])
 
 
@@ -186,16 +225,15 @@ def markdown(rows: list[dict], args) -> str:
     def f(x, pattern="{:.3f}"):
         return "-" if x is None else pattern.format(x)
 
-    lines = [f"target {args.target}, dtype {rows[0]['dtype']}, --k {args.k}, temperature "
-             f"{args.temperature}, "
+    lines = [f"target {args.target}, --k {args.k}, temperature {args.temperature}, "
              f"{args.max_new_tokens} new tokens a prompt; speedup over plain decoding of the same "
-             f"prompts, 95% interval a paired bootstrap over prompts; c: a draft forward over a "
-             f"target step; draft per round: the draft's time a speculative round, in target "
-             f"steps", "",
+             f"prompts in the draft's dtype, 95% interval a paired bootstrap over prompts; c: a "
+             f"draft forward over a target step; draft per round: the draft's time a speculative "
+             f"round, in target steps", "",
              "| domain | draft | prompts | speedup | 95% interval | over the first draft | tau | "
              "alpha | " + " | ".join(f"alpha_{i}" for i in range(1, POSITIONS + 1))
-             + " | c | draft per round | K used |",
-             "|" + "---|" * (11 + POSITIONS)]
+             + " | c | draft per round | K used | dtype | verify |",
+             "|" + "---|" * (13 + POSITIONS)]
     for r in rows:
         pos = (r["alpha_per_position"] + [None] * POSITIONS)[:POSITIONS]
         interval = "-" if r["speedup_low"] is None else \
@@ -206,7 +244,8 @@ def markdown(rows: list[dict], args) -> str:
         lines.append(f"| {r['domain']} | {r['draft']} | {r['prompts']} | "
                      f"{r['speedup']:.2f}x | {interval} | {over} | {f(r['tau'], '{:.2f}')} | "
                      f"{f(r['alpha'])} | " + " | ".join(f(a) for a in pos)
-                     + f" | {f(r['c'])} | {f(r['c_round'])} | {f(r['k_used'], '{}')} |")
+                     + f" | {f(r['c'])} | {f(r['c_round'])} | {f(r['k_used'], '{}')} | "
+                     f"{r['dtype']} | {r['verify']} |")
     return "\n".join(lines)
 
 
