@@ -7,7 +7,9 @@ characters; without a tokenizer, four characters a token, said as an estimate), 
 rows of ``data.seq_len``, how many times ``max_steps`` goes over them, and the bytes the
 teacher cache (``teacher.top_k`` log-probabilities and ids, 6 bytes each, per trained token)
 and an EAGLE-3 head's feature cache (three hidden states in bf16 per token) take, and the folder
-they go to. Where the target answers the prompts (``data.regime: target``), an answer is sized
+they go to. A hub-id target not in the local cache is sized offline: its tokens at four
+characters each, its hidden size, where it is a target the recipes and guides name, as its
+published ``config.json`` gives it (:data:`PUBLISHED_HIDDEN_SIZE`). Where the target answers the prompts (``data.regime: target``), an answer is sized
 at ``data.generate.max_new_tokens``: at most that many tokens each.
 """
 
@@ -29,6 +31,13 @@ SAMPLE = 200  # examples tokenized to learn tokens per character
 CHARS_PER_TOKEN = 4.0  # without a tokenizer
 TOO_MANY_PASSES = 5.0
 FEATURE_TAPS = 3  # an EAGLE-3 head reads three hidden states
+# hidden_size in the published config.json of the hub targets draftkit's recipes and guides
+# name, so that a dry run without network sizes their feature cache too
+PUBLISHED_HIDDEN_SIZE = {
+    "meta-llama/Llama-3.1-8B-Instruct": 4096,
+    "meta-llama/Llama-3.3-70B-Instruct": 8192,
+    "HuggingFaceTB/SmolLM2-1.7B-Instruct": 2048,
+}
 
 
 @dataclass
@@ -128,8 +137,11 @@ def size_lines(size: JobSize, processes_note: bool = True) -> list[str]:
                                             "DeepSpeed launch adds as many)"
                                             if processes_note else ""))
     if size.teacher_bytes:
+        published = " (at the hidden size the target's published config gives: its config " \
+            "is not on this machine)" if size.estimated else ""
         feats = "" if not size.head else \
-            f" and the feature cache {_bytes(size.feature_bytes)}" if size.feature_bytes else \
+            f" and the feature cache {_bytes(size.feature_bytes)}{published}" \
+            if size.feature_bytes else \
             " and the feature cache (not sized: the target's config is not on this machine)"
         lines.append(f"caches: the teacher cache {_bytes(size.teacher_bytes)}{feats}, in "
                      f"{size.cache} (teacher.cache_dir moves them)")
@@ -148,8 +160,8 @@ def _bytes(n: int) -> str:
 
 
 def target_facts(spec: str):
-    """(tokenizer, hidden size) of the target, from disk only, or (None, None) where it is a
-    hub id not in the local Hugging Face cache."""
+    """(tokenizer, hidden size) of the target, from disk only; for a hub id not in the local
+    Hugging Face cache (None, its :data:`PUBLISHED_HIDDEN_SIZE` or None)."""
     try:
         if spec == "embedded":
             config, tokenizer = embedded_config_and_tokenizer()
@@ -160,5 +172,5 @@ def target_facts(spec: str):
             config = AutoConfig.from_pretrained(spec, local_files_only=True)
             tokenizer = AutoTokenizer.from_pretrained(spec, local_files_only=True)
     except (OSError, ValueError, DraftkitError):
-        return None, None
+        return None, PUBLISHED_HIDDEN_SIZE.get(spec)
     return tokenizer, text_config(config).hidden_size

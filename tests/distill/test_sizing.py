@@ -55,3 +55,24 @@ def test_a_hub_target_not_on_this_machine_is_sized_by_estimate(tiny_dirs, tmp_pa
     out = capsys.readouterr().out
     assert "tokens estimated at 4 characters each" in out
     assert "feature cache (not sized" in out and "warning: max_steps goes over" in out
+
+
+def test_the_8b_recipe_is_sized_without_network(capsys, monkeypatch):
+    """The 8B recipe's target is a hub id no test machine holds: offline, the dry run still
+    prints rows, passes and both caches, the features at the hidden size its config
+    publishes (4096: three bf16 states, 24 KiB a token)."""
+    from pathlib import Path
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    recipe = Path(__file__).parents[2] / "recipes" / "llama3.1-8b-instruct_to_eagle3" / \
+        "ttt7_fkl.yaml"
+    cfg = load_config(recipe)
+    tokenizer, hidden = target_facts(cfg.target)
+    assert hidden == 4096  # from the local cache where a machine holds it, else published
+    size = size_job(cfg, tokenizer, hidden)
+    assert size.feature_bytes == size.tokens * 3 * 4096 * 2
+    assert main(["distill", str(recipe), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "packed rows" in out and "passes over the data" in out
+    assert "the feature cache" in out and "not sized" not in out
+    assert ("at the hidden size the target's published" in out) == (tokenizer is None)
