@@ -9,8 +9,9 @@ teacher cache (``teacher.top_k`` log-probabilities and ids, 6 bytes each, per tr
 and an EAGLE-3 head's feature cache (three hidden states in bf16 per token) take, and the folder
 they go to. A hub-id target not in the local cache is sized offline: its tokens at four
 characters each, its hidden size, where it is a target the recipes and guides name, as its
-published ``config.json`` gives it (:data:`PUBLISHED_HIDDEN_SIZE`). Where the target answers the prompts (``data.regime: target``), an answer is sized
-at ``data.generate.max_new_tokens``: at most that many tokens each.
+published ``config.json`` gives it (:data:`PUBLISHED_HIDDEN_SIZE`). Where the target answers
+the prompts (``data.regime: target``), an answer is sized at ``data.generate.max_new_tokens``:
+at most that many tokens each.
 """
 
 from __future__ import annotations
