@@ -293,6 +293,10 @@ class GenerateSection:
                                         "extra_temperature: more contexts for the teacher to "
                                         "score (held-out prompts keep one answer)")
     extra_temperature: float = option(1.0, help="sampling temperature of the extra answers")
+    on_policy_temperature: float | None = option(
+        None, help="sampling temperature of on-policy generations (a standalone draft's "
+                   "answers, an EAGLE-3 head's rollouts), apart from the target's answers to "
+                   "the recipe's prompts; null: temperature")
     cache_dir: str | None = option(None, help="where generated responses are cached "
                                               "(resumable); null: the draftkit cache, shared "
                                               "by runs with the same target and settings")
@@ -309,6 +313,12 @@ class GenerateSection:
                                    "answering its share of the prompts (on a CPU each takes "
                                    "an equal share of the cores)")
 
+    @property
+    def on_policy(self) -> float:
+        """The temperature on-policy generations sample at."""
+        return self.temperature if self.on_policy_temperature is None else \
+            self.on_policy_temperature
+
     def validate(self) -> None:
         if self.max_new_tokens <= 0 or self.batch_size <= 0:
             raise ConfigError("data.generate: max_new_tokens and batch_size must be positive")
@@ -319,6 +329,9 @@ class GenerateSection:
                               "engine: vllm; draftkit's engine answers in one process")
         if self.temperature < 0:
             raise ConfigError("data.generate.temperature must be >= 0")
+        if self.on_policy_temperature is not None and not self.on_policy_temperature >= 0:
+            raise ConfigError(f"data.generate.on_policy_temperature must be >= 0 or null, got "
+                              f"{self.on_policy_temperature}")
         if self.extra_samples < 0:
             raise ConfigError(f"data.generate.extra_samples must be >= 0, got "
                               f"{self.extra_samples}")

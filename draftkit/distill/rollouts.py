@@ -8,9 +8,9 @@ online distillation finds its gains (Liu et al., "Online Speculative Decoding", 
 sequences the draft meets when it drafts). So an on-policy step (``data.lmbda``, as for a
 standalone draft) has draftkit's engine decode ``batch_size`` training prompts with the target
 and the head being trained drafting K = ``draft.ttt_steps`` tokens a round at
-``data.generate.temperature``: the tokens are the target's (verification is lossless), and each
-row's rounds ([K, accepted], :class:`~draftkit.decode.state.RowStats`) say where a draft was
-rejected.
+``data.generate.on_policy_temperature``: the tokens are the target's (verification is
+lossless), and each row's rounds ([K, accepted], :class:`~draftkit.decode.state.RowStats`) say
+where a draft was rejected.
 
 A round that starts with L tokens committed drafts tokens L..L + K - 1 from the target's feature
 after token L - 2: in training-time-test terms it is anchored at t = L - 2, its step i drafting

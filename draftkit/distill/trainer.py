@@ -429,7 +429,7 @@ class _Run:
         if self.kind.rollouts is not None:  # an EAGLE-3 head drafts while the target decodes
             rows, teacher = self.kind.rollouts.draw(
                 self.draft, self.rows, cfg.train.batch_size, cfg.seed, m, dist.rank,
-                g.max_new_tokens, g.temperature, cfg.data.seq_len, self.pad_id)
+                g.max_new_tokens, g.on_policy, cfg.data.seq_len, self.pad_id)
             return rows, torch.arange(len(rows)), teacher
         if g.engine == "vllm" and self.onpolicy_engine is None:  # this rank's own engine
             self.onpolicy_engine = VllmDraftAnswers(
@@ -439,7 +439,7 @@ class _Run:
             contextlib.nullcontext()  # ZeRO-3: the whole weights, which the engine loads
         with whole:
             rows = draft_rows(self.draft, self.rows, cfg.train.batch_size, cfg.seed, m,
-                              dist.rank, g.max_new_tokens, g.temperature, cfg.data.seq_len,
+                              dist.rank, g.max_new_tokens, g.on_policy, cfg.data.seq_len,
                               self.pad_id, self.stop_ids, self.reduced_head,
                               self.onpolicy_engine)
         return rows, torch.arange(len(rows)), self.kind.online

@@ -91,20 +91,26 @@ def test_the_loss_weighs_the_rejected_entries_and_nothing_else():
     assert float(single) > 0 and float(weighted) == pytest.approx(float(plain) + 3 * float(single))
 
 
-def test_a_trained_head_warm_starts_on_its_rollouts(tmp_path, tiny_dirs):
-    """An on-policy eagle3 recipe from a trained head: every step its rollouts, trained, and
-    held-out tau measured as for any head; the recipe refuses what cannot work."""
+def test_a_trained_head_warm_starts_on_its_rollouts(tmp_path, tiny_dirs, monkeypatch):
+    """An on-policy eagle3 recipe from a trained head: every step its rollouts, sampled at
+    their own temperature while the target's answers stay greedy, trained, and held-out tau
+    measured as for any head; the recipe refuses what cannot work."""
     from draftkit.distill.trainer import train
 
+    drawn = []
+    draw = Rollouts.draw
+    monkeypatch.setattr(Rollouts, "draw", lambda self, *a, **kw: drawn.append(a[7]) or draw(
+        self, *a, **kw))
     best = train(distill_config(tmp_path, tiny_dirs, draft=dict(EAGLE3)), progress=False)
     warm = {**EAGLE3, "draft_vocab_size": None, "model": str(best)}
     onpolicy = {"data.regime": "on_policy", "data.lmbda": 1.0,
-                "data.generate.temperature": 1.0, "data.generate.max_new_tokens": 12}
+                "data.generate.on_policy_temperature": 1.0, "data.generate.max_new_tokens": 12}
     again = train(distill_config(tmp_path, tiny_dirs, "rollouts", max_steps=2, draft=warm,
                                  **onpolicy), progress=False)
     lines = [json.loads(x) for x in (tmp_path / "rollouts" / "metrics.jsonl").read_text()
              .splitlines()]
     assert [x["step"] for x in lines] == [0, 2] and lines[-1]["loss"] > 0
+    assert drawn == [1.0] * 4  # 2 steps x grad_accum 2, each on rollouts at their temperature
     assert json.loads((again / "best.json").read_text())["tau"] >= lines[0]["tau"] - 1e-4
     with pytest.raises(ConfigError, match="set draft.model to a trained head"):
         distill_config(tmp_path, tiny_dirs, "x", draft=dict(EAGLE3), **onpolicy).validate()
