@@ -29,13 +29,11 @@ from draftkit.decode.drafters import make_drafter
 from draftkit.decode.eagle3_runner import Eagle3Runner
 from draftkit.decode.runners import make_runner
 from draftkit.models.facts import vocab_size
-from draftkit.models.load import ModelPair, default_device, load_pair, parse_dtype
-from draftkit.models.resolve import resolve_model
+from draftkit.models.load import ModelPair, default_device, dtype_name, load_pair
 
 CONTEXT = 128  # positions before the timed step: a short chat turn
 REPS = 7  # interleaved timings of each step; the median is kept
 MARGIN = 0.05  # bfloat16 replaces float32 only if this much faster
-CANDIDATES = ("float32", "bfloat16")
 
 _chosen: dict[tuple, "DtypeChoice"] = {}  # (target, draft, threads) -> the measured choice
 
@@ -76,10 +74,8 @@ def load_decoding_pair(target: str, draft: str | None = None, device: str | None
     fixed = _fixed(requested, device)
     if fixed is not None:
         pair = load_pair(target, draft, device, requested)
-        return pair, DtypeChoice(str(parse_dtype(requested, device)).removeprefix("torch."),
-                                 requested, fixed)
-    key = (resolve_model(target, "target").path, draft and resolve_model(draft, "draft").path,
-           torch.get_num_threads())
+        return pair, DtypeChoice(dtype_name(pair.target), requested, fixed)
+    key = (target, draft, torch.get_num_threads())  # as given: loading resolves them
     if key in _chosen:
         return load_pair(target, draft, device, _chosen[key].dtype), _chosen[key]
     pairs = {"float32": load_pair(target, draft, device, "float32")}

@@ -17,12 +17,12 @@ from tqdm.auto import tqdm
 from draftkit.chat import encode_prompt
 from draftkit.data.generate import answer_stop_ids, engine_answers
 from draftkit.data.turns import answer_text
+from draftkit.decode.dtype_choice import load_decoding_pair
 from draftkit.evaluate import analysis
 from draftkit.evaluate.measure import GREEDY_DRAFTS, DomainRun, Evaluator
 from draftkit.evaluate.settings import EvalSettings
 from draftkit.evaluate.suite import benchmark_of, by_domain, load_suite, with_later_turns
 from draftkit.figures import ALPHA_BEFORE, BatchRow, DomainFigures, EvalReport, now
-from draftkit.decode.dtype_choice import load_decoding_pair
 from draftkit.models import load_another_draft
 
 

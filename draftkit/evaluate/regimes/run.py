@@ -10,6 +10,7 @@ import torch
 from tqdm.auto import tqdm
 
 from draftkit.chat import encode_prompt
+from draftkit.decode.dtype_choice import load_decoding_pair
 from draftkit.evaluate.regimes.analysis import (batch_regime, cost_regime, entropy_regime, headline,
                                                 mismatch_regime)
 from draftkit.evaluate.regimes.drafts import build_drafts, num_layers
@@ -17,7 +18,6 @@ from draftkit.evaluate.regimes.measure import INTERVALS, measure, planned_runs
 from draftkit.evaluate.settings import EvalSettings
 from draftkit.evaluate.suite import by_domain, load_suite
 from draftkit.figures import RegimesReport, now
-from draftkit.decode.dtype_choice import load_decoding_pair
 
 
 def regime_map(target: str, draft: str | None, suite: Path, *, k: int, k_max: int, seed: int,
