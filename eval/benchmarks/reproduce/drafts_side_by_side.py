@@ -114,7 +114,7 @@ def measure(args, drafts: dict[str, dict]) -> list[dict]:
     for d in dict.fromkeys(v["dtype"] for v in drafts.values()):
         pairs_by_dtype[d] = load_pair(args.target, None, device=args.device, dtype=d)
     pair = pairs_by_dtype[drafts[names[0]]["dtype"]]
-    evaluators, plain_of = {}, {}
+    evaluators, dtype_of = {}, {}
     for n, v in drafts.items():
         target = pairs_by_dtype[v["dtype"]]
         draft = load_another_draft(target, v["path"], device=args.device, dtype=v["dtype"])
@@ -122,9 +122,11 @@ def measure(args, drafts: dict[str, dict]) -> list[dict]:
                                 max_new_tokens=args.max_new_tokens, verify=v["verify"])
         settings.validate()  # K checked here, once; the evaluators trust it
         evaluators[n] = Evaluator(target.target, draft, settings)
-        # plain decoding in each dtype the drafts run in: each speedup is over its own dtype's
-        plain_of[n] = f"plain {dtype_name(target.target)}"
-        evaluators.setdefault(plain_of[n], evaluators[n])
+        dtype_of[n] = dtype_name(target.target)  # what the draft's dtype resolved to
+    # plain decoding in each dtype the drafts run in: each speedup is over its own dtype's
+    plain_of = {n: f"plain {d}" for n, d in dtype_of.items()}
+    for n, mode in plain_of.items():
+        evaluators.setdefault(mode, evaluators[n])
     suite = load_suite(suite_path(args.suite), limit=args.limit,
                        domains=[d for d in args.domains.split(",") if d])
     prompts = {d: [encode_prompt(pair.tokenizer, r.prompt) for r in g]
@@ -145,8 +147,9 @@ def measure(args, drafts: dict[str, dict]) -> list[dict]:
                 turn = modes[i % len(modes):] + modes[:i % len(modes)]  # rotate the order
                 timed = {}
                 for mode in turn:
-                    (res,), secs = evaluators[mode].decode([prompt], choices[mode], args.max_new_tokens,
-                                             stats[mode], settings.seed + i)
+                    (res,), secs = evaluators[mode].decode([prompt], choices[mode],
+                                                           args.max_new_tokens, stats[mode],
+                                                           settings.seed + i)
                     timed[mode] = (secs, len(res.tokens))
                     bar.update(1)
                 for n in names:
@@ -159,7 +162,7 @@ def measure(args, drafts: dict[str, dict]) -> list[dict]:
         rows = [r for r in results if r["draft"] == n]
         results.append(overall(n, rows))
     for r in results:  # what each dtype resolved to (auto: by device), and the rule
-        r["dtype"] = plain_of[r["draft"]].removeprefix("plain ")
+        r["dtype"] = dtype_of[r["draft"]]
         r["verify"] = drafts[r["draft"]]["verify"]
     return against_first(results, names[0])
 
