@@ -76,6 +76,17 @@ class VllmDraftAnswers:
         shutil.rmtree(self.work_dir / "draft", ignore_errors=True)
 
 
+def pick_prompts(rows: Rows, n: int, seed: int, micro_step: int, rank: int,
+                 max_new_tokens: int, seq_len: int) -> tuple[list[int], list[list[int]], int]:
+    """An on-policy step's ``n`` training prompts, drawn from ``seed``, the micro-step and the
+    rank alone (a resumed run draws the same): (their indices, the prompts, the new tokens
+    each may take within ``seq_len``)."""
+    pick = random.Random(f"{seed}:prompts:{micro_step}:{rank}")
+    chosen = [pick.randrange(len(rows.prompts)) for _ in range(n)]
+    prompts = [rows.prompts[i] for i in chosen]
+    return chosen, prompts, max(1, min(max_new_tokens, seq_len - max(len(p) for p in prompts)))
+
+
 @torch.no_grad()
 def draft_rows(draft: Any, rows: Rows, n: int, seed: int, micro_step: int, rank: int,
                max_new_tokens: int, temperature: float, seq_len: int, pad_id: int,
@@ -90,11 +101,9 @@ def draft_rows(draft: Any, rows: Rows, n: int, seed: int, micro_step: int, rank:
     (not the global RNG), so a resumed run, on every rank, draws what the killed one would have.
     """
 
-    pick = random.Random(f"{seed}:prompts:{micro_step}:{rank}")
-    chosen = [pick.randrange(len(rows.prompts)) for _ in range(n)]
+    chosen, prompts, budget = pick_prompts(rows, n, seed, micro_step, rank, max_new_tokens,
+                                           seq_len)
     seeds = [prompt_seed(seed, f"on-policy:{micro_step}:{rank}:{j}") for j in range(n)]
-    prompts = [rows.prompts[i] for i in chosen]
-    budget = max(1, min(max_new_tokens, seq_len - max(len(p) for p in prompts)))
     was_training = draft.training
     draft.eval()
     if engine is not None:

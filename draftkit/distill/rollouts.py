@@ -25,7 +25,6 @@ that has not learnt to draft would be rejected everywhere.
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import torch
@@ -35,6 +34,7 @@ from draftkit.data.generate import prompt_seed
 from draftkit.data.pack import Tokenized, pack
 from draftkit.decode.engine import SpeculativeEngine
 from draftkit.distill.features import OnlineFeatures
+from draftkit.distill.onpolicy import pick_prompts
 
 NOT_REJECTED = -1  # ``rejected`` where no draft anchored there was rejected
 
@@ -91,10 +91,8 @@ class Rollouts:
         prompt + answer with the answer trained, and their teacher). The prompts and the seed
         come from ``seed``, the micro-step and the rank alone, so a resumed run draws the
         same."""
-        pick = random.Random(f"{seed}:prompts:{micro_step}:{rank}")
-        chosen = [pick.randrange(len(rows.prompts)) for _ in range(n)]
-        prompts = [rows.prompts[i] for i in chosen]
-        budget = max(1, min(max_new_tokens, seq_len - max(len(p) for p in prompts)))
+        chosen, prompts, budget = pick_prompts(rows, n, seed, micro_step, rank, max_new_tokens,
+                                               seq_len)
         was_training = head.training
         head.eval()
         if self.engine is None:
