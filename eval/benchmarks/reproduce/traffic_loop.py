@@ -32,7 +32,9 @@ draftkit's front, ``--replicas`` of them), the refresh has vLLM answer the recip
 and capture the head's features (``data.generate.engine=vllm teacher.features=vllm``), the
 swap is vLLM's blue/green one with 8 requests in flight, and the held-out requests go to the
 swapped server and to one serving the old bundle. The bar there is acceptance: vLLM's served
-alpha_1 per domain before and after with intervals (no plain server, no speedup)::
+alpha_1 per domain before and after with intervals (no plain server, no speedup).
+``--requests-for chat=185`` records more traffic of one domain than ``--train-requests``
+(the prompts after the held-out ones; the held-out prompts stay the same)::
 
     OMP_NUM_THREADS=2 python eval/benchmarks/reproduce/traffic_loop.py --engine vllm \
         --bundle runs/quickstart/bundle --out runs/traffic-loop-vllm --k 3
@@ -152,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/traffic-loop")
     ap.add_argument("--train-requests", type=int, default=46, help="per domain, before refresh")
     ap.add_argument("--heldout-requests", type=int, default=12, help="per domain, after")
+    ap.add_argument("--requests-for", action="append", default=[], metavar="DOMAIN=N",
+                    help="more traffic for one domain: N requests before the refresh, the "
+                         "prompts after the held-out ones added (the held-out set unchanged)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--steps", type=int, default=320, help="refresh training steps")
     ap.add_argument("--traffic-repeat", type=int, default=5,
@@ -177,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     texts = {d: prompts(d) for d in domains}
     n, h = args.train_requests, args.heldout_requests
     heldout = [(d, m) for d in domains for m in texts[d][n:n + h]]
+    more = dict(x.split("=", 1) for x in args.requests_for)
+    traffic = {d: texts[d][:n] + texts[d][n + h:][:max(int(more.get(d, n)) - n, 0)]
+               for d in domains}
     started = time.perf_counter()
     servers = []
 
@@ -192,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                               ("--replicas", str(args.replicas), "--engine-log-dir",
                                str(out / "logs")) if vllm else ()))
         for d in domains:  # the traffic the refresh learns from
-            send(live, model, d, texts[d][:n], args.max_tokens, "traffic")
+            send(live, model, d, traffic[d], args.max_tokens, "traffic")
         time.sleep(2)  # the recorder's writer thread writes what is queued
         run([sys.executable, "-m", "draftkit", "traffic", str(out / "traffic"), "--bundle",
              args.bundle, "--out", str(out / "drift")])
@@ -315,8 +323,8 @@ def markdown(rows, args, swap: dict, seconds: float) -> str:
     def band(v):
         return "-" if not v or v[1] is None else f"{v[0]:.2f}x ({v[1]:.2f}-{v[2]:.2f})"
 
-    lines = [f"# Traffic loop ({args.engine}): {args.bundle}, K {args.k}, {args.train_requests} "
-             f"requests per "
+    counts = ", ".join([str(args.train_requests), *args.requests_for])
+    lines = [f"# Traffic loop ({args.engine}): {args.bundle}, K {args.k}, {counts} requests per "
              f"domain recorded, refresh {args.steps} steps (traffic x{args.traffic_repeat}), "
              f"{args.heldout_requests} held-out requests per domain ({seconds / 60:.1f} min in "
              f"all)", "",
