@@ -1,5 +1,6 @@
 """What the tests share: tiny random models and tokenizer, reference decoders and statistics,
-tiny distillation recipes, a live server, and loading a script outside the package.
+tiny distillation recipes, torchrun launches, a live server, and loading a script outside the
+package.
 
 Everything is built in the test process: no downloads. Fixtures stay in the conftest.py files;
 this module holds the plain functions they and the tests call.
@@ -7,6 +8,7 @@ this module holds the plain functions they and the tests call.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib.util
@@ -14,10 +16,15 @@ import itertools
 import json
 import os
 import random
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from draftkit.config import from_dict
 from draftkit.decode.choice import KChoice
@@ -501,6 +508,106 @@ def tiny_recipe(tmp_path: Path, target: Path) -> tuple[Path, Path]:
     return recipe, prompts
 
 
+# --- vLLM given a head folder alone ----------------------------------------------------------------
+
+_SERVE_DRAFT_ALONE = """
+import json, sys
+from vllm import LLM, SamplingParams
+draft, prompts, n = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+llm = LLM(model=draft, dtype="float32", enforce_eager=True, max_model_len=256, seed=0,
+          kv_cache_memory_bytes=64 << 20)
+config = llm.llm_engine.vllm_config
+spec = config.speculative_config
+outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                    SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+print(json.dumps({"target": config.model_config.model, "method": spec.method,
+                  "k": spec.num_speculative_tokens, "draft": spec.model,
+                  "tokens": [list(o.outputs[0].token_ids) for o in outs]}))
+"""
+
+
+def serve_draft_alone(python: Path, draft: Path, prompts: list[list[int]], n: int) -> dict:
+    """What `vllm serve DRAFT` loads, in vLLM's environment: the target the head folder's
+    config names, with the head at its K; greedy ``n`` tokens of each prompt. {target, method,
+    k, draft, tokens}. (The CPU build's `vllm` command cannot start; its engine can.)"""
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run([str(python), "-I", "-B", "-c", _SERVE_DRAFT_ALONE, str(draft),
+                           json.dumps(prompts), str(n)], capture_output=True, text=True,
+                          timeout=400, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# --- torchrun launches ---------------------------------------------------------------------------
+
+def free_port() -> int:
+    """A port nothing holds: fixed ports collided when two sessions ran this file at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(args, timeout, env=None, nproc: int = 2):
+    """``torchrun --nproc_per_node NPROC ARGS``; (return code, stdout, stderr, seconds).
+
+    A rank stuck in a collective fails by itself after $DRAFTKIT_DIST_TIMEOUT (conftest: 60 s)
+    and torchrun (--max-restarts 0) stops the other. ``timeout`` is for a rank stuck outside
+    any collective: then torchrun gets SIGINT, which it passes to each rank, so each prints
+    where it was, and it SIGKILLs what is left after --shutdown-timeout. subprocess.run's
+    timeout SIGKILLed torchrun alone and left the ranks running: they sit in sessions of their
+    own, out of reach of a kill of torchrun's group."""
+    import psutil  # a dependency of deepspeed
+
+    env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd(),
+               **(env or {}))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+           "--master_port", str(free_port()), "--max-restarts", "0", "--shutdown-timeout", "10",
+           "--tee", "3", *map(str, args)]  # --tee: each rank's lines start [default<rank>]:
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out, err, time.perf_counter() - t0
+    ranks = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        for p in [psutil.Process(proc.pid), *ranks]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        out, err = proc.communicate()
+    pytest.fail(f"torchrun did not finish in {timeout} s, so it was stopped (SIGINT to every "
+                f"rank):\n{rank_tails(out, err)}{build_locks()}", pytrace=False)
+
+
+def rank_tails(out, err, n=15) -> str:
+    """Each rank's last lines, then the launcher's verdict (which rank failed first)."""
+    lines = (out + err).splitlines()
+    said = []
+    for rank in (0, 1):
+        mine = [x.split(":", 1)[1] for x in lines if x.startswith(f"[default{rank}]:")]
+        said.append(f"rank {rank}, last lines:\n  " + "\n  ".join(mine[-n:] or ["(nothing)"]))
+    root = [i for i, x in enumerate(lines) if x.startswith("Root Cause")]
+    if root:
+        said.append("torchrun's first failure: " + "; ".join(
+            " ".join(x.split()) for x in lines[root[0]:root[0] + 6]
+            if x.strip().startswith(("rank", "exitcode"))))
+    return "\n".join(said)
+
+
+def build_locks() -> str:
+    """A torch extension build lock left by a killed DeepSpeed start, which every later one
+    waits on forever (torch's FileBaton has no timeout)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    locks = [*root.glob("*/lock"), *root.glob("*/*/lock")]
+    return "".join(f"\n{lock} exists: if no build is running, delete it" for lock in locks)
+
+
 # --- a live server ------------------------------------------------------------------------------
 
 class LiveServer:
@@ -509,9 +616,7 @@ class LiveServer:
     def __init__(self, app):
         import uvicorn
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         self.app = app
         self.base = f"http://127.0.0.1:{port}"
         self.url = f"{self.base}/v1"

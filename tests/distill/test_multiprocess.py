@@ -1,20 +1,14 @@
 """Two processes over gloo on CPU, launched the way the recipes say (torchrun)."""
 
-import contextlib
 import dataclasses
 import json
 import os
-import signal
-import socket
 import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.helpers import distill_rows
+from tests.helpers import distill_rows, rank_tails, torchrun
 
 pytestmark = pytest.mark.slow  # each test launches two processes, twice
 
@@ -38,79 +32,12 @@ def _recipe(tmp_path, tiny_dirs, name, max_steps, every, grad_accum, stage=None,
     return recipe
 
 
-def _free_port() -> int:
-    """A port nothing holds: fixed ports collided when two sessions ran this file at once."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _torchrun(args, timeout, env=None):
-    """``torchrun --nproc_per_node 2 ARGS``; (return code, stdout, stderr, seconds).
-
-    A rank stuck in a collective fails by itself after $DRAFTKIT_DIST_TIMEOUT (conftest: 60 s)
-    and torchrun (--max-restarts 0) stops the other. ``timeout`` is for a rank stuck outside
-    any collective: then torchrun gets SIGINT, which it passes to each rank, so each prints
-    where it was, and it SIGKILLs what is left after --shutdown-timeout. subprocess.run's
-    timeout SIGKILLed torchrun alone and left the ranks running: they sit in sessions of their
-    own, out of reach of a kill of torchrun's group."""
-    import psutil  # a dependency of deepspeed
-
-    env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd(),
-               **(env or {}))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_port", str(_free_port()), "--max-restarts", "0", "--shutdown-timeout", "10",
-           "--tee", "3", *map(str, args)]  # --tee: each rank's lines start [default<rank>]:
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        out, err = proc.communicate(timeout=timeout)
-        return proc.returncode, out, err, time.perf_counter() - t0
-    ranks = psutil.Process(proc.pid).children(recursive=True)
-    proc.send_signal(signal.SIGINT)
-    try:
-        out, err = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        for p in [psutil.Process(proc.pid), *ranks]:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.kill()
-        out, err = proc.communicate()
-    pytest.fail(f"torchrun did not finish in {timeout} s, so it was stopped (SIGINT to every "
-                f"rank):\n{_tails(out, err)}{_build_locks()}", pytrace=False)
-
-
-def _tails(out, err, n=15) -> str:
-    """Each rank's last lines, then the launcher's verdict (which rank failed first)."""
-    lines = (out + err).splitlines()
-    said = []
-    for rank in (0, 1):
-        mine = [x.split(":", 1)[1] for x in lines if x.startswith(f"[default{rank}]:")]
-        said.append(f"rank {rank}, last lines:\n  " + "\n  ".join(mine[-n:] or ["(nothing)"]))
-    root = [i for i, x in enumerate(lines) if x.startswith("Root Cause")]
-    if root:
-        said.append("torchrun's first failure: " + "; ".join(
-            " ".join(x.split()) for x in lines[root[0]:root[0] + 6]
-            if x.strip().startswith(("rank", "exitcode"))))
-    return "\n".join(said)
-
-
-def _build_locks() -> str:
-    """A torch extension build lock left by a killed DeepSpeed start, which every later one
-    waits on forever (torch's FileBaton has no timeout)."""
-    from torch.utils.cpp_extension import get_default_build_root
-
-    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
-    locks = [*root.glob("*/lock"), *root.glob("*/*/lock")]
-    return "".join(f"\n{lock} exists: if no build is running, delete it" for lock in locks)
-
-
 def _launch(recipe, extra=(), timeout=240):
     """``torchrun --nproc_per_node 2 -m draftkit distill RECIPE`` over gloo; must succeed.
     ``timeout``: 240 s, for a DeepSpeed start on an empty cache builds its CPU comm op first
     (35 s of both cores here, alone); a plain launch takes about 8 s."""
-    rc, out, err, seconds = _torchrun(["-m", "draftkit", "distill", recipe, *extra], timeout)
-    assert rc == 0, f"torchrun exited {rc} after {seconds:.0f} s\n{_tails(out, err)}"
+    rc, out, err, seconds = torchrun(["-m", "draftkit", "distill", recipe, *extra], timeout)
+    assert rc == 0, f"torchrun exited {rc} after {seconds:.0f} s\n{rank_tails(out, err)}"
     return subprocess.CompletedProcess([], rc, out, err)
 
 
@@ -150,21 +77,17 @@ def test_deepspeed_zero2_two_processes_and_resume(tmp_path, tiny_dirs):
 EAGLE3 = {"kind": "eagle3", "draft_vocab_size": 40, "ttt_steps": 2}
 
 
-def test_an_eagle3_head_under_torchrun_and_deepspeed_zero3(tmp_path, tiny_dirs):
-    """DDP wraps the unrolled head; ZeRO-3 partitions it and best/ still holds it whole."""
+def test_an_eagle3_head_under_deepspeed_zero3(tmp_path, tiny_dirs):
+    """ZeRO-3 partitions the unrolled head; best/ still holds it whole. (DDP over a head under
+    torchrun runs in the guide's test, tests/engines/test_your_own_model.py.)"""
     from safetensors.torch import load_file
 
-    _launch(_recipe(tmp_path, tiny_dirs, "eagle3", max_steps=2, every=2, grad_accum=2,
-                    draft=EAGLE3), timeout=150)
-    run = tmp_path / "run"
-    assert _steps(run) == [0, 2]
-    assert "tau" in json.loads((run / "best" / "best.json").read_text())
-    (tmp_path / "z3").mkdir()
-    recipe = _recipe(tmp_path / "z3", tiny_dirs, "eagle3_zero3", max_steps=2, every=1,
+    recipe = _recipe(tmp_path, tiny_dirs, "eagle3_zero3", max_steps=2, every=1,
                      grad_accum=1, stage=3, draft=EAGLE3)
     _launch(recipe)
-    run = tmp_path / "z3" / "run"
+    run = tmp_path / "run"
     assert _steps(run) == [0, 1, 2]
+    assert "tau" in json.loads((run / "best" / "best.json").read_text())
     # ZeRO-3 partitions every weight over the ranks; best/ still holds the whole head
     weights = load_file(run / "best" / "model.safetensors")
     assert weights["fc.weight"].shape == (32, 3 * 32)  # whole, not a shard
@@ -248,9 +171,9 @@ def test_a_stuck_rank_fails_the_launch_in_seconds(tmp_path, stall):
 
     script = tmp_path / "stall.py"
     script.write_text(STALL)
-    rc, out, err, seconds = _torchrun([script, stall, tmp_path], timeout=120,
+    rc, out, err, seconds = torchrun([script, stall, tmp_path], timeout=120,
                                       env={"DRAFTKIT_DIST_TIMEOUT": "3"})
-    said = f"after {seconds:.0f} s:\n{_tails(out, err)}"
+    said = f"after {seconds:.0f} s:\n{rank_tails(out, err)}"
     assert rc != 0, said
     assert seconds < 60, said  # rank 1 sleeps 600 s; this is 3 s, start-up and stopping
     what = "the start" if stall == "join" else "the barrier in stall.py"

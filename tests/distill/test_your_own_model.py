@@ -1,7 +1,8 @@
 """recipes/your-own-model.md, run on a tiny Llama and a tiny Qwen3 folder with a ShareGPT file:
 init and the dry run as the guide writes them (for 8 GPUs), then the same recipe for this CPU
-trained a few steps, exported, checked. The guide's engine steps (--prepare in vLLM, eval
---engine vllm, `vllm serve BUNDLE/draft`) run in the engine layer (tests/engines)."""
+trained a few steps, exported, checked. Every command of the guide, its engine steps too
+(--prepare in vLLM, torchrun, eval --engine vllm, `vllm serve BUNDLE/draft`), runs in the engine
+layer: tests/engines/test_your_own_model.py."""
 
 import json
 import re

@@ -23,7 +23,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors.torch import load_file, save_file
 
 from draftkit.errors import ModelError
@@ -256,45 +255,3 @@ def test_vllm_drafts_a_parallel_head_in_one_forward_only_when_told(vllm_worker, 
                                       )["outputs"]
         vllm_worker.call("unload", name=name)
     assert [o["tokens"] for o in runs["told"]] == [o["tokens"] for o in runs["untold"]]
-
-
-_SERVE_DRAFT_ALONE = """
-import json, sys
-from vllm import LLM, SamplingParams
-draft, prompts, n = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
-llm = LLM(model=draft, dtype="float32", enforce_eager=True, max_model_len=256, seed=0,
-          kv_cache_memory_bytes=64 << 20)  # the head folder alone: `vllm serve BUNDLE/draft`
-config = llm.llm_engine.vllm_config
-spec = config.speculative_config
-outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                    SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
-print(json.dumps({"target": config.model_config.model, "method": spec.method,
-                  "k": spec.num_speculative_tokens, "draft": spec.model,
-                  "tokens": [list(o.outputs[0].token_ids) for o in outs]}))
-"""
-
-
-def test_vllm_serves_the_head_folder_alone_with_its_target(vllm_worker, bundles):
-    """draft/config.json carries vLLM's speculators keys: given the head folder alone, vLLM
-    serves the target it names with this head at the bundle's K, greedy equal to plain
-    decoding of the target (issue 67)."""
-    import subprocess
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from tests.helpers import hf_greedy
-
-    target, bundle = bundles["llama", "eagle3"]
-    tok = AutoTokenizer.from_pretrained(target)
-    prompts = [tok(p)["input_ids"] for p in PROMPTS[:3]]
-    env = {**__import__("os").environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run([str(vllm_worker.python), "-I", "-B", "-c", _SERVE_DRAFT_ALONE,
-                           str(bundle / "draft"), json.dumps(prompts), str(TOKENS)],
-                          capture_output=True, text=True, timeout=400, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
-    assert got["target"] == str(target) and got["method"] == "eagle3" and got["k"] == 3
-    assert got["draft"] == str(bundle / "draft")
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
-    assert got["tokens"] == [hf_greedy(model, p, TOKENS) for p in prompts]
