@@ -47,19 +47,33 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.slow)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item):
+    """An engine test's report carries the engine release and the control's line its process
+    found (set on its config by tests/engines), so the summary names them under pytest-xdist
+    too, where the tests run in other processes."""
+    outcome = yield
+    if item.get_closest_marker("engine"):
+        for key in ("engine_label", "engine_control"):
+            if getattr(item.config, key, None):
+                outcome.get_result().user_properties.append((key, getattr(item.config, key)))
+
+
 def pytest_terminal_summary(terminalreporter):
     """Name the engine release the engine tests ran on (or that they did not run)."""
     outcome: dict[str, str] = {}  # an engine test's id -> passed / failed / skipped / error
+    found: dict[str, str] = {}  # engine_label, engine_control: as the tests' processes saw them
     for key in ("passed", "skipped", "failed", "error"):  # a later key overrides an earlier
         for report in terminalreporter.stats.get(key, []):
             if "engine" in getattr(report, "keywords", {}):
                 outcome[report.nodeid] = key
+            found.update(getattr(report, "user_properties", ()))
     if outcome:
-        label = getattr(terminalreporter.config, "engine_label", "no engine")
+        label = found.get("engine_label", "no engine")
         counts = Counter(outcome.values())
         terminalreporter.write_line(f"engine tests on {label}: " +
                                     ", ".join(f"{n} {key}" for key, n in counts.items()))
-        control = getattr(terminalreporter.config, "engine_control", None)
+        control = found.get("engine_control")
         if control:  # the target drafting for itself in the engine
             terminalreporter.write_line(f"self-draft control on {label}: {control}")
 
