@@ -197,3 +197,22 @@ def test_a_workers_own_log_goes_with_a_clean_close_and_stays_where_a_failure_nam
         w.call("generate", prompts=[[1]], sampling={"max_tokens": 2})
     assert w.log_path.parent == tmp_path / "tmp" and str(w.log_path) in str(died.value)
     assert "the fake engine died" in w.log_path.read_text()
+
+
+def test_a_block_bundle_on_the_cpu_build_is_compared_by_token_and_the_report_says_why(
+        tiny_dirs, suite, tmp_path, monkeypatch):
+    """The bundle's eval verified by block; the CPU build (the stand-in's) runs vLLM's V1
+    runner, which has none: both engines' sampled rows verify by token, and a note says why."""
+    from tests.export.test_engines import SWEEP, _report
+
+    target, draft = tiny_dirs
+    b = export_bundle(str(target), str(draft), tmp_path / "b", k=3, dtype="float32",
+                      report=_report(tmp_path, SWEEP, temperature=1.0,
+                                     draft_sample_method="probabilistic", verify="block"))
+    python = fake_python(tmp_path, monkeypatch)
+    assert _eval(target, b, suite, tmp_path / "o", "--engine-python", str(python),
+                 "--temperatures", "1") == 0
+    notes = json.loads((tmp_path / "o" / "report.json").read_text())["notes"]
+    assert any("verified by token" in n for n in notes), notes
+    assert any(n.startswith("the bundle's eval verified by block, but vLLM's CPU build runs "
+                            "its V1 model runner") for n in notes), notes

@@ -288,11 +288,14 @@ def test_a_bundle_measured_with_block_verification_is_served_so_where_vllm_has_i
     assert json.loads((out / "serving" / "vllm.json").read_text())[
         "rejection_sample_method"] == "block"
     # eval --engine vllm decodes draftkit's side under the rules that vLLM then applies
-    from draftkit.evaluate.parity.measure import served_rule
+    from draftkit.evaluate.parity.measure import block_refused, served_rule
 
     assert served_rule(manifest, "0.32.0", "cuda") == ("probabilistic", "block")
     assert served_rule(manifest, "0.32.0", "cpu") == ("probabilistic", "token")
     assert served_rule(manifest, "0.24.0", "cuda") == ("probabilistic", "token")
+    # and the engine report says why it compared token verification (block_refused)
+    assert block_refused(manifest, "0.32.0", "cuda") is None
+    assert "CPU build runs its V1 model runner" in block_refused(manifest, "0.32.0", "cpu")
     readme = (out / "serving" / "README.md").read_text()
     assert "with probabilistic drafts, block verification, K 3" in readme
     assert "| vLLM >= 0.25.0 on its Model Runner V2 (the scripts write rejection_sample_method " \

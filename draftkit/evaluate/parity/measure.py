@@ -310,12 +310,21 @@ def served_rule(manifest: Manifest, version: str, build: str | None = None) -> t
     drafts when sampling: as the bundle's config says (the eval's rules, probabilistic drafts
     and token verification by default) where the release takes the setting, else greedy drafts
     (``draft_sample_method``) and token verification (:func:`no_block_verification`)."""
-    serving, vllm = manifest.serving, manifest.serving.engines.vllm
+    serving = manifest.serving
     drafts = (serving.measured_draft_sample_method or PROBABILISTIC) if at_least(
         version_tuple(version), FEATURES["vllm"]["draft_sample_method"]) else GREEDY_DRAFT
-    block = serving.measured_verify == BLOCK and not no_block_verification(
-        version_tuple(version), vllm.features, build == "cpu", bool(vllm.parallel_drafting))
+    block = serving.measured_verify == BLOCK and not block_refused(manifest, version, build)
     return drafts, BLOCK if block else TOKEN
+
+
+def block_refused(manifest: Manifest, version: str, build: str | None = None) -> str | None:
+    """Why vLLM ``version`` verifies this bundle token by token though its eval measured block
+    verification (one line), or None."""
+    vllm = manifest.serving.engines.vllm
+    if manifest.serving.measured_verify != BLOCK:
+        return None
+    return no_block_verification(version_tuple(version), vllm.features, build == "cpu",
+                                 bool(vllm.parallel_drafting))
 
 
 def engine_parity(bundle: str, target: str, suite: Path, *, k: int | None,
@@ -400,4 +409,8 @@ def engine_parity(bundle: str, target: str, suite: Path, *, k: int | None,
             f"draft's argmax kept with probability p) and verified by {job.verify}, the rules "
             f"{info.label} applies with this bundle's config, so draftkit's figures beside "
             f"vLLM's are under the same rules")
+        refused = block_refused(manifest, info.version, info.build)
+        if refused:
+            report.notes.append(f"the bundle's eval verified by block, but {refused}: the "
+                                f"sampled rows compare token verification in both engines")
     return report
