@@ -508,7 +508,7 @@ def tiny_recipe(tmp_path: Path, target: Path) -> tuple[Path, Path]:
     return recipe, prompts
 
 
-# --- vLLM given a head folder alone ----------------------------------------------------------------
+# --- vLLM given a head folder alone -------------------------------------------------------------
 
 _SERVE_DRAFT_ALONE = """
 import json, sys
@@ -548,8 +548,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(args, timeout, env=None, nproc: int = 2):
-    """``torchrun --nproc_per_node NPROC ARGS``; (return code, stdout, stderr, seconds).
+def torchrun(args, timeout, env=None):
+    """``torchrun --nproc_per_node 2 ARGS``; (return code, stdout, stderr, seconds).
 
     A rank stuck in a collective fails by itself after $DRAFTKIT_DIST_TIMEOUT (conftest: 60 s)
     and torchrun (--max-restarts 0) stops the other. ``timeout`` is for a rank stuck outside
@@ -561,7 +561,7 @@ def torchrun(args, timeout, env=None, nproc: int = 2):
 
     env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd(),
                **(env or {}))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "--master_port", str(free_port()), "--max-restarts", "0", "--shutdown-timeout", "10",
            "--tee", "3", *map(str, args)]  # --tee: each rank's lines start [default<rank>]:
     t0 = time.perf_counter()
@@ -664,6 +664,29 @@ def load_script(path: Path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def write_eval_report(tmp_path: Path, sweep, temperature: float = 0.7, **extra) -> Path:
+    """An eval report.json with a batch sweep of (batch size, K, measured speedup, predicted
+    speedup) rows; batch 1 carries its interval, as eval writes it; ``extra``: more keys of
+    the report, and of its code domain under ``code``."""
+    rows = [{"batch_size": b, "alpha": 0.6, "c": 0.2, "v": 1.0, "k": k,
+             "plain_tokens_per_s": 10.0, "spec_tokens_per_s": 10.0 * s,
+             "speedup_predicted": p, "speedup_measured": s,
+             **({"speedup_low": s - 0.1, "speedup_high": s + 0.1} if b == 1 else {})}
+            for b, k, s, p in sweep]
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps({
+        "overall": {"k": 3}, "device": "cpu", "dtype": "float32", "temperature": temperature,
+        "domains": {"code": {"alpha": 0.6, "tau": 2.1, "c": 0.2, "k": 3,
+                             **extra.pop("code", {})}},
+        "batch_sweep": rows, "break_even": {"kind": "crosses", "x": 6.0, "batch_size": 8},
+        **extra}))
+    return path
+
+
+BATCH_SWEEP = [(1, 3, 1.5, 1.4), (2, 3, 1.3, 1.2), (4, 2, 1.1, 1.05), (8, 2, 0.9, 0.95),
+         (16, 1, 0.7, 0.8)]
 
 
 def write_manifest(bundle: Path, manifest: dict | None = None, **fields) -> dict:

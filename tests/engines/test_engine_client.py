@@ -14,6 +14,7 @@ import pytest
 from draftkit.cli import main
 from draftkit.data.generate import replica_devices
 from draftkit.export import export_bundle
+from tests.helpers import BATCH_SWEEP, write_eval_report
 
 FAKE = Path(__file__).with_name("fake_vllm_worker.py")
 
@@ -203,12 +204,11 @@ def test_a_block_bundle_on_the_cpu_build_is_compared_by_token_and_the_report_say
         tiny_dirs, suite, tmp_path, monkeypatch):
     """The bundle's eval verified by block; the CPU build (the stand-in's) runs vLLM's V1
     runner, which has none: both engines' sampled rows verify by token, and a note says why."""
-    from tests.export.test_engines import SWEEP, _report
-
     target, draft = tiny_dirs
     b = export_bundle(str(target), str(draft), tmp_path / "b", k=3, dtype="float32",
-                      report=_report(tmp_path, SWEEP, temperature=1.0,
-                                     draft_sample_method="probabilistic", verify="block"))
+                      report=write_eval_report(tmp_path, BATCH_SWEEP, temperature=1.0,
+                                               draft_sample_method="probabilistic",
+                                               verify="block"))
     python = fake_python(tmp_path, monkeypatch)
     assert _eval(target, b, suite, tmp_path / "o", "--engine-python", str(python),
                  "--temperatures", "1") == 0

@@ -19,34 +19,12 @@ from draftkit.errors import DraftkitError, ModelError
 from draftkit.engines import preflight, releases
 from draftkit.export import check_bundle, export_bundle
 from draftkit.export.serving import k_per_batch_size
-from tests.helpers import fake_engines, make_llama, make_tokenizer, save_model, write_manifest
+from tests.helpers import (BATCH_SWEEP, fake_engines, make_llama, make_tokenizer, save_model,
+                           write_eval_report, write_manifest)
 
 
 def _run(script: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(script), *args], env=env, capture_output=True, text=True)
-
-
-def _report(tmp_path: Path, sweep, temperature: float = 0.7, **extra) -> Path:
-    """An eval report.json with a batch sweep of (batch size, K, measured speedup, predicted
-    speedup) rows; batch 1 carries its interval, as eval writes it; ``extra``: more keys of
-    the report, and of its code domain under ``code``."""
-    rows = [{"batch_size": b, "alpha": 0.6, "c": 0.2, "v": 1.0, "k": k,
-             "plain_tokens_per_s": 10.0, "spec_tokens_per_s": 10.0 * s,
-             "speedup_predicted": p, "speedup_measured": s,
-             **({"speedup_low": s - 0.1, "speedup_high": s + 0.1} if b == 1 else {})}
-            for b, k, s, p in sweep]
-    path = tmp_path / "report.json"
-    path.write_text(json.dumps({
-        "overall": {"k": 3}, "device": "cpu", "dtype": "float32", "temperature": temperature,
-        "domains": {"code": {"alpha": 0.6, "tau": 2.1, "c": 0.2, "k": 3,
-                             **extra.pop("code", {})}},
-        "batch_sweep": rows, "break_even": {"kind": "crosses", "x": 6.0, "batch_size": 8},
-        **extra}))
-    return path
-
-
-SWEEP = [(1, 3, 1.5, 1.4), (2, 3, 1.3, 1.2), (4, 2, 1.1, 1.05), (8, 2, 0.9, 0.95),
-         (16, 1, 0.7, 0.8)]
 
 
 # --- 2. dtype -------------------------------------------------------------------------------------
@@ -166,7 +144,7 @@ def test_k_per_batch_size_comes_from_the_batch_sweep(tiny_dirs, tmp_path):
     target_dir, draft_dir = tiny_dirs
     # batch 4: a measured 1.1x the model backs; batch 8 and 16 lose
     out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "b",
-                        report=_report(tmp_path, SWEEP))
+                        report=write_eval_report(tmp_path, BATCH_SWEEP))
     table = [[1, 3, 3], [4, 7, 2], [8, 16, 0]]
     manifest = check_bundle(out)
     assert manifest.serving.k_per_batch_size == table
@@ -204,7 +182,7 @@ def test_the_engines_sample_as_measured_where_they_can_and_the_readme_says_what_
         tiny_dirs, tmp_path):
     target_dir, draft_dir = tiny_dirs
     out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "b",
-                        report=_report(tmp_path, SWEEP, temperature=0.7))
+                        report=write_eval_report(tmp_path, BATCH_SWEEP, temperature=0.7))
     said = _run(out / "serving" / "vllm.sh", fake_engines(tmp_path, vllm="0.22.0"))
     assert json.loads(said.stdout.splitlines()[3])["draft_sample_method"] == "probabilistic"
     said = _run(out / "serving" / "vllm.sh", fake_engines(tmp_path, vllm="0.21.0"))
@@ -223,7 +201,7 @@ def test_the_engines_sample_as_measured_where_they_can_and_the_readme_says_what_
     assert any(k.startswith("SGLang STANDALONE") and v.startswith("at temperature > 0")
                for k, v in rows.items())
     greedy = export_bundle(str(target_dir), str(draft_dir), tmp_path / "g",
-                           report=_report(tmp_path, SWEEP, temperature=0.0))
+                           report=write_eval_report(tmp_path, BATCH_SWEEP, temperature=0.0))
     text = (greedy / "serving" / "README.md").read_text()
     assert "at temperature > 0" not in text and "measured greedily" in text
 
@@ -234,16 +212,18 @@ def test_the_readme_states_what_greedy_drafts_keep_and_a_greedy_eval_is_served_g
     drafts too: the README's row for the vLLMs that draft so states it. An eval run with
     greedy drafts has the scripts draft greedily, as measured."""
     target_dir, draft_dir = tiny_dirs
-    out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "b", report=_report(
-        tmp_path, SWEEP, draft_sample_method="probabilistic",
-        code={"alpha_after": 0.5, "alpha_greedy_drafts": 0.4}))
+    out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "b",
+                        report=write_eval_report(
+                            tmp_path, BATCH_SWEEP, draft_sample_method="probabilistic",
+                            code={"alpha_after": 0.5, "alpha_greedy_drafts": 0.4}))
     rows = dict(line.strip("| ").split(" | ", 1) for line in
                 (out / "serving" / "README.md").read_text().splitlines()
                 if line.startswith("| vLLM "))
     older = rows["vLLM older than 0.22.0 (drafts greedily, q one-hot)"]
     assert "kept at 0.80x the rate" in older and "code 0.400 against 0.500" in older
-    greedy = export_bundle(str(target_dir), str(draft_dir), tmp_path / "g", report=_report(
-        tmp_path, SWEEP, draft_sample_method="greedy"))
+    greedy = export_bundle(str(target_dir), str(draft_dir), tmp_path / "g",
+                           report=write_eval_report(tmp_path, BATCH_SWEEP,
+                                                    draft_sample_method="greedy"))
     said = _run(greedy / "serving" / "vllm.sh", fake_engines(tmp_path, vllm="0.22.0"))
     assert json.loads(said.stdout.splitlines()[3])["draft_sample_method"] == "greedy"
     said = _run(greedy / "serving" / "vllm.sh", fake_engines(tmp_path, vllm="0.21.0"))
@@ -263,8 +243,10 @@ def test_a_bundle_measured_with_block_verification_is_served_so_where_vllm_has_i
     greedily if asked for block) keep token verification, and vllm.sh says so. A bundle
     measured with token verification is never told block."""
     target_dir, draft_dir = tiny_dirs
-    out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "b", report=_report(
-        tmp_path, SWEEP, temperature=1.0, draft_sample_method="probabilistic", verify="block"))
+    out = export_bundle(str(target_dir), str(draft_dir), tmp_path / "b",
+                        report=write_eval_report(tmp_path, BATCH_SWEEP, temperature=1.0,
+                                                 draft_sample_method="probabilistic",
+                                                 verify="block"))
     manifest = check_bundle(out)
     assert manifest.serving.measured_verify == "block" and manifest.report.verify == "block"
     assert manifest.serving.engines.vllm.features["rejection_sample_method"] == "0.25.0"
@@ -300,8 +282,10 @@ def test_a_bundle_measured_with_block_verification_is_served_so_where_vllm_has_i
     assert "with probabilistic drafts, block verification, K 3" in readme
     assert "| vLLM >= 0.25.0 on its Model Runner V2 (the scripts write rejection_sample_method " \
            "block, as measured) | alpha, tau and K hold as measured |" in readme
-    token = export_bundle(str(target_dir), str(draft_dir), tmp_path / "t", report=_report(
-        tmp_path, SWEEP, temperature=1.0, draft_sample_method="probabilistic", verify="token"))
+    token = export_bundle(str(target_dir), str(draft_dir), tmp_path / "t",
+                          report=write_eval_report(tmp_path, BATCH_SWEEP, temperature=1.0,
+                                                   draft_sample_method="probabilistic",
+                                                   verify="token"))
     assert check_bundle(token).serving.measured_verify is None
     said = _run(token / "serving" / "vllm.sh", fake_engines(tmp_path, vllm="0.32.0"))
     assert "rejection_sample_method" not in said.stdout and "block" not in said.stderr
