@@ -169,6 +169,12 @@ def main(argv: list[str] | None = None) -> int:
                                                             "recording front starts")
     args = ap.parse_args(argv)
     vllm = args.engine == "vllm"
+    domains, n, h = SHIFTED + TRAINED, args.train_requests, args.heldout_requests
+    more = dict(x.partition("=")[::2] for x in args.requests_for)
+    for d, count in more.items():
+        if d not in domains or not count.isdigit() or int(count) < n:
+            ap.error(f"--requests-for {d}={count}: expected DOMAIN=N with DOMAIN one of "
+                     f"{', '.join(domains)} and N at least --train-requests ({n})")
 
     from openai import OpenAI
 
@@ -178,13 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     new = out / "bundle-refreshed"
     token = secrets.token_hex(16)
     model = Path(args.bundle).resolve().name
-    domains = SHIFTED + TRAINED
     texts = {d: prompts(d) for d in domains}
-    n, h = args.train_requests, args.heldout_requests
     heldout = [(d, m) for d in domains for m in texts[d][n:n + h]]
-    more = dict(x.split("=", 1) for x in args.requests_for)
-    traffic = {d: texts[d][:n] + texts[d][n + h:][:max(int(more.get(d, n)) - n, 0)]
-               for d in domains}
+    traffic = {d: texts[d][:n] + texts[d][n + h:][:int(more.get(d, n)) - n] for d in domains}
     started = time.perf_counter()
     servers = []
 
