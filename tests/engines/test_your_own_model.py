@@ -82,7 +82,10 @@ def test_the_guide_runs_through_vllm(family, vllm_worker, tmp_path, monkeypatch,
     assert "data: 24 examples" in capsys.readouterr().out
     run("draftkit distill my-head.yaml --prepare", *TINY)
     run("torchrun --nproc_per_node 8 -m draftkit distill my-head.yaml", *TINY)
-    assert "tau" in json.loads(Path(head, "best.json").read_text())  # DDP over 2 ranks
+    # DDP over 2 ranks: metrics written once (rank 0), at the start and at step 2
+    steps = [json.loads(x)["step"] for x in Path(head).parent.joinpath(
+        "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 2] and "tau" in json.loads(Path(head, "best.json").read_text())
     run("draftkit eval --target TARGET --draft runs/NAME_to_eagle3/best --suite builtin "
         "--out runs/eval", *EVAL)
     run("draftkit export --target TARGET --draft runs/NAME_to_eagle3/best --report "
