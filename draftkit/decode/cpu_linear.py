@@ -4,13 +4,9 @@ Decoding multiplies a few rows (1 for a plain step, K + 1 to verify, times the b
 streamed from memory, and the speed there depends on the operand layout: ``F.linear(x, W)``,
 ``x @ W^T`` with W^T stored contiguous or ``W @ x^T`` (all MKL), or oneDNN's matmul over W
 reordered once. Which one wins depends on the CPU and the MKL build, not only on the shape.
-Over the layers of SmolLM2-135M (30 x qkv, o, gate_up, down; 2 threads):
-
-- the machine the fast path was first tuned on: contiguous W^T best for 1 row (a matrix-vector
-  path about 2x faster than ``F.linear`` on the 49152 x 576 head), W @ x^T best for 2-8 rows;
-- a 2-core AVX-512 machine (2026-12-01): contiguous W^T 23 ms for 1 row, but 56 ms for 2 rows
-  where ``F.linear`` takes 27 ms and W @ x^T 45 ms. The fixed choice made verifying 2 tokens
-  cost 2.1 plain steps, which priced every K out of ``--k auto``.
+On one 2-core AVX-512 machine the layout that read fastest for 1 row was among the slowest for
+2, enough to price every K out of ``--k auto`` (the figures:
+eval/results/notes/2026-12-01-reduced-head-and-cpu-decoder.md).
 
 So :func:`tune` measures: for each row count 1..``MAX_ROWS`` (and the wider buckets below) and
 each form, one pass over a model's weights in model order (so each weight streams from memory
@@ -20,25 +16,21 @@ rounds, unless the fixed choice is within ``MARGIN`` of it (so clock noise alone
 a known-good form). Models under ``MIN_TUNE_BYTES`` fit in cache, where the layout matters
 little; they keep the fixed choice, which also keeps the tiny models of the tests deterministic.
 
-A wider product can be faster than a narrower one: on a 2-core machine (2026-12-03) verifying 2
-tokens took 0.5-0.7 of a plain step, so plain decoding left speed on the table and a measured
-speedup was partly the kernel's, not the draft's. So a row count whose fastest form is slower
-than a wider row count's (by ``MARGIN``) is padded with zero rows to that one (``pad``): plain
-decoding is as fast as this engine can compute one token.
+A wider product can be faster than a narrower one (verifying 2 tokens has read cheaper than a
+plain step), so plain decoding would leave speed on the table and a measured speedup would be
+partly the kernel's, not the draft's. So a row count whose fastest form is slower than a wider
+row count's (by ``MARGIN``) is padded with zero rows to that one (``pad``): plain decoding is as
+fast as this engine can compute one token.
 
-Wider products (a batch's verify, B (K + 1) rows; a prefill) were left to ``F.linear`` on the
-belief that MKL blocks them well. On a 2-core AVX-512 AMD machine (2026-12-07) it does not: over
-the embedded target's first six layers and its head ``F.linear`` took 42 ms for 9 rows where
-oneDNN's matmul took 15, and 80 / 45 ms for 64 rows, so a 9-token verify cost 3.0 plain steps
-against 1.5 for 8 tokens. So row counts past ``MAX_ROWS`` are measured too, in buckets
-(``WIDE_ROWS``): a product takes the form of the smallest bucket it fits, the widest bucket's
-beyond it, and ``F.linear`` stays their fixed choice, left only for a clear gain. The buckets
-time the two blocked products, ``F.linear`` and oneDNN's (``WIDE_FORMS``): the matrix-vector
-layouts are for few rows, and at 9-48 rows they took 0.8-1.2x ``F.linear``'s time on that
-machine where oneDNN's took 0.3-0.6x. Timing all four forms at 16 and 64 rows added 1.3 s to
-the embedded target's runner set-up (2.3 s at one thread); two forms at 16 and 32 rows add 0.5 s
-(0.8 s). Results are kept per process, keyed by the shapes, dtype and thread count, so a second
-runner over the same model does not measure again.
+Wider products (a batch's verify, B (K + 1) rows; a prefill) are not left to ``F.linear`` on
+the belief that MKL blocks them well: on some CPUs it does not, and a 9-token verify then cost
+twice an 8-token one (eval/results/notes/2026-12-07-wide-products.md). So row counts past
+``MAX_ROWS`` are measured too, in buckets (``WIDE_ROWS``): a product takes the form of the
+smallest bucket it fits, the widest bucket's beyond it, and ``F.linear`` stays their fixed
+choice, left only for a clear gain. The buckets time the two blocked products, ``F.linear`` and
+oneDNN's (``WIDE_FORMS``): the matrix-vector layouts are for few rows, and two forms at two
+bucket sizes keep the runner's set-up short. Results are kept per process, keyed by the shapes,
+dtype and thread count, so a second runner over the same model does not measure again.
 """
 
 from __future__ import annotations

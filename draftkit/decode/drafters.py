@@ -16,9 +16,8 @@ reads, and that lives here, behind one interface:
   draft, so the batch chooses the K at once, one call where K would each pay the sampler's
   fixed cost;
 - ``vocab``: the draft's reduced head, or None: the tokens its logits score. The batch
-  chooses the drafts among them (:func:`~draftkit.decode.sampling.next_tokens_among`): on a CPU
-  a greedy token of SmolLM2's 4096-token head costs 0.011 ms there against 0.094 over all V
-  (``eval/benchmarks/probes/sampler_cost.py``; 2026-12-06, one core, batch 1);
+  chooses the drafts among them (:func:`~draftkit.decode.sampling.next_tokens_among`), a
+  fraction of choosing over all V on a CPU (``eval/benchmarks/probes/sampler_cost.py``);
 - ``after_round(state, rows, k, kept, aux)``: what the round leaves the draft to read.
 
 ``aux_layers`` names the target layers whose input hidden states the draft reads (None: it

@@ -94,8 +94,8 @@ class Eagle3Runner:
         """A parallel head's placeholder as positions 2..K read it, computed once: its fused
         feature (H,) and its first layer's q/k/v before RoPE ((nh + 2 nkv) hd,). Nothing in
         either depends on the sequence, so a round computes fc and those q/k/v for the
-        target's features alone: on 2 CPU cores a K = 5 round of SmolLM2's head took 0.104 of
-        a target step so, 0.134 with the 4 placeholder rows multiplied each round (2026-12-06)."""
+        target's features alone, not the K - 1 placeholder rows as well
+        (eval/results/notes/2026-12-06-peagle-engine.md measured the saving)."""
         with torch.no_grad():
             token, hidden = self.model.placeholder()  # its token id, its fused feature (H,)
             x = self.model.layer_input(torch.tensor([[token]], device=self.param.device),

@@ -119,8 +119,8 @@ def sample(probs: "torch.Tensor", generator: Generators) -> "torch.Tensor":
 
     P(x) = probs[x] / sum(probs), so probs need not be normalised; zero entries are never
     drawn (their cumulative mass equals the one before them). One uniform number a row, a
-    cumulative sum and a binary search: at batch 1 on a CPU about 17x cheaper than the
-    exponential race argmax(probs / E), E ~ Exp(1), whose V exponential draws cost a sampled
+    cumulative sum and a binary search: at batch 1 on a CPU an order of magnitude cheaper than
+    the exponential race argmax(probs / E), E ~ Exp(1), whose V exponential draws cost a sampled
     draft more than its forward (``eval/benchmarks/probes/sampler_cost.py``). No host sync.
     probs: (..., V) -> (...,). ``generator``: one for all, or one per row of dim 0.
     """

@@ -3,12 +3,15 @@ functions, imports at a module's top and no import cycle, a batch's state held b
 alone, and docs that cite the project or the papers."""
 
 import ast
+import re
 from pathlib import Path
 
 from tests.foundation.imports import ROOT, base, imports, module_name, modules, typing_only
 MAX_MODULE_LINES = 400  # beyond it, the module's docstring says why in a line "Long: ..."
 MAX_FUNCTION_LINES = 60  # in draftkit/decode and draftkit/serve, where the hot paths live
 MAX_LOCAL_DRAFTKIT_IMPORTS = 10  # function-local, each for an optional extra or a stated reason
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+RESULTS_PATH = re.compile(r"eval/results/\S*")  # a note or report, named by its date
 # the modules that import torch inside a function: the CLI (its --help imports no torch), and
 # vLLM's worker and its CPU fix, which run in vLLM's environment, after their own set-up
 LOCAL_TORCH = {"draftkit/cli.py", "draftkit/engines/vllm_worker.py",
@@ -50,6 +53,15 @@ def test_docs_and_code_cite_the_project_or_the_papers():
              for i, line in enumerate(p.read_text().splitlines(), 1)
              if "REFERENCE" + ".md" in line]
     assert not cited, f"cites a file the project does not contain: {cited}"
+
+
+def test_measured_figures_live_in_the_results_not_the_code():
+    """A dated figure in a docstring or comment goes stale with the code it describes: the code
+    links the note in eval/results/ that holds it, so a date appears only in such a path."""
+    dated = [f"{p.relative_to(ROOT)}:{i}" for p in modules()
+             for i, line in enumerate(p.read_text().splitlines(), 1)
+             if DATE.search(RESULTS_PATH.sub("", line))]
+    assert not dated, f"a date outside an eval/results/ path: {dated}"
 
 
 def _local_imports(path: Path) -> list[tuple[ast.stmt, list[str]]]:
