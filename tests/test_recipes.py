@@ -121,7 +121,8 @@ def _recipe(tmp_path, text):
      "regime 'fixed' does not generate"),
     ("data: {sources: [{path: DATA}], regime: target, seq_len: 48, "
      "generate: {max_new_tokens: 64}}\n", "leaves no room for the prompt in data.seq_len=48"),
-    ("data: {sources: [{path: DATA}]}\ndraft: {num_layers: 0}\n", "draft.num_layers must be >= 1"),
+    ("data: {sources: [{path: DATA}]}\ndraft: {num_layers: 0}\n",
+     "key 'draft.num_layers' must be >= 1, got 0"),
 ])
 def test_bad_recipes_name_key_and_file(tmp_path, text, expect):
     path = _recipe(tmp_path, text)
@@ -245,13 +246,56 @@ def test_a_check_an_override_breaks_names_the_command_line(tmp_path):
     """The recipe alone passes its checks: the override that breaks one is the command line's
     fault, not the file's; a recipe that fails on its own is still the file's."""
     path = _recipe(tmp_path, "data: {sources: [{path: DATA}]}\n")
-    for override, said in (("train.lr=-1", "train.lr must be positive"),
+    for override, said in (("data.lmbda=0.5", "data.lmbda > 0 needs data.regime: on_policy"),
                            ("draft.derive_layers=[0,0]", "layer 0 is given twice")):
         with pytest.raises(ConfigError, match=f"^command line: .*{said}"):
             load_config(path, [override])
-    bad = _recipe(tmp_path, "data: {sources: [{path: DATA}]}\ntrain: {lr: -1}\n")
-    with pytest.raises(ConfigError, match=f"^{bad}: train.lr must be positive"):
+    bad = _recipe(tmp_path, "data: {sources: [{path: DATA}], lmbda: 0.5}\n")
+    with pytest.raises(ConfigError, match=f"^{bad}: data.lmbda > 0 needs"):
         load_config(bad, ["seed=1"])
+
+
+_DATA = "data: {sources: [{path: DATA}]}\n"
+
+
+@pytest.mark.parametrize("text,key,said", [
+    (_DATA + "train: {lr: 0}\n", "train.lr", "must be > 0, got 0.0"),
+    ("data: {sources: [{path: DATA}], lmbda: 1.5}\n", "data.lmbda", "must be in [0, 1], got 1.5"),
+    (_DATA + "draft: {ttt_decay: 0}\n", "draft.ttt_decay", "must be in (0, 1], got 0.0"),
+    (_DATA + "train: {betas: [0.9, 1.0]}\n", "train.betas", "must be in [0, 1), got 1.0"),
+    (_DATA + "max_minutes: 0\n", "max_minutes", "must be > 0, got 0.0"),
+    ("data: {sources: [{path: DATA, repeat: 0}]}\n", "data.sources.repeat",
+     "must be >= 1, got 0"),
+])
+def test_a_number_out_of_its_keys_bounds_names_the_key_and_the_file(tmp_path, text, key, said):
+    """A single key's bounds ride on its type (fields.Range): one line naming key and file."""
+    path = _recipe(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(e.value) == f"{path}: key '{key}' {said}"
+
+
+@pytest.mark.parametrize("override,said", [
+    ("train.lr=0", "key 'train.lr' must be > 0, got 0.0"),
+    ("data.lmbda=1.5", "key 'data.lmbda' must be in [0, 1], got 1.5"),
+    ("draft.ttt_decay=0", "key 'draft.ttt_decay' must be in (0, 1], got 0.0"),
+    ("draft.ttt_steps=0", "key 'draft.ttt_steps' must be >= 1, got 0"),
+])
+def test_an_override_out_of_its_keys_bounds_names_the_command_line(tmp_path, override, said):
+    with pytest.raises(ConfigError) as e:
+        load_config(_recipe(tmp_path, _DATA), [override])
+    assert str(e.value) == f"command line: {said}"
+
+
+def test_the_recipe_help_shows_each_keys_bounds():
+    from draftkit.config import describe_keys
+    from draftkit.distill.config import DistillConfig
+
+    heads = [entry.split("\n")[0] for entry in describe_keys(DistillConfig)]
+    for head in ("train.lr = 0.0003 (float > 0)", "data.lmbda = 0.0 (float in [0, 1])",
+                 "draft.ttt_decay = null (float in (0, 1] or null)",
+                 "train.betas = [0.9, 0.95] (list of float in [0, 1))"):
+        assert head in heads
 
 
 def test_the_default_quickstart_trains_an_eagle3_head_on_its_recipes_own_data(tmp_path):

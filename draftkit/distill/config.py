@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 from draftkit.config import option, reuse
 from draftkit.errors import ConfigError
+from draftkit.fields import Range
 from draftkit.models.args import ModelArgs, check_layers
 
 
@@ -38,6 +39,14 @@ def junctions(layers: list[int]) -> list[tuple[int, int]]:
     [(3, 29)]
     """
     return [(j, layer) for j, layer in enumerate(layers) if j > 0 and layer != layers[j - 1] + 1]
+
+
+# A single field's bounds ride on its type (draftkit.fields.Range): the config layer checks them
+# for recipes and overrides, one line naming the key and the file, and --help shows them. The
+# validate() methods keep what relates several keys.
+_Count = Annotated[int, Range(low=1)]  # a number of things or steps: at least 1
+_Positive = Annotated[float, Range(above=0)]
+_NonNegative = Annotated[float, Range(low=0)]
 
 
 def section(cls: type, help: str, **defaults):
@@ -53,16 +62,12 @@ class LoraSection:
     written."""
 
     enabled: bool = option(False, help="train LoRA adapters instead of the full draft")
-    r: int = option(16, help="LoRA rank")
+    r: _Count = option(16, help="LoRA rank")
     alpha: int = option(32, help="LoRA scaling numerator (peft's lora_alpha)")
     dropout: float = option(0.0, help="dropout on the LoRA path")
     target_modules: list[str] = option(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                         "up_proj", "down_proj"],
                                        help="module names that get adapters")
-
-    def validate(self) -> None:
-        if self.enabled and self.r <= 0:
-            raise ConfigError(f"draft.lora.r must be positive, got {self.r}")
 
 
 # EAGLE-3's references (EAGLE's train loop, SpecForge): 7 unrolled steps, step i weighted 0.8^i
@@ -90,11 +95,11 @@ class DraftSection:
                                           "layers and vocabulary")
     derive_layers: list[int] | None = option(None, help="copy these target layers into the "
                                                         "draft, e.g. [0, 1, 2, 29]")
-    num_layers: int | None = option(None, help="random-init draft with this many layers "
-                                               "(the target's embeddings are copied); eagle3: "
-                                               "the head's decoder layers, null for EAGLE-3's "
-                                               "one (P-EAGLE's drafters stack more; vLLM "
-                                               "serves them, SGLang one only)")
+    num_layers: _Count | None = option(None, help="random-init draft with this many layers "
+                                                  "(the target's embeddings are copied); eagle3: "
+                                                  "the head's decoder layers, null for EAGLE-3's "
+                                                  "one (P-EAGLE's drafters stack more; vLLM "
+                                                  "serves them, SGLang one only)")
     hidden_size: int | None = option(None, help="random-init draft with this hidden size")
     intermediate_size: int | None = option(None, help="random-init draft with this MLP size")
     freeze: list[str] = option([], help="parts kept frozen: 'embeddings', 'head', 'norm', or any "
@@ -102,7 +107,7 @@ class DraftSection:
                                         "that ties its head to its embeddings (SmolLM2) freezes "
                                         "both with either")
     lora: LoraSection = section(LoraSection, "LoRA adapters through peft")
-    draft_vocab_size: int | None = option(
+    draft_vocab_size: _Count | None = option(
         None, help="decode with the draft's head cut to the N tokens the target emits most "
                    "in the training data (FR-Spec; best/draft_vocab.json), N being what "
                    "EAGLE-3, SpecForge and vLLM call draft_vocab_size; null keeps the full "
@@ -115,22 +120,24 @@ class DraftSection:
                     "of a small draft's step. The rest of the head gets no training, and "
                     "engines that ignore best/draft_vocab.json (HF assisted generation, vLLM, "
                     "SGLang) propose from all of it")
-    aux_layers: list[int] | None = option(
+    aux_layers: list[Annotated[int, Range(low=1)]] | None = option(
         None, help="eagle3: the three target layers (low, middle, high) whose input hidden "
                    "states the head reads, counted as the layer each enters (vLLM's "
                    "convention: 1..L-1); null: the references' [2, L // 2, L - 3]")
-    ttt_steps: int | None = option(
+    ttt_steps: _Count | None = option(
         None, help=f"eagle3: training-time-test steps, the head unrolled over its own outputs "
                    f"as when it drafts (1, 3, 5, ...); also the K of the held-out tau that "
                    f"picks best/; null: {TTT_STEPS}, as EAGLE-3's references")
-    ttt_decay: float | None = option(
+    # (0, 1]: above 1 the later, noisier steps would outweigh the first, the one every draft
+    # makes (EAGLE-3 weights 0.8^i)
+    ttt_decay: Annotated[float, Range(above=0, high=1)] | None = option(
         None, help=f"eagle3: step i's loss is weighted ttt_decay^i; null: {TTT_DECAY}, as "
                    f"EAGLE-3's references")
-    rejection_weight: float | None = option(
+    rejection_weight: Annotated[float, Range(low=1)] | None = option(
         None, help=f"eagle3 on-policy steps (data.lmbda): the head drafts while the target "
                    f"decodes training prompts, and the entries where its draft was rejected "
-                   f"weigh this much in the loss, every other 1 (at least 1); null: "
-                   f"{REJECTION_WEIGHT}")
+                   f"weigh this much in the loss, every other 1 (1: a rejected draft weighs as "
+                   f"any other); null: {REJECTION_WEIGHT}")
     parallel: bool = option(
         False, help="eagle3: a parallel head (P-EAGLE, arXiv 2602.01469) that drafts all K "
                     "tokens in one forward, positions 2..K reading a learned placeholder "
@@ -158,9 +165,6 @@ class DraftSection:
         return REJECTION_WEIGHT if self.rejection_weight is None else self.rejection_weight
 
     def validate(self) -> None:
-        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
-            raise ConfigError(f"draft.draft_vocab_size must be >= 1 or null, got "
-                              f"{self.draft_vocab_size}")
         if self.kind == "eagle3":
             self._validate_eagle3()
             return
@@ -182,8 +186,6 @@ class DraftSection:
             raise ConfigError("draft: give exactly one of draft.model (a path or spec), "
                               "draft.derive_layers (copy target layers) or draft.num_layers "
                               f"(random init){also}")
-        if self.num_layers is not None and self.num_layers < 1:
-            raise ConfigError(f"draft.num_layers must be >= 1, got {self.num_layers}")
         if self.derive_layers is not None:
             check_layers(self.derive_layers, name="draft.derive_layers")
         if (self.hidden_size or self.intermediate_size) and self.num_layers is None:
@@ -205,27 +207,15 @@ class DraftSection:
         if self.draft_vocab_size is None and self.model is None:
             raise ConfigError("draft.kind: eagle3 drafts over the N tokens the target emits "
                               "most: set draft.draft_vocab_size (EAGLE-3's references use 32000)")
-        if self.steps < 1:
-            raise ConfigError(f"draft.ttt_steps must be at least 1, got {self.steps}")
-        if self.num_layers is not None and self.num_layers < 1:
-            raise ConfigError(f"draft.num_layers must be >= 1 or null, got {self.num_layers}")
         if self.parallel and self.steps < 2:  # positions 2..K are where the placeholder trains
             raise ConfigError(f"draft.parallel trains the placeholder at draft positions "
                               f"2..ttt_steps: set draft.ttt_steps to at least 2, got "
                               f"{self.steps}")
-        if not 0 < self.decay <= 1:  # also refuses nan; above 1 the later, noisier steps
-            # would outweigh the first, the one every draft makes (EAGLE-3 weights 0.8^i)
-            raise ConfigError(f"draft.ttt_decay must be in (0, 1] (step i's loss is weighted "
-                              f"ttt_decay^i), got {self.decay}")
-        if not self.rejections >= 1:  # also refuses nan
-            raise ConfigError(f"draft.rejection_weight must be at least 1 (1: a rejected draft "
-                              f"weighs as any other), got {self.rejections}")
-        layers = self.aux_layers
-        if layers is not None and (len(layers) != 3 or layers != sorted(set(layers))
-                                   or layers[0] < 1):
+        layers = self.aux_layers  # each >= 1 by its type
+        if layers is not None and (len(layers) != 3 or layers != sorted(set(layers))):
             raise ConfigError(f"draft.aux_layers {layers}: give three distinct layer ids in "
-                              f"ascending order, each at least 1 (the layer a hidden state "
-                              f"enters: low, middle, high), or null for the references' choice")
+                              f"ascending order (the layer a hidden state enters: low, middle, "
+                              f"high), or null for the references' choice")
 
 
 # The row columns draftkit.data.shapes.to_example reads; a source's ``columns`` renames to these.
@@ -258,21 +248,16 @@ class DataSource:
                                               "each to one of conversations, messages, "
                                               "prompt, response, text, domain, replacing a "
                                               "column of that name")
-    max_rows: int | None = option(None, help="read at most this many rows")
+    max_rows: _Count | None = option(None, help="read at most this many rows")
     heldout: bool = option(True, help="false: train-only rows (for example templated or "
                                       "augmented prompts), never drawn for the held-out split")
-    repeat: int = option(1, help="each training row of this source is trained this many "
-                                 "times an epoch, to weigh a small source (served traffic) "
-                                 "against larger ones; held-out rows are drawn once")
+    repeat: _Count = option(1, help="each training row of this source is trained this many "
+                                    "times an epoch, to weigh a small source (served traffic) "
+                                    "against larger ones; held-out rows are drawn once")
 
     def validate(self) -> None:
         if not self.path.strip():
             raise ConfigError("data.sources: a source has an empty path")
-        if self.max_rows is not None and self.max_rows <= 0:
-            raise ConfigError(f"data.sources: max_rows must be positive, got {self.max_rows}")
-        if self.repeat < 1:
-            raise ConfigError(f"data.sources: {self.path}: repeat must be 1 or more, got "
-                              f"{self.repeat}")
         for src, dst in self.columns.items():
             if dst not in ROW_COLUMNS:
                 raise ConfigError(f"data.sources: columns renames '{src}' to '{dst}', which is "
@@ -286,14 +271,14 @@ class DataSource:
 class GenerateSection:
     """Target-generated responses (regime 'target') and draft generations (on-policy)."""
 
-    max_new_tokens: int = option(128, help="tokens generated per prompt")
-    batch_size: int = option(16, help="prompts per generate call")
-    temperature: float = option(0.0, help="sampling temperature; 0 is greedy")
-    extra_samples: int = option(0, help="more answers per training prompt, sampled at "
-                                        "extra_temperature: more contexts for the teacher to "
-                                        "score (held-out prompts keep one answer)")
+    max_new_tokens: _Count = option(128, help="tokens generated per prompt")
+    batch_size: _Count = option(16, help="prompts per generate call")
+    temperature: _NonNegative = option(0.0, help="sampling temperature; 0 is greedy")
+    extra_samples: Annotated[int, Range(low=0)] = option(
+        0, help="more answers per training prompt, sampled at extra_temperature: more contexts "
+                "for the teacher to score (held-out prompts keep one answer)")
     extra_temperature: float = option(1.0, help="sampling temperature of the extra answers")
-    on_policy_temperature: float | None = option(
+    on_policy_temperature: _NonNegative | None = option(
         None, help="sampling temperature of on-policy generations (a standalone draft's "
                    "answers, an EAGLE-3 head's rollouts), apart from the target's answers to "
                    "the recipe's prompts; null: temperature")
@@ -307,11 +292,11 @@ class GenerateSection:
                          "batch_size requests at a time per replica and reloads the draft "
                          "before each on-policy step; greedy answers are the same tokens, "
                          "cached apart")
-    tensor_parallel_size: int = option(1, help="engine vllm: the GPUs (or CPU ranks) one "
-                                               "replica shards the target over")
-    replicas: int = option(1, help="engine vllm: data-parallel engine processes, each "
-                                   "answering its share of the prompts (on a CPU each takes "
-                                   "an equal share of the cores)")
+    tensor_parallel_size: _Count = option(1, help="engine vllm: the GPUs (or CPU ranks) one "
+                                                  "replica shards the target over")
+    replicas: _Count = option(1, help="engine vllm: data-parallel engine processes, each "
+                                      "answering its share of the prompts (on a CPU each takes "
+                                      "an equal share of the cores)")
 
     @property
     def on_policy(self) -> float:
@@ -320,21 +305,9 @@ class GenerateSection:
             self.on_policy_temperature
 
     def validate(self) -> None:
-        if self.max_new_tokens <= 0 or self.batch_size <= 0:
-            raise ConfigError("data.generate: max_new_tokens and batch_size must be positive")
-        if self.tensor_parallel_size < 1 or self.replicas < 1:
-            raise ConfigError("data.generate: tensor_parallel_size and replicas must be >= 1")
         if self.engine == "draftkit" and (self.tensor_parallel_size, self.replicas) != (1, 1):
             raise ConfigError("data.generate.tensor_parallel_size and replicas are for "
                               "engine: vllm; draftkit's engine answers in one process")
-        if self.temperature < 0:
-            raise ConfigError("data.generate.temperature must be >= 0")
-        if self.on_policy_temperature is not None and not self.on_policy_temperature >= 0:
-            raise ConfigError(f"data.generate.on_policy_temperature must be >= 0 or null, got "
-                              f"{self.on_policy_temperature}")
-        if self.extra_samples < 0:
-            raise ConfigError(f"data.generate.extra_samples must be >= 0, got "
-                              f"{self.extra_samples}")
         if self.extra_samples and self.extra_temperature <= 0:
             raise ConfigError("data.generate.extra_temperature must be > 0: greedy extra "
                               "answers would repeat the first")
@@ -354,8 +327,10 @@ class DataSection:
                       "chat's own were written by others (the usual choice for chat data); "
                       "on_policy: as 'target', plus draft generations scored by the target with "
                       "probability lmbda per step")
-    lmbda: float = option(0.0, help="on-policy fraction of steps (DistillSpec's lambda)")
-    seq_len: int = option(256, help="tokens per packed row; must fit the target's context")
+    lmbda: Annotated[float, Range(low=0, high=1)] = option(
+        0.0, help="on-policy fraction of steps (DistillSpec's lambda)")
+    seq_len: Annotated[int, Range(low=8)] = option(
+        256, help="tokens per packed row; must fit the target's context")
     pack: bool = option(True, help="pack several examples into each row (per domain)")
     response_only: bool = option(True, help="loss only on the assistant turns of chat rows "
                                             "(every one of a multi-turn chat, where the chat "
@@ -367,16 +342,13 @@ class DataSection:
                    "template as it renders training chats; null: the template's default. Only "
                    "for a template that reads it; serve with the same, or the draft is trained "
                    "on prompts it is never sent")
-    heldout_per_domain: int = option(8, help="examples per domain held out for evaluation")
+    heldout_per_domain: _Count = option(8, help="examples per domain held out for evaluation "
+                                                "(their alpha picks the best checkpoint)")
     generate: GenerateSection = section(GenerateSection, "generation settings")
 
     def validate(self) -> None:
         if not self.sources:
             raise ConfigError("data.sources is empty; list at least one data file")
-        if self.seq_len < 8:
-            raise ConfigError(f"data.seq_len must be at least 8, got {self.seq_len}")
-        if not 0.0 <= self.lmbda <= 1.0:
-            raise ConfigError(f"data.lmbda must be in [0, 1], got {self.lmbda}")
         if self.lmbda > 0 and self.regime != "on_policy":
             raise ConfigError("data.lmbda > 0 needs data.regime: on_policy")
         if self.regime == "on_policy" and self.lmbda == 0:
@@ -390,9 +362,6 @@ class DataSection:
             raise ConfigError(f"data.generate.max_new_tokens={self.generate.max_new_tokens} "
                               f"leaves no room for the prompt in data.seq_len={self.seq_len}; "
                               f"raise seq_len or lower max_new_tokens")
-        if self.heldout_per_domain < 1:
-            raise ConfigError("data.heldout_per_domain must be at least 1 (alpha picks the "
-                              "best checkpoint)")
 
 
 @dataclass
@@ -402,9 +371,10 @@ class LossSection:
     divergence: Literal["fkl", "rkl", "jsd", "tvd", "ce"] = option(
         "fkl", help="fkl: KL(p||q); rkl: KL(q||p); jsd: generalised JSD(beta); tvd: TV(p, q); "
                     "ce: cross-entropy on the same tokens without the teacher (the control)")
-    temperature: float = option(1.0, help="softmax temperature applied to both models' logits")
+    temperature: _Positive = option(1.0, help="softmax temperature applied to both models' "
+                                              "logits")
     beta: float = option(0.5, help="JSD interpolation weight, strictly between 0 and 1")
-    hidden_weight: float = option(
+    hidden_weight: _NonNegative = option(
         0.0, help="weight of a second term for a draft derived with a gap in its layers (draft."
                   "derive_layers [0, 1, 2, 29]): the stream entering each layer after a gap "
                   "matched to the target's entering that layer, as that layer's input norm "
@@ -412,10 +382,6 @@ class LossSection:
                   "alpha: eval/results/notes/2026-11-30-fkl-vs-ce-cpu.md)")
 
     def validate(self) -> None:
-        if self.temperature <= 0:
-            raise ConfigError(f"loss.temperature must be positive, got {self.temperature}")
-        if self.hidden_weight < 0:
-            raise ConfigError(f"loss.hidden_weight must be 0 or more, got {self.hidden_weight}")
         if self.hidden_weight > 0 and self.divergence == "ce":
             raise ConfigError("loss.hidden_weight reads the target, which the ce control must "
                               "not; set loss.hidden_weight=0 for the control")
@@ -432,8 +398,8 @@ class TeacherSection:
         "online", help="online: a target forward each step; cache: top-k logits written once "
                        "to disk and reused across epochs and runs (for an eagle3 head also "
                        "the target's hidden states at its three layers, bf16)")
-    top_k: int = option(64, help="teacher tokens kept per position in the cache (the rest of "
-                                 "the mass goes to a tail bucket)")
+    top_k: _Count = option(64, help="teacher tokens kept per position in the cache (the rest of "
+                                    "the mass goes to a tail bucket)")
     cache_dir: str | None = option(None, help="cache location; null: the draftkit cache "
                                               "(shared by runs with the same target and data)")
     dtype: str = option("auto", help="target dtype: auto, float32 or bfloat16")
@@ -444,8 +410,6 @@ class TeacherSection:
                          "prefills each example, written to the feature cache (mode: cache)")
 
     def validate(self) -> None:
-        if self.top_k < 1:
-            raise ConfigError(f"teacher.top_k must be positive, got {self.top_k}")
         if self.features == "vllm" and self.mode != "cache":
             raise ConfigError("teacher.features: vllm fills the feature cache: set teacher.mode: "
                               "cache (streaming vLLM's features into each step is not built)")
@@ -455,52 +419,40 @@ class TeacherSection:
 class TrainSection:
     """The optimisation loop."""
 
-    batch_size: int = option(8, help="rows per micro-batch (per process)")
-    grad_accum: int = option(1, help="micro-batches per optimizer step")
-    lr: float = option(3e-4, help="peak learning rate (AdamW)")
+    batch_size: _Count = option(8, help="rows per micro-batch (per process)")
+    grad_accum: _Count = option(1, help="micro-batches per optimizer step")
+    lr: _Positive = option(3e-4, help="peak learning rate (AdamW)")
     weight_decay: float = option(0.0, help="AdamW weight decay")
-    betas: list[float] = option([0.9, 0.95], help="AdamW betas")
-    warmup_steps: int = option(10, help="linear warmup steps")
-    min_lr_ratio: float = option(0.1, help="cosine decay floor as a fraction of lr")
-    max_grad_norm: float = option(1.0, help="gradient clipping norm; 0 disables clipping")
+    betas: list[Annotated[float, Range(low=0, below=1)]] = option([0.9, 0.95],
+                                                                  help="AdamW betas: two numbers")
+    warmup_steps: Annotated[int, Range(low=0)] = option(10, help="linear warmup steps")
+    min_lr_ratio: Annotated[float, Range(low=0, high=1)] = option(
+        0.1, help="cosine decay floor as a fraction of lr")
+    max_grad_norm: _NonNegative = option(1.0, help="gradient clipping norm; 0 disables clipping")
     precision: Literal["fp32", "bf16"] = option("fp32", help="fp32, or bf16 autocast with fp32 "
                                                              "master weights")
     device: str = option("auto", help="auto (cuda if available), cpu or cuda")
-    checkpoint_every: int = option(50, help="write a checkpoint every N optimizer steps")
-    keep_checkpoints: int = option(2, help="checkpoints kept on disk (oldest removed)")
+    checkpoint_every: _Count = option(50, help="write a checkpoint every N optimizer steps")
+    keep_checkpoints: _Count = option(2, help="checkpoints kept on disk (oldest removed)")
     deepspeed: str | None = option(None, help="DeepSpeed JSON config (recipes/deepspeed/"
                                               "zero2.json); null trains without DeepSpeed")
-    log_every: int = option(1, help="log loss and tokens/s every N steps")
+    log_every: _Count = option(1, help="log loss and tokens/s every N steps")
 
     def validate(self) -> None:
-        for name in ("batch_size", "grad_accum", "checkpoint_every", "keep_checkpoints",
-                     "log_every"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"train.{name} must be at least 1, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ConfigError(f"train.lr must be positive, got {self.lr}")
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+        if len(self.betas) != 2:  # each in [0, 1) by its type
             raise ConfigError(f"train.betas must be two numbers in [0, 1), got {self.betas}")
-        if self.warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
-            raise ConfigError("train.warmup_steps must be >= 0 and train.min_lr_ratio in [0, 1]")
-        if self.max_grad_norm < 0:
-            raise ConfigError("train.max_grad_norm must be >= 0")
 
 
 @dataclass
 class EvalSection:
     """Held-out acceptance: alpha = mean(1 - TV(p, q)) over response tokens, per domain."""
 
-    every: int = option(50, help="evaluate every N optimizer steps (and at the start and end)")
-    batch_size: int = option(8, help="rows per evaluation forward")
-    temperature: float = option(1.0, help="temperature at which alpha is measured (the "
-                                          "serving temperature; greedy serving is not covered)")
-
-    def validate(self) -> None:
-        if self.every < 1 or self.batch_size < 1:
-            raise ConfigError("eval.every and eval.batch_size must be at least 1")
-        if self.temperature <= 0:
-            raise ConfigError("eval.temperature must be positive")
+    every: _Count = option(50, help="evaluate every N optimizer steps (and at the start and "
+                                    "end)")
+    batch_size: _Count = option(8, help="rows per evaluation forward")
+    temperature: _Positive = option(1.0, help="temperature at which alpha is measured (the "
+                                              "serving temperature; greedy serving is not "
+                                              "covered)")
 
 
 @dataclass
@@ -518,12 +470,12 @@ class DistillConfig:
 
     out_dir: str = option("runs/distill", help="run folder: config, checkpoints, metrics.jsonl "
                                                "and best/")
-    max_steps: int = option(100, help="optimizer steps to train")
-    max_minutes: float | None = option(None, help="time budget for the whole distill stage "
-                                                  "(data and teacher cache included, unless "
-                                                  "built first with --prepare); the run stops "
-                                                  "early, leaving time for its last evaluation "
-                                                  "and checkpoint within it")
+    max_steps: _Count = option(100, help="optimizer steps to train")
+    max_minutes: _Positive | None = option(None, help="time budget for the whole distill stage "
+                                                      "(data and teacher cache included, unless "
+                                                      "built first with --prepare); the run stops "
+                                                      "early, leaving time for its last evaluation "
+                                                      "and checkpoint within it")
     seed: int = option(0, help="seed for init, data order and sampling")
     target: str = reuse(ModelArgs, "target")
     resume: bool = option(True, help="continue from the latest checkpoint in out_dir if any; "
@@ -539,13 +491,9 @@ class DistillConfig:
 
     def validate(self) -> None:
         # Sections left out of the YAML keep their defaults and were not checked on the way in.
-        for part in (self.draft, self.draft.lora, self.data, self.data.generate, self.loss,
-                     self.teacher, self.train, self.eval):
+        for part in (self.draft, self.data, self.data.generate, self.loss, self.teacher,
+                     self.train):
             part.validate()
-        if self.max_minutes is not None and self.max_minutes <= 0:
-            raise ConfigError(f"max_minutes must be positive, got {self.max_minutes}")
-        if self.max_steps < 1:
-            raise ConfigError(f"max_steps must be at least 1, got {self.max_steps}")
         if not self.out_dir.strip():
             raise ConfigError("out_dir is empty; give a run folder")
         if self.draft.kind == "eagle3":

@@ -12,6 +12,7 @@ import torch
 
 from draftkit.data import build_rows, load_examples, pack, split_heldout, tokenize_example
 from draftkit.data.generate import generate_responses, read_cache
+from draftkit.config import from_dict
 from draftkit.distill.config import DataSection, DataSource
 from draftkit.errors import DraftkitError
 from tests.helpers import make_llama, make_tokenizer
@@ -490,5 +491,5 @@ def test_a_sources_repeat_weighs_its_training_rows_and_never_its_heldout_ones(tm
     assert not set(held.input_ids[:, 2].tolist()) & set(traffic_ids)
     # a pass each: the four traffic rows, the replay, then the traffic's copies twice over
     assert len(set(third[:4])) == 4 and third[8:12] == third[:4] == third[12:16]
-    with pytest.raises(Exception, match="repeat must be 1 or more, got 0"):
-        DataSource(path=str(traffic), repeat=0).validate()
+    with pytest.raises(Exception, match="^recipe: key 'repeat' must be >= 1, got 0$"):
+        from_dict(DataSource, {"path": str(traffic), "repeat": 0}, "recipe")

@@ -268,7 +268,7 @@ def test_num_layers_trains_a_deeper_head_that_resumes_and_warm_starts_as_itself(
     with pytest.raises(DraftkitError, match="draft.num_layers 3 differs from the 2 layers"):
         train(_cfg(tmp_path, tiny_dirs, "warm3", **warm, **{"draft.num_layers": 3}),
               progress=False)
-    with pytest.raises(ConfigError, match="draft.num_layers must be >= 1 or null, got 0") as e:
+    with pytest.raises(ConfigError, match="key 'draft.num_layers' must be >= 1, got 0") as e:
         _cfg(tmp_path, tiny_dirs, **{"draft.num_layers": 0})
     assert len(str(e.value).splitlines()) == 1
 
@@ -411,7 +411,7 @@ def test_eagle3_recipe_keys_and_what_does_not_fit_a_kind(tmp_path, tiny_dirs):
         ({**EAGLE3, "derive_layers": [0], "freeze": ["embeddings"]}, {},
          "draft.derive_layers, draft.freeze are settings of standalone drafts.*drop them"),
         ({"derive_layers": [0, 3], "ttt_steps": 3}, {}, "draft.ttt_steps is a setting of eagle3"),
-        ({**EAGLE3, "ttt_steps": 0}, {}, "draft.ttt_steps must be at least 1"),
+        ({**EAGLE3, "ttt_steps": 0}, {}, "key 'draft.ttt_steps' must be >= 1, got 0"),
         ({**EAGLE3, "aux_layers": [3, 2, 1]}, {}, "draft.aux_layers \\[3, 2, 1\\]: give three"),
         (EAGLE3, {"loss.hidden_weight": 0.5}, "an eagle3 head reads the target's"),
         # on-policy steps draft with a trained head (distill/rollouts.py; test_rollouts.py)

@@ -82,7 +82,7 @@ def test_the_config_refuses_what_the_term_cannot_serve(tmp_path, tiny_dirs):
         distill_config(tmp_path, tiny_dirs, **{"loss.hidden_weight": 1.0,
                                                "draft.derive_layers": None,
                                                "draft.num_layers": 2})
-    with pytest.raises(ConfigError, match="loss.hidden_weight must be 0 or more"):
+    with pytest.raises(ConfigError, match="key 'loss.hidden_weight' must be >= 0, got -1.0"):
         distill_config(tmp_path, tiny_dirs, **{"loss.hidden_weight": -1.0})
 
 

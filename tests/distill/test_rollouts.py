@@ -117,6 +117,6 @@ def test_a_trained_head_warm_starts_on_its_rollouts(tmp_path, tiny_dirs, monkeyp
     with pytest.raises(ConfigError, match="data.generate.engine: draftkit"):
         distill_config(tmp_path, tiny_dirs, "x", draft=warm, **onpolicy,
                        **{"data.generate.engine": "vllm"}).validate()
-    with pytest.raises(ConfigError, match="draft.rejection_weight must be at least 1"):
+    with pytest.raises(ConfigError, match="key 'draft.rejection_weight' must be >= 1, got 0.5"):
         distill_config(tmp_path, tiny_dirs, "x", draft={**warm, "rejection_weight": 0.5},
                        **onpolicy).validate()

@@ -259,7 +259,7 @@ def test_a_ttt_decay_above_one_is_refused_at_dry_run(capsys):
     """draft.ttt_decay=2 passed --dry-run ("weighted 2^i") and trained."""
     recipe = Path(__file__).parents[2] / "recipes/smollm2-135m-instruct_to_eagle3/ttt_cpu.yaml"
     _refused(capsys, ["distill", str(recipe), "--dry-run", "draft.ttt_decay=2"],
-             "command line: draft.ttt_decay must be in (0, 1]")
+             "command line: key 'draft.ttt_decay' must be in (0, 1], got 2.0")
 
 
 # --- 5. caches checked by content ----------------------------------------------------------------

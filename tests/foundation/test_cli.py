@@ -58,7 +58,8 @@ def test_distill_help_lists_every_recipe_key_and_each_one_loads(capsys, tmp_path
     recipe.write_text(f"draft: {{num_layers: 1}}\ndata: {{sources: [{{path: {data}}}]}}\n")
     # every listed key is a real one: setting it to its listed default loads (but for the key
     # the recipe itself sets, whose default would leave the draft undefined)
-    for key, shown in re.findall(r"^([a-z_.]+) = (.+) \(", out, flags=re.M):
+    # (the default ends at the first " (": a type may hold brackets, "float in (0, 1]")
+    for key, shown in re.findall(r"^([a-z_.]+) = (.+?) \(", out, flags=re.M):
         if key != "draft.num_layers":
             load_config(recipe, [f"{key}={shown}"])
 
