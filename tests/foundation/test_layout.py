@@ -64,6 +64,23 @@ def test_measured_figures_live_in_the_results_not_the_code():
     assert not dated, f"a date outside an eval/results/ path: {dated}"
 
 
+def _yaml_comment(line: str) -> str:
+    """The comment on a line of YAML: the whole line where it starts with '#', else what
+    follows ' #' (a comment beside a key)."""
+    stripped = line.strip()
+    return stripped if stripped.startswith("#") else line.partition(" #")[2]
+
+
+def test_recipe_comments_link_their_measured_figures():
+    """A recipe's header says what it trains, why its settings and roughly what it costs; the
+    figures its runs measured live in eval/results/, which it links, so a date appears in a
+    recipe's comments only in such a path (its prompt data, recipes/data/, is not checked)."""
+    dated = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "recipes").rglob("*.yaml"))
+             for i, line in enumerate(p.read_text().splitlines(), 1)
+             if DATE.search(RESULTS_PATH.sub("", _yaml_comment(line)))]
+    assert not dated, f"a date outside an eval/results/ path in a recipe's comment: {dated}"
+
+
 def _local_imports(path: Path) -> list[tuple[ast.stmt, list[str]]]:
     """(import, the modules it names, relative ones absolute) for each import inside a function
     of ``path``."""
