@@ -58,10 +58,16 @@ def test_docs_and_code_cite_the_project_or_the_papers():
 def test_measured_figures_live_in_the_results_not_the_code():
     """A dated figure in a docstring or comment goes stale with the code it describes: the code
     links the note in eval/results/ that holds it, so a date appears only in such a path."""
-    dated = [f"{p.relative_to(ROOT)}:{i}" for p in modules()
-             for i, line in enumerate(p.read_text().splitlines(), 1)
-             if DATE.search(RESULTS_PATH.sub("", line))]
+    dated = _dated(modules(), lambda line: line)
     assert not dated, f"a date outside an eval/results/ path: {dated}"
+
+
+def _dated(paths: list[Path], read) -> list[str]:
+    """``path:line`` for each line whose part ``read(line)`` holds a date outside an
+    eval/results/ path."""
+    return [f"{p.relative_to(ROOT)}:{i}" for p in paths
+            for i, line in enumerate(p.read_text().splitlines(), 1)
+            if DATE.search(RESULTS_PATH.sub("", read(line)))]
 
 
 def _yaml_comment(line: str) -> str:
@@ -75,9 +81,7 @@ def test_recipe_comments_link_their_measured_figures():
     """A recipe's header says what it trains, why its settings and roughly what it costs; the
     figures its runs measured live in eval/results/, which it links, so a date appears in a
     recipe's comments only in such a path (its prompt data, recipes/data/, is not checked)."""
-    dated = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "recipes").rglob("*.yaml"))
-             for i, line in enumerate(p.read_text().splitlines(), 1)
-             if DATE.search(RESULTS_PATH.sub("", _yaml_comment(line)))]
+    dated = _dated(sorted((ROOT / "recipes").rglob("*.yaml")), _yaml_comment)
     assert not dated, f"a date outside an eval/results/ path in a recipe's comment: {dated}"
 
 
