@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from draftkit.config import describe_keys
 from draftkit.distill.args import DistillArgs
 from draftkit.distill.command import check_config, distill, load_config
+from draftkit.distill.config import DistillConfig
 from draftkit.distill.distributed import check_deepspeed_json
 from draftkit.errors import ConfigError
 
@@ -288,9 +290,6 @@ def test_an_override_out_of_its_keys_bounds_names_the_command_line(tmp_path, ove
 
 
 def test_the_recipe_help_shows_each_keys_bounds():
-    from draftkit.config import describe_keys
-    from draftkit.distill.config import DistillConfig
-
     heads = [entry.split("\n")[0] for entry in describe_keys(DistillConfig)]
     for head in ("train.lr = 0.0003 (float > 0)", "data.lmbda = 0.0 (float in [0, 1])",
                  "draft.ttt_decay = null (float in (0, 1] or null)",
